@@ -1,0 +1,1 @@
+"""txsink: exactly-once output from PySpark pipelines."""

@@ -1,0 +1,172 @@
+"""The backend contract: what a plugin implements so txsink can drive its system's 2PC.
+
+Executor side: :meth:`Backend.begin_transaction`, :meth:`Backend.write`,
+:meth:`Backend.pre_commit` (and :meth:`Backend.discard` when a task fails before
+preparing). Driver side: :meth:`Backend.commit`, :meth:`Backend.abort` and orphan
+handling. Backends never see Spark; the core never imports a backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from txsink.model import Committable, TransactionContext
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+
+class Capability(str, enum.Enum):
+    """What a backend promises; the coordinator and the conformance kit read these."""
+
+    #: ``commit``/``abort`` work from a process other than the one that wrote.
+    COMMIT_FROM_ANY_PROCESS = "commit-from-any-process"
+    #: ``list_prepared`` can enumerate prepared participants of a sink id.
+    LIST_PREPARED = "list-prepared"
+    #: After a crash the system itself can tell committed from rolled back.
+    COMMIT_MARKER = "commit-marker"
+    #: Prepared participants survive a restart of the external system.
+    SURVIVES_RESTART = "survives-restart"
+
+
+class CommitOutcome(str, enum.Enum):
+    COMMITTED = "committed"
+    #: The participant had already been committed (a retry, or recovery after a crash).
+    ALREADY_COMMITTED = "already-committed"
+
+
+class Transaction:
+    """An open participant on the executor. Backends subclass it to hold their handles."""
+
+    def __init__(self, ctx: TransactionContext) -> None:
+        self.ctx = ctx
+        self.rows = 0
+
+    def describe(self) -> str:
+        return f"{self.ctx.describe()} participant={self.ctx.participant}"
+
+
+class Backend(abc.ABC):
+    """One configured output of one kind (files, Kafka, PostgreSQL, S3, ...).
+
+    Instances are built from string options by :meth:`from_options`, which must
+    validate everything it can without I/O; :meth:`preflight` does the I/O checks
+    (server reachable, table present) on the driver before any task writes.
+    Instances are pickled to executors, so keep clients out of ``__init__``: open
+    them lazily and drop them in ``__getstate__`` if needed.
+    """
+
+    #: The name users select the backend by (``backend: files``).
+    name: ClassVar[str]
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    #: Option keys whose values are secrets: never logged, stored or echoed.
+    secret_options: ClassVar[frozenset[str]] = frozenset()
+    #: Version of this backend's committable payload; bump it when the layout changes.
+    payload_version: ClassVar[int] = 1
+
+    # -- configuration ------------------------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def from_options(cls, options: Mapping[str, str]) -> Backend:
+        """Parse and validate options (no I/O). Raise :class:`~txsink.errors.ConfigError`."""
+
+    def preflight(self, sink_id: str) -> None:  # noqa: B027 - optional hook
+        """Driver-side checks that need I/O, run before any data is written."""
+
+    def describe(self) -> str:
+        """A one-line, secret-free description for logs and ``txsink status``."""
+        return self.name
+
+    def secret_values(self) -> list[str]:
+        """Secret values this instance holds, so the core can prove none leaks."""
+        return []
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release clients. Called on the driver and after each task."""
+
+    # -- executor side ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        """Open the participant identified by ``ctx``."""
+
+    @abc.abstractmethod
+    def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
+        """Append one Arrow record batch. Stream it out: never hold a whole partition."""
+
+    @abc.abstractmethod
+    def pre_commit(self, txn: Transaction) -> Committable:
+        """Make the data durable but invisible and return its committable."""
+
+    @abc.abstractmethod
+    def discard(self, txn: Transaction) -> None:
+        """Throw away a transaction that was never prepared (the task failed)."""
+
+    # -- driver side (any process) ------------------------------------------------------
+
+    @abc.abstractmethod
+    def commit(self, committable: Committable) -> CommitOutcome:
+        """Make a prepared participant visible. Must be idempotent.
+
+        Raise :class:`~txsink.errors.RetriableCommitError` when a later try may work,
+        :class:`~txsink.errors.ParticipantLostError` when the participant is gone and
+        the system cannot show it was committed.
+        """
+
+    @abc.abstractmethod
+    def abort(self, committable: Committable) -> None:
+        """Roll back a prepared participant. Aborting a missing participant succeeds."""
+
+    def list_prepared(self, sink_id: str) -> Iterable[Committable]:
+        """Every prepared (not committed, not aborted) participant of ``sink_id``.
+
+        Backends that cannot list declare no :attr:`Capability.LIST_PREPARED` and
+        override :meth:`abort_orphans` instead.
+        """
+        raise NotImplementedError(f"backend {self.name!r} cannot list prepared participants")
+
+    def abort_orphans(
+        self,
+        sink_id: str,
+        protected: Collection[str],
+        up_to_epoch: int | None = None,
+    ) -> list[Committable]:
+        """Abort prepared participants of ``sink_id`` that no decided epoch holds.
+
+        ``protected`` holds participant names of decided epochs: never abort those.
+        Only participants of epochs ``<= up_to_epoch`` are touched when it is given,
+        so writers of a later epoch that are still running are left alone.
+        """
+        aborted: list[Committable] = []
+        for c in self.list_prepared(sink_id):
+            if c.participant in protected:
+                continue
+            if up_to_epoch is not None and c.epoch > up_to_epoch:
+                continue
+            self.abort(c)
+            aborted.append(c)
+        return aborted
+
+    # -- committable payloads -----------------------------------------------------------
+
+    def decode_payload(self, version: int, payload: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Upgrade a payload written by an older release; reject unknown versions."""
+        if version != self.payload_version:
+            from txsink.errors import StateError
+
+            raise StateError(
+                f"backend {self.name!r} cannot read committable payload version {version} "
+                f"(this release writes version {self.payload_version})"
+            )
+        return payload
+
+    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
+        """``options`` without secret ones, fit to be written into the state."""
+        return {k: v for k, v in options.items() if k not in self.secret_options}

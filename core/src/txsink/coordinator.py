@@ -1,0 +1,397 @@
+"""The driver side of the protocol: decide, commit, recover.
+
+For each epoch the coordinator durably writes the decision (the commit point),
+commits every participant with bounded retries, then marks the epoch COMMITTED.
+On start, and whenever it meets an epoch it already knows, it follows the recovery
+table of the design notes: re-commit decided epochs, abort replayed attempts of
+committed epochs, abort orphans no decided epoch holds. A decided participant is
+never aborted and never dropped: if it cannot be committed the pipeline stops with
+an error naming it, and the epoch stays DECIDED for the next start.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from txsink.backend import Backend, CommitOutcome
+from txsink.errors import (
+    CommitError,
+    ConfigError,
+    FatalCommitError,
+    PluginError,
+    RetriableCommitError,
+    StateError,
+    TxsinkError,
+)
+from txsink.faults import (
+    AFTER_DECIDE,
+    AFTER_FIRST_COMMIT,
+    AFTER_MARK_COMMITTED,
+    BEFORE_DECIDE,
+    BEFORE_MARK_COMMITTED,
+    FaultInjector,
+)
+from txsink.model import Committable, validate_sink_id
+from txsink.plugins import Plugins, get_plugins
+from txsink.redact import redact
+from txsink.state import EpochRecord, EpochState, Lease, SinkMeta, StateStore, new_owner_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff for commits of decided participants."""
+
+    attempts: int = 5
+    initial_backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+    sleep: Callable[[float], None] = time.sleep
+
+
+class EpochOutcome(str, enum.Enum):
+    #: Decided and committed now.
+    COMMITTED = "committed"
+    #: Already committed before (Spark replayed it): this attempt's participants aborted.
+    REPLAYED = "replayed"
+    #: Found DECIDED from a crashed run: its participants committed now, this attempt's aborted.
+    RECOVERED = "recovered"
+
+
+@dataclass
+class RecoveryReport:
+    recommitted_epochs: list[int] = field(default_factory=list)
+    aborted_orphans: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.recommitted_epochs or self.aborted_orphans)
+
+
+class Coordinator:
+    """Decides and commits the epochs of one sink. Plain Python: no Spark in here.
+
+    :param owner: identifies this coordinator run for fencing; two coordinators with
+        different owners on the same state cannot both write.
+    :param scan_orphans: abort orphans of epochs up to each committed epoch right
+        after committing it (task retries and speculative attempts leave some).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        store: StateStore,
+        sink_id: str,
+        *,
+        backend_options: Mapping[str, str] | None = None,
+        owner: str | None = None,
+        plugins: Plugins | None = None,
+        retry: RetryPolicy | None = None,
+        retain_epochs: int = 100,
+        scan_orphans: bool = True,
+        faults: FaultInjector | None = None,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.sink_id = validate_sink_id(sink_id)
+        self.owner = owner or new_owner_token()
+        self.plugins = plugins if plugins is not None else get_plugins()
+        self.retry = retry or RetryPolicy()
+        self.retain_epochs = retain_epochs
+        self.scan_orphans = scan_orphans
+        self.faults = faults if faults is not None else FaultInjector.from_env()
+        self._options = dict(backend_options or {})
+        self._lease: Lease | None = None
+        self._meta: SinkMeta | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, *, recover: bool = True, up_to_epoch: int | None = None) -> RecoveryReport:
+        """Take the state's lease, bind it to this sink, and (by default) recover."""
+        self._lease = self.store.acquire(self.owner)
+        meta = self.store.read_meta()
+        if meta is not None and meta.sink_id != self.sink_id:
+            raise ConfigError(
+                f"the txsink state at {self.store.location} belongs to sink "
+                f"{meta.sink_id!r}, not {self.sink_id!r}; use a new checkpoint location "
+                "for a new sink id",
+                field="sink_id",
+                sink_id=self.sink_id,
+            )
+        if meta is not None and meta.backend != self.backend.name:
+            raise ConfigError(
+                f"sink {self.sink_id!r} was written with backend {meta.backend!r}, not "
+                f"{self.backend.name!r}; use a new sink id and checkpoint for a new backend",
+                field="backend",
+                sink_id=self.sink_id,
+            )
+        if meta is None:
+            meta = SinkMeta(self.sink_id, self.backend.name,
+                            self.backend.safe_options(self._options))
+            self.store.write_meta(self._lease, meta)
+        self._meta = meta
+        return self.recover(up_to_epoch=up_to_epoch) if recover else RecoveryReport()
+
+    @property
+    def lease(self) -> Lease:
+        if self._lease is None:
+            self.start(recover=False)
+        assert self._lease is not None
+        return self._lease
+
+    def watermark(self) -> int:
+        """The highest epoch known to be COMMITTED (records may have been pruned)."""
+        meta = self.store.read_meta()
+        best = meta.committed_watermark if meta else -1
+        for record in self.store.records().values():
+            if record.state is EpochState.COMMITTED:
+                best = max(best, record.epoch)
+        return best
+
+    def allocate_epoch(self) -> int:
+        """The next unused epoch, for batch writes (streaming uses Spark's batch id)."""
+        known = list(self.store.records())
+        return max([self.watermark(), *known]) + 1
+
+    def recover(self, *, up_to_epoch: int | None = None) -> RecoveryReport:
+        """Re-commit DECIDED epochs, then abort orphans (epochs ``<= up_to_epoch``)."""
+        lease = self.lease
+        report = RecoveryReport()
+        for epoch, record in sorted(self.store.records().items()):
+            if record.state is EpochState.DECIDED:
+                log.warning("sink=%s epoch=%d: found DECIDED but not COMMITTED; committing "
+                            "its %d participant(s) again", self.sink_id, epoch,
+                            len(record.committables))
+                self._finish(record)
+                report.recommitted_epochs.append(epoch)
+        self.store.check(lease)
+        report.aborted_orphans = [c.participant for c in self._abort_orphans(up_to_epoch)]
+        if report:
+            log.info("sink=%s recovery: re-committed epochs %s, aborted %d orphan(s)",
+                     self.sink_id, report.recommitted_epochs, len(report.aborted_orphans))
+        self.plugins.recovered(self.sink_id, report)
+        return report
+
+    # -- the protocol -------------------------------------------------------------------
+
+    def commit_epoch(
+        self, epoch: int, messages: Sequence[Committable | None]
+    ) -> EpochOutcome:
+        """Decide and commit ``epoch`` given every writer's committable."""
+        lease = self.lease
+        committables = self._validate(epoch, messages)
+        record = self.store.get(epoch)
+        if record is None and epoch <= self.watermark():
+            record_state: EpochState | None = EpochState.COMMITTED
+        else:
+            record_state = record.state if record else None
+
+        if record_state is EpochState.COMMITTED:
+            # Spark replays a batch whose commit it did not log: the output already
+            # holds it exactly once, so everything this attempt prepared goes.
+            log.info("sink=%s epoch=%d already committed; aborting %d replayed participant(s)",
+                     self.sink_id, epoch, len(committables))
+            self._abort_all(epoch, committables, "replayed")
+            return EpochOutcome.REPLAYED
+
+        if record is not None and record.state is EpochState.DECIDED:
+            self._finish(record)
+            extra = [c for c in committables if c not in record.committables]
+            self._abort_all(epoch, extra, "replayed")
+            return EpochOutcome.RECOVERED
+
+        self._check_secrets(epoch, committables)
+        self.plugins.epoch_prepared(self.sink_id, epoch, committables)
+        self.faults.hit(BEFORE_DECIDE, epoch)
+        record = EpochRecord(epoch, EpochState.DECIDED, tuple(committables), time.time())
+        self.store.put(lease, record)  # the commit point of the epoch
+        log.info("sink=%s epoch=%d decided: %d participant(s), %d row(s)",
+                 self.sink_id, epoch, len(committables), record.rows)
+        self.plugins.epoch_decided(self.sink_id, epoch, committables)
+        self.faults.hit(AFTER_DECIDE, epoch)
+        self._finish(record)
+        if self.scan_orphans:
+            self._abort_orphans(epoch)
+        self._prune()
+        return EpochOutcome.COMMITTED
+
+    def abort_epoch(self, epoch: int, messages: Sequence[Committable | None]) -> None:
+        """Roll back an epoch that will not be committed (a task failed, or Spark aborted).
+
+        Participants of a *decided* epoch are never aborted: they are left to recovery.
+        Failed tasks send no committable, so their participants are found as orphans.
+        """
+        lease = self.lease
+        record = self.store.get(epoch)
+        protected = record.committables if record is not None else ()
+        if record is not None and record.state is EpochState.DECIDED:
+            log.warning("sink=%s epoch=%d: abort requested for a DECIDED epoch; its "
+                        "participants stay prepared and will be committed on recovery",
+                        self.sink_id, epoch)
+        to_abort = [c for c in messages if c is not None and c not in protected]
+        self._abort_all(epoch, to_abort, "aborted", raise_errors=False)
+        try:
+            self.store.check(lease)
+            self._abort_orphans(epoch)
+        except TxsinkError:
+            raise
+        except Exception:
+            log.exception("sink=%s epoch=%d: orphan scan after abort failed; the next "
+                          "start will retry it", self.sink_id, epoch)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _validate(self, epoch: int, messages: Sequence[Committable | None]) -> list[Committable]:
+        committables = [m for m in messages if m is not None]
+        problem = None
+        if len(committables) != len(messages):
+            problem = (f"{len(messages) - len(committables)} writer(s) sent no committable; "
+                       "an epoch can only be committed when every writer prepared")
+        seen: dict[int, Committable] = {}
+        for c in committables:
+            if c.sink_id != self.sink_id or c.epoch != epoch or c.backend != self.backend.name:
+                problem = (f"committable {c.describe()} backend={c.backend} does not belong to "
+                           f"sink={self.sink_id} epoch={epoch} backend={self.backend.name}")
+            if c.partition in seen:
+                problem = (f"two committables for partition {c.partition}: "
+                           f"{seen[c.partition].participant} and {c.participant}")
+            seen[c.partition] = c
+        if problem:
+            record = self.store.get(epoch)
+            protected = record.committables if record is not None else ()
+            self._abort_all(epoch, [c for c in committables if c not in protected
+                                    and c.sink_id == self.sink_id], "aborted",
+                            raise_errors=False)
+            raise StateError(f"sink={self.sink_id} epoch={epoch}: {problem}; nothing was "
+                             "committed", sink_id=self.sink_id, epoch=epoch)
+        return committables
+
+    def _check_secrets(self, epoch: int, committables: Sequence[Committable]) -> None:
+        secrets = [s for s in self.backend.secret_values() if len(s) >= 4]
+        if not secrets:
+            return
+        for c in committables:
+            text = c.to_bytes().decode()
+            if any(s in text for s in secrets):
+                self._abort_all(epoch, committables, "aborted", raise_errors=False)
+                raise PluginError(
+                    f"backend {self.backend.name!r} put a secret into the committable of "
+                    f"participant {c.participant}; refusing to store it (nothing committed)",
+                    sink_id=self.sink_id, epoch=epoch, participant=c.participant)
+
+    def _commit_one(self, c: Committable) -> CommitOutcome:
+        delay = self.retry.initial_backoff_s
+        secrets = self.backend.secret_values()
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return self.backend.commit(c)
+            except FatalCommitError:
+                raise
+            except Exception as exc:
+                message = redact(f"{type(exc).__name__}: {exc}", secrets)
+                if attempt == self.retry.attempts:
+                    raise RetriableCommitError(
+                        f"committing {c.describe()} failed {attempt} times; last error: "
+                        f"{message}", sink_id=c.sink_id, epoch=c.epoch,
+                        participant=c.participant) from None
+                log.warning("sink=%s epoch=%d partition=%d participant=%s: commit attempt "
+                            "%d/%d failed: %s; retrying in %.2fs", c.sink_id, c.epoch,
+                            c.partition, c.participant, attempt, self.retry.attempts,
+                            message, delay)
+                self.retry.sleep(delay)
+                delay = min(delay * 2, self.retry.max_backoff_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _finish(self, record: EpochRecord) -> None:
+        """Commit every participant of a DECIDED record, then mark it COMMITTED."""
+        started = time.monotonic()
+        failures: list[CommitError] = []
+        for i, c in enumerate(record.committables):
+            try:
+                outcome = self._commit_one(c)
+            except CommitError as exc:
+                log.error("sink=%s epoch=%d partition=%d participant=%s: %s", c.sink_id,
+                          c.epoch, c.partition, c.participant, exc)
+                failures.append(exc)
+                continue
+            log.debug("sink=%s epoch=%d partition=%d participant=%s: %s", c.sink_id, c.epoch,
+                      c.partition, c.participant, outcome.value)
+            if i == 0:
+                self.faults.hit(AFTER_FIRST_COMMIT, record.epoch)
+        if failures:
+            names = ", ".join(str(f.participant) for f in failures)
+            error_type = (FatalCommitError if any(isinstance(f, FatalCommitError)
+                                                  for f in failures) else RetriableCommitError)
+            raise error_type(
+                f"sink={self.sink_id} epoch={record.epoch}: {len(failures)} decided "
+                f"participant(s) could not be committed: {names}. The epoch stays DECIDED: "
+                "restarting the query commits it again; `txsink status` shows it. First "
+                f"error: {failures[0]}",
+                sink_id=self.sink_id, epoch=record.epoch, participant=failures[0].participant,
+            ) from failures[0]
+        self.faults.hit(BEFORE_MARK_COMMITTED, record.epoch)
+        self.store.put(self.lease, record.committed())
+        duration = time.monotonic() - started
+        log.info("sink=%s epoch=%d committed: %d participant(s), %d row(s) in %.3fs",
+                 self.sink_id, record.epoch, len(record.committables), record.rows, duration)
+        self.plugins.epoch_committed(self.sink_id, record.epoch, record.committables, duration)
+        self.faults.hit(AFTER_MARK_COMMITTED, record.epoch)
+
+    def _abort_all(self, epoch: int, committables: Sequence[Committable], reason: str,
+                   *, raise_errors: bool = True) -> None:
+        if not committables:
+            return
+        failed: list[tuple[Committable, Exception]] = []
+        for c in committables:
+            try:
+                self.backend.abort(c)
+            except Exception as exc:
+                failed.append((c, exc))
+                log.error("sink=%s epoch=%d partition=%d participant=%s: abort failed: %s "
+                          "(the orphan scan will retry it)", c.sink_id, c.epoch, c.partition,
+                          c.participant, redact(str(exc), self.backend.secret_values()))
+        done = [c for c in committables if all(c is not f for f, _ in failed)]
+        if done:
+            log.info("sink=%s epoch=%d: aborted %d participant(s) (%s)", self.sink_id, epoch,
+                     len(done), reason)
+            self.plugins.epoch_aborted(self.sink_id, epoch, done, reason)
+        if failed and raise_errors:
+            c, exc = failed[0]
+            raise CommitError(
+                f"could not abort {c.describe()}: "
+                f"{redact(str(exc), self.backend.secret_values())}",
+                sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
+
+    def _abort_orphans(self, up_to_epoch: int | None) -> list[Committable]:
+        protected = set()
+        for record in self.store.records().values():
+            if record.state is EpochState.DECIDED:
+                protected |= record.participants
+        aborted = self.backend.abort_orphans(self.sink_id, protected, up_to_epoch)
+        by_epoch: dict[int, list[Committable]] = {}
+        for c in aborted:
+            by_epoch.setdefault(c.epoch, []).append(c)
+        for epoch, cs in sorted(by_epoch.items()):
+            log.info("sink=%s epoch=%d: aborted %d orphan participant(s): %s", self.sink_id,
+                     epoch, len(cs), ", ".join(c.participant for c in cs))
+            self.plugins.epoch_aborted(self.sink_id, epoch, cs, "orphan")
+        return aborted
+
+    def _prune(self) -> None:
+        records = self.store.records()
+        committed = sorted(e for e, r in records.items() if r.state is EpochState.COMMITTED)
+        if not committed:
+            return
+        meta = self.store.read_meta() or self._meta
+        assert meta is not None
+        top = committed[-1]
+        if top > meta.committed_watermark:
+            meta = SinkMeta(meta.sink_id, meta.backend, meta.options, top)
+            self.store.write_meta(self.lease, meta)
+            self._meta = meta
+        old = committed[: max(0, len(committed) - self.retain_epochs)]
+        if old:
+            self.store.delete(self.lease, old)

@@ -1,0 +1,86 @@
+"""Named crash points in the protocol, for tests that prove exactly-once by crashing.
+
+Production code calls :meth:`FaultInjector.hit` at each point; it does nothing unless
+``TXSINK_FAULTS`` is set (or a test passes an injector). Spec grammar, comma-separated::
+
+    POINT[@EPOCH][:ACTION]      e.g.  after-decide@2:kill
+
+ACTION is ``kill`` (SIGKILL, the default: the process dies without cleanup, like a
+lost driver), or ``raise`` (raise :class:`InjectedFault`). ``kill`` sends the signal
+to the pid in ``TXSINK_FAULTS_KILL_PID`` when set (e.g. the Spark driver), else to
+this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+ENV = "TXSINK_FAULTS"
+KILL_PID_ENV = "TXSINK_FAULTS_KILL_PID"
+
+#: Coordinator points, in protocol order.
+BEFORE_DECIDE = "before-decide"  # all participants prepared, decision not written
+AFTER_DECIDE = "after-decide"  # decision durable, nothing committed
+AFTER_FIRST_COMMIT = "after-first-commit"  # some participants committed
+BEFORE_MARK_COMMITTED = "before-mark-committed"  # all committed, epoch not marked
+AFTER_MARK_COMMITTED = "after-mark-committed"  # COMMITTED, caller not yet told
+POINTS = (BEFORE_DECIDE, AFTER_DECIDE, AFTER_FIRST_COMMIT, BEFORE_MARK_COMMITTED,
+          AFTER_MARK_COMMITTED)
+
+
+class InjectedFault(BaseException):
+    """Raised by the ``raise`` action; a BaseException so no ``except Exception`` eats it."""
+
+    def __init__(self, point: str, epoch: int | None) -> None:
+        super().__init__(f"injected fault at {point} (epoch {epoch})")
+        self.point = point
+        self.epoch = epoch
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    point: str
+    epoch: int | None = None
+    action: str = "kill"
+
+
+def parse(spec: str) -> list[FaultRule]:
+    rules: list[FaultRule] = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        where, _, action = part.partition(":")
+        point, _, epoch = where.partition("@")
+        if action not in ("", "kill", "raise"):
+            raise ValueError(f"{ENV}: unknown action {action!r} in {part!r} (kill or raise)")
+        rules.append(FaultRule(point, int(epoch) if epoch else None, action or "kill"))
+    return rules
+
+
+class FaultInjector:
+    def __init__(self, rules: list[FaultRule] | None = None,
+                 callback: Callable[[str, int | None], None] | None = None) -> None:
+        self.rules = rules or []
+        self.callback = callback
+
+    @classmethod
+    def from_env(cls) -> FaultInjector:
+        spec = os.environ.get(ENV, "")
+        return cls(parse(spec)) if spec else cls()
+
+    def hit(self, point: str, epoch: int | None = None) -> None:
+        if self.callback is not None:
+            self.callback(point, epoch)
+        for rule in self.rules:
+            if rule.point == point and (rule.epoch is None or rule.epoch == epoch):
+                log.warning("fault injection: %s at %s epoch %s", rule.action, point, epoch)
+                if rule.action == "raise":
+                    raise InjectedFault(point, epoch)
+                pid = int(os.environ.get(KILL_PID_ENV) or os.getpid())
+                os.kill(pid, signal.SIGKILL)
+                if pid != os.getpid():
+                    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,184 @@
+"""The small values the protocol passes around: transaction contexts and committables.
+
+A committable is the secret-free handle that lets *any* process finish a prepared
+participant. It is serialized into the pending-transaction state and into Spark's
+``WriterCommitMessage``, so it is versioned: a newer txsink must read what an older
+one decided before it crashed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from txsink.errors import ConfigError, StateError
+
+#: Sink ids become Kafka transactional ids, PostgreSQL gids, S3 key prefixes and
+#: file names, so they are limited to characters that are safe in all of them
+#: (no path separators, no LIKE/glob wildcards other than ``_``/``-``, which the
+#: backends escape).
+SINK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+COMMITTABLE_VERSION = 1
+
+
+def validate_sink_id(sink_id: object, *, field_name: str = "sink_id") -> str:
+    """Return ``sink_id`` if it is safe to derive external names from, else raise."""
+    if not isinstance(sink_id, str) or not sink_id:
+        raise ConfigError(
+            f"'{field_name}' is required: a globally unique name for this output, "
+            "e.g. 'orders-to-parquet'",
+            field=field_name,
+        )
+    if not SINK_ID_PATTERN.match(sink_id):
+        raise ConfigError(
+            f"'{field_name}' {sink_id[:80]!r} is not valid: use 1-64 characters from "
+            "A-Z a-z 0-9 _ - starting with a letter or digit (it becomes part of "
+            "transaction ids, object keys and file names)",
+            field=field_name,
+            sink_id=None,
+        )
+    return sink_id
+
+
+@dataclass(frozen=True)
+class TransactionContext:
+    """Who is writing: identifies one participant (one writer task attempt of one epoch)."""
+
+    sink_id: str
+    epoch: int
+    partition: int
+    attempt: int = 0
+
+    def __post_init__(self) -> None:
+        validate_sink_id(self.sink_id)
+        for name in ("epoch", "partition", "attempt"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"transaction context: '{name}' must be an int >= 0, got {value!r}")
+
+    @property
+    def participant(self) -> str:
+        """The deterministic participant name, used to derive every external name."""
+        return participant_name(self.sink_id, self.epoch, self.partition, self.attempt)
+
+    def describe(self) -> str:
+        return (
+            f"sink={self.sink_id} epoch={self.epoch} partition={self.partition} "
+            f"attempt={self.attempt}"
+        )
+
+
+def participant_name(sink_id: str, epoch: int, partition: int, attempt: int) -> str:
+    return f"{sink_id}-e{epoch}-p{partition}-a{attempt}"
+
+
+_PARTICIPANT_RE = re.compile(r"^(?P<sink>.+)-e(?P<epoch>\d+)-p(?P<partition>\d+)-a(?P<attempt>\d+)$")
+
+
+def parse_participant(name: str) -> TransactionContext | None:
+    """Inverse of :func:`participant_name`; ``None`` for names txsink did not make."""
+    m = _PARTICIPANT_RE.match(name)
+    if not m or not SINK_ID_PATTERN.match(m["sink"]):
+        return None
+    return TransactionContext(m["sink"], int(m["epoch"]), int(m["partition"]), int(m["attempt"]))
+
+
+@dataclass(frozen=True)
+class Committable:
+    """Everything needed to commit or abort one prepared participant from any process.
+
+    ``payload`` is backend-specific and must be JSON-serializable and secret-free;
+    ``payload_version`` lets the backend migrate payloads written by older releases.
+    """
+
+    backend: str
+    sink_id: str
+    epoch: int
+    partition: int
+    attempt: int
+    participant: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    payload_version: int = 1
+    rows: int = 0
+
+    @classmethod
+    def for_context(
+        cls,
+        backend: str,
+        ctx: TransactionContext,
+        payload: Mapping[str, Any],
+        *,
+        rows: int = 0,
+        payload_version: int = 1,
+    ) -> Committable:
+        return cls(
+            backend=backend,
+            sink_id=ctx.sink_id,
+            epoch=ctx.epoch,
+            partition=ctx.partition,
+            attempt=ctx.attempt,
+            participant=ctx.participant,
+            payload=dict(payload),
+            payload_version=payload_version,
+            rows=rows,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"sink={self.sink_id} epoch={self.epoch} partition={self.partition} "
+            f"attempt={self.attempt} participant={self.participant}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": COMMITTABLE_VERSION,
+            "backend": self.backend,
+            "sink_id": self.sink_id,
+            "epoch": self.epoch,
+            "partition": self.partition,
+            "attempt": self.attempt,
+            "participant": self.participant,
+            "rows": self.rows,
+            "payload_version": self.payload_version,
+            "payload": dict(self.payload),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Committable:
+        version = data.get("v")
+        if version != COMMITTABLE_VERSION:
+            raise StateError(
+                f"committable format version {version!r} is not supported by this txsink "
+                f"(supports {COMMITTABLE_VERSION}); upgrade txsink to read this state"
+            )
+        try:
+            return cls(
+                backend=str(data["backend"]),
+                sink_id=str(data["sink_id"]),
+                epoch=int(data["epoch"]),
+                partition=int(data["partition"]),
+                attempt=int(data["attempt"]),
+                participant=str(data["participant"]),
+                payload=dict(data["payload"]),
+                payload_version=int(data.get("payload_version", 1)),
+                rows=int(data.get("rows", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"malformed committable {dict(data)!r}: {exc}") from exc
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Committable:
+        try:
+            decoded = json.loads(data)
+        except ValueError as exc:
+            raise StateError(f"committable is not valid JSON: {exc}") from exc
+        if not isinstance(decoded, dict):
+            raise StateError("committable is not a JSON object")
+        return cls.from_dict(decoded)

@@ -1,0 +1,113 @@
+"""Registries that plugins fill through the registration hooks.
+
+A registry remembers which distribution registered each name, so a clash is
+reported with both culprits and a failed lookup lists what is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from txsink.errors import BackendNotFoundError, PluginError
+
+if TYPE_CHECKING:
+    from txsink.backend import Backend
+    from txsink.state import StateStore
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a registration came from: plugin name and its distribution."""
+
+    plugin: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def __str__(self) -> str:
+        if self.distribution:
+            return f"{self.distribution} {self.version or ''} (plugin {self.plugin!r})".replace(
+                "  ", " "
+            )
+        return f"plugin {self.plugin!r}"
+
+
+@dataclass(frozen=True)
+class Registration(Generic[T]):
+    name: str
+    value: T
+    origin: Origin
+
+
+class _Registry(Generic[T]):
+    kind = "entry"
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Registration[T]] = {}
+        self._origin = Origin("<unknown>")
+
+    def _bind(self, origin: Origin) -> None:
+        self._origin = origin
+
+    def _add(self, name: str, value: T) -> None:
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"{self._origin} registered a {self.kind} with no name")
+        existing = self._entries.get(name)
+        if existing is not None:
+            raise PluginError(
+                f"two plugins provide the {self.kind} {name!r}: {existing.origin} and "
+                f"{self._origin}; uninstall one, or disable one with "
+                f"TXSINK_DISABLE_PLUGINS={self._origin.plugin}"
+            )
+        self._entries[name] = Registration(name, value, self._origin)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def registrations(self) -> list[Registration[T]]:
+        return [self._entries[n] for n in self.names()]
+
+    def get(self, name: str) -> Registration[T]:
+        try:
+            return self._entries[name]
+        except KeyError:
+            installed = ", ".join(self.names()) or "none"
+            raise BackendNotFoundError(
+                f"no {self.kind} named {name!r} is installed (installed: {installed}); "
+                f"install the package that provides it, e.g. pip install txsink-{name}",
+                field="backend" if self.kind == "backend" else None,
+            ) from None
+
+
+class BackendRegistry(_Registry["type[Backend]"]):
+    """Handed to :func:`~txsink.hookspecs.txsink_register_backends`."""
+
+    kind = "backend"
+
+    def add(self, backend_class: type[Backend]) -> None:
+        from txsink.backend import Backend
+
+        if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
+            raise PluginError(
+                f"{self._origin} registered {backend_class!r}, which is not a "
+                "txsink.backend.Backend subclass"
+            )
+        name = getattr(backend_class, "name", None)
+        if not isinstance(name, str):
+            raise PluginError(f"{self._origin}: {backend_class.__qualname__} has no 'name'")
+        self._add(name, backend_class)
+
+
+StateStoreFactory = Callable[[str], "StateStore"]
+
+
+class StateStoreRegistry(_Registry[StateStoreFactory]):
+    """Handed to :func:`~txsink.hookspecs.txsink_register_state_stores`."""
+
+    kind = "state store"
+
+    def add(self, scheme: str, factory: StateStoreFactory) -> None:
+        self._add(scheme, factory)

@@ -1,0 +1,308 @@
+"""Pending-transaction state: the coordinator's durable log of decided epochs.
+
+Writing an epoch as DECIDED is the commit point of the whole epoch. The default
+store is a directory (designed to sit under a Spark checkpoint location): one JSON
+file per epoch, written to a temporary name, fsynced and renamed into place, so a
+reader sees either the old or the new record, never half of one.
+
+Fencing: a coordinator acquires the store's lease, which bumps a generation number.
+Every write checks, under an exclusive file lock, that the lease still holds that
+generation; a coordinator that was taken over gets :class:`~txsink.errors.FencedError`
+instead of interleaving its decisions with the new owner's.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import enum
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from txsink.errors import ConfigError, FencedError, StateError
+from txsink.hookspecs import hookimpl
+from txsink.model import Committable
+from txsink.registry import StateStoreRegistry
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT_VERSION = 1
+
+
+class EpochState(str, enum.Enum):
+    DECIDED = "decided"
+    COMMITTED = "committed"
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int
+    state: EpochState
+    committables: tuple[Committable, ...]
+    decided_at: float
+    committed_at: float | None = None
+
+    @property
+    def participants(self) -> frozenset[str]:
+        return frozenset(c.participant for c in self.committables)
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.committables)
+
+    def committed(self, at: float | None = None) -> EpochRecord:
+        return EpochRecord(self.epoch, EpochState.COMMITTED, self.committables,
+                           self.decided_at, time.time() if at is None else at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": STATE_FORMAT_VERSION,
+            "epoch": self.epoch,
+            "state": self.state.value,
+            "decided_at": self.decided_at,
+            "committed_at": self.committed_at,
+            "committables": [c.to_dict() for c in self.committables],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EpochRecord:
+        if data.get("v") != STATE_FORMAT_VERSION:
+            raise StateError(f"state record format {data.get('v')!r} is not supported")
+        try:
+            return cls(
+                epoch=int(data["epoch"]),
+                state=EpochState(data["state"]),
+                committables=tuple(Committable.from_dict(c) for c in data["committables"]),
+                decided_at=float(data["decided_at"]),
+                committed_at=None if data.get("committed_at") is None
+                else float(data["committed_at"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"malformed state record: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class SinkMeta:
+    """What the store is for: binds a state location to exactly one sink id."""
+
+    sink_id: str
+    backend: str
+    #: Secret-free backend options, so operators can resolve epochs by hand.
+    options: Mapping[str, str] = field(default_factory=dict)
+    #: Highest epoch known COMMITTED, kept after old records are pruned.
+    committed_watermark: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": STATE_FORMAT_VERSION, "sink_id": self.sink_id, "backend": self.backend,
+                "options": dict(self.options), "committed_watermark": self.committed_watermark}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SinkMeta:
+        try:
+            return cls(str(data["sink_id"]), str(data["backend"]), dict(data.get("options", {})),
+                       int(data.get("committed_watermark", -1)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"malformed state metadata: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Lease:
+    owner: str
+    generation: int
+
+
+class StateStore(abc.ABC):
+    """Durable storage for one sink's pending-transaction state."""
+
+    location: str
+
+    @abc.abstractmethod
+    def acquire(self, owner: str) -> Lease:
+        """Take the lease. The same owner gets its lease back; another owner fences it."""
+
+    @abc.abstractmethod
+    def check(self, lease: Lease) -> None:
+        """Raise :class:`FencedError` if ``lease`` is no longer current."""
+
+    @abc.abstractmethod
+    def read_meta(self) -> SinkMeta | None: ...
+
+    @abc.abstractmethod
+    def write_meta(self, lease: Lease, meta: SinkMeta) -> None: ...
+
+    @abc.abstractmethod
+    def records(self) -> dict[int, EpochRecord]: ...
+
+    @abc.abstractmethod
+    def put(self, lease: Lease, record: EpochRecord) -> None:
+        """Durably write ``record``, replacing any record of the same epoch."""
+
+    @abc.abstractmethod
+    def delete(self, lease: Lease, epochs: Iterable[int]) -> None: ...
+
+    def get(self, epoch: int) -> EpochRecord | None:
+        return self.records().get(epoch)
+
+
+def new_owner_token() -> str:
+    """A token unique to one coordinator run: host, pid and a random part."""
+    return f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+class DirectoryStateStore(StateStore):
+    """The default store: a local directory, e.g. ``<checkpointLocation>/txsink``."""
+
+    def __init__(self, location: str | os.PathLike[str]) -> None:
+        text = os.fspath(location)
+        if text.startswith("file://"):
+            text = text[len("file://"):]
+        elif "://" in text:
+            raise ConfigError(
+                f"state location {text!r}: the directory state store needs a local path "
+                "or file:// URL; install a state-store plugin for other schemes",
+                field="state",
+            )
+        self.root = Path(text)
+        self.location = str(self.root)
+        self._epochs = self.root / "epochs"
+
+    # -- files --------------------------------------------------------------------------
+
+    def _ensure(self) -> None:
+        self._epochs.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._ensure()
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _write_json(self, path: Path, data: Mapping[str, Any]) -> None:
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        payload = json.dumps(data, sort_keys=True, indent=1).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+    @staticmethod
+    def _read_json(path: Path) -> dict[str, Any] | None:
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise StateError(f"state file {path} is corrupt: {exc}") from exc
+        if not isinstance(data, dict):
+            raise StateError(f"state file {path} is not a JSON object")
+        return data
+
+    # -- lease --------------------------------------------------------------------------
+
+    def _current_lease(self) -> Lease | None:
+        data = self._read_json(self.root / "lease.json")
+        if data is None:
+            return None
+        return Lease(str(data["owner"]), int(data["generation"]))
+
+    def acquire(self, owner: str) -> Lease:
+        with self._locked():
+            current = self._current_lease()
+            if current is not None and current.owner == owner:
+                return current
+            lease = Lease(owner, (current.generation + 1) if current else 1)
+            self._write_json(self.root / "lease.json",
+                             {"owner": owner, "generation": lease.generation,
+                              "acquired_at": time.time()})
+            if current is not None:
+                log.info("state %s: lease taken over from %s (generation %d -> %d)",
+                         self.location, current.owner, current.generation, lease.generation)
+            return lease
+
+    def _check_locked(self, lease: Lease) -> None:
+        current = self._current_lease()
+        if current != lease:
+            raise FencedError(
+                f"state {self.location}: another coordinator ({current.owner if current else '?'}, "
+                f"generation {current.generation if current else '?'}) took over this sink; "
+                f"this one ({lease.owner}, generation {lease.generation}) must stop. Two "
+                "queries must never share a checkpoint location or sink id."
+            )
+
+    def check(self, lease: Lease) -> None:
+        with self._locked():
+            self._check_locked(lease)
+
+    # -- records ------------------------------------------------------------------------
+
+    def read_meta(self) -> SinkMeta | None:
+        data = self._read_json(self.root / "meta.json")
+        return None if data is None else SinkMeta.from_dict(data)
+
+    def write_meta(self, lease: Lease, meta: SinkMeta) -> None:
+        with self._locked():
+            self._check_locked(lease)
+            self._write_json(self.root / "meta.json", meta.to_dict())
+
+    def records(self) -> dict[int, EpochRecord]:
+        out: dict[int, EpochRecord] = {}
+        if not self._epochs.is_dir():
+            return out
+        for path in sorted(self._epochs.glob("*.json")):
+            data = self._read_json(path)
+            if data is not None:
+                record = EpochRecord.from_dict(data)
+                out[record.epoch] = record
+        return out
+
+    def get(self, epoch: int) -> EpochRecord | None:
+        data = self._read_json(self._epochs / f"{epoch:012d}.json")
+        return None if data is None else EpochRecord.from_dict(data)
+
+    def put(self, lease: Lease, record: EpochRecord) -> None:
+        with self._locked():
+            self._check_locked(lease)
+            self._write_json(self._epochs / f"{record.epoch:012d}.json", record.to_dict())
+
+    def delete(self, lease: Lease, epochs: Iterable[int]) -> None:
+        with self._locked():
+            self._check_locked(lease)
+            for epoch in epochs:
+                with contextlib.suppress(FileNotFoundError):
+                    (self._epochs / f"{epoch:012d}.json").unlink()
+            _fsync_dir(self._epochs)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:  # pragma: no cover - platforms without directory fds
+        if exc.errno in (errno.EISDIR, errno.EACCES):
+            return
+        raise
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@hookimpl
+def txsink_register_state_stores(registry: StateStoreRegistry) -> None:
+    registry.add("file", DirectoryStateStore)

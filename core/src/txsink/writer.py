@@ -1,0 +1,40 @@
+"""The executor-side loop: begin, stream batches, pre-commit. Plain Python, no Spark."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from txsink.backend import Backend
+from txsink.model import Committable, TransactionContext
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+
+def write_participant(
+    backend: Backend, ctx: TransactionContext, batches: Iterable[pa.RecordBatch]
+) -> Committable:
+    """Write one participant and return its committable.
+
+    Batches are consumed one at a time, so memory stays bounded by a batch (plus
+    whatever the backend buffers), not by the partition. If anything fails before
+    the participant is prepared, it is discarded and the error re-raised.
+    """
+    txn = backend.begin_transaction(ctx)
+    try:
+        for batch in batches:
+            if batch.num_rows:
+                backend.write(txn, batch)
+        committable = backend.pre_commit(txn)
+    except BaseException:
+        try:
+            backend.discard(txn)
+        except Exception:
+            log.exception("discarding %s after a failed write also failed", txn.describe())
+        raise
+    log.debug("prepared %s rows=%d", committable.describe(), committable.rows)
+    return committable
