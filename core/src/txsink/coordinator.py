@@ -260,11 +260,7 @@ class Coordinator:
                            f"{seen[c.partition].participant} and {c.participant}")
             seen[c.partition] = c
         if problem:
-            record = self.store.get(epoch)
-            protected = record.committables if record is not None else ()
-            self._abort_all(epoch, [c for c in committables if c not in protected
-                                    and c.sink_id == self.sink_id], "aborted",
-                            raise_errors=False)
+            self.abort_epoch(epoch, [c for c in committables if c.sink_id == self.sink_id])
             raise StateError(f"sink={self.sink_id} epoch={epoch}: {problem}; nothing was "
                              "committed", sink_id=self.sink_id, epoch=epoch)
         return committables
@@ -332,6 +328,7 @@ class Coordinator:
                 f"error: {failures[0]}",
                 sink_id=self.sink_id, epoch=record.epoch, participant=failures[0].participant,
             ) from failures[0]
+        self.backend.epoch_committed(self.sink_id, record.epoch, record.committables)
         self.faults.hit(BEFORE_MARK_COMMITTED, record.epoch)
         self.store.put(self.lease, record.committed())
         duration = time.monotonic() - started

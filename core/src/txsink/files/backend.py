@@ -1,0 +1,310 @@
+"""Files backend: in-progress file -> pending file (pre_commit) -> final file (commit).
+
+Layout under the base ``path`` (one sink per base directory)::
+
+    part-<epoch>-<partition>.<ext>             final, visible to readers
+    _txsink/sink.json                          which sink id owns this directory
+    _txsink/inprogress/<participant>.<rand>.<ext>
+    _txsink/pending/<participant>.<ext>        prepared: durable, invisible
+
+Readers that skip ``_``-prefixed paths (Spark, Hive, pyarrow datasets) never see
+uncommitted data. Both state changes use ``link`` + ``unlink`` instead of
+``rename``: a link never replaces an existing name, so no step can overwrite a
+committed file, and a crash between link and unlink leaves two names for one
+inode, which the next commit recognises.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import decimal
+import json
+import logging
+import os
+import re
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any, ClassVar
+
+import pyarrow as pa
+
+from txsink.backend import Backend, Capability, CommitOutcome, Transaction
+from txsink.errors import ConfigError, FatalCommitError, ParticipantLostError, StateError
+from txsink.model import Committable, TransactionContext, parse_participant
+from txsink.options import Options
+
+log = logging.getLogger(__name__)
+
+_EXT = {"parquet": "parquet", "jsonl": "jsonl"}
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def final_name(epoch: int, partition: int, ext: str) -> str:
+    return f"part-{epoch:010d}-{partition:05d}.{ext}"
+
+
+def _fsync_path(path: Path, *, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+class _FileTransaction(Transaction):
+    def __init__(self, ctx: TransactionContext, path: Path) -> None:
+        super().__init__(ctx)
+        self.path = path
+        self.parquet: Any = None
+        self.stream: IO[bytes] | None = None
+
+    def close_writer(self) -> None:
+        if self.parquet is not None:
+            self.parquet.close()
+            self.parquet = None
+        if self.stream is not None:
+            self.stream.flush()
+            os.fsync(self.stream.fileno())
+            self.stream.close()
+            self.stream = None
+
+
+class FilesBackend(Backend):
+    """Exactly-once files in a local (or locally mounted) directory."""
+
+    name: ClassVar[str] = "files"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({
+        Capability.COMMIT_FROM_ANY_PROCESS,
+        Capability.LIST_PREPARED,
+        Capability.COMMIT_MARKER,
+        Capability.SURVIVES_RESTART,
+    })
+
+    def __init__(self, path: str, fmt: str = "parquet", compression: str = "snappy") -> None:
+        self.base = Path(path).absolute()
+        self.format = fmt
+        self.ext = _EXT[fmt]
+        self.compression = compression
+        self._meta = self.base / "_txsink"
+        self._inprogress = self._meta / "inprogress"
+        self._pending = self._meta / "pending"
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> FilesBackend:
+        opts = Options(options, owner="files backend")
+        path = opts.str("path", required=True)
+        if path.startswith("file://"):
+            path = path[len("file://"):]
+        elif "://" in path:
+            raise ConfigError(
+                f"files backend: option 'path' must be a local directory, got {path!r}; "
+                "use the s3 backend for object stores", field="path")
+        fmt = opts.choice("format", list(_EXT), "parquet")
+        compression = opts.choice("compression", ["snappy", "zstd", "gzip", "none"], "snappy")
+        opts.check_unknown()
+        return cls(path, fmt, compression)
+
+    def describe(self) -> str:
+        return f"files {self.format} at {self.base}"
+
+    # -- sink ownership -----------------------------------------------------------------
+
+    def _claim(self, sink_id: str) -> None:
+        """Bind the base directory to one sink id; a second sink id is refused."""
+        for d in (self._inprogress, self._pending):
+            d.mkdir(parents=True, exist_ok=True)
+        marker = self._meta / "sink.json"
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                owner = json.loads(marker.read_text())["sink_id"]
+            except (ValueError, KeyError, OSError) as exc:
+                raise StateError(f"{marker} is unreadable: {exc}") from exc
+            if owner != sink_id:
+                raise ConfigError(
+                    f"files backend: directory {self.base} belongs to sink {owner!r}, not "
+                    f"{sink_id!r}; give each sink its own 'path'", field="path",
+                    sink_id=sink_id) from None
+            return
+        with os.fdopen(fd, "w") as f:
+            json.dump({"sink_id": sink_id}, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def preflight(self, sink_id: str) -> None:
+        try:
+            self._claim(sink_id)
+            probe = self._meta / f".probe-{uuid.uuid4().hex[:8]}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"files backend: cannot write to {self.base}: {exc.strerror}",
+                              field="path", sink_id=sink_id) from exc
+
+    # -- executor side ------------------------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        self._claim(ctx.sink_id)
+        path = self._inprogress / f"{ctx.participant}.{uuid.uuid4().hex[:8]}.{self.ext}"
+        return _FileTransaction(ctx, path)
+
+    def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
+        assert isinstance(txn, _FileTransaction)
+        if self.format == "parquet":
+            if txn.parquet is None:
+                import pyarrow.parquet as pq
+
+                txn.parquet = pq.ParquetWriter(
+                    txn.path, batch.schema,
+                    compression=None if self.compression == "none" else self.compression)
+            txn.parquet.write_batch(batch)
+        else:
+            if txn.stream is None:
+                txn.stream = open(txn.path, "wb")  # noqa: SIM115 - closed in pre_commit/discard
+            lines = [json.dumps(row, default=_json_default, ensure_ascii=False)
+                     for row in batch.to_pylist()]
+            txn.stream.write(("\n".join(lines) + "\n").encode())
+        txn.rows += batch.num_rows
+
+    def pre_commit(self, txn: Transaction) -> Committable:
+        assert isinstance(txn, _FileTransaction)
+        ctx = txn.ctx
+        txn.close_writer()
+        if txn.rows == 0:
+            # Nothing to publish: like Spark's own file sink, an empty partition has no file.
+            return Committable.for_context(self.name, ctx, {"final": None}, rows=0)
+        if self.format == "parquet":
+            _fsync_path(txn.path)
+        pending = self._pending / f"{ctx.participant}.{self.ext}"
+        try:
+            os.link(txn.path, pending)
+        except FileExistsError:
+            raise StateError(
+                f"files backend: participant {ctx.participant} is already prepared at {pending};"
+                " a decided epoch may still hold it - let recovery finish first",
+                sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant) from None
+        os.unlink(txn.path)
+        _fsync_path(self._pending, directory=True)
+        size = pending.stat().st_size
+        return Committable.for_context(
+            self.name, ctx,
+            {"pending": pending.name, "final": final_name(ctx.epoch, ctx.partition, self.ext),
+             "bytes": size},
+            rows=txn.rows)
+
+    def discard(self, txn: Transaction) -> None:
+        assert isinstance(txn, _FileTransaction)
+        with contextlib.suppress(Exception):
+            txn.close_writer()
+        with contextlib.suppress(FileNotFoundError):
+            txn.path.unlink()
+
+    # -- driver side --------------------------------------------------------------------
+
+    def _paths(self, c: Committable) -> tuple[Path, Path] | None:
+        final = c.payload.get("final")
+        if final is None:
+            return None
+        pending = c.payload.get("pending")
+        # Committables come back from state files: never let one name a path outside.
+        for value in (pending, final):
+            if not isinstance(value, str) or not _SAFE_NAME.match(value) or ".." in value:
+                raise StateError(f"files backend: committable of {c.participant} names an "
+                                 f"unsafe file {value!r}", participant=c.participant)
+        assert isinstance(pending, str)
+        return self._pending / pending, self.base / final
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        paths = self._paths(committable)
+        if paths is None:
+            return CommitOutcome.COMMITTED
+        pending, final = paths
+        try:
+            os.link(pending, final)
+        except FileNotFoundError:
+            if final.is_file() and final.stat().st_size == committable.payload.get("bytes"):
+                return CommitOutcome.ALREADY_COMMITTED
+            raise ParticipantLostError(
+                f"files backend: {committable.describe()}: pending file {pending.name} is gone "
+                f"and {final} does not hold it; it was aborted or deleted outside txsink",
+                sink_id=committable.sink_id, epoch=committable.epoch,
+                participant=committable.participant) from None
+        except FileExistsError:
+            if not os.path.samefile(pending, final):
+                raise FatalCommitError(
+                    f"files backend: {committable.describe()}: {final} already exists with "
+                    "other content; refusing to overwrite committed output",
+                    sink_id=committable.sink_id, epoch=committable.epoch,
+                    participant=committable.participant) from None
+        os.unlink(pending)
+        _fsync_path(self.base, directory=True)
+        _fsync_path(self._pending, directory=True)
+        return CommitOutcome.COMMITTED
+
+    def abort(self, committable: Committable) -> None:
+        paths = self._paths(committable)
+        if paths is not None:
+            pending, final = paths
+            with contextlib.suppress(FileNotFoundError):
+                if not (final.exists() and os.path.samefile(pending, final)):
+                    pending.unlink()
+        for leftover in self._inprogress.glob(f"{committable.participant}.*"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+    def list_prepared(self, sink_id: str) -> Iterable[Committable]:
+        out: list[Committable] = []
+        if not self._pending.is_dir():
+            return out
+        for path in sorted(self._pending.iterdir()):
+            ctx = parse_participant(path.name.rsplit(".", 1)[0])
+            if ctx is None or ctx.sink_id != sink_id:
+                continue
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            out.append(Committable.for_context(
+                self.name, ctx,
+                {"pending": path.name, "final": final_name(ctx.epoch, ctx.partition, self.ext),
+                 "bytes": size}))
+        return out
+
+    def abort_orphans(self, sink_id: str, protected: Collection[str],
+                      up_to_epoch: int | None = None) -> list[Committable]:
+        aborted = super().abort_orphans(sink_id, protected, up_to_epoch)
+        if self._inprogress.is_dir():
+            for path in self._inprogress.iterdir():
+                ctx = parse_participant(path.name.split(".", 1)[0])
+                if ctx is None or ctx.sink_id != sink_id:
+                    continue
+                if up_to_epoch is not None and ctx.epoch > up_to_epoch:
+                    continue
+                log.info("sink=%s epoch=%d partition=%d participant=%s: deleting in-progress "
+                         "file of a dead writer", sink_id, ctx.epoch, ctx.partition,
+                         ctx.participant)
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        return aborted
+
+    def leftovers(self) -> list[Path]:
+        """In-progress and pending files still present (tests, ``txsink status``)."""
+        return [p for d in (self._inprogress, self._pending) if d.is_dir()
+                for p in sorted(d.iterdir())]

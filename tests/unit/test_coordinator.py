@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from txsink.coordinator import EpochOutcome
+from txsink.errors import (
+    ConfigError,
+    FencedError,
+    PluginError,
+    RetriableCommitError,
+    StateError,
+)
+from txsink.model import Committable
+from txsink.state import EpochState
+from txsink.testing.memory import MemoryBackend
+
+from .conftest import SINK, Env, expected_ids
+
+
+def test_happy_path_commits_each_epoch_once_and_notifies_observers(env: Env) -> None:
+    coord = env.coordinator()
+    for epoch in range(3):
+        assert coord.commit_epoch(epoch, env.prepare_epoch(epoch)) is EpochOutcome.COMMITTED
+    assert env.ids() == expected_ids(range(3), 3)
+    assert env.system.prepared == {}
+    phases = [name for name, epoch in env.recorder.calls if epoch == 1]
+    assert phases == ["prepared", "decided", "committed"]
+    assert coord.watermark() == 2
+
+
+def test_commit_retries_are_bounded_and_logged(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    env.system.fail_next_commits = 2
+    with caplog.at_level(logging.WARNING, logger="txsink.coordinator"):
+        env.coordinator().commit_epoch(0, env.prepare_epoch(0, partitions=1))
+    assert env.ids() == expected_ids(range(1), 1)
+    retries = [r for r in caplog.records if "commit attempt" in r.getMessage()]
+    assert len(retries) == 2
+    assert f"sink={SINK} epoch=0 partition=0 participant=" in retries[0].getMessage()
+
+
+def test_commit_that_keeps_failing_stops_with_error_naming_participant(env: Env) -> None:
+    msgs = env.prepare_epoch(0, partitions=1)
+    env.system.fail_next_commits = 100
+    with pytest.raises(RetriableCommitError) as info:
+        env.coordinator().commit_epoch(0, msgs)
+    assert info.value.participant == msgs[0].participant
+    assert msgs[0].participant in str(info.value)
+    assert env.store().get(0).state is EpochState.DECIDED  # type: ignore[union-attr]
+    env.system.fail_next_commits = 0
+    assert env.coordinator().start().recommitted_epochs == [0]
+    assert env.ids() == expected_ids(range(1), 1)
+
+
+def test_missing_message_refuses_to_commit(env: Env) -> None:
+    msgs = env.prepare_epoch(0)
+    with pytest.raises(StateError, match="sent no committable"):
+        env.coordinator().commit_epoch(0, [msgs[0], None, msgs[2]])
+    assert env.ids() == []
+    assert env.system.prepared == {}
+
+
+def test_two_committables_for_one_partition_refused(env: Env) -> None:
+    a, b = env.prepare(0, 0, attempt=0), env.prepare(0, 0, attempt=1)
+    with pytest.raises(StateError, match="two committables for partition 0"):
+        env.coordinator().commit_epoch(0, [a, b])
+    assert env.ids() == []
+
+
+def test_committable_of_another_sink_is_refused(env: Env) -> None:
+    good = env.prepare(0, 0)
+    foreign = Committable("memory", "other-sink", 0, 1, 0, "other-sink-e0-p1-a0", {"txn": "x"})
+    with pytest.raises(StateError, match="does not belong"):
+        env.coordinator().commit_epoch(0, [good, foreign])
+    assert env.ids() == []
+
+
+def test_second_coordinator_fences_the_first(env: Env) -> None:
+    first = env.coordinator(owner="run-1")
+    first.commit_epoch(0, env.prepare_epoch(0))
+    second = env.coordinator(owner="run-2")
+    second.start()
+    msgs = env.prepare_epoch(1)
+    with pytest.raises(FencedError, match="took over"):
+        first.commit_epoch(1, msgs)
+    assert env.store().get(1) is None
+    assert second.commit_epoch(1, msgs) is EpochOutcome.COMMITTED
+    assert env.ids() == expected_ids(range(2), 3)
+
+
+def test_same_owner_reacquires_without_fencing(env: Env) -> None:
+    a = env.coordinator(owner="query-run-7")
+    a.commit_epoch(0, env.prepare_epoch(0))
+    b = env.coordinator(owner="query-run-7")  # another process of the same run
+    b.commit_epoch(1, env.prepare_epoch(1))
+    a.commit_epoch(2, env.prepare_epoch(2))
+    assert env.ids() == expected_ids(range(3), 3)
+
+
+def test_state_is_bound_to_one_sink_and_backend(env: Env) -> None:
+    env.coordinator().start()
+    from txsink.coordinator import Coordinator
+
+    with pytest.raises(ConfigError, match="belongs to sink 'unit-sink'"):
+        Coordinator(env.backend, env.store(), "another-sink", plugins=env.plugins).start()
+
+
+def test_failing_observer_does_not_change_the_outcome(env: Env,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from txsink.hookspecs import hookimpl
+    from txsink.plugins import build_plugins
+
+    class Broken:
+        @hookimpl
+        def txsink_epoch_decided(self) -> None:
+            raise RuntimeError("observer bug")
+
+    env.plugins = build_plugins(entry_points=[], extra_plugins=[("broken", Broken())])
+    with caplog.at_level(logging.ERROR):
+        assert env.coordinator().commit_epoch(0, env.prepare_epoch(0)) is EpochOutcome.COMMITTED
+    assert env.ids() == expected_ids(range(1), 3)
+    assert "observer bug" in caplog.text
+
+
+def test_secret_in_committable_is_refused(env: Env) -> None:
+    class Leaky(MemoryBackend):
+        def secret_values(self) -> list[str]:
+            return ["hunter2-password"]
+
+    env.backend = Leaky(env.system_name)
+    msgs = env.prepare_epoch(0, partitions=1)
+    leaked = Committable(**{**msgs[0].__dict__, "payload": {**msgs[0].payload,
+                                                             "dsn": "pw=hunter2-password"}})
+    with pytest.raises(PluginError, match="secret") as info:
+        env.coordinator().commit_epoch(0, [leaked])
+    assert "hunter2" not in str(info.value)
+    assert env.store().get(0) is None
+
+
+def test_allocate_epoch_for_batch_writes(env: Env) -> None:
+    coord = env.coordinator()
+    assert coord.allocate_epoch() == 0
+    coord.commit_epoch(0, env.prepare_epoch(0))
+    assert coord.allocate_epoch() == 1
