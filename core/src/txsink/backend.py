@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import enum
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from txsink.model import Committable, TransactionContext
@@ -123,6 +123,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def abort(self, committable: Committable) -> None:
         """Roll back a prepared participant. Aborting a missing participant succeeds."""
+
+    def epoch_committed(  # noqa: B027 - optional hook
+        self, sink_id: str, epoch: int, committables: Sequence[Committable]
+    ) -> None:
+        """Every participant of ``epoch`` is committed: publish a per-epoch marker if any.
+
+        Called on the driver before the epoch is marked COMMITTED, so a crash in
+        between makes recovery call it again: it must be idempotent. If it raises,
+        the epoch stays DECIDED and the next start retries it. Default: nothing.
+        """
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every prepared (not committed, not aborted) participant of ``sink_id``.
