@@ -7,7 +7,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
 from txsink.coordinator import Coordinator, RetryPolicy
 from txsink.faults import FaultInjector
 from txsink.hookspecs import hookimpl

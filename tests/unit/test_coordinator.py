@@ -3,7 +3,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-
 from txsink.coordinator import EpochOutcome
 from txsink.errors import (
     ConfigError,

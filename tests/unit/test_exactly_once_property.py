@@ -17,7 +17,6 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from txsink.coordinator import Coordinator, RetryPolicy
 from txsink.faults import POINTS, FaultInjector, InjectedFault
 from txsink.model import Committable, TransactionContext

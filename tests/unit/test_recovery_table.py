@@ -6,7 +6,6 @@ Each would fail if the coordinator stopped taking that row's action.
 from __future__ import annotations
 
 import pytest
-
 from txsink.coordinator import EpochOutcome
 from txsink.errors import FatalCommitError, ParticipantLostError
 from txsink.faults import (

@@ -356,14 +356,14 @@ class Coordinator:
                      len(done), reason)
             self.plugins.epoch_aborted(self.sink_id, epoch, done, reason)
         if failed and raise_errors:
-            c, exc = failed[0]
+            first, error = failed[0]
             raise CommitError(
-                f"could not abort {c.describe()}: "
-                f"{redact(str(exc), self.backend.secret_values())}",
-                sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
+                f"could not abort {first.describe()}: "
+                f"{redact(str(error), self.backend.secret_values())}",
+                sink_id=first.sink_id, epoch=first.epoch, participant=first.participant) from None
 
     def _abort_orphans(self, up_to_epoch: int | None) -> list[Committable]:
-        protected = set()
+        protected: set[str] = set()
         for record in self.store.records().values():
             if record.state is EpochState.DECIDED:
                 protected |= record.participants

@@ -58,7 +58,8 @@ class TransactionContext:
         for name in ("epoch", "partition", "attempt"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"transaction context: '{name}' must be an int >= 0, got {value!r}")
+                raise ConfigError(
+                    f"transaction context: '{name}' must be an int >= 0, got {value!r}")
 
     @property
     def participant(self) -> str:
@@ -76,7 +77,8 @@ def participant_name(sink_id: str, epoch: int, partition: int, attempt: int) -> 
     return f"{sink_id}-e{epoch}-p{partition}-a{attempt}"
 
 
-_PARTICIPANT_RE = re.compile(r"^(?P<sink>.+)-e(?P<epoch>\d+)-p(?P<partition>\d+)-a(?P<attempt>\d+)$")
+_PARTICIPANT_RE = re.compile(
+    r"^(?P<sink>.+)-e(?P<epoch>\d+)-p(?P<partition>\d+)-a(?P<attempt>\d+)$")
 
 
 def parse_participant(name: str) -> TransactionContext | None:

@@ -7,6 +7,7 @@ of options a backend declares secret are never echoed.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
@@ -50,29 +51,35 @@ class Options:
 
     def __init__(
         self,
-        raw: Mapping[str, object],
+        raw: Mapping[builtins.str, object],
         *,
-        owner: str,
-        secret_keys: Iterable[str] = (),
-        prefix: str = "",
+        owner: builtins.str,
+        secret_keys: Iterable[builtins.str] = (),
+        prefix: builtins.str = "",
     ) -> None:
         self._raw = {str(k): v for k, v in raw.items()}
         self._owner = owner
         self._prefix = prefix
-        self._known: set[str] = set()
+        self._known: set[builtins.str] = set()
         self._secret_keys = set(secret_keys)
 
-    def _field(self, key: str) -> str:
+    def _field(self, key: builtins.str) -> builtins.str:
         return f"{self._prefix}{key}"
 
-    def _shown(self, key: str, value: object) -> str:
+    def _shown(self, key: builtins.str, value: object) -> builtins.str:
         return "'***'" if key in self._secret_keys else repr(value)
 
-    def has(self, key: str) -> bool:
+    def has(self, key: builtins.str) -> builtins.bool:
         self._known.add(key)
         return key in self._raw and self._raw[key] not in (None, "")
 
-    def str(self, key: str, default: str | None = None, *, required: bool = False) -> str:
+    def str(
+        self,
+        key: builtins.str,
+        default: builtins.str | None = None,
+        *,
+        required: builtins.bool = False,
+    ) -> builtins.str:
         self._known.add(key)
         value = self._raw.get(key)
         if value is None or value == "":
@@ -84,24 +91,24 @@ class Options:
             return default
         return str(value)
 
-    def optional(self, key: str) -> str | None:
+    def optional(self, key: builtins.str) -> builtins.str | None:
         self._known.add(key)
         value = self._raw.get(key)
         return None if value is None or value == "" else str(value)
 
-    def secret(self, key: str) -> Secret | None:
+    def secret(self, key: builtins.str) -> Secret | None:
         self._secret_keys.add(key)
         value = self.optional(key)
         return None if value is None else Secret(value)
 
     def int(
         self,
-        key: str,
-        default: int,
+        key: builtins.str,
+        default: builtins.int,
         *,
-        minimum: int | None = None,
-        maximum: int | None = None,
-    ) -> int:
+        minimum: builtins.int | None = None,
+        maximum: builtins.int | None = None,
+    ) -> builtins.int:
         self._known.add(key)
         value = self._raw.get(key)
         if value is None or value == "":
@@ -130,7 +137,9 @@ class Options:
             )
         return number
 
-    def float(self, key: str, default: float, *, minimum: float | None = None) -> float:
+    def float(
+        self, key: builtins.str, default: builtins.float, *, minimum: builtins.float | None = None
+    ) -> builtins.float:
         self._known.add(key)
         value = self._raw.get(key)
         if value is None or value == "":
@@ -151,7 +160,7 @@ class Options:
             )
         return number
 
-    def bool(self, key: str, default: bool) -> bool:
+    def bool(self, key: builtins.str, default: builtins.bool) -> builtins.bool:
         self._known.add(key)
         value = self._raw.get(key)
         if value is None or value == "":
@@ -169,7 +178,9 @@ class Options:
             field=self._field(key),
         )
 
-    def choice(self, key: str, allowed: Iterable[str], default: str) -> str:
+    def choice(
+        self, key: builtins.str, allowed: Iterable[builtins.str], default: builtins.str
+    ) -> builtins.str:
         allowed = list(allowed)
         value = self.str(key, default).strip().lower()
         if value not in allowed:
@@ -180,16 +191,16 @@ class Options:
             )
         return value
 
-    def with_prefix(self, prefix: str) -> dict[str, str]:
+    def with_prefix(self, prefix: builtins.str) -> dict[builtins.str, builtins.str]:
         """All options starting with ``prefix``, prefix stripped (e.g. Spark's ``kafka.*``)."""
-        out: dict[str, str] = {}
+        out: dict[builtins.str, builtins.str] = {}
         for key, value in self._raw.items():
             if key.startswith(prefix):
                 self._known.add(key)
                 out[key[len(prefix) :]] = str(value)
         return out
 
-    def ignore(self, *keys: str) -> None:
+    def ignore(self, *keys: builtins.str) -> None:
         """Mark keys as known without reading them (they belong to another layer)."""
         self._known.update(keys)
 

@@ -171,9 +171,8 @@ class FilesBackend(Backend):
             if txn.parquet is None:
                 import pyarrow.parquet as pq
 
-                txn.parquet = pq.ParquetWriter(
-                    txn.path, batch.schema,
-                    compression=None if self.compression == "none" else self.compression)
+                txn.parquet = pq.ParquetWriter(txn.path, batch.schema,
+                                               compression=self.compression)  # type: ignore[arg-type]
             txn.parquet.write_batch(batch)
         else:
             if txn.stream is None:
