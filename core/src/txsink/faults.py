@@ -33,6 +33,12 @@ AFTER_MARK_COMMITTED = "after-mark-committed"  # COMMITTED, caller not yet told
 POINTS = (BEFORE_DECIDE, AFTER_DECIDE, AFTER_FIRST_COMMIT, BEFORE_MARK_COMMITTED,
           AFTER_MARK_COMMITTED)
 
+#: Executor points (the Spark writer task). They fire on a task's *first* attempt
+#: only, so that ``raise`` makes Spark retry the task and the retry succeeds.
+TASK_BEFORE_PRE_COMMIT = "task-before-pre-commit"  # rows written, participant not prepared
+TASK_AFTER_PRE_COMMIT = "task-after-pre-commit"  # prepared, committable not yet returned
+TASK_POINTS = (TASK_BEFORE_PRE_COMMIT, TASK_AFTER_PRE_COMMIT)
+
 
 class InjectedFault(BaseException):
     """Raised by the ``raise`` action; a BaseException so no ``except Exception`` eats it."""
