@@ -1,0 +1,298 @@
+"""The ``txsink`` Spark data source: Spark's writer API mapped onto the 2PC protocol.
+
+Which process runs what (checked with PySpark 4.3, see DESIGN.md section 2):
+
+* **planner** (driver-side Python worker, once per micro-batch, before the batch's
+  tasks start): builds the writer and pickles it for the tasks. Recovery runs
+  here, when the writer is pickled: DECIDED epochs are committed again and
+  orphans of earlier runs aborted, so no task of a replayed batch meets a
+  participant that a decision still holds.
+* **executors**: ``write`` = begin / write Arrow batches / pre_commit; the
+  committable travels back in a :class:`TxsinkCommitMessage`. The epoch is Spark's
+  batch id (task local property ``streaming.sql.batchId``); the participant's
+  attempt is Spark's task attempt id, unique within the driver across retries,
+  speculative copies and stage retries, so two attempts never share a name.
+* **committer** (driver-side Python worker): ``commit(messages, batchId)`` decides
+  and commits through the :class:`~txsink.coordinator.Coordinator`; ``abort``
+  rolls back what was not decided.
+
+The coordinator state lives in ``<checkpointLocation>/txsink`` unless
+``state_location`` is given. Spark lower-cases option keys, so backend option
+names must be lower case.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
+
+from txsink import faults as fault_points
+from txsink.backend import Backend
+from txsink.coordinator import Coordinator
+from txsink.errors import ConfigError, StateError
+from txsink.model import Committable, TransactionContext, validate_sink_id
+from txsink.plugins import get_plugins
+from txsink.spark._proc import owner_token
+from txsink.state import StateStore
+from txsink.writer import write_participant
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+try:  # PySpark >= 4.1 hands streaming writers Arrow batches directly.
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
+
+    _STREAM_ARROW = True
+except ImportError:  # pragma: no cover - PySpark 4.0
+    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[misc,assignment]
+    _STREAM_ARROW = False
+
+log = logging.getLogger(__name__)
+
+FORMAT = "txsink"
+#: Task local property Spark's micro-batch engine sets to the batch id.
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+#: Options that belong to txsink itself; every other option goes to the backend.
+RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location"})
+#: Rows per Arrow batch when PySpark hands rows instead of Arrow (PySpark 4.0).
+_ROWS_PER_BATCH = 10_000
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """The parsed options of one ``txsink`` write; picklable, validated on the driver."""
+
+    backend: str
+    sink_id: str
+    state_location: str
+    backend_options: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> SinkSettings:
+        """Validate Spark options (no I/O). Raises ConfigError naming the option."""
+        opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+        backend = opts.get("backend", "").strip()
+        if not backend:
+            raise ConfigError(
+                "txsink: option 'backend' is required, e.g. .option('backend', 'files'); "
+                "`txsink backends` lists the installed ones", field="backend")
+        sink_id = validate_sink_id(opts.get("sink_id") or None)
+        state = opts.get("state_location") or ""
+        if not state:
+            checkpoint = opts.get("checkpointlocation", "").rstrip("/")
+            if not checkpoint:
+                raise ConfigError(
+                    "txsink: option 'checkpointLocation' is required: the coordinator keeps "
+                    "its pending-transaction state under it (or set 'state_location')",
+                    field="checkpointLocation", sink_id=sink_id)
+            state = f"{checkpoint}/txsink"
+        backend_options = {k: v for k, v in opts.items() if k not in RESERVED_OPTIONS}
+        settings = cls(backend, sink_id, state, backend_options)
+        settings.create_backend().close()  # eager validation of the backend's options
+        return settings
+
+    def create_backend(self) -> Backend:
+        return get_plugins().create_backend(self.backend, self.backend_options)
+
+    def store(self) -> StateStore:
+        return get_plugins().state_store(self.state_location)
+
+    def coordinator(self, backend: Backend, owner: str) -> Coordinator:
+        return Coordinator(backend, self.store(), self.sink_id,
+                           backend_options=self.backend_options, owner=owner)
+
+
+class TxsinkCommitMessage(WriterCommitMessage):
+    """Carries one serialized :class:`~txsink.model.Committable` from a task to the driver."""
+
+    def __init__(self, committable: bytes) -> None:
+        self.committable = committable
+
+    def __repr__(self) -> str:
+        return f"TxsinkCommitMessage({len(self.committable)} bytes)"
+
+
+def decode_messages(messages: Sequence[WriterCommitMessage | None]) -> list[Committable | None]:
+    out: list[Committable | None] = []
+    for m in messages:
+        if m is None:
+            out.append(None)
+        elif isinstance(m, TxsinkCommitMessage):
+            out.append(Committable.from_bytes(m.committable))
+        else:
+            raise StateError(f"txsink: unexpected commit message {type(m).__name__}")
+    return out
+
+
+def _rows_to_batches(rows: Iterator[Any]) -> Iterator[pa.RecordBatch]:  # pragma: no cover
+    chunk: list[dict[str, Any]] = []
+    for row in rows:
+        chunk.append(row.asDict(recursive=True))
+        if len(chunk) >= _ROWS_PER_BATCH:
+            yield pa.RecordBatch.from_pylist(chunk)
+            chunk = []
+    if chunk:
+        yield pa.RecordBatch.from_pylist(chunk)
+
+
+def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[Any],
+                *, arrow: bool) -> TxsinkCommitMessage:
+    """Executor side: one participant per task attempt."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:  # pragma: no cover - Spark always runs write() in a task
+        raise StateError("txsink: write() called outside a Spark task")
+    batch_id = tc.getLocalProperty(BATCH_ID_PROPERTY)
+    if batch_id is not None:
+        epoch = int(batch_id)
+    if epoch is None:
+        raise StateError(f"txsink: task has no '{BATCH_ID_PROPERTY}' property; cannot tell "
+                         "which epoch it writes", sink_id=settings.sink_id)
+    ctx = TransactionContext(settings.sink_id, epoch, tc.partitionId(), tc.taskAttemptId())
+    injector = fault_points.FaultInjector.from_env()
+    first_attempt = tc.attemptNumber() == 0
+    batches = iterator if arrow else _rows_to_batches(iterator)
+
+    def stream() -> Iterator[pa.RecordBatch]:
+        yield from batches
+        if first_attempt:
+            injector.hit(fault_points.TASK_BEFORE_PRE_COMMIT, epoch)
+
+    backend = settings.create_backend()
+    try:
+        committable = write_participant(backend, ctx, stream())
+        if first_attempt:
+            injector.hit(fault_points.TASK_AFTER_PRE_COMMIT, epoch)
+    finally:
+        backend.close()
+    return TxsinkCommitMessage(committable.to_bytes())
+
+
+class _Finisher:
+    """Driver side shared by the batch and the streaming writer."""
+
+    settings: SinkSettings
+    owner: str
+
+    def _run(self, action: str, epoch: int, messages: Sequence[WriterCommitMessage | None],
+             *, recover_below: bool = False) -> None:
+        committables = decode_messages(messages)
+        backend = self.settings.create_backend()
+        try:
+            coordinator = self.settings.coordinator(backend, self.owner)
+            if action == "commit":
+                # Normally the planner already recovered; doing it again is cheap and
+                # keeps the output right even if the planner hook never ran.
+                coordinator.start(recover=recover_below, up_to_epoch=epoch - 1)
+                outcome = coordinator.commit_epoch(epoch, committables)
+                log.info("sink=%s epoch=%d: %s", self.settings.sink_id, epoch, outcome.value)
+            else:
+                coordinator.start(recover=False)
+                coordinator.abort_epoch(epoch, committables)
+        finally:
+            backend.close()
+
+
+class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
+    """Micro-batch writer: one epoch per Spark batch id."""
+
+    def __init__(self, settings: SinkSettings, owner: str) -> None:
+        self.settings = settings
+        self.owner = owner
+        self._planned = False
+
+    # Pickling happens only in the planner, right before the tasks are shipped.
+    def __getstate__(self) -> dict[str, Any]:
+        if not self._planned:
+            self._before_tasks()
+            self._planned = True
+        state = dict(self.__dict__)
+        state.pop("_planned", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._planned = True
+
+    def _before_tasks(self) -> None:
+        backend = self.settings.create_backend()
+        try:
+            backend.preflight(self.settings.sink_id)
+            coordinator = self.settings.coordinator(backend, self.owner)
+            # No task of this run writes yet: every prepared participant that no
+            # decided epoch holds is a leftover (crashed run, failed attempt).
+            coordinator.start(recover=True)
+        finally:
+            backend.close()
+
+    def write(self, iterator: Iterator[Any]) -> TxsinkCommitMessage:
+        return _write_task(self.settings, None, iterator, arrow=_STREAM_ARROW)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._run("commit", batchId, messages, recover_below=True)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._run("abort", batchId, messages)
+
+
+class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
+    """One-off write: a single epoch allocated from the state on the driver."""
+
+    def __init__(self, settings: SinkSettings, owner: str) -> None:
+        self.settings = settings
+        self.owner = owner
+        backend = settings.create_backend()
+        try:
+            backend.preflight(settings.sink_id)
+            coordinator = settings.coordinator(backend, owner)
+            coordinator.start(recover=True)
+            self.epoch = coordinator.allocate_epoch()
+        finally:
+            backend.close()
+        log.info("sink=%s epoch=%d: batch write planned", settings.sink_id, self.epoch)
+
+    def write(self, iterator: Iterator[Any]) -> TxsinkCommitMessage:
+        return _write_task(self.settings, self.epoch, iterator, arrow=True)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._run("commit", self.epoch, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._run("abort", self.epoch, messages)
+
+
+class TxsinkDataSource(DataSource):
+    """``df.write.format("txsink")`` and ``df.writeStream.format("txsink")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.settings = SinkSettings.parse(options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> TxsinkBatchWriter:
+        _refuse_overwrite(overwrite, "mode('overwrite')")
+        return TxsinkBatchWriter(self.settings, owner_token())
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TxsinkStreamWriter:
+        _refuse_overwrite(overwrite, "outputMode('complete')")
+        return TxsinkStreamWriter(self.settings, owner_token())
+
+
+def _refuse_overwrite(overwrite: bool, what: str) -> None:
+    if overwrite:
+        raise ConfigError(f"txsink appends exactly once; {what} is not supported: use "
+                          "append (or update) mode", field="mode")
