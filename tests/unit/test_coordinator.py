@@ -142,3 +142,22 @@ def test_allocate_epoch_for_batch_writes(env: Env) -> None:
     assert coord.allocate_epoch() == 0
     coord.commit_epoch(0, env.prepare_epoch(0))
     assert coord.allocate_epoch() == 1
+
+
+def test_backend_epoch_hook_runs_once_per_commit_and_again_after_a_crash(env: Env) -> None:
+    from txsink.faults import BEFORE_MARK_COMMITTED, FaultInjector, FaultRule, InjectedFault
+
+    seen: list[tuple[int, int]] = []
+
+    class Marking(MemoryBackend):
+        def epoch_committed(self, sink_id: str, epoch: int, committables: object) -> None:
+            assert env.system.prepared == {}  # only after every participant committed
+            seen.append((epoch, len(committables)))  # type: ignore[arg-type]
+
+    env.backend = Marking(env.system_name)
+    env.coordinator().commit_epoch(0, env.prepare_epoch(0))
+    crash = FaultInjector([FaultRule(BEFORE_MARK_COMMITTED, 1, "raise")])
+    with pytest.raises(InjectedFault):
+        env.coordinator(crash).commit_epoch(1, env.prepare_epoch(1))
+    env.coordinator().start()
+    assert seen == [(0, 3), (1, 3), (1, 3)]

@@ -6,12 +6,14 @@ import importlib.metadata
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from txsink.errors import BackendNotFoundError, PluginError
 from txsink.hookspecs import hookimpl
 from txsink.plugins import build_plugins, get_plugins, reset_plugins
+from txsink.state import DirectoryStateStore
 from txsink.testing.memory import MemoryBackend
 
 
@@ -124,3 +126,22 @@ def test_hookimpl_with_unknown_argument_is_rejected() -> None:
 
     with pytest.raises(Exception, match="nonsense"):
         build_plugins([], extra_plugins=[("wrong", Wrong())])
+
+
+def test_state_store_plugin_by_scheme(tmp_path: Path) -> None:
+    made: list[str] = []
+
+    class Stores:
+        @hookimpl
+        def txsink_register_state_stores(self, registry):  # type: ignore[no-untyped-def]
+            def factory(location: str) -> DirectoryStateStore:
+                made.append(location)
+                return DirectoryStateStore(tmp_path / "s")
+
+            registry.add("mem", factory)
+
+    plugins = build_plugins([], extra_plugins=[("stores", Stores())])
+    assert isinstance(plugins.state_store("mem://bucket/q1"), DirectoryStateStore)
+    assert made == ["mem://bucket/q1"]
+    with pytest.raises(BackendNotFoundError, match="no state store named 'hdfs'"):
+        plugins.state_store("hdfs://nn/q1")

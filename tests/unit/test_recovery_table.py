@@ -40,6 +40,7 @@ def test_decided_epoch_is_committed_again_on_start(env: Env, point: str) -> None
     report = env.coordinator().start()
 
     assert report.recommitted_epochs == [0]
+    assert ("recovered", (0,)) in env.recorder.calls
     assert env.ids() == expected_ids(range(1), 3)
     assert env.store().get(0).state is EpochState.COMMITTED  # type: ignore[union-attr]
     assert env.system.prepared == {}
