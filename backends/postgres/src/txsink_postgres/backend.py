@@ -45,6 +45,7 @@ _SQLSTATE_UNDEFINED_OBJECT = "42704"  # "prepared transaction ... does not exist
 _SQLSTATE_DUPLICATE_OBJECT = "42710"  # "transaction identifier ... is already in use"
 _SQLSTATE_OBJECT_IN_USE = "55006"  # another session is finishing the same gid
 _SQLSTATE_INVALID_PASSWORD = "28P01"
+_SQLSTATE_UNDEFINED_TABLE = "42P01"
 _SQLSTATE_INSUFFICIENT_PRIVILEGE = "42501"
 
 MAX_PREPARED_HINT = (
@@ -404,6 +405,10 @@ class PostgresBackend(Backend):
                 message = (f"gid {txn.gid} is already prepared: a decided epoch still holds "
                            "this participant name; restart the query so that recovery commits "
                            "it before this epoch is written again")
+            elif getattr(exc, "sqlstate", None) == _SQLSTATE_UNDEFINED_TABLE:
+                message = (f"the commit-marker table {self.marker_table} does not exist: run "
+                           "the driver's preflight first (it creates the table), or create it "
+                           "with the DDL in docs/backends/postgres.md")
             elif "max_prepared_transactions" in str(exc):
                 message = f"cannot prepare: {self._clean(exc)}; {MAX_PREPARED_HINT}"
             else:
@@ -435,6 +440,10 @@ class PostgresBackend(Backend):
         columns = self._table_columns(txn.conn)
         if columns is None and self.create_table:
             self.ensure_table(schema)
+            # Taking the lock COPY takes anyway makes this session see the new table
+            # (a catalog lookup without a lock can miss another session's DDL).
+            txn.conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(
+                sql.Identifier(self.table.schema, self.table.table)))
             columns = self._table_columns(txn.conn)
         if columns is None:
             raise ConfigError(f"postgres backend: table {self.table} does not exist; create it "
@@ -554,9 +563,25 @@ class PostgresBackend(Backend):
             raise RetriableCommitError(
                 f"committing {c.describe()} gid={gid}: {self._clean(exc)}",
                 sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
-        if outcome is CommitOutcome.COMMITTED and c.partition == 0:
-            self._prune_markers(c)
         return outcome
+
+    def epoch_committed(self, sink_id: str, epoch: int,
+                        committables: Sequence[Committable]) -> None:
+        """Drop commit markers of epochs far behind: only a DECIDED epoch needs its own."""
+        if self.marker_retention_epochs <= 0 or epoch < self.marker_retention_epochs:
+            return
+        from psycopg import sql
+
+        try:
+            with self._driver() as conn:
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE sink_id = %s AND epoch < %s").format(
+                        sql.Identifier(self.marker_table.schema, self.marker_table.table)),
+                    (sink_id, epoch - self.marker_retention_epochs))
+        except Exception as exc:
+            # Never fail the epoch over housekeeping: the next epoch prunes again.
+            log.warning("sink=%s epoch=%d: pruning old commit markers failed: %s", sink_id,
+                        epoch, self._clean(exc))
 
     def _commit_on(self, conn: psycopg.Connection[Any], c: Committable, gid: str,
                    xid: int) -> CommitOutcome:
@@ -590,23 +615,6 @@ class PostgresBackend(Backend):
             f"prepared nor committed in {self.describe()}: it was rolled back (by an operator, "
             f"or by an abort) and its rows are lost; the commit marker in {self.marker_table} "
             "is absent", sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
-
-    def _prune_markers(self, c: Committable) -> None:
-        """Drop commit markers of epochs far behind: only a DECIDED epoch needs them."""
-        if self.marker_retention_epochs <= 0 or c.epoch < self.marker_retention_epochs:
-            return
-        from psycopg import sql
-
-        try:
-            with self._driver() as conn:
-                conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE sink_id = %s AND epoch < %s").format(
-                        sql.Identifier(self.marker_table.schema, self.marker_table.table)),
-                    (c.sink_id, c.epoch - self.marker_retention_epochs))
-        except Exception as exc:
-            log.warning("sink=%s epoch=%d partition=%d participant=%s: pruning old commit "
-                        "markers failed (harmless, retried next epoch): %s", c.sink_id,
-                        c.epoch, c.partition, c.participant, self._clean(exc))
 
     def abort(self, committable: Committable) -> None:
         import psycopg
