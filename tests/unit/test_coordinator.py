@@ -161,3 +161,26 @@ def test_backend_epoch_hook_runs_once_per_commit_and_again_after_a_crash(env: En
         env.coordinator(crash).commit_epoch(1, env.prepare_epoch(1))
     env.coordinator().start()
     assert seen == [(0, 3), (1, 3), (1, 3)]
+
+
+def test_second_query_with_the_same_sink_id_is_refused(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from txsink.coordinator import Coordinator
+    from txsink.files.backend import FilesBackend
+    from txsink.plugins import build_plugins
+    from txsink.state import DirectoryStateStore
+
+    assert isinstance(tmp_path, Path)
+    out = tmp_path / "out"
+    plugins = build_plugins()
+    first = Coordinator(FilesBackend(str(out)), DirectoryStateStore(tmp_path / "cp1"), "q",
+                        plugins=plugins)
+    first.start()
+    first.start()  # the same query again (a restart): fine
+    second = Coordinator(FilesBackend(str(out)), DirectoryStateStore(tmp_path / "cp2"), "q",
+                         plugins=plugins)
+    with pytest.raises(ConfigError, match="already written by another query") as info:
+        second.start()
+    assert info.value.field == "sink_id"
+    assert str(tmp_path / "cp1") in str(info.value)

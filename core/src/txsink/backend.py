@@ -80,6 +80,15 @@ class Backend(abc.ABC):
     def preflight(self, sink_id: str) -> None:  # noqa: B027 - optional hook
         """Driver-side checks that need I/O, run before any data is written."""
 
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:  # noqa: B027
+        """Bind ``sink_id`` to one pending-transaction state, where the system allows it.
+
+        Called by the coordinator on the driver before recovery. Two queries sharing
+        a sink id would abort each other's prepared participants as orphans, so a
+        backend that can record an owner raises :class:`~txsink.errors.ConfigError`
+        when ``sink_id`` is already bound to another ``state_id``. Must be idempotent.
+        """
+
     def describe(self) -> str:
         """A one-line, secret-free description for logs and ``txsink status``."""
         return self.name

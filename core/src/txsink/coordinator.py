@@ -133,6 +133,9 @@ class Coordinator:
                             self.backend.safe_options(self._options))
             self.store.write_meta(self._lease, meta)
         self._meta = meta
+        # Before recovery can abort anything as an orphan: make sure no other query
+        # (another state) writes under this sink id.
+        self.backend.claim_sink(self.sink_id, meta.state_id, self.store.location)
         return self.recover(up_to_epoch=up_to_epoch) if recover else RecoveryReport()
 
     @property
@@ -386,7 +389,7 @@ class Coordinator:
         assert meta is not None
         top = committed[-1]
         if top > meta.committed_watermark:
-            meta = SinkMeta(meta.sink_id, meta.backend, meta.options, top)
+            meta = SinkMeta(meta.sink_id, meta.backend, meta.options, top, meta.state_id)
             self.store.write_meta(self.lease, meta)
             self._meta = meta
         old = committed[: max(0, len(committed) - self.retain_epochs)]

@@ -100,16 +100,20 @@ class SinkMeta:
     options: Mapping[str, str] = field(default_factory=dict)
     #: Highest epoch known COMMITTED, kept after old records are pruned.
     committed_watermark: int = -1
+    #: Random identity of this state, created once: backends bind the sink id to it so
+    #: that a second query (another state) with the same sink id is refused.
+    state_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": STATE_FORMAT_VERSION, "sink_id": self.sink_id, "backend": self.backend,
-                "options": dict(self.options), "committed_watermark": self.committed_watermark}
+                "options": dict(self.options), "committed_watermark": self.committed_watermark,
+                "state_id": self.state_id}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SinkMeta:
         try:
             return cls(str(data["sink_id"]), str(data["backend"]), dict(data.get("options", {})),
-                       int(data.get("committed_watermark", -1)))
+                       int(data.get("committed_watermark", -1)), str(data["state_id"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 

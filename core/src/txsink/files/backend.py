@@ -148,6 +148,29 @@ class FilesBackend(Backend):
             f.flush()
             os.fsync(f.fileno())
 
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        self._claim(sink_id)
+        owner_file = self._meta / "state.json"
+        try:
+            fd = os.open(owner_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                owner = json.loads(owner_file.read_text())
+            except (ValueError, OSError) as exc:
+                raise StateError(f"{owner_file} is unreadable: {exc}") from exc
+            if owner.get("state_id") != state_id:
+                raise ConfigError(
+                    f"files backend: sink {sink_id!r} at {self.base} is already written by "
+                    f"another query (txsink state at {owner.get('state_location')!r}). A sink "
+                    "id belongs to one query: give this query its own sink_id and path, or, "
+                    f"if the old query and its checkpoint are gone for good, delete {owner_file}",
+                    field="sink_id", sink_id=sink_id) from None
+            return
+        with os.fdopen(fd, "w") as f:
+            json.dump({"state_id": state_id, "state_location": state_location}, f)
+            f.flush()
+            os.fsync(f.fileno())
+
     def preflight(self, sink_id: str) -> None:
         try:
             self._claim(sink_id)
