@@ -163,9 +163,13 @@ class LocalPostgres:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise RuntimeError(f"PostgreSQL failed to start:\n{tail}") from exc
 
-    def restart(self, **settings: object) -> None:
-        """Stop (fast: prepared transactions survive), change settings, start again."""
-        self._pg_ctl_stop()
+    def restart(self, *, mode: str = "fast", **settings: object) -> None:
+        """Stop, change settings, start again. Prepared transactions survive either mode.
+
+        ``mode`` is ``pg_ctl``'s shutdown mode: ``fast`` (clean) or ``immediate`` (like a
+        crash: the restart runs WAL recovery).
+        """
+        self._pg_ctl_stop(mode)
         if settings:
             self.configure(**settings)
         self._pg_ctl_start()
@@ -177,12 +181,12 @@ class LocalPostgres:
         except (OSError, ValueError, IndexError):
             return None
 
-    def _pg_ctl_stop(self) -> None:
+    def _pg_ctl_stop(self, mode: str = "fast") -> None:
         pid = self._postmaster_pid()
         if pid is None:
             return
         try:
-            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "30", "stop")
+            self._run("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "-t", "30", "stop")
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
