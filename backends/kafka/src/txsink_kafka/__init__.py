@@ -1,0 +1,1 @@
+"""txsink's Kafka backend: transactional producers finished by the driver with EndTxn."""

@@ -1,0 +1,689 @@
+"""The Kafka backend: one transactional producer per participant, committed by the driver.
+
+Executor: ``begin_transaction`` creates a librdkafka producer whose
+``transactional.id`` is ``<prefix>-<participant>`` (participant = sink id, epoch,
+partition, attempt), writes the participant's marker record first (see
+:mod:`txsink_kafka.markers`), streams rows, and ``pre_commit`` flushes, reads the
+producer id and epoch librdkafka acquired, and closes the producer **without
+aborting**: the transaction stays open on the broker, invisible to
+``read_committed`` readers.
+
+Driver: ``commit`` sends ``EndTxn(commit)`` for that producer id and epoch (Flink's
+``resumeTransaction``) through :mod:`txsink_kafka.txn_protocol`; ``abort`` sends
+``EndTxn(abort)`` or fences the id with ``InitProducerId``; orphans are found by
+scanning the tail of the sink's marker partition for participants that began and
+never ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from txsink.backend import Backend, Capability, CommitOutcome, Transaction
+from txsink.errors import (
+    ConfigError,
+    FatalCommitError,
+    FencedError,
+    ParticipantLostError,
+    RetriableCommitError,
+    TxsinkError,
+)
+from txsink.model import Committable, TransactionContext, participant_name
+from txsink.redact import redact
+
+from txsink_kafka import config as cfg
+from txsink_kafka.markers import BEGIN, END, Marker, marker_partition
+from txsink_kafka.txn_protocol import (
+    ConnectionDroppedError,
+    EndTxnResult,
+    ProducerIdentity,
+    TxnCoordinatorClient,
+    TxnProtocolError,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from confluent_kafka import Consumer, KafkaError, Message, Producer
+
+log = logging.getLogger(__name__)
+
+_PID_RE = re.compile(r"Acquired PID\{Id:(-?\d+),Epoch:(-?\d+)\}")
+#: Warn when a prepared transaction is older than this share of transaction.timeout.ms.
+TIMEOUT_WARN_SHARE = 0.8
+
+
+class _PidCapture(logging.Handler):
+    """Reads the producer id and epoch from librdkafka's ``eos`` debug log.
+
+    librdkafka has no API that returns them; its debug line
+    ``Acquired PID{Id:N,Epoch:M}`` is the one place it says them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.identity: ProducerIdentity | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _PID_RE.search(record.getMessage())
+        if match:
+            self.identity = ProducerIdentity(int(match[1]), int(match[2]))
+
+
+class _KafkaTransaction(Transaction):
+    def __init__(self, ctx: TransactionContext, transactional_id: str) -> None:
+        super().__init__(ctx)
+        self.transactional_id = transactional_id
+        self.producer: Producer | None = None
+        self.capture = _PidCapture()
+        self.errors: list[str] = []
+        self.fatal = False
+        self.topics: set[str] = set()
+        self.marker_topic = ""
+        self.marker_partition = 0
+        self.marker_offset = -1
+
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None and len(self.errors) < 10:
+            self.errors.append(f"{msg.topic()}: {err.str()}")
+            if err.fatal():
+                self.fatal = True
+
+
+class MarkerStatus:
+    VISIBLE = "visible"  # committed (Tansu: or aborted, see docs)
+    HIDDEN = "hidden"  # at or above the last stable offset: open, or behind an open one
+    MISSING = "missing"  # below the last stable offset yet not readable: aborted
+
+
+@dataclass
+class _ScanState:
+    cursor: int | None = None
+    open: dict[str, Marker] = field(default_factory=dict)
+
+
+class _DriverClients:
+    """Clients the driver side keeps for the life of a backend instance."""
+
+    def __init__(self, config: cfg.KafkaSinkConfig) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        self.config = config
+        conn = config.connection()
+        self.txn = TxnCoordinatorClient(conn, timeout_s=config.request_timeout_s)
+        common = {**conn, "group.id": "txsink-driver", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "auto.offset.reset": "earliest"}
+        self.committed: Consumer = Consumer({**common, "isolation.level": "read_committed"})
+        self.uncommitted: Consumer = Consumer({**common,
+                                               "isolation.level": "read_uncommitted"})
+        self.ends: Producer = Producer({**conn, "enable.idempotence": True, "linger.ms": 0})
+        self.scans: dict[str, _ScanState] = {}
+        self.partitions: int | None = None
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        try:
+            self.ends.flush(self.config.request_timeout_s)
+        finally:
+            self.committed.close()
+            self.uncommitted.close()
+            self.txn.close()
+
+
+def _read_range(consumer: Consumer, topic: str, partition: int, start: int, end: int,
+                timeout_s: float) -> Iterator[Message]:
+    """Records of one partition from ``start`` until ``end`` (exclusive) or its end."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    if start >= end:
+        return
+    consumer.assign([TopicPartition(topic, partition, start)])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise TxsinkError(f"reading {topic}[{partition}] failed: {err.str()}")
+                yield msg
+                offset = msg.offset()
+                if offset is not None and offset >= end - 1:
+                    return
+        raise TxsinkError(f"reading {topic}[{partition}] offsets {start}..{end} did not "
+                          f"finish within {timeout_s:.0f}s")
+    finally:
+        consumer.unassign()
+
+
+class KafkaBackend(Backend):
+    """Exactly-once output to Kafka for ``read_committed`` consumers."""
+
+    name: ClassVar[str] = "kafka"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.COMMIT_FROM_ANY_PROCESS, Capability.COMMIT_MARKER,
+         Capability.SURVIVES_RESTART})
+    secret_options: ClassVar[frozenset[str]] = cfg.SECRET_OPTIONS
+    payload_version: ClassVar[int] = 1
+
+    def __init__(self, config: cfg.KafkaSinkConfig) -> None:
+        self.config = config
+        self._driver: _DriverClients | None = None
+        self._marker_partitions: int | None = None
+
+    # -- configuration ------------------------------------------------------------------
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> KafkaBackend:
+        return cls(cfg.parse(options))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "_driver": None,
+                "_marker_partitions": self._marker_partitions}
+
+    def describe(self) -> str:
+        topic = self.config.topic or "<topic column>"
+        return f"kafka {self.config.bootstrap} topic={topic} (read with read_committed)"
+
+    def secret_values(self) -> list[str]:
+        return list(self.config.secrets)
+
+    def transactional_id(self, ctx: TransactionContext) -> str:
+        return f"{self.config.transactional_id_prefix}-{ctx.participant}"
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self.config.secrets)
+
+    def preflight(self, sink_id: str) -> None:
+        """Reach the brokers, check the topic, create the marker topic, check the timeout."""
+        import confluent_kafka.admin as kadmin
+        from confluent_kafka import KafkaException
+
+        timeout = self.config.request_timeout_s
+        admin = kadmin.AdminClient({**self.config.connection(), "socket.timeout.ms": 10_000})
+        try:
+            metadata = admin.list_topics(timeout=min(timeout, 15.0))
+        except KafkaException as exc:
+            raise ConfigError(
+                f"kafka sink: cannot reach Kafka at {self.config.bootstrap!r} "
+                f"(option 'kafka.bootstrap.servers'): {self._redact(str(exc))}",
+                field="kafka.bootstrap.servers", sink_id=sink_id) from None
+        topic = self.config.topic
+        if topic is not None and (topic not in metadata.topics
+                                  or metadata.topics[topic].error is not None):
+            raise ConfigError(
+                f"kafka sink: topic {topic!r} (option 'topic') does not exist on "
+                f"{self.config.bootstrap}; create it first (txsink does not create output "
+                "topics)", field="topic", sink_id=sink_id)
+        marker = self.config.marker_topic
+        if marker not in metadata.topics:
+            log.info("sink=%s: creating the marker topic %s", sink_id, marker)
+            new = kadmin.NewTopic(  # type: ignore[attr-defined]
+                marker, num_partitions=1, replication_factor=self.config.marker_replication,
+                config={"cleanup.policy": "compact"})
+            try:
+                admin.create_topics([new])[marker].result(timeout)
+            except KafkaException as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise ConfigError(
+                        f"kafka sink: cannot create the marker topic {marker!r} (option "
+                        f"'marker.topic'): {self._redact(str(exc))}; create it with one "
+                        "partition and cleanup.policy=compact, or name an existing one",
+                        field="marker.topic", sink_id=sink_id) from None
+        # The broker rejects a transaction.timeout.ms above its transaction.max.timeout.ms
+        # only when a producer registers: find out now, not in the first task.
+        probe = f"{self.config.transactional_id_prefix}-{sink_id}-preflight"
+        try:
+            self.driver().txn.init_producer_id(probe, self.config.transaction_timeout_ms)
+        except TxnProtocolError as exc:
+            if exc.error_code == 50:
+                raise ConfigError(
+                    f"kafka sink: kafka.transaction.timeout.ms="
+                    f"{self.config.transaction_timeout_ms} is above the broker's "
+                    "transaction.max.timeout.ms (Kafka's default is "
+                    f"{cfg.KAFKA_DEFAULT_MAX_TIMEOUT_MS} ms); lower it or raise the broker's "
+                    "limit", field="kafka.transaction.timeout.ms", sink_id=sink_id) from None
+            raise ConfigError(f"kafka sink: cannot use transactions on "
+                              f"{self.config.bootstrap}: {self._redact(str(exc))}",
+                              field="kafka.bootstrap.servers", sink_id=sink_id) from None
+
+    def driver(self) -> _DriverClients:
+        if self._driver is None:
+            try:
+                self._driver = _DriverClients(self.config)
+            except TxnProtocolError as exc:
+                raise ConfigError(self._redact(str(exc)), field="kafka.bootstrap.servers") \
+                    from None
+        return self._driver
+
+    def close(self) -> None:
+        if self._driver is not None:
+            driver, self._driver = self._driver, None
+            driver.close()
+
+    # -- executor side ------------------------------------------------------------------
+
+    def _marker_partition(self, producer: Producer, sink_id: str) -> int:
+        if self._marker_partitions is None:
+            md = producer.list_topics(self.config.marker_topic,
+                                      timeout=self.config.request_timeout_s)
+            tmd = md.topics.get(self.config.marker_topic)
+            if tmd is None or tmd.error is not None or not tmd.partitions:
+                raise ConfigError(f"kafka sink: marker topic {self.config.marker_topic!r} "
+                                  "is missing; run the sink's preflight (the driver creates "
+                                  "it) or create it", field="marker.topic", sink_id=sink_id)
+            self._marker_partitions = len(tmd.partitions)
+        return marker_partition(sink_id, self._marker_partitions)
+
+    def _producer_error(self, txn: _KafkaTransaction, what: str, exc: BaseException) -> TxsinkError:
+        from confluent_kafka import KafkaError, KafkaException
+
+        text = self._redact(str(exc))
+        ctx = txn.ctx
+        if isinstance(exc, KafkaException) and exc.args:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() in (
+                    KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                    KafkaError.INVALID_PRODUCER_EPOCH):
+                return FencedError(
+                    f"{txn.describe()}: transactional.id {txn.transactional_id!r} was fenced "
+                    f"while {what}: another producer took it over. Two queries writing with "
+                    f"sink id {ctx.sink_id!r}? A sink id must be used by one query only.",
+                    sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant)
+            if isinstance(err, KafkaError) and err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+                return ConfigError(
+                    f"kafka sink: kafka.transaction.timeout.ms="
+                    f"{self.config.transaction_timeout_ms} is above the broker's "
+                    "transaction.max.timeout.ms", field="kafka.transaction.timeout.ms",
+                    sink_id=ctx.sink_id)
+        return TxsinkError(f"{txn.describe()}: {what} failed: {text}", sink_id=ctx.sink_id,
+                           epoch=ctx.epoch, participant=ctx.participant)
+
+    def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        from confluent_kafka import KafkaException, Producer
+
+        txn = _KafkaTransaction(ctx, self.transactional_id(ctx))
+        # A private logger (not in logging's registry, so none accumulates per participant)
+        # that only captures the producer id.
+        logger = logging.Logger(f"txsink_kafka.librdkafka.{txn.transactional_id}")  # noqa: LOG001
+        logger.addHandler(txn.capture)
+        conf: dict[str, Any] = {
+            "queue.buffering.max.kbytes": 32768,
+            "linger.ms": 20,
+            **self.config.producer,
+            "transactional.id": txn.transactional_id,
+            "transaction.timeout.ms": self.config.transaction_timeout_ms,
+            "debug": "eos",
+            "logger": logger,
+            "on_delivery": txn.on_delivery,
+        }
+        timeout = self.config.request_timeout_s
+        try:
+            producer = Producer(conf)
+            txn.producer = producer
+            txn.marker_topic = self.config.marker_topic
+            txn.marker_partition = self._marker_partition(producer, ctx.sink_id)
+            producer.init_transactions(timeout)
+            producer.begin_transaction()
+        except KafkaException as exc:
+            raise self._producer_error(txn, "starting the transaction", exc) from None
+        self._write_begin_marker(txn)
+        log.debug("%s: transaction open as transactional.id=%s", txn.describe(),
+                  txn.transactional_id)
+        return txn
+
+    def _write_begin_marker(self, txn: _KafkaTransaction) -> None:
+        """The first record of the transaction: its commit marker and its trace for scans."""
+        from confluent_kafka import KafkaException
+
+        ctx = txn.ctx
+        assert txn.producer is not None
+        key, value = Marker(BEGIN, txn.transactional_id, ctx.sink_id, ctx.epoch,
+                            ctx.partition, ctx.attempt).encode()
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                txn.marker_offset = msg.offset() or 0
+            else:
+                txn.on_delivery(err, msg)
+
+        try:
+            txn.producer.produce(txn.marker_topic, value, key, txn.marker_partition,
+                                 on_delivery=delivered)
+            # Wait for it: data must never reach the broker before the marker does,
+            # or a crash could leave an open transaction no scan can find.
+            remaining = txn.producer.flush(self.config.request_timeout_s)
+        except KafkaException as exc:
+            raise self._producer_error(txn, "writing the marker record", exc) from None
+        if remaining or txn.marker_offset < 0:
+            raise TxsinkError(
+                f"{txn.describe()}: the marker record to {txn.marker_topic!r} was not "
+                f"delivered within {self.config.request_timeout_s:.0f}s"
+                + (f": {txn.errors[0]}" if txn.errors else ""),
+                sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant)
+
+    def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
+        from confluent_kafka import KafkaException
+
+        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        if txn.errors:
+            raise self._delivery_error(txn)
+        names = batch.schema.names
+        if "value" not in names:
+            raise ConfigError(
+                f"kafka sink: the data has no 'value' column (columns: {', '.join(names)}); "
+                "like Spark's Kafka sink it writes columns key, value, and optionally topic, "
+                "partition, headers", field="value", sink_id=txn.ctx.sink_id)
+        n = batch.num_rows
+        values = batch.column("value").to_pylist()
+        keys = batch.column("key").to_pylist() if "key" in names else [None] * n
+        fixed = self.config.topic
+        if fixed is None and "topic" not in names:
+            raise ConfigError(
+                "kafka sink: no topic: set the 'topic' option or add a 'topic' column",
+                field="topic", sink_id=txn.ctx.sink_id)
+        topics = [fixed] * n if fixed is not None else batch.column("topic").to_pylist()
+        parts = batch.column("partition").to_pylist() if "partition" in names else None
+        headers = batch.column("headers").to_pylist() if "headers" in names else None
+        producer = txn.producer
+        produce = producer.produce
+        try:
+            if parts is None and headers is None and fixed is not None:
+                for k, v in zip(keys, values, strict=True):
+                    try:
+                        produce(fixed, v, k)
+                    except BufferError:
+                        producer.poll(0.05)
+                        produce(fixed, v, k)
+                txn.topics.add(fixed)
+            else:
+                for i in range(n):
+                    topic = topics[i]
+                    if topic is None:
+                        raise ConfigError(f"kafka sink: row {i} of a batch has a null topic",
+                                          field="topic", sink_id=txn.ctx.sink_id)
+                    kwargs: dict[str, Any] = {}
+                    row_partition = parts[i] if parts is not None else None
+                    if row_partition is not None:
+                        kwargs["partition"] = int(row_partition)
+                    row_headers = headers[i] if headers is not None else None
+                    if row_headers:
+                        kwargs["headers"] = [(h["key"], h["value"]) for h in row_headers]
+                    try:
+                        produce(topic, values[i], keys[i], **kwargs)
+                    except BufferError:
+                        producer.poll(0.05)
+                        produce(topic, values[i], keys[i], **kwargs)
+                    txn.topics.add(topic)
+        except KafkaException as exc:
+            raise self._producer_error(txn, "producing", exc) from None
+        producer.poll(0)
+        txn.rows += n
+
+    def _delivery_error(self, txn: _KafkaTransaction) -> TxsinkError:
+        ctx = txn.ctx
+        first = self._redact(txn.errors[0])
+        if txn.fatal or "fenced" in first.lower():
+            return FencedError(
+                f"{txn.describe()}: transactional.id {txn.transactional_id!r} was fenced: "
+                f"{first}. Two queries writing with sink id {ctx.sink_id!r}?",
+                sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant)
+        hint = (" (missing topic? txsink does not create output topics)"
+                if "Unknown topic" in first or "UNKNOWN_TOPIC" in first else "")
+        return TxsinkError(f"{txn.describe()}: {len(txn.errors)} record(s) were not delivered; "
+                           f"first: {first}{hint}", sink_id=ctx.sink_id, epoch=ctx.epoch,
+                           participant=ctx.participant)
+
+    def pre_commit(self, txn: Transaction) -> Committable:
+        from confluent_kafka import KafkaException
+
+        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        producer = txn.producer
+        deadline = time.monotonic() + max(self.config.request_timeout_s,
+                                          self.config.transaction_timeout_ms / 2000)
+        try:
+            while producer.flush(1.0) > 0:
+                if txn.errors:
+                    break
+                if time.monotonic() > deadline:
+                    raise TxsinkError(f"{txn.describe()}: records were not acknowledged "
+                                      "before the flush deadline", sink_id=txn.ctx.sink_id,
+                                      epoch=txn.ctx.epoch, participant=txn.ctx.participant)
+            producer.poll(0)
+        except KafkaException as exc:
+            raise self._producer_error(txn, "flushing", exc) from None
+        if txn.errors:
+            raise self._delivery_error(txn)
+        identity = txn.capture.identity
+        if identity is None:
+            raise TxsinkError(
+                f"{txn.describe()}: librdkafka did not report the producer id of "
+                f"transactional.id {txn.transactional_id!r} (its 'eos' debug log has no "
+                "'Acquired PID' line); this librdkafka version is not supported",
+                sink_id=txn.ctx.sink_id, epoch=txn.ctx.epoch,
+                participant=txn.ctx.participant)
+        payload = {
+            "transactional_id": txn.transactional_id,
+            "producer_id": identity.producer_id,
+            "producer_epoch": identity.producer_epoch,
+            "topics": sorted(txn.topics),
+            "marker": {"topic": txn.marker_topic, "partition": txn.marker_partition,
+                       "offset": txn.marker_offset},
+            "transaction_timeout_ms": self.config.transaction_timeout_ms,
+            "prepared_at": round(time.time(), 3),
+        }
+        committable = Committable.for_context(self.name, txn.ctx, payload, rows=txn.rows,
+                                              payload_version=self.payload_version)
+        # Close without aborting: the transaction stays open for the driver's EndTxn.
+        txn.producer = None
+        del producer
+        log.debug("%s: prepared transactional.id=%s producer_id=%d epoch=%d rows=%d",
+                  txn.describe(), txn.transactional_id, identity.producer_id,
+                  identity.producer_epoch, txn.rows)
+        return committable
+
+    def discard(self, txn: Transaction) -> None:
+        from confluent_kafka import KafkaException
+
+        assert isinstance(txn, _KafkaTransaction)
+        producer, txn.producer = txn.producer, None
+        if producer is None:
+            return
+        timeout = self.config.request_timeout_s
+        try:
+            producer.abort_transaction(timeout)
+            # A fresh (committed) transaction carrying only the end marker, so scans
+            # know this participant is over.
+            producer.begin_transaction()
+            key, value = Marker(END, txn.transactional_id, txn.ctx.sink_id, txn.ctx.epoch,
+                                txn.ctx.partition, txn.ctx.attempt).encode()
+            producer.produce(txn.marker_topic, value, key, txn.marker_partition)
+            producer.commit_transaction(timeout)
+        except KafkaException as exc:
+            log.warning("%s: discarding transactional.id=%s failed: %s; orphan cleanup "
+                        "will fence it", txn.describe(), txn.transactional_id,
+                        self._redact(str(exc)))
+
+    # -- driver side --------------------------------------------------------------------
+
+    def _payload(self, c: Committable) -> tuple[str, ProducerIdentity, tuple[str, int, int]]:
+        p = self.decode_payload(c.payload_version, c.payload)
+        try:
+            marker = p["marker"]
+            return (str(p["transactional_id"]),
+                    ProducerIdentity(int(p["producer_id"]), int(p["producer_epoch"])),
+                    (str(marker["topic"]), int(marker["partition"]), int(marker["offset"])))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FatalCommitError(f"{c.describe()}: malformed Kafka committable: {exc}",
+                                   sink_id=c.sink_id, epoch=c.epoch,
+                                   participant=c.participant) from None
+
+    def marker_status(self, topic: str, partition: int, offset: int, transactional_id: str
+                      ) -> str:
+        """Is the marker at ``offset`` visible to ``read_committed`` readers?"""
+        from confluent_kafka import TopicPartition
+
+        d = self.driver()
+        timeout = self.config.request_timeout_s
+        with d.lock:
+            _, lso = d.committed.get_watermark_offsets(TopicPartition(topic, partition),
+                                                       timeout, cached=False)
+            if offset >= lso:
+                return MarkerStatus.HIDDEN
+            for msg in _read_range(d.committed, topic, partition, offset, lso, timeout):
+                key = msg.key()
+                if msg.offset() == offset and key is not None and key.decode() == \
+                        transactional_id:
+                    return MarkerStatus.VISIBLE
+                return MarkerStatus.MISSING
+            return MarkerStatus.MISSING
+
+    def _write_end(self, c: Committable, transactional_id: str, topic: str,
+                   partition: int) -> None:
+        key, value = Marker(END, transactional_id, c.sink_id, c.epoch, c.partition,
+                            c.attempt).encode()
+        ends = self.driver().ends
+        try:
+            ends.produce(topic, value, key, partition)
+        except BufferError:
+            ends.flush(self.config.request_timeout_s)
+            ends.produce(topic, value, key, partition)
+        ends.poll(0)
+
+    def _check_age(self, c: Committable) -> float:
+        prepared_at = float(c.payload.get("prepared_at", 0) or 0)
+        timeout_ms = int(c.payload.get("transaction_timeout_ms", 0) or 0)
+        age = time.time() - prepared_at if prepared_at else 0.0
+        if timeout_ms and age * 1000 > TIMEOUT_WARN_SHARE * timeout_ms:
+            log.warning("sink=%s epoch=%d partition=%d participant=%s: prepared %.0fs ago, "
+                        "%.0f%% of transaction.timeout.ms=%d; the broker aborts it at the "
+                        "timeout (data at risk): raise kafka.transaction.timeout.ms",
+                        c.sink_id, c.epoch, c.partition, c.participant, age,
+                        100 * age * 1000 / timeout_ms, timeout_ms)
+        return age
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        c = committable
+        tid, identity, (mtopic, mpart, moffset) = self._payload(c)
+        age = self._check_age(c)
+        if self.marker_status(mtopic, mpart, moffset, tid) == MarkerStatus.VISIBLE:
+            return CommitOutcome.ALREADY_COMMITTED
+        d = self.driver()
+        rejected = ""
+        try:
+            result = d.txn.end_txn(tid, identity, commit=True)
+        except ConnectionDroppedError as exc:
+            result, rejected = None, str(exc)
+        except TxnProtocolError as exc:
+            error = RetriableCommitError if exc.retriable else FatalCommitError
+            raise error(f"{c.describe()}: {self._redact(str(exc))}", sink_id=c.sink_id,
+                        epoch=c.epoch, participant=c.participant) from None
+        if result is EndTxnResult.OK:
+            self._write_end(c, tid, mtopic, mpart)
+            log.debug("%s: committed transactional.id=%s", c.describe(), tid)
+            return CommitOutcome.COMMITTED
+        rejected = rejected or f"the coordinator answered {result.value if result else '?'}"
+        status = self.marker_status(mtopic, mpart, moffset, tid)
+        if status == MarkerStatus.VISIBLE:
+            self._write_end(c, tid, mtopic, mpart)
+            return CommitOutcome.ALREADY_COMMITTED
+        if status == MarkerStatus.HIDDEN:
+            raise RetriableCommitError(
+                f"{c.describe()}: EndTxn(commit) for transactional.id {tid!r} was refused "
+                f"({rejected}) and its marker is not readable yet (an open transaction "
+                "holds the marker partition's last stable offset); retry later",
+                sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+        timeout_ms = int(c.payload.get("transaction_timeout_ms", 0) or 0)
+        topics = c.payload.get("topics") or []
+        why = (f"the broker's transaction.timeout.ms ({timeout_ms} ms) expired: it was "
+               f"prepared {age:.0f}s ago" if timeout_ms and age * 1000 > timeout_ms else
+               "it was fenced and aborted (another query using the same sink id, or a "
+               "manual abort)")
+        raise ParticipantLostError(
+            f"{c.describe()}: DATA AT RISK: the prepared transaction of transactional.id "
+            f"{tid!r} ({c.rows} rows to {', '.join(map(str, topics))}) was "
+            f"aborted, not committed: {why}. EndTxn: {rejected}. Those rows are not in the "
+            "output; replay the epoch from the source to restore them",
+            sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+
+    def abort(self, committable: Committable) -> None:
+        c = committable
+        tid, identity, (mtopic, mpart, _) = self._payload(c)
+        d = self.driver()
+        try:
+            result: EndTxnResult | None = d.txn.end_txn(tid, identity, commit=False)
+        except ConnectionDroppedError:
+            result = None
+        if result is not EndTxnResult.OK:
+            # Whatever is open on this id (this transaction or a later one of the same
+            # participant) is aborted by fencing the id.
+            d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
+        self._write_end(c, tid, mtopic, mpart)
+        log.debug("%s: aborted transactional.id=%s", c.describe(), tid)
+
+    def open_markers(self, sink_id: str) -> dict[str, Marker]:
+        """Participants of ``sink_id`` that began and were not ended, per marker scan.
+
+        Scans from where the previous scan stopped; the first scan of a process reads
+        the last ``orphan.scan.records`` records of the sink's marker partition.
+        """
+        from confluent_kafka import TopicPartition
+
+        d = self.driver()
+        topic = self.config.marker_topic
+        timeout = self.config.request_timeout_s
+        with d.lock:
+            d.ends.flush(timeout)
+            if self._marker_partitions is None:
+                md = d.ends.list_topics(topic, timeout=timeout)
+                tmd = md.topics.get(topic)
+                self._marker_partitions = len(tmd.partitions) if tmd and tmd.partitions else 1
+            partition = marker_partition(sink_id, self._marker_partitions)
+            state = d.scans.setdefault(sink_id, _ScanState())
+            low, high = d.uncommitted.get_watermark_offsets(TopicPartition(topic, partition),
+                                                            timeout, cached=False)
+            start = state.cursor
+            if start is None:
+                start = max(low, high - self.config.orphan_scan_records)
+            for msg in _read_range(d.uncommitted, topic, partition, max(start, low), high,
+                                   timeout):
+                m = Marker.decode(msg.key(), msg.value(), msg.offset() or 0)
+                if m is None or m.sink_id != sink_id:
+                    continue
+                if m.kind == BEGIN:
+                    state.open[m.transactional_id] = m
+                elif m.kind == END:
+                    state.open.pop(m.transactional_id, None)
+            state.cursor = high
+            return dict(state.open)
+
+    def abort_orphans(self, sink_id: str, protected: Collection[str],
+                      up_to_epoch: int | None = None) -> list[Committable]:
+        """Fence every participant that began, never ended, and no decided epoch holds."""
+        aborted: list[Committable] = []
+        d = self.driver()
+        for tid, m in sorted(self.open_markers(sink_id).items(),
+                             key=lambda kv: (kv[1].epoch, kv[1].partition, kv[1].attempt)):
+            participant = participant_name(m.sink_id, m.epoch, m.partition, m.attempt)
+            if participant in protected or (up_to_epoch is not None and m.epoch > up_to_epoch):
+                continue
+            d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
+            c = Committable(self.name, m.sink_id, m.epoch, m.partition, m.attempt, participant,
+                            {"transactional_id": tid,
+                             "marker": {"topic": self.config.marker_topic,
+                                        "partition": marker_partition(
+                                            sink_id, self._marker_partitions or 1),
+                                        "offset": m.offset}})
+            self._write_end(c, tid, self.config.marker_topic, c.payload["marker"]["partition"])
+            log.info("sink=%s epoch=%d partition=%d participant=%s: fenced orphan "
+                     "transactional.id=%s", m.sink_id, m.epoch, m.partition, participant, tid)
+            aborted.append(c)
+        if aborted:
+            d.ends.flush(self.config.request_timeout_s)
+        return aborted

@@ -1,0 +1,155 @@
+"""Options of the Kafka sink, parsed and checked before anything touches a broker.
+
+Names follow Spark's own Kafka sink: ``topic`` plus producer settings prefixed with
+``kafka.`` (handed to librdkafka without the prefix). txsink's own settings have no
+prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from txsink.errors import ConfigError
+from txsink.options import Options
+
+log = logging.getLogger(__name__)
+
+OWNER = "kafka sink"
+
+#: Producer settings that hold secrets (with the ``kafka.`` prefix).
+SECRET_OPTIONS = frozenset({
+    "kafka.sasl.password",
+    "kafka.ssl.key.password",
+    "kafka.ssl.keystore.password",
+    "kafka.sasl.oauthbearer.client.secret",
+    "kafka.ssl.key.pem",
+})
+
+#: Producer settings txsink owns: a user value would break exactly-once.
+_RESERVED = {
+    "transactional.id": "txsink derives one transactional.id per participant from the "
+                        "sink id; set 'transactional.id.prefix' to change its prefix",
+    "enable.idempotence": "transactional producers are always idempotent",
+    "isolation.level": "isolation.level is a consumer setting; the sink always writes "
+                       "transactionally",
+    "logger": "txsink installs its own librdkafka logger",
+    "debug": "txsink sets librdkafka's debug contexts itself (it reads the 'eos' context)",
+    "acks": "transactional producers always use acks=all",
+}
+
+DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
+#: Apache Kafka's default transaction.max.timeout.ms (brokers reject larger values).
+KAFKA_DEFAULT_MAX_TIMEOUT_MS = 900_000
+
+
+@dataclass(frozen=True)
+class KafkaSinkConfig:
+    """Everything the sink needs, with the librdkafka settings split out."""
+
+    producer: dict[str, str]
+    topic: str | None
+    transactional_id_prefix: str
+    transaction_timeout_ms: int
+    trigger_interval_ms: int | None
+    recovery_margin_ms: int
+    marker_topic: str
+    marker_replication: int
+    orphan_scan_records: int
+    request_timeout_s: float
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.producer["bootstrap.servers"]
+
+    def connection(self) -> dict[str, str]:
+        """librdkafka settings for connections only (admin, consumers, probes)."""
+        keep = ("bootstrap.servers", "client.id", "security.", "sasl.", "ssl.",
+                "socket.", "broker.address.family", "reconnect.")
+        return {k: v for k, v in self.producer.items() if k.startswith(keep)}
+
+
+def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
+    opts = Options(options, owner=OWNER, secret_keys=SECRET_OPTIONS)
+    producer = opts.with_prefix("kafka.")
+    secrets = tuple(producer[k[len("kafka."):]] for k in SECRET_OPTIONS
+                    if k[len("kafka."):] in producer)
+    if not producer.get("bootstrap.servers"):
+        raise ConfigError(f"{OWNER}: option 'kafka.bootstrap.servers' is required, e.g. "
+                          "'localhost:9092'", field="kafka.bootstrap.servers")
+    for key, why in _RESERVED.items():
+        if key in producer:
+            raise ConfigError(f"{OWNER}: option 'kafka.{key}' cannot be set: {why}",
+                              field=f"kafka.{key}")
+    timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
+    if "transaction.timeout.ms" in producer:
+        timeout_ms = _int(producer.pop("transaction.timeout.ms"), "kafka.transaction.timeout.ms")
+        if timeout_ms < 1000:
+            raise ConfigError(f"{OWNER}: option 'kafka.transaction.timeout.ms' must be at "
+                              f"least 1000, got {timeout_ms}",
+                              field="kafka.transaction.timeout.ms")
+    topic = opts.optional("topic")
+    prefix = opts.str("transactional.id.prefix", "txsink")
+    if not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ConfigError(f"{OWNER}: option 'transactional.id.prefix' {prefix!r} may only "
+                          "hold letters, digits, '.', '_' and '-'",
+                          field="transactional.id.prefix")
+    trigger = opts.optional("trigger.interval.ms")
+    trigger_ms = None if trigger is None else opts.int("trigger.interval.ms", 0, minimum=0)
+    margin_ms = opts.int("recovery.margin.ms", 60_000, minimum=0)
+    config = KafkaSinkConfig(
+        producer=producer,
+        topic=topic,
+        transactional_id_prefix=prefix,
+        transaction_timeout_ms=timeout_ms,
+        trigger_interval_ms=trigger_ms,
+        recovery_margin_ms=margin_ms,
+        marker_topic=opts.str("marker.topic", "txsink-markers"),
+        marker_replication=opts.int("marker.replication.factor", -1, minimum=-1),
+        orphan_scan_records=opts.int("orphan.scan.records", 20_000, minimum=1),
+        request_timeout_s=opts.float("request.timeout.s", 30.0, minimum=0.1),
+        secrets=secrets,
+    )
+    opts.ignore("sink_id", "checkpoint", "checkpointLocation", "path")
+    opts.check_unknown()
+    check_timeout(config)
+    return config
+
+
+def _int(value: str, name: str) -> int:
+    try:
+        return int(value.replace("_", ""))
+    except ValueError:
+        raise ConfigError(f"{OWNER}: option '{name}' must be an integer, got {value!r}",
+                          field=name) from None
+
+
+def check_timeout(config: KafkaSinkConfig) -> None:
+    """A prepared transaction must outlive a trigger interval plus a recovery.
+
+    The broker aborts a transaction after ``transaction.timeout.ms``; txsink
+    prepares at the end of a micro-batch and commits when the driver decides,
+    normally right after, but after a driver crash only when the query restarts.
+    """
+    trigger = config.trigger_interval_ms
+    timeout = config.transaction_timeout_ms
+    if trigger is None:
+        return
+    if timeout <= trigger:
+        raise ConfigError(
+            f"{OWNER}: 'kafka.transaction.timeout.ms' ({timeout} ms) must be larger than "
+            f"the trigger interval ({trigger} ms), or the broker aborts every prepared "
+            f"transaction before the driver commits it; raise it to at least "
+            f"{trigger + config.recovery_margin_ms} ms (trigger + recovery.margin.ms) and "
+            f"at most the broker's transaction.max.timeout.ms "
+            f"(Kafka's default {KAFKA_DEFAULT_MAX_TIMEOUT_MS} ms)",
+            field="kafka.transaction.timeout.ms")
+    if timeout < trigger + config.recovery_margin_ms:
+        log.warning(
+            "kafka sink: kafka.transaction.timeout.ms=%d ms leaves only %d ms after the "
+            "trigger interval (%d ms) for the driver to commit; a restart that takes "
+            "longer than that loses prepared epochs to the broker's timeout "
+            "(recovery.margin.ms=%d)", timeout, timeout - trigger, trigger,
+            config.recovery_margin_ms)

@@ -1,0 +1,59 @@
+"""Marker records: how the Kafka sink lists and verifies its own transactions.
+
+Kafka offers no way to list open transactions by transactional id prefix on every
+broker (ListTransactions needs Kafka 3.0+, Tansu has none), and a second EndTxn for
+a completed transaction is answered with success, so the answer alone cannot tell
+"committed now" from "committed before". Both gaps are closed with one small
+single-partition-per-sink topic (``marker.topic``):
+
+* every participant writes a ``begin`` record **as the first record of its own
+  transaction** and waits for it before writing data. It becomes visible to
+  ``read_committed`` readers exactly when the participant commits, so it is the
+  participant's commit marker (DESIGN.md section 2), and its offset goes into the
+  committable;
+* whoever ends a participant (commit, abort, fence) appends a plain ``end`` record,
+  so a scan of the topic's tail lists participants that began and never ended.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+BEGIN = "begin"
+END = "end"
+
+
+def marker_partition(sink_id: str, partitions: int) -> int:
+    """All markers of one sink go to one partition, so one scan sees them in order."""
+    return zlib.crc32(sink_id.encode()) % max(1, partitions)
+
+
+@dataclass(frozen=True)
+class Marker:
+    kind: str
+    transactional_id: str
+    sink_id: str
+    epoch: int
+    partition: int
+    attempt: int
+    offset: int = -1
+
+    def encode(self) -> tuple[bytes, bytes]:
+        value = {"k": self.kind, "s": self.sink_id, "e": self.epoch, "p": self.partition,
+                 "a": self.attempt}
+        return self.transactional_id.encode(), json.dumps(value, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, key: bytes | None, value: bytes | None, offset: int) -> Marker | None:
+        """``None`` for records that are not txsink markers."""
+        if not key or not value:
+            return None
+        try:
+            data: Any = json.loads(value)
+            return cls(str(data["k"]), key.decode(), str(data["s"]), int(data["e"]),
+                       int(data["p"]), int(data["a"]), offset)
+        except (ValueError, KeyError, TypeError):
+            return None

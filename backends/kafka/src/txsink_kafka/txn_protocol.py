@@ -1,0 +1,271 @@
+"""The few transaction-coordinator requests librdkafka cannot send for us.
+
+librdkafka (confluent-kafka) cannot resume a transaction that another process
+opened, so the driver finishes prepared participants the way Flink's
+``resumeTransaction`` does: it sends ``EndTxn(transactional.id, producer id,
+epoch, commit)`` itself. ``InitProducerId`` on a transactional id fences its
+current producer and aborts the transaction it left open: that is how orphans are
+cleaned up without creating a producer. Both requests go to the transaction
+coordinator of the id, found with ``FindCoordinator(key_type=transaction)``.
+
+kafka-python 3 has the protocol messages and a connection manager that handles
+SASL/SSL; it has no public "send this request to that node" call, so the two
+private entry points used here (``KafkaAdminClient._manager`` and
+``_find_coordinator_id``) are confined to this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: EndTxn v3 is the last version with "transaction version 1" semantics (v5+ is
+#: KIP-890, where the broker bumps the epoch at every EndTxn).
+END_TXN_MAX_VERSION = 3
+INIT_PRODUCER_ID_MAX_VERSION = 3
+
+#: Error codes (Kafka protocol) the coordinator answers with.
+NONE = 0
+COORDINATOR_LOAD_IN_PROGRESS = 14
+COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
+INVALID_PRODUCER_EPOCH = 47
+INVALID_TXN_STATE = 48
+INVALID_PRODUCER_ID_MAPPING = 49
+INVALID_TRANSACTION_TIMEOUT = 50
+CONCURRENT_TRANSACTIONS = 51
+PRODUCER_FENCED = 90
+
+#: Consecutive dropped connections on one request before giving up on it.
+MAX_DROPPED = 3
+
+_RETRIABLE = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR,
+              CONCURRENT_TRANSACTIONS}
+_MOVED = {COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR}
+
+#: confluent-kafka (librdkafka) setting -> kafka-python setting, for the connection only.
+_CONFIG_MAP: dict[str, str] = {
+    "bootstrap.servers": "bootstrap_servers",
+    "client.id": "client_id",
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+}
+#: librdkafka settings that change how a connection is made but cannot be mapped.
+UNMAPPED_CONNECTION_SETTINGS = ("sasl.oauthbearer.", "sasl.kerberos.", "ssl.keystore.",
+                                "ssl.engine.", "ssl.providers", "ssl_engine_")
+
+
+class TxnProtocolError(Exception):
+    """The coordinator could not be reached or answered with an unexpected error."""
+
+    def __init__(self, message: str, *, error_code: int | None = None,
+                 retriable: bool = True) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.retriable = retriable
+
+
+class ConnectionDroppedError(TxnProtocolError):
+    """The broker closed the connection on this request again and again.
+
+    Apache Kafka answers a rejected EndTxn with an error code; Tansu 0.6 drops the
+    connection instead, so callers treat this like a rejection they cannot name.
+    """
+
+
+class EndTxnResult(str, enum.Enum):
+    #: The coordinator accepted the request (also answered to an identical retry).
+    OK = "ok"
+    #: The producer epoch is no longer current: someone fenced this transactional id.
+    FENCED = "fenced"
+    #: The transaction is not in a state that allows this (e.g. abort after commit).
+    INVALID_STATE = "invalid-state"
+    #: The coordinator does not know this producer id for the transactional id
+    #: (expired after ``transactional.id.expiration.ms``, or never existed).
+    UNKNOWN_PRODUCER = "unknown-producer"
+
+
+@dataclass(frozen=True)
+class ProducerIdentity:
+    producer_id: int
+    producer_epoch: int
+
+
+def _kafka() -> Any:
+    """Import kafka-python's pieces, hiding the DeprecationWarning its import raises.
+
+    kafka-python 3.0 loads its protocol schemas with ``importlib.resources.read_text``,
+    deprecated since Python 3.11; nothing a caller can act on.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import kafka  # type: ignore[import-untyped]
+        import kafka.protocol.metadata  # type: ignore[import-untyped]
+        import kafka.protocol.producer.transaction  # type: ignore[import-untyped]
+    return kafka
+
+
+def kafka_python_config(librdkafka: Mapping[str, str]) -> dict[str, Any]:
+    """Translate the connection part of a librdkafka config to kafka-python's names."""
+    out: dict[str, Any] = {}
+    for key, value in librdkafka.items():
+        target = _CONFIG_MAP.get(key)
+        if target is None:
+            continue
+        if target in ("security_protocol", "sasl_mechanism"):
+            value = value.upper()
+        out[target] = value
+    return out
+
+
+class TxnCoordinatorClient:
+    """Sends FindCoordinator / EndTxn / InitProducerId with bounded retries.
+
+    One instance holds one kafka-python connection manager; it is meant to live on
+    the driver for the life of a backend instance and must be closed.
+    """
+
+    def __init__(self, librdkafka_config: Mapping[str, str], *, timeout_s: float = 30.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        kafka = _kafka()
+        self.timeout_s = timeout_s
+        self._sleep = sleep
+        config = kafka_python_config(librdkafka_config)
+        config.setdefault("client_id", "txsink-committer")
+        ms = int(timeout_s * 1000)
+        config.update(request_timeout_ms=ms, bootstrap_timeout_ms=ms)
+        try:
+            self._admin = kafka.KafkaAdminClient(**config)
+        except Exception as exc:
+            raise TxnProtocolError(
+                f"cannot connect to Kafka at {librdkafka_config.get('bootstrap.servers')!r} "
+                f"to reach the transaction coordinator: {type(exc).__name__}: {exc}"
+            ) from None
+        self._manager = self._admin._manager
+
+    def close(self) -> None:
+        try:
+            self._admin.close()
+        except Exception:  # pragma: no cover - best effort on shutdown
+            log.debug("closing the kafka-python admin client failed", exc_info=True)
+
+    def find_coordinator(self, transactional_id: str) -> int:
+        """The node id of the transaction coordinator for ``transactional_id``."""
+        coordinator_type = _kafka().protocol.metadata.CoordinatorType
+        node: int = self._manager.run(self._admin._find_coordinator_id, transactional_id,
+                                      coordinator_type.TRANSACTION)
+        return node
+
+    def _forget_coordinator(self, transactional_id: str) -> None:
+        coordinator_type = _kafka().protocol.metadata.CoordinatorType
+        cache = getattr(self._manager.cluster, "_coordinators", None)
+        if isinstance(cache, dict):
+            cache.pop((coordinator_type.TRANSACTION, transactional_id), None)
+
+    async def _send_to(self, request: Any, node: int) -> Any:
+        return await self._manager.send(request, node_id=node)
+
+    def _send(self, transactional_id: str, build: Callable[[], Any], what: str) -> Any:
+        """Send to the coordinator, retrying coordinator moves and dropped connections."""
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.05
+        last = "no attempt"
+        dropped = 0
+        while True:
+            try:
+                node = self.find_coordinator(transactional_id)
+                request = build()
+
+                response = self._manager.run(self._send_to, request, node)
+            except Exception as exc:
+                # Dropped connections, timeouts, unknown node: all worth another try.
+                last = f"{type(exc).__name__}: {exc}"
+                self._forget_coordinator(transactional_id)
+                if "disconnected" in last:
+                    dropped += 1
+                    if dropped >= MAX_DROPPED:
+                        raise ConnectionDroppedError(
+                            f"{what} for transactional.id {transactional_id!r}: the broker "
+                            f"closed the connection {dropped} times in a row instead of "
+                            "answering (Tansu does this where Kafka answers an error such "
+                            "as PRODUCER_FENCED)") from None
+            else:
+                code = int(response.error_code)
+                if code not in _RETRIABLE:
+                    return response
+                last = f"error code {code}"
+                if code in _MOVED:
+                    self._forget_coordinator(transactional_id)
+            if time.monotonic() + delay > deadline:
+                raise TxnProtocolError(
+                    f"{what} for transactional.id {transactional_id!r} did not complete "
+                    f"within {self.timeout_s:.0f}s; last error: {last}")
+            log.debug("%s for transactional.id %s: %s; retrying in %.2fs", what,
+                      transactional_id, last, delay)
+            self._sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def end_txn(self, transactional_id: str, identity: ProducerIdentity,
+                *, commit: bool) -> EndTxnResult:
+        """Commit or abort the open transaction of ``identity`` on ``transactional_id``.
+
+        Kafka answers an identical retry of a completed EndTxn with success, so
+        ``OK`` alone does not say whether this call or an earlier one finished it.
+        """
+        messages = _kafka().protocol.producer.transaction
+
+        def build() -> Any:
+            return messages.EndTxnRequest(transactional_id=transactional_id,
+                                 producer_id=identity.producer_id,
+                                 producer_epoch=identity.producer_epoch,
+                                 committed=commit, max_version=END_TXN_MAX_VERSION)
+
+        what = "EndTxn(commit)" if commit else "EndTxn(abort)"
+        code = int(self._send(transactional_id, build, what).error_code)
+        if code == NONE:
+            return EndTxnResult.OK
+        if code in (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH):
+            return EndTxnResult.FENCED
+        if code == INVALID_TXN_STATE:
+            return EndTxnResult.INVALID_STATE
+        if code == INVALID_PRODUCER_ID_MAPPING:
+            return EndTxnResult.UNKNOWN_PRODUCER
+        raise TxnProtocolError(f"{what} for transactional.id {transactional_id!r} failed "
+                               f"with Kafka error code {code}", error_code=code,
+                               retriable=False)
+
+    def init_producer_id(self, transactional_id: str,
+                         transaction_timeout_ms: int) -> ProducerIdentity:
+        """Fence ``transactional_id``: bump its epoch and abort any open transaction."""
+        messages = _kafka().protocol.producer.transaction
+
+        def build() -> Any:
+            return messages.InitProducerIdRequest(transactional_id=transactional_id,
+                                         transaction_timeout_ms=transaction_timeout_ms,
+                                         max_version=INIT_PRODUCER_ID_MAX_VERSION)
+
+        response = self._send(transactional_id, build, "InitProducerId")
+        code = int(response.error_code)
+        if code != NONE:
+            raise TxnProtocolError(
+                f"InitProducerId for transactional.id {transactional_id!r} failed with Kafka "
+                f"error code {code}"
+                + (" (transaction.timeout.ms is above the broker's "
+                   "transaction.max.timeout.ms)" if code == INVALID_TRANSACTION_TIMEOUT else ""),
+                error_code=code, retriable=False)
+        return ProducerIdentity(int(response.producer_id), int(response.producer_epoch))
