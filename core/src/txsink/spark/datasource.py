@@ -63,7 +63,9 @@ FORMAT = "txsink"
 #: Task local property Spark's micro-batch engine sets to the batch id.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 #: Options that belong to txsink itself; every other option goes to the backend.
-RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location"})
+#: (``queryname`` is added by Spark's ``DataStreamWriter.queryName``.)
+RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location",
+                              "queryname"})
 #: Rows per Arrow batch when PySpark hands rows instead of Arrow (PySpark 4.0).
 _ROWS_PER_BATCH = 10_000
 

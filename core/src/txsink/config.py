@@ -1,0 +1,423 @@
+"""Pipeline config files: load YAML (or TOML), interpolate ``${ENV}``, validate eagerly.
+
+A pipeline file names a source, an optional SQL transform, a txsink sink, the
+checkpoint, the trigger and Spark settings. Every problem is reported as a
+:class:`~txsink.errors.ConfigError` whose ``field`` is the exact path in the file
+(``sink.options.path``, ``trigger.processing_time``) and whose message says what
+is allowed, before Spark starts. Nothing here imports Spark.
+
+Example::
+
+    name: demo
+    source: {type: rate, options: {rowsPerSecond: 100}}
+    transform: SELECT value AS id, value % 10 AS key FROM source
+    sink:
+      backend: files
+      sink_id: demo
+      options: {path: out/demo, format: jsonl}
+    checkpoint: out/demo-checkpoint
+    trigger: {processing_time: 1 second}
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from txsink.errors import ConfigError
+from txsink.model import validate_sink_id
+from txsink.plugins import Plugins, get_plugins
+
+#: Name of the temporary view the source is registered as, for the SQL transform.
+SOURCE_VIEW = "source"
+
+TOP_LEVEL = ("name", "mode", "source", "transform", "sink", "checkpoint", "trigger", "spark")
+MODES = ("streaming", "batch")
+#: ``rate``: Spark's rate source; ``files``: a directory of JSON/CSV/Parquet files;
+#: ``spark``: any Spark source by ``format`` (e.g. ``kafka``), options passed through.
+SOURCE_TYPES = ("rate", "files", "spark")
+FILE_FORMATS = ("json", "csv", "parquet")
+TRIGGERS = ("processing_time", "once", "available_now")
+
+_ENV_REF = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\})")
+_DURATION = re.compile(r"^\s*\d+(\.\d+)?\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?"
+                       r"|h|hours?)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    type: str
+    format: str | None = None
+    path: str | None = None
+    schema: str | None = None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    backend: str
+    sink_id: str
+    options: Mapping[str, str] = field(default_factory=dict)
+    #: Option keys the backend declares secret: never printed.
+    secret_options: frozenset[str] = frozenset()
+
+    def safe_options(self) -> dict[str, str]:
+        return {k: ("***" if k in self.secret_options else v) for k, v in self.options.items()}
+
+
+@dataclass(frozen=True)
+class TriggerConfig:
+    """``kind`` is ``default`` (as fast as possible), ``processing_time``, ``once`` or
+    ``available_now``; ``interval`` is set for ``processing_time``."""
+
+    kind: str = "default"
+    interval: str | None = None
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = "local[*]"
+    app_name: str = "txsink"
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str
+    mode: str
+    source: SourceConfig
+    sink: SinkConfig
+    checkpoint: str
+    transform: str | None = None
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    path: str | None = None
+
+    def sink_write_options(self) -> dict[str, str]:
+        """Options for ``format("txsink")`` (secrets included: they go to Spark only)."""
+        return {"backend": self.sink.backend, "sink_id": self.sink.sink_id,
+                "checkpointLocation": self.checkpoint, **self.sink.options}
+
+    def summary(self) -> str:
+        src = self.source.type + (f" {self.source.format}" if self.source.format else "")
+        if self.source.path:
+            src += f" at {self.source.path}"
+        opts = ", ".join(f"{k}={v}" for k, v in sorted(self.sink.safe_options().items()))
+        steps = [f"source: {src}"]
+        if self.transform:
+            steps.append("transform: SQL")
+        steps.append(f"sink: {self.sink.backend} (sink_id={self.sink.sink_id}"
+                     + (f", {opts}" if opts else "") + ")")
+        return (f"pipeline {self.name!r} ({self.mode}): " + " -> ".join(steps)
+                + f"; checkpoint {self.checkpoint}")
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file into a mapping."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"pipeline file {str(p)!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read pipeline file {str(p)!r}: {exc.strerror}") from None
+    data = _parse_toml(text, p) if p.suffix.lower() == ".toml" else _parse_yaml(text, p)
+    if data is None:
+        raise ConfigError(f"pipeline file {str(p)!r} is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"pipeline file {str(p)!r} must hold a mapping (source, sink, ...), "
+                          f"not a {_type_name(data)}")
+    return data
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - the yaml extra is part of the default install
+        raise ConfigError("reading YAML pipeline files needs PyYAML: pip install 'txsink[yaml]'"
+                          ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+
+
+def _parse_toml(text: str, path: Path) -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib as toml
+    else:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as toml  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            raise ConfigError("reading TOML pipeline files on Python 3.10 needs tomli: "
+                              "pip install tomli") from None
+    try:
+        return toml.loads(text)
+    except toml.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def interpolate(value: Any, env: Mapping[str, str], path: str = "") -> Any:
+    """Replace ``${NAME}`` / ``${NAME:-default}`` in every string; ``$$`` is a literal ``$``.
+
+    A reference to an unset variable without a default is an error naming the field.
+    """
+    if isinstance(value, dict):
+        return {k: interpolate(v, env, _join(path, str(k))) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def replace(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, default = m.group("name"), m.group("default")
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{path}: environment variable {name} is not set (referenced as "
+                          f"${{{name}}}); set it, or write ${{{name}:-default}}", field=path)
+
+    return _ENV_REF.sub(replace, value)
+
+
+def load_pipeline(
+    path: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    plugins: Plugins | None = None,
+    check_backend: bool = True,
+) -> PipelineConfig:
+    """Read, interpolate and validate a pipeline file (no Spark, no data written)."""
+    raw = read_file(path)
+    data = interpolate(raw, os.environ if env is None else env)
+    return parse_pipeline(data, name_default=Path(path).stem, source_path=str(path),
+                          plugins=plugins, check_backend=check_backend)
+
+
+def parse_pipeline(
+    data: Mapping[str, Any],
+    *,
+    name_default: str = "pipeline",
+    source_path: str | None = None,
+    plugins: Plugins | None = None,
+    check_backend: bool = True,
+) -> PipelineConfig:
+    """Validate an already interpolated mapping; see :func:`load_pipeline`."""
+    _check_keys(data, TOP_LEVEL, "")
+    name = _str(data, "name", "", default=name_default)
+    mode = _choice(data, "mode", "", MODES, default="streaming")
+    source = _source(_mapping(data, "source", "", required=True), mode)
+    transform = data.get("transform")
+    if transform is not None and (not isinstance(transform, str) or not transform.strip()):
+        raise ConfigError(f"transform: must be a SQL query over the view {SOURCE_VIEW!r}, e.g. "
+                          f"'SELECT * FROM {SOURCE_VIEW}', got {_type_name(transform)}",
+                          field="transform")
+    sink = _sink(_mapping(data, "sink", "", required=True), plugins, check_backend)
+    checkpoint = _str(data, "checkpoint", "", required=True)
+    trigger = _trigger(data.get("trigger"), mode)
+    spark = _spark(_mapping(data, "spark", ""), name)
+    return PipelineConfig(
+        name=name, mode=mode, source=source, sink=sink,
+        checkpoint=os.path.abspath(checkpoint) if "://" not in checkpoint else checkpoint,
+        transform=transform.strip() if isinstance(transform, str) else None,
+        trigger=trigger, spark=spark, path=source_path,
+    )
+
+
+# -- sections ----------------------------------------------------------------------------
+
+
+def _source(data: Mapping[str, Any], mode: str) -> SourceConfig:
+    kind = _choice(data, "type", "source", SOURCE_TYPES, required=True)
+    options = _scalars(data, "options", "source")
+    if kind == "rate":
+        _check_keys(data, ("type", "options"), "source")
+        if mode == "batch":
+            raise ConfigError("source.type: the rate source is streaming only; use "
+                              "mode: streaming, or a files source for batch",
+                              field="source.type")
+        return SourceConfig("rate", options=options)
+    if kind == "files":
+        _check_keys(data, ("type", "path", "format", "schema", "options"), "source")
+        return SourceConfig(
+            "files",
+            format=_choice(data, "format", "source", FILE_FORMATS, required=True),
+            path=_str(data, "path", "source", required=True),
+            schema=_str(data, "schema", "source", default=None),
+            options=options,
+        )
+    _check_keys(data, ("type", "format", "path", "schema", "options"), "source")
+    return SourceConfig(
+        "spark",
+        format=_str(data, "format", "source", required=True),
+        path=_str(data, "path", "source", default=None),
+        schema=_str(data, "schema", "source", default=None),
+        options=options,
+    )
+
+
+def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool) -> SinkConfig:
+    _check_keys(data, ("backend", "sink_id", "options"), "sink")
+    backend = _str(data, "backend", "sink", required=True)
+    if "sink_id" not in data or data["sink_id"] in (None, ""):
+        raise ConfigError("sink.sink_id: required: a globally unique name for this output, "
+                          "e.g. 'orders-to-parquet' (it becomes part of transaction ids, "
+                          "object keys and file names)", field="sink.sink_id")
+    if not isinstance(data["sink_id"], str):
+        raise ConfigError(f"sink.sink_id: must be a string, got {_type_name(data['sink_id'])}",
+                          field="sink.sink_id")
+    try:
+        sink_id = validate_sink_id(data["sink_id"], field_name="sink.sink_id")
+    except ConfigError as exc:
+        raise ConfigError(str(exc), field="sink.sink_id") from None
+    # Spark lower-cases option keys: validate what the backend will really receive.
+    options = {k.lower(): v for k, v in _scalars(data, "options", "sink").items()}
+    secret: frozenset[str] = frozenset()
+    if check_backend:
+        registry = plugins if plugins is not None else get_plugins()
+        try:
+            cls = registry.backend_class(backend)
+        except ConfigError as exc:
+            raise ConfigError(f"sink.backend: {exc}", field="sink.backend") from None
+        secret = frozenset(cls.secret_options)
+        try:
+            cls.from_options(options).close()
+        except ConfigError as exc:
+            inner = exc.field or ""
+            where = f"sink.options.{inner}" if inner else "sink.options"
+            raise ConfigError(f"{where}: {exc}", field=where) from None
+    return SinkConfig(backend, sink_id, options, secret)
+
+
+def _trigger(value: Any, mode: str) -> TriggerConfig:
+    if value is None:
+        return TriggerConfig()
+    if not isinstance(value, dict):
+        raise ConfigError(
+            "trigger: must be a mapping with one of "
+            f"{', '.join(TRIGGERS)}, e.g. {{processing_time: 5 seconds}}; got "
+            f"{_type_name(value)}", field="trigger")
+    _check_keys(value, TRIGGERS, "trigger")
+    set_keys = [k for k in TRIGGERS if value.get(k) not in (None, False)]
+    if len(set_keys) != 1:
+        raise ConfigError(f"trigger: set exactly one of {', '.join(TRIGGERS)} (got "
+                          f"{', '.join(set_keys) or 'none'})", field="trigger")
+    kind = set_keys[0]
+    if mode == "batch":
+        raise ConfigError("trigger: only streaming pipelines have a trigger; remove it for "
+                          "mode: batch", field="trigger")
+    if kind == "processing_time":
+        interval = value[kind]
+        if isinstance(interval, (int, float)) and not isinstance(interval, bool):
+            interval = f"{interval} seconds"
+        if not isinstance(interval, str) or not _DURATION.match(interval):
+            raise ConfigError(
+                "trigger.processing_time: must be a duration such as '500 milliseconds', "
+                f"'5 seconds' or '1 minute', or a number of seconds; got {interval!r}",
+                field="trigger.processing_time")
+        return TriggerConfig("processing_time", interval.strip())
+    if value[kind] is not True:
+        raise ConfigError(f"trigger.{kind}: must be true, got {value[kind]!r}",
+                          field=f"trigger.{kind}")
+    return TriggerConfig(kind)
+
+
+def _spark(data: Mapping[str, Any], name: str) -> SparkConfig:
+    _check_keys(data, ("master", "app_name", "conf"), "spark")
+    return SparkConfig(
+        master=_str(data, "master", "spark", default="local[*]"),
+        app_name=_str(data, "app_name", "spark", default=f"txsink-{name}"),
+        conf=_scalars(data, "conf", "spark"),
+    )
+
+
+# -- small validators --------------------------------------------------------------------
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", bool: "a boolean", int: "a number",
+            float: "a number", str: "a string", type(None): "nothing"}.get(
+        type(value), type(value).__name__)
+
+
+def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
+    for key in data:
+        if key not in allowed:
+            where = _join(prefix, str(key))
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}: unknown field{hint}; allowed here: "
+                              f"{', '.join(allowed)}", field=where)
+
+
+def _mapping(data: Mapping[str, Any], key: str, prefix: str, *,
+             required: bool = False) -> dict[str, Any]:
+    where = _join(prefix, key)
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"{where}: required", field=where)
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a mapping, got {_type_name(value)}", field=where)
+    return value
+
+
+def _str(data: Mapping[str, Any], key: str, prefix: str, *, required: bool = False,
+         default: Any = "") -> Any:
+    where = _join(prefix, key)
+    value = data.get(key)
+    if value is None or value == "":
+        if required:
+            raise ConfigError(f"{where}: required", field=where)
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: must be a string, got {_type_name(value)} {value!r}",
+                          field=where)
+    return value
+
+
+def _choice(data: Mapping[str, Any], key: str, prefix: str, allowed: tuple[str, ...], *,
+            required: bool = False, default: str | None = None) -> str:
+    where = _join(prefix, key)
+    value = _str(data, key, prefix, required=required, default=default)
+    if value not in allowed:
+        raise ConfigError(f"{where}: must be one of {', '.join(allowed)}; got {value!r}",
+                          field=where)
+    assert isinstance(value, str)
+    return value
+
+
+def _scalars(data: Mapping[str, Any], key: str, prefix: str) -> dict[str, str]:
+    """A mapping of option name -> string; numbers and booleans are converted as Spark does."""
+    out: dict[str, str] = {}
+    where = _join(prefix, key)
+    for k, v in _mapping(data, key, prefix).items():
+        here = f"{where}.{k}"
+        if isinstance(v, bool):
+            out[str(k)] = "true" if v else "false"
+        elif isinstance(v, (int, float, str)):
+            out[str(k)] = str(v)
+        else:
+            raise ConfigError(f"{here}: must be a string, number or boolean, got "
+                              f"{_type_name(v)}", field=here)
+    return out
