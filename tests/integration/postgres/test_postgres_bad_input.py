@@ -180,3 +180,21 @@ def test_unreachable_server(sink_id: str) -> None:
     with pytest.raises(ConfigError, match="cannot connect") as err:
         backend.preflight(sink_id)
     assert err.value.field == "dsn"
+
+
+def test_bad_data_mid_copy_leaves_nothing(pg_server: PgServer, table_name: str,
+                                          sink_id: str) -> None:
+    backend = make(pg_server.options(table_name))
+    backend.preflight(sink_id)
+    bad = pa.record_batch({"id": pa.array([1], pa.int64()),
+                           "name": pa.array(["nul\x00byte"]),  # text cannot hold NUL
+                           "amount": pa.array([1.0])})
+    with pytest.raises(TxsinkError, match=sink_id):
+        write_participant(backend, TransactionContext(sink_id, 0, 0), [batch(), bad, batch()])
+    assert pg_server.ids(table_name) == []
+    assert_nothing_left(pg_server, sink_id)
+    # The backend is still usable afterwards.
+    c = write_participant(backend, TransactionContext(sink_id, 0, 0, 1), [batch()])
+    backend.commit(c)
+    assert sorted(pg_server.ids(table_name)) == list(range(10))
+    backend.close()

@@ -77,9 +77,32 @@ class _PgTransaction(Transaction):
         self.conn = conn
         self.gid = gid
         self.plan: _Plan | None = None
+        #: The COPY in progress: one statement streams every batch of a schema.
+        self.copy: Any = None
+        self._copy_stack = contextlib.ExitStack()
 
     def describe(self) -> str:
         return f"{super().describe()} gid={self.gid}"
+
+    def open_copy(self, plan: _Plan) -> Any:
+        cur = self._copy_stack.enter_context(self.conn.cursor())
+        self.copy = self._copy_stack.enter_context(cur.copy(plan.statement))
+        if plan.binary:
+            self.copy.set_types(plan.dump_types)
+        return self.copy
+
+    def end_copy(self) -> None:
+        """Finish the COPY; the server reports bad data here at the latest."""
+        self.copy = None
+        self._copy_stack.close()
+
+    def fail_copy(self) -> None:
+        """Abandon the COPY (psycopg sends CopyFail) so the connection can roll back."""
+        if self.copy is None:
+            return
+        self.copy = None
+        with contextlib.suppress(Exception):
+            self._copy_stack.__exit__(RuntimeError, RuntimeError("txsink discard"), None)
 
 
 class PostgresBackend(Backend):
@@ -366,17 +389,18 @@ class PostgresBackend(Backend):
         import psycopg
 
         assert isinstance(txn, _PgTransaction)
-        if txn.plan is None or not txn.plan.schema.equals(batch.schema):
-            txn.plan = self._plan(txn, batch.schema)
-        plan = txn.plan
-        columns = [convert(batch.column(i)) for i, convert in enumerate(plan.converters)]
         try:
-            with txn.conn.cursor() as cur, cur.copy(plan.statement) as copy:
-                if plan.binary:
-                    copy.set_types(plan.dump_types)
-                for row in zip(*columns, strict=True):
-                    copy.write_row(row)
+            if txn.plan is None or not txn.plan.schema.equals(batch.schema):
+                if txn.copy is not None:
+                    txn.end_copy()
+                txn.plan = self._plan(txn, batch.schema)
+            plan = txn.plan
+            copy = txn.copy if txn.copy is not None else txn.open_copy(plan)
+            columns = [convert(batch.column(i)) for i, convert in enumerate(plan.converters)]
+            for row in zip(*columns, strict=True):
+                copy.write_row(row)
         except psycopg.Error as exc:
+            txn.fail_copy()
             raise TxsinkError(
                 f"{txn.describe()}: COPY into {self.table} failed: {self._clean(exc)}",
                 sink_id=txn.ctx.sink_id, epoch=txn.ctx.epoch,
@@ -390,6 +414,8 @@ class PostgresBackend(Backend):
         assert isinstance(txn, _PgTransaction)
         ctx, conn = txn.ctx, txn.conn
         try:
+            if txn.copy is not None:
+                txn.end_copy()
             row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
             assert row is not None
             xid = int(row[0]) & _XID_MASK
@@ -412,7 +438,7 @@ class PostgresBackend(Backend):
             elif "max_prepared_transactions" in str(exc):
                 message = f"cannot prepare: {self._clean(exc)}; {MAX_PREPARED_HINT}"
             else:
-                message = f"PREPARE failed: {self._clean(exc)}"
+                message = f"finishing COPY or PREPARE failed: {self._clean(exc)}"
             raise TxsinkError(f"{txn.describe()}: {message}", sink_id=ctx.sink_id,
                               epoch=ctx.epoch, participant=ctx.participant) from None
         finally:
@@ -427,6 +453,7 @@ class PostgresBackend(Backend):
     def discard(self, txn: Transaction) -> None:
         assert isinstance(txn, _PgTransaction)
         try:
+            txn.fail_copy()
             if not txn.conn.closed:
                 txn.conn.rollback()
         finally:
