@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -114,8 +115,8 @@ def test_wrong_password_is_clear_and_not_echoed(pg_server: PgServer, table_name:
 
 
 def test_password_never_in_logs_state_or_committables(
-    pg_server: PgServer, table_name: str, sink_id: str, tmp_path: object,
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+    pg_server: PgServer, table_name: str, sink_id: str,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if pg_server.password is None:
         pytest.skip("the server named by TXSINK_POSTGRES_DSN has no password")
@@ -125,9 +126,7 @@ def test_password_never_in_logs_state_or_committables(
     caplog.set_level(logging.DEBUG)
     backend = make(options)
     backend.preflight(sink_id)
-    from pathlib import Path
-
-    state = Path(str(tmp_path)) / "state"
+    state = tmp_path / "state"
     coord = Coordinator(backend, DirectoryStateStore(state), sink_id, backend_options=options,
                         plugins=build_plugins())
     coord.start()
@@ -197,4 +196,22 @@ def test_bad_data_mid_copy_leaves_nothing(pg_server: PgServer, table_name: str,
     c = write_participant(backend, TransactionContext(sink_id, 0, 0, 1), [batch()])
     backend.commit(c)
     assert sorted(pg_server.ids(table_name)) == list(range(10))
+    backend.close()
+
+
+def test_second_query_on_the_same_sink_id_is_refused(
+    pg_server: PgServer, table_name: str, sink_id: str, tmp_path: Path
+) -> None:
+    backend = make(pg_server.options(table_name))
+    backend.preflight(sink_id)
+    first = Coordinator(backend, DirectoryStateStore(tmp_path / "one"), sink_id,
+                        plugins=build_plugins())
+    first.start()
+    first.start()  # the same state again: fine
+    second = Coordinator(backend, DirectoryStateStore(tmp_path / "two"), sink_id,
+                         plugins=build_plugins())
+    with pytest.raises(ConfigError) as err:
+        second.start()
+    assert err.value.field == "sink_id"
+    assert str(tmp_path / "one") in str(err.value)
     backend.close()

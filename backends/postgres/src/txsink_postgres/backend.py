@@ -362,10 +362,47 @@ class PostgresBackend(Backend):
                 "prepared_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (gid, xid))"
             ).format(t),
             sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (sink_id, epoch)").format(index, t),
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (sink_id text PRIMARY KEY, state_id text NOT "
+                "NULL, state_location text NOT NULL, claimed_at timestamptz NOT NULL "
+                "DEFAULT now())").format(self._sinks_table()),
         ]
 
+    def _sinks_table(self) -> Any:
+        from psycopg import sql
+
+        return sql.Identifier(self.marker_table.schema, self.marker_table.table + "_sinks")
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Bind ``sink_id`` to one query's state in the database, or refuse a second one."""
+        from psycopg import sql
+
+        try:
+            conn = self._connect(autocommit=True)
+        except _ConnectError as exc:
+            raise ConfigError(str(exc), field="dsn", sink_id=sink_id) from None
+        with conn:
+            self._ensure_marker_table(conn)
+            table = self._sinks_table()
+            conn.execute(sql.SQL("INSERT INTO {} (sink_id, state_id, state_location) VALUES "
+                                 "(%s, %s, %s) ON CONFLICT (sink_id) DO NOTHING").format(table),
+                         (sink_id, state_id, state_location))
+            row = conn.execute(sql.SQL("SELECT state_id, state_location FROM {} "
+                                       "WHERE sink_id = %s").format(table),
+                               (sink_id,)).fetchone()
+        if row is not None and row[0] != state_id:
+            owner_table = f"{self.marker_table.schema}.{self.marker_table.table}_sinks"
+            raise ConfigError(
+                f"postgres backend: sink {sink_id!r} in {self.describe()} is already written "
+                f"by another query (txsink state at {row[1]!r}). A sink id belongs to one "
+                "query: give this query its own sink_id, or, if the old query and its "
+                f"checkpoint are gone for good, DELETE FROM {owner_table} WHERE sink_id = "
+                f"'{sink_id}'", field="sink_id", sink_id=sink_id)
+
     def _ensure_marker_table(self, conn: psycopg.Connection[Any]) -> None:
-        if self._table_oid(conn, self.marker_table) is not None:
+        sinks = TableName(self.marker_table.schema, self.marker_table.table + "_sinks")
+        if (self._table_oid(conn, self.marker_table) is not None
+                and self._table_oid(conn, sinks) is not None):
             return
         with conn.transaction():
             # Concurrent CREATE ... IF NOT EXISTS can still collide: serialize them.
