@@ -50,3 +50,26 @@ class TestFilesJsonLinesConformance(BackendConformance):
         assert isinstance(backend, FilesBackend)
         return [json.loads(line)["id"] for p in sorted(backend.base.glob("part-*.jsonl"))
                 for line in p.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("field", ["pending", "final"])
+@pytest.mark.parametrize("evil", ["../../etc/passwd", "/etc/passwd", "..", "a/../../b", ""])
+def test_tampered_committable_cannot_reach_outside_the_base(tmp_path: Path, field: str,
+                                                           evil: str) -> None:
+    import pyarrow as pa
+    from txsink.errors import StateError
+    from txsink.model import Committable, TransactionContext
+    from txsink.writer import write_participant
+
+    backend = FilesBackend(str(tmp_path / "out"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    good = write_participant(backend, TransactionContext("s", 0, 0),
+                             [pa.record_batch({"id": pa.array([1], pa.int64())})])
+    bad = Committable(**{**good.__dict__, "payload": {**good.payload, field: evil}})
+    with pytest.raises(StateError, match="unsafe file"):
+        backend.commit(bad)
+    with pytest.raises(StateError, match="unsafe file"):
+        backend.abort(bad)
+    assert victim.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "victim.txt"]
