@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from txsink_kafka import testing as kt
+from txsink_kafka.backend import close_shared_clients
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     try:
         yield Broker(server.bootstrap, "Tansu (local)")
     finally:
+        close_shared_clients()
         server.stop()
 
 

@@ -17,6 +17,8 @@ never ended.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import re
 import threading
@@ -91,7 +93,7 @@ class _KafkaTransaction(Transaction):
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None and len(self.errors) < 10:
             self.errors.append(f"{msg.topic()}: {err.str()}")
-            if err.fatal():
+            if err.fatal() or "fence" in err.str().lower():
                 self.fatal = True
 
 
@@ -124,7 +126,7 @@ class _DriverClients:
         self.ends: Producer = Producer({**conn, "enable.idempotence": True, "linger.ms": 0})
         self.scans: dict[str, _ScanState] = {}
         self.partitions: int | None = None
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
 
     def close(self) -> None:
         try:
@@ -133,6 +135,38 @@ class _DriverClients:
             self.committed.close()
             self.uncommitted.close()
             self.txn.close()
+
+
+_DRIVERS: dict[tuple[Any, ...], _DriverClients] = {}
+_DRIVERS_LOCK = threading.Lock()
+
+
+def _shared_driver(config: cfg.KafkaSinkConfig) -> _DriverClients:
+    key = (tuple(sorted(config.connection().items())), config.request_timeout_s)
+    with _DRIVERS_LOCK:
+        driver = _DRIVERS.get(key)
+        if driver is None:
+            try:
+                driver = _DriverClients(config)
+            except TxnProtocolError as exc:
+                raise ConfigError(redact(str(exc), config.secrets),
+                                  field="kafka.bootstrap.servers") from None
+            if not _DRIVERS:
+                atexit.register(close_shared_clients)
+            _DRIVERS[key] = driver
+        return driver
+
+
+def close_shared_clients() -> None:
+    """Close the driver clients of this process (at exit, or between tests)."""
+    with _DRIVERS_LOCK:
+        drivers = list(_DRIVERS.values())
+        _DRIVERS.clear()
+    for driver in drivers:
+        try:
+            driver.close()
+        except Exception:  # pragma: no cover - best effort at shutdown
+            log.debug("closing Kafka driver clients failed", exc_info=True)
 
 
 def _read_range(consumer: Consumer, topic: str, partition: int, start: int, end: int,
@@ -254,18 +288,21 @@ class KafkaBackend(Backend):
                               field="kafka.bootstrap.servers", sink_id=sink_id) from None
 
     def driver(self) -> _DriverClients:
+        """Driver-side clients, shared by every backend instance of this process.
+
+        The Spark adapter builds a backend per micro-batch and closes it after the
+        commit; sharing the clients keeps connections warm and lets orphan scans
+        continue where the previous one stopped instead of rereading the tail.
+        """
         if self._driver is None:
-            try:
-                self._driver = _DriverClients(self.config)
-            except TxnProtocolError as exc:
-                raise ConfigError(self._redact(str(exc)), field="kafka.bootstrap.servers") \
-                    from None
+            self._driver = _shared_driver(self.config)
         return self._driver
 
     def close(self) -> None:
-        if self._driver is not None:
-            driver, self._driver = self._driver, None
-            driver.close()
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            with driver.lock:
+                driver.ends.flush(self.config.request_timeout_s)
 
     # -- executor side ------------------------------------------------------------------
 
@@ -344,8 +381,11 @@ class KafkaBackend(Backend):
 
         ctx = txn.ctx
         assert txn.producer is not None
+        txn.producer.poll(0)  # serves the log line that names the producer id
+        identity = txn.capture.identity or ProducerIdentity(-1, -1)
         key, value = Marker(BEGIN, txn.transactional_id, ctx.sink_id, ctx.epoch,
-                            ctx.partition, ctx.attempt).encode()
+                            ctx.partition, ctx.attempt, producer_id=identity.producer_id,
+                            producer_epoch=identity.producer_epoch).encode()
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is None:
@@ -429,7 +469,7 @@ class KafkaBackend(Backend):
     def _delivery_error(self, txn: _KafkaTransaction) -> TxsinkError:
         ctx = txn.ctx
         first = self._redact(txn.errors[0])
-        if txn.fatal or "fenced" in first.lower():
+        if txn.fatal or "fence" in first.lower():
             return FencedError(
                 f"{txn.describe()}: transactional.id {txn.transactional_id!r} was fenced: "
                 f"{first}. Two queries writing with sink id {ctx.sink_id!r}?",
@@ -645,7 +685,7 @@ class KafkaBackend(Backend):
                 tmd = md.topics.get(topic)
                 self._marker_partitions = len(tmd.partitions) if tmd and tmd.partitions else 1
             partition = marker_partition(sink_id, self._marker_partitions)
-            state = d.scans.setdefault(sink_id, _ScanState())
+            state = d.scans.setdefault(f"{topic}/{sink_id}", _ScanState())
             low, high = d.uncommitted.get_watermark_offsets(TopicPartition(topic, partition),
                                                             timeout, cached=False)
             start = state.cursor
@@ -673,9 +713,17 @@ class KafkaBackend(Backend):
             participant = participant_name(m.sink_id, m.epoch, m.partition, m.attempt)
             if participant in protected or (up_to_epoch is not None and m.epoch > up_to_epoch):
                 continue
+            if m.producer_id >= 0:
+                # End the transaction itself (brokers such as Tansu 0.6 do not abort an
+                # open transaction on InitProducerId), then fence the id so that a
+                # zombie writer cannot go on with it.
+                with contextlib.suppress(ConnectionDroppedError):
+                    d.txn.end_txn(tid, ProducerIdentity(m.producer_id, m.producer_epoch),
+                                  commit=False)
             d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
             c = Committable(self.name, m.sink_id, m.epoch, m.partition, m.attempt, participant,
-                            {"transactional_id": tid,
+                            {"transactional_id": tid, "producer_id": m.producer_id,
+                             "producer_epoch": m.producer_epoch,
                              "marker": {"topic": self.config.marker_topic,
                                         "partition": marker_partition(
                                             sink_id, self._marker_partitions or 1),

@@ -48,16 +48,17 @@ KAFKA_DEFAULT_MAX_TIMEOUT_MS = 900_000
 class KafkaSinkConfig:
     """Everything the sink needs, with the librdkafka settings split out."""
 
-    producer: dict[str, str]
-    topic: str | None
-    transactional_id_prefix: str
-    transaction_timeout_ms: int
-    trigger_interval_ms: int | None
-    recovery_margin_ms: int
-    marker_topic: str
-    marker_replication: int
-    orphan_scan_records: int
-    request_timeout_s: float
+    #: librdkafka settings, secrets included: kept out of repr().
+    producer: dict[str, str] = field(repr=False)
+    topic: str | None = None
+    transactional_id_prefix: str = "txsink"
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    trigger_interval_ms: int | None = None
+    recovery_margin_ms: int = 60_000
+    marker_topic: str = "txsink-markers"
+    marker_replication: int = -1
+    orphan_scan_records: int = 20_000
+    request_timeout_s: float = 30.0
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property

@@ -40,10 +40,15 @@ class Marker:
     partition: int
     attempt: int
     offset: int = -1
+    #: Producer id and epoch of the transaction (begin markers), -1 when unknown.
+    producer_id: int = -1
+    producer_epoch: int = -1
 
     def encode(self) -> tuple[bytes, bytes]:
         value = {"k": self.kind, "s": self.sink_id, "e": self.epoch, "p": self.partition,
                  "a": self.attempt}
+        if self.producer_id >= 0:
+            value.update(pid=self.producer_id, pe=self.producer_epoch)
         return self.transactional_id.encode(), json.dumps(value, separators=(",", ":")).encode()
 
     @classmethod
@@ -54,6 +59,7 @@ class Marker:
         try:
             data: Any = json.loads(value)
             return cls(str(data["k"]), key.decode(), str(data["s"]), int(data["e"]),
-                       int(data["p"]), int(data["a"]), offset)
+                       int(data["p"]), int(data["a"]), offset, int(data.get("pid", -1)),
+                       int(data.get("pe", -1)))
         except (ValueError, KeyError, TypeError):
             return None

@@ -1,0 +1,250 @@
+"""Kafka sink behaviour beyond the conformance kit, against a live broker."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import Broker
+from test_kafka_conformance import broker_open_participants
+from txsink.backend import CommitOutcome
+from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.errors import ConfigError, FencedError, ParticipantLostError
+from txsink.model import Committable, TransactionContext
+from txsink.plugins import build_plugins, get_plugins
+from txsink.state import DirectoryStateStore
+from txsink.writer import write_participant
+from txsink_kafka import testing as kt
+from txsink_kafka.backend import KafkaBackend
+
+pytestmark = pytest.mark.integration
+
+
+def batch(ids: range | list[int]) -> pa.RecordBatch:
+    return pa.record_batch({
+        "key": pa.array([str(i).encode() for i in ids], pa.binary()),
+        "value": pa.array([f"v{i}".encode() for i in ids], pa.binary()),
+    })
+
+
+@pytest.fixture
+def sink_id() -> str:
+    return f"ks-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def options(kafka_broker: Broker, topic: str, marker_topic: str) -> dict[str, str]:
+    return {"kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+            "marker.topic": marker_topic}
+
+
+@pytest.fixture
+def backend(options: dict[str, str], sink_id: str) -> Iterator[KafkaBackend]:
+    b = get_plugins().create_backend("kafka", options)
+    assert isinstance(b, KafkaBackend)
+    b.preflight(sink_id)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def prepare(backend: KafkaBackend, sink_id: str, epoch: int, partition: int,
+            ids: range | list[int], attempt: int = 0) -> Committable:
+    return write_participant(backend, TransactionContext(sink_id, epoch, partition, attempt),
+                             [batch(ids)])
+
+
+def coordinator(backend: KafkaBackend, tmp_path: Path, sink_id: str) -> Coordinator:
+    return Coordinator(backend, DirectoryStateStore(tmp_path / "state"), sink_id,
+                       plugins=build_plugins())
+
+
+def keys(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[int]:
+    return sorted(int(m.key()) for m in kt.read_topic(bootstrap, topic, isolation=isolation))
+
+
+def test_read_uncommitted_sees_at_once_read_committed_only_after_the_epoch_commits(
+        backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path) -> None:
+    """The source document's observation: with a long trigger interval the records are
+    in the topic right away, but read_committed consumers see them only at the commit."""
+    bootstrap = backend.config.bootstrap
+    coord = coordinator(backend, tmp_path, sink_id)
+    coord.start()
+    msgs = [prepare(backend, sink_id, 0, p, range(p * 100, p * 100 + 100)) for p in range(2)]
+    assert keys(bootstrap, topic, "read_uncommitted") == list(range(200))
+    assert keys(bootstrap, topic) == []
+    time.sleep(1.0)  # the trigger interval goes by: still nothing for read_committed
+    assert keys(bootstrap, topic) == []
+    assert coord.commit_epoch(0, msgs) is EpochOutcome.COMMITTED
+    assert keys(bootstrap, topic) == list(range(200))
+
+
+def test_abort_and_discard_end_the_transactions_on_the_broker(
+        backend: KafkaBackend, sink_id: str, topic: str,
+        broker_caps: kt.BrokerCapabilities) -> None:
+    c = prepare(backend, sink_id, 0, 0, range(50))
+    txn = backend.begin_transaction(TransactionContext(sink_id, 0, 1))
+    backend.write(txn, batch(range(50, 60)))
+    assert broker_open_participants(backend, sink_id) == {c.participant, txn.ctx.participant}
+    backend.abort(c)
+    backend.discard(txn)
+    backend.abort(c)  # twice is harmless
+    assert broker_open_participants(backend, sink_id) == set()
+    assert backend.open_markers(sink_id) == {}
+    if broker_caps.hides_aborted:
+        assert keys(backend.config.bootstrap, topic) == []
+
+
+def test_restart_fences_orphans_of_every_epoch(
+        backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path,
+        broker_caps: kt.BrokerCapabilities) -> None:
+    coord = coordinator(backend, tmp_path, sink_id)
+    coord.start()
+    loser = prepare(backend, sink_id, 0, 0, range(10), attempt=7)
+    winner = prepare(backend, sink_id, 0, 0, range(10), attempt=8)
+    undecided = prepare(backend, sink_id, 1, 0, range(10, 20), attempt=9)
+    assert coord.commit_epoch(0, [winner]) is EpochOutcome.COMMITTED
+    # The post-commit scan fenced epoch 0's loser, not epoch 1 (it may still be writing).
+    # (Tansu 0.6 keeps the last stable offset at the first of overlapping transactions
+    # until all end, so the broker's view is checked once nothing is left open.)
+    assert set(backend.open_markers(sink_id)) == {str(undecided.payload["transactional_id"])}
+    assert loser.participant not in backend.open_markers(sink_id)
+    coordinator(backend, tmp_path, sink_id).start()
+    assert broker_open_participants(backend, sink_id) == set()
+    if broker_caps.hides_aborted:
+        assert keys(backend.config.bootstrap, topic) == list(range(10))
+
+
+def test_orphan_scan_of_a_new_process_finds_old_participants(
+        options: dict[str, str], sink_id: str) -> None:
+    """A fresh driver (no scan cursor) finds open participants in the marker tail."""
+    first = get_plugins().create_backend("kafka", options)
+    assert isinstance(first, KafkaBackend)
+    first.preflight(sink_id)
+    c = prepare(first, sink_id, 4, 2, range(5), attempt=3)
+    fresh = KafkaBackend(first.config)
+    fresh._driver = None
+    from txsink_kafka import backend as kb
+
+    kb.close_shared_clients()  # forget every cursor, as a restarted driver would
+    aborted = fresh.abort_orphans(sink_id, protected=set(), up_to_epoch=None)
+    assert [a.participant for a in aborted] == [c.participant]
+    assert broker_open_participants(fresh, sink_id) == set()
+    fresh.close()
+
+
+def test_a_second_writer_with_the_same_sink_id_is_fenced(
+        backend: KafkaBackend, sink_id: str) -> None:
+    """Two queries with one sink id derive the same transactional ids: the first
+    writer is fenced and fails with an error that names the likely cause."""
+    ctx = TransactionContext(sink_id, 3, 0, 0)
+    first = backend.begin_transaction(ctx)
+    backend.write(first, batch(range(10)))
+    second = backend.begin_transaction(ctx)  # the other query's task
+    backend.write(first, batch(range(10, 20)))
+    with pytest.raises(FencedError, match="sink id"):
+        backend.pre_commit(first)
+    c = backend.pre_commit(second)
+    assert backend.commit(c) is CommitOutcome.COMMITTED
+
+
+def test_fenced_participant_is_reported_as_lost_not_committed(
+        backend: KafkaBackend, sink_id: str, broker_caps: kt.BrokerCapabilities) -> None:
+    broker_caps.require("hides_aborted")
+    c = prepare(backend, sink_id, 0, 0, range(10))
+    backend.driver().txn.init_producer_id(str(c.payload["transactional_id"]), 60_000)
+    with pytest.raises(ParticipantLostError, match="DATA AT RISK"):
+        backend.commit(c)
+
+
+def test_commit_warns_when_a_prepared_transaction_nears_its_timeout(
+        backend: KafkaBackend, sink_id: str, caplog: pytest.LogCaptureFixture) -> None:
+    c = prepare(backend, sink_id, 0, 0, range(10))
+    timeout_ms = int(c.payload["transaction_timeout_ms"])
+    old = replace(c, payload={**c.payload,
+                              "prepared_at": time.time() - 0.9 * timeout_ms / 1000})
+    with caplog.at_level(logging.WARNING, logger="txsink_kafka"):
+        assert backend.commit(old) is CommitOutcome.COMMITTED
+    assert any("data at risk" in r.getMessage() and c.participant in r.getMessage()
+               for r in caplog.records)
+
+
+def test_topic_partition_and_headers_columns(
+        kafka_broker: Broker, marker_topic: str, sink_id: str) -> None:
+    first = f"t-{uuid.uuid4().hex[:8]}"
+    second = f"t-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(kafka_broker.bootstrap, first, partitions=3)
+    kt.create_topic(kafka_broker.bootstrap, second, partitions=1)
+    b = get_plugins().create_backend("kafka", {"kafka.bootstrap.servers":
+                                               kafka_broker.bootstrap,
+                                               "marker.topic": marker_topic})
+    header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    rows = pa.record_batch({
+        "key": pa.array([b"a", None, b"c"], pa.binary()),
+        "value": pa.array(["x", "y", "z"], pa.string()),
+        "topic": pa.array([first, first, second]),
+        "partition": pa.array([2, 1, None], pa.int32()),
+        "headers": pa.array([[{"key": "h", "value": b"1"}], None, []], header_type),
+    })
+    try:
+        c = write_participant(b, TransactionContext(sink_id, 0, 0), [rows])
+        assert sorted(c.payload["topics"]) == sorted([first, second])
+        assert b.commit(c) is CommitOutcome.COMMITTED
+        got = {(m.topic(), m.partition(), m.key(), m.value(), tuple(m.headers() or ()))
+               for t in (first, second) for m in kt.read_topic(kafka_broker.bootstrap, t)}
+        assert got == {(first, 2, b"a", b"x", (("h", b"1"),)), (first, 1, None, b"y", ()),
+                       (second, 0, b"c", b"z", ())}
+    finally:
+        b.close()
+
+
+# -- bad input: clear errors before any data is written ---------------------------------
+
+
+def test_unreachable_brokers(sink_id: str) -> None:
+    b = get_plugins().create_backend("kafka", {"kafka.bootstrap.servers": "127.0.0.1:1",
+                                               "topic": "t", "request.timeout.s": "2"})
+    with pytest.raises(ConfigError, match="cannot reach Kafka") as info:
+        b.preflight(sink_id)
+    assert info.value.field == "kafka.bootstrap.servers"
+
+
+def test_missing_topic(options: dict[str, str], sink_id: str) -> None:
+    b = get_plugins().create_backend("kafka", {**options, "topic": "no-such-topic-here"})
+    with pytest.raises(ConfigError, match="does not exist") as info:
+        b.preflight(sink_id)
+    assert info.value.field == "topic"
+
+
+def test_transaction_timeout_above_the_broker_maximum(
+        options: dict[str, str], sink_id: str) -> None:
+    b = get_plugins().create_backend("kafka", {**options,
+                                               "kafka.transaction.timeout.ms": "3600000"})
+    error: ConfigError | None = None
+    try:
+        b.preflight(sink_id)
+    except ConfigError as exc:
+        error = exc
+    finally:
+        b.close()
+    if error is None:
+        pytest.skip("the broker accepted transaction.timeout.ms=3600000 (Tansu 0.6 has no "
+                    "transaction.max.timeout.ms); a real Kafka rejects it above 900000")
+    assert error.field == "kafka.transaction.timeout.ms"
+    assert "transaction.max.timeout.ms" in str(error)
+
+
+def test_no_value_column(backend: KafkaBackend, sink_id: str) -> None:
+    txn = backend.begin_transaction(TransactionContext(sink_id, 0, 0))
+    try:
+        with pytest.raises(ConfigError, match="no 'value' column"):
+            backend.write(txn, pa.record_batch({"id": pa.array([1])}))
+    finally:
+        backend.discard(txn)
