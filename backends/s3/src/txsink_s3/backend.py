@@ -1,0 +1,634 @@
+"""The S3 backend: one multipart upload per participant.
+
+Protocol mapping (DESIGN.md section 4):
+
+* ``begin_transaction``/``write``: rows are encoded as they arrive (Parquet, JSON
+  Lines or CSV) and uploaded as parts of ``part_size`` bytes; the upload itself is
+  created with the first part, so memory is bounded by the part size (plus one
+  Parquet row group and the parts in flight), never by the partition.
+* ``pre_commit``: uploads the last part and returns bucket, key, upload id and
+  part ETags. The object is invisible until the upload is completed.
+* ``commit``: ``CompleteMultipartUpload``. Idempotent: an object already under
+  the key with the expected multipart ETag (or the participant's own token) means
+  it was committed before; an upload the server no longer knows, with no such
+  object, is a lost participant and raises :class:`ParticipantLostError`.
+* ``abort``: ``AbortMultipartUpload``; orphans come from ``ListMultipartUploads``
+  under the sink's prefix.
+* ``epoch_committed``: writes the epoch manifest that downstream readers wait for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from txsink.backend import Backend, Capability, CommitOutcome, Transaction
+from txsink.errors import (
+    ConfigError,
+    ParticipantLostError,
+    RetriableCommitError,
+    TxsinkError,
+)
+from txsink.model import Committable, TransactionContext, validate_sink_id
+from txsink.options import Options, Secret
+from txsink.redact import redact
+
+from txsink_s3 import keys
+from txsink_s3.formats import Encoder, PartBuffer, make_encoder
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+#: S3's smallest part (every part but the last) and largest part.
+MIN_PART_SIZE = 5 * MIB
+MAX_PART_SIZE = 5 * 1024 * MIB
+MAX_PARTS = 10_000
+DEFAULT_PART_SIZE = 16 * MIB
+FORMATS = ("parquet", "jsonl", "csv")
+COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "none")
+MANIFEST_FORMAT = "txsink-s3-epoch-manifest"
+MANIFEST_VERSION = 1
+#: Object metadata keys (boto3 returns user metadata keys in lower case).
+META_PARTICIPANT = "txsink-participant"
+META_TOKEN = "txsink-token"
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": MIB, "g": 1024 * MIB}
+
+
+def parse_size(opts: Options, key: str, default: int, *, minimum: int, maximum: int,
+               why_minimum: str) -> int:
+    """A byte size option: ``8388608``, ``8MiB``, ``8m`` and ``8MB`` all mean 8 MiB."""
+    raw = opts.optional(key)
+    if raw is None:
+        return default
+    m = _SIZE_RE.match(raw.replace("_", ""))
+    if m is None:
+        raise ConfigError(f"s3 backend: option '{key}' must be a size in bytes such as "
+                          f"16777216 or 16MiB, got {raw!r}", field=key)
+    unit = (m[2] or "").lower()[:1]
+    value = int(m[1]) * _UNITS[unit]
+    if value < minimum:
+        raise ConfigError(f"s3 backend: option '{key}' must be at least {minimum // MIB} MiB "
+                          f"({minimum} bytes), got {value} bytes: {why_minimum}", field=key)
+    if value > maximum:
+        raise ConfigError(f"s3 backend: option '{key}' must be at most {maximum // MIB} MiB, "
+                          f"got {value} bytes", field=key)
+    return value
+
+
+def multipart_etag(part_etags: Sequence[str]) -> str | None:
+    """The ETag S3 gives a completed multipart object: md5 of the part md5s, ``-N``.
+
+    ``None`` when a part ETag is not a plain MD5 (e.g. SSE-KMS on AWS); the commit
+    check then relies on the participant token stored in the object's metadata.
+    """
+    digests = []
+    for etag in part_etags:
+        raw = etag.strip('"')
+        if not re.fullmatch(r"[0-9a-fA-F]{32}", raw):
+            return None
+        digests.append(bytes.fromhex(raw))
+    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status is not None else None
+    return None
+
+
+class _S3Transaction(Transaction):
+    """One participant on the executor: the open upload and its encoder."""
+
+    def __init__(self, ctx: TransactionContext, key: str, encoder_factory: Any) -> None:
+        super().__init__(ctx)
+        self.key = key
+        self.token = uuid.uuid4().hex
+        self.upload_id: str | None = None
+        self.buffer = PartBuffer()
+        self.encoder: Encoder = encoder_factory(self.buffer)
+        self.parts: dict[int, str] = {}
+        self.next_part = 1
+        self.size = 0
+        self.pending: list[tuple[int, Future[str]]] = []
+        self.pool: ThreadPoolExecutor | None = None
+
+
+class S3Backend(Backend):
+    """Writes each participant as one object through a multipart upload."""
+
+    name: ClassVar[str] = "s3"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({
+        Capability.COMMIT_FROM_ANY_PROCESS,
+        Capability.LIST_PREPARED,
+        Capability.COMMIT_MARKER,
+        Capability.SURVIVES_RESTART,
+    })
+    secret_options: ClassVar[frozenset[str]] = frozenset({"secret_access_key", "session_token"})
+    payload_version: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str = "",
+        fmt: str = "parquet",
+        part_size: int = DEFAULT_PART_SIZE,
+        row_group_bytes: int | None = None,
+        compression: str = "snappy",
+        upload_concurrency: int = 1,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        addressing_style: str = "auto",
+        profile: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: Secret | None = None,
+        session_token: Secret | None = None,
+        max_attempts: int = 5,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 120.0,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = keys.normalize_prefix(prefix)
+        self.format = fmt
+        self.part_size = part_size
+        self.row_group_bytes = row_group_bytes or part_size
+        self.compression = compression
+        self.upload_concurrency = upload_concurrency
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.addressing_style = addressing_style
+        self.profile = profile
+        self.access_key_id = access_key_id
+        self.secret_access_key = secret_access_key
+        self.session_token = session_token
+        self.max_attempts = max_attempts
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._s3: Any = None
+
+    # -- configuration ------------------------------------------------------------------
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> S3Backend:
+        opts = Options(options, owner="s3 backend", secret_keys=cls.secret_options)
+        bucket = opts.str("bucket", required=True).strip()
+        if not _BUCKET_RE.match(bucket) or ".." in bucket:
+            raise ConfigError(
+                f"s3 backend: option 'bucket' {bucket[:80]!r} is not a valid bucket name: "
+                "use 3-63 characters from a-z 0-9 . - starting and ending with a letter or "
+                "digit (just the name, not an s3:// URL)", field="bucket")
+        prefix = opts.str("prefix", "")
+        if any(part in (".", "..") for part in prefix.split("/")):
+            raise ConfigError(f"s3 backend: option 'prefix' {prefix!r} must not contain "
+                              "'.' or '..' segments", field="prefix")
+        fmt = opts.choice("format", FORMATS, "parquet")
+        part_size = parse_size(opts, "part_size", DEFAULT_PART_SIZE, minimum=MIN_PART_SIZE,
+                               maximum=MAX_PART_SIZE,
+                               why_minimum="S3 rejects parts under 5 MiB except the last one")
+        row_group = parse_size(opts, "row_group_bytes", part_size, minimum=64 * 1024,
+                               maximum=MAX_PART_SIZE, why_minimum="row groups that small "
+                               "make Parquet files slow to read")
+        compression = opts.choice("compression", COMPRESSIONS, "snappy")
+        if compression != "snappy" and fmt != "parquet":
+            raise ConfigError("s3 backend: option 'compression' applies to format parquet "
+                              f"only (format is {fmt})", field="compression")
+        concurrency = opts.int("upload_concurrency", 1, minimum=1, maximum=16)
+        endpoint_url = opts.optional("endpoint_url")
+        if endpoint_url is not None and not re.match(r"^https?://[^/\s]+", endpoint_url):
+            raise ConfigError(f"s3 backend: option 'endpoint_url' {endpoint_url!r} must be an "
+                              "http:// or https:// URL such as http://127.0.0.1:8333",
+                              field="endpoint_url")
+        if endpoint_url is not None and "@" in endpoint_url.split("//", 1)[1].split("/", 1)[0]:
+            raise ConfigError("s3 backend: option 'endpoint_url' must not hold credentials; "
+                              "use access_key_id/secret_access_key or the AWS credential "
+                              "chain", field="endpoint_url")
+        region = opts.optional("region")
+        addressing = opts.choice("addressing_style", ("auto", "path", "virtual"), "auto")
+        profile = opts.optional("profile")
+        access_key_id = opts.optional("access_key_id")
+        secret = opts.secret("secret_access_key")
+        token = opts.secret("session_token")
+        if (access_key_id is None) != (secret is None):
+            missing = "secret_access_key" if secret is None else "access_key_id"
+            raise ConfigError(f"s3 backend: option '{missing}' is required when the other "
+                              "of access_key_id/secret_access_key is given (or give neither "
+                              "and let boto3 find credentials: environment, profile, "
+                              "instance role)", field=missing)
+        if token is not None and secret is None:
+            raise ConfigError("s3 backend: option 'session_token' needs access_key_id and "
+                              "secret_access_key", field="session_token")
+        if profile is not None and secret is not None:
+            raise ConfigError("s3 backend: give either 'profile' or explicit keys, not both",
+                              field="profile")
+        max_attempts = opts.int("max_attempts", 5, minimum=1, maximum=20)
+        connect_timeout = opts.float("connect_timeout", 10.0, minimum=0.1)
+        read_timeout = opts.float("read_timeout", 120.0, minimum=1.0)
+        opts.check_unknown()
+        return cls(bucket=bucket, prefix=prefix, fmt=fmt, part_size=part_size,
+                   row_group_bytes=row_group, compression=compression,
+                   upload_concurrency=concurrency, endpoint_url=endpoint_url, region=region,
+                   addressing_style=addressing, profile=profile, access_key_id=access_key_id,
+                   secret_access_key=secret, session_token=token, max_attempts=max_attempts,
+                   connect_timeout=connect_timeout, read_timeout=read_timeout)
+
+    def describe(self) -> str:
+        where = f" endpoint={self.endpoint_url}" if self.endpoint_url else ""
+        return (f"s3://{self.bucket}/{self.prefix} format={self.format} "
+                f"part_size={self.part_size}{where}")
+
+    def secret_values(self) -> list[str]:
+        return [s.reveal() for s in (self.secret_access_key, self.session_token) if s]
+
+    def base(self, sink_id: str) -> str:
+        """The key prefix holding everything of ``sink_id`` (no trailing slash)."""
+        return keys.sink_base(self.prefix, validate_sink_id(sink_id))
+
+    # -- the client ---------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client, created on first use (never pickled to executors)."""
+        if self._s3 is None:
+            import boto3  # type: ignore[import-untyped,unused-ignore]
+            from botocore.config import Config  # type: ignore[import-untyped,unused-ignore]
+
+            session = boto3.session.Session(
+                profile_name=self.profile,
+                aws_access_key_id=self.access_key_id,
+                aws_secret_access_key=(self.secret_access_key.reveal()
+                                       if self.secret_access_key else None),
+                aws_session_token=self.session_token.reveal() if self.session_token else None,
+                region_name=self.region,
+            )
+            config = Config(
+                retries={"max_attempts": self.max_attempts, "mode": "standard"},
+                connect_timeout=self.connect_timeout,
+                read_timeout=self.read_timeout,
+                s3={"addressing_style": self.addressing_style},
+                max_pool_connections=max(10, self.upload_concurrency * 2),
+            )
+            self._s3 = session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        return self._s3
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_s3"] = None
+        return state
+
+    def close(self) -> None:
+        client, self._s3 = self._s3, None
+        if client is not None:
+            client.close()
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self.secret_values())
+
+    # -- preflight ----------------------------------------------------------------------
+
+    def preflight(self, sink_id: str) -> None:
+        """Bucket reachable, credentials valid, multipart uploads allowed; warn on lifecycle.
+
+        The write probe starts and aborts a multipart upload under ``_txsink/``, so
+        it leaves no object behind.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError  # type: ignore[import-untyped,unused-ignore]
+
+        base = self.base(sink_id)
+        where = f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except NoCredentialsError:
+            raise ConfigError(
+                f"s3 backend: no AWS credentials found for {where}: set access_key_id and "
+                "secret_access_key, a profile, or the AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY environment variables", field="access_key_id",
+                sink_id=sink_id) from None
+        except ClientError as exc:
+            status, code = _status(exc), _error_code(exc)
+            if status == 404 or code in ("404", "NoSuchBucket", "NotFound"):
+                raise ConfigError(f"s3 backend: bucket {self.bucket!r} does not exist at "
+                                  f"{where}; create it first (txsink never creates buckets)",
+                                  field="bucket", sink_id=sink_id) from None
+            if status in (401, 403):
+                raise ConfigError(
+                    f"s3 backend: access to bucket {self.bucket!r} denied at {where} "
+                    f"(HTTP {status}): check the credentials (access_key_id/"
+                    "secret_access_key, profile or environment) and the bucket policy",
+                    field="secret_access_key" if self.secret_access_key else "access_key_id",
+                    sink_id=sink_id) from None
+            raise ConfigError(f"s3 backend: cannot use bucket {self.bucket!r} at {where}: "
+                              f"{self._redact(str(exc))}", field="bucket",
+                              sink_id=sink_id) from None
+        except BotoCoreError as exc:
+            field = "endpoint_url" if self.endpoint_url else "region"
+            raise ConfigError(f"s3 backend: cannot reach {where}: "
+                              f"{self._redact(str(exc))}; check {field}", field=field,
+                              sink_id=sink_id) from None
+        probe = keys.preflight_key(base)
+        try:
+            upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=probe)
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=probe,
+                                               UploadId=upload["UploadId"])
+        except (ClientError, BotoCoreError) as exc:
+            raise ConfigError(
+                f"s3 backend: cannot start a multipart upload under "
+                f"s3://{self.bucket}/{base}/ ({self._redact(str(exc))}): the credentials "
+                "need s3:PutObject, s3:AbortMultipartUpload and s3:ListBucketMultipartUploads",
+                field="bucket", sink_id=sink_id) from None
+        self._warn_lifecycle(sink_id)
+
+    def _warn_lifecycle(self, sink_id: str) -> None:
+        """A rule aborting incomplete uploads early destroys prepared data: say so."""
+        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        try:
+            rules = self.client.get_bucket_lifecycle_configuration(
+                Bucket=self.bucket).get("Rules", [])
+        except (ClientError, BotoCoreError):
+            return  # none configured, not readable, or not supported by the server
+        for rule in rules:
+            days = rule.get("AbortIncompleteMultipartUpload", {}).get("DaysAfterInitiation")
+            if rule.get("Status") == "Enabled" and days is not None:
+                log.warning("sink=%s: bucket %s has lifecycle rule %r aborting incomplete "
+                            "multipart uploads after %s day(s); prepared participants older "
+                            "than that are lost, so recovery must happen sooner",
+                            sink_id, self.bucket, rule.get("ID", "?"), days)
+
+    # -- executor side ------------------------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        key = keys.data_key(self.base(ctx.sink_id), ctx, self.format)
+
+        def encoder(out: PartBuffer) -> Encoder:
+            return make_encoder(self.format, out, compression=self.compression,
+                                row_group_bytes=self.row_group_bytes)
+
+        return _S3Transaction(ctx, key, encoder)
+
+    def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
+        assert isinstance(txn, _S3Transaction)
+        txn.encoder.write(batch)
+        txn.rows += batch.num_rows
+        if len(txn.buffer) >= self.part_size:
+            self._send_part(txn, txn.buffer.take())
+
+    def _ensure_upload(self, txn: _S3Transaction) -> str:
+        if txn.upload_id is None:
+            response = self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=txn.key, ContentType=keys.CONTENT_TYPES[self.format],
+                Metadata={META_PARTICIPANT: txn.ctx.participant, META_TOKEN: txn.token})
+            txn.upload_id = str(response["UploadId"])
+            log.debug("%s: started multipart upload of s3://%s/%s", txn.describe(),
+                      self.bucket, txn.key)
+        return txn.upload_id
+
+    def _upload_part(self, txn: _S3Transaction, upload_id: str, number: int,
+                     data: bytes) -> str:
+        response = self.client.upload_part(Bucket=self.bucket, Key=txn.key,
+                                           UploadId=upload_id, PartNumber=number, Body=data)
+        log.debug("%s: uploaded part %d (%d bytes)", txn.describe(), number, len(data))
+        return str(response["ETag"])
+
+    def _send_part(self, txn: _S3Transaction, data: bytes) -> None:
+        """Upload one part, in the background when ``upload_concurrency`` allows it.
+
+        At most ``upload_concurrency`` parts are in flight; the writer waits for the
+        oldest before sending another, which is what bounds memory.
+        """
+        number = txn.next_part
+        if number > MAX_PARTS:
+            raise TxsinkError(
+                f"{txn.describe()}: the partition needs more than {MAX_PARTS} parts of "
+                f"{self.part_size} bytes; raise the 'part_size' option",
+                sink_id=txn.ctx.sink_id, epoch=txn.ctx.epoch, participant=txn.ctx.participant)
+        txn.next_part += 1
+        txn.size += len(data)
+        upload_id = self._ensure_upload(txn)
+        if txn.pool is None:
+            txn.pool = ThreadPoolExecutor(max_workers=self.upload_concurrency,
+                                          thread_name_prefix="txsink-s3-part")
+        while len(txn.pending) >= self.upload_concurrency:
+            self._collect_oldest(txn)
+        txn.pending.append((number, txn.pool.submit(self._upload_part, txn, upload_id,
+                                                    number, data)))
+
+    def _collect_oldest(self, txn: _S3Transaction) -> None:
+        number, future = txn.pending.pop(0)
+        txn.parts[number] = future.result()
+
+    def _drain(self, txn: _S3Transaction) -> None:
+        try:
+            while txn.pending:
+                self._collect_oldest(txn)
+        finally:
+            self._stop_pool(txn)
+
+    @staticmethod
+    def _stop_pool(txn: _S3Transaction) -> None:
+        pool, txn.pool = txn.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def pre_commit(self, txn: Transaction) -> Committable:
+        assert isinstance(txn, _S3Transaction)
+        started = time.monotonic()
+        txn.encoder.finish()
+        base_payload: dict[str, Any] = {"bucket": self.bucket, "key": txn.key,
+                                        "format": self.format}
+        if txn.rows == 0 and txn.upload_id is None:
+            # Nothing to publish: no object, no upload, nothing to commit or abort.
+            txn.buffer.take()
+            log.debug("%s: empty participant, no object written", txn.describe())
+            return Committable.for_context(self.name, txn.ctx, {**base_payload, "empty": True},
+                                           rows=0, payload_version=self.payload_version)
+        last = txn.buffer.take()
+        if last or (not txn.parts and not txn.pending):
+            self._send_part(txn, last)
+        self._drain(txn)
+        etags = [txn.parts[n] for n in sorted(txn.parts)]
+        payload = {
+            **base_payload,
+            "upload_id": txn.upload_id,
+            "parts": [[n, txn.parts[n]] for n in sorted(txn.parts)],
+            "etag": multipart_etag(etags),
+            "size": txn.size,
+            "token": txn.token,
+        }
+        log.debug("%s: prepared s3://%s/%s (%d parts, %d bytes) in %.3fs", txn.describe(),
+                  self.bucket, txn.key, len(etags), txn.size, time.monotonic() - started)
+        return Committable.for_context(self.name, txn.ctx, payload, rows=txn.rows,
+                                       payload_version=self.payload_version)
+
+    def discard(self, txn: Transaction) -> None:
+        assert isinstance(txn, _S3Transaction)
+        txn.buffer.take()
+        for _, future in txn.pending:
+            future.cancel()
+        try:
+            self._drain(txn)
+        except Exception:
+            log.debug("%s: a part upload failed while discarding", txn.describe(),
+                      exc_info=True)
+        if txn.upload_id is not None:
+            self._abort_upload(txn.key, txn.upload_id, txn.describe())
+            txn.upload_id = None
+
+    # -- driver side --------------------------------------------------------------------
+
+    def _committed_object(self, c: Committable) -> bool:
+        """Whether the participant's object is in place (committed earlier)."""
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        p = c.payload
+        try:
+            head = self.client.head_object(Bucket=p["bucket"], Key=p["key"])
+        except ClientError as exc:
+            if _status(exc) == 404 or _error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        etag = str(head.get("ETag", "")).strip('"')
+        if p.get("etag") and etag == p["etag"]:
+            return True
+        metadata = {k.lower(): v for k, v in head.get("Metadata", {}).items()}
+        return bool(metadata.get(META_TOKEN) == p.get("token")
+                    and head.get("ContentLength") == p.get("size"))
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        c = committable
+        p = c.payload
+        if p.get("empty"):
+            return CommitOutcome.COMMITTED
+        if self._committed_object(c):
+            log.debug("%s: already committed", c.describe())
+            return CommitOutcome.ALREADY_COMMITTED
+        parts = [{"PartNumber": int(n), "ETag": str(etag)} for n, etag in p["parts"]]
+        try:
+            self.client.complete_multipart_upload(
+                Bucket=p["bucket"], Key=p["key"], UploadId=p["upload_id"],
+                MultipartUpload={"Parts": parts})
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code == "NoSuchUpload" or _status(exc) == 404:
+                # The upload is gone: completed by an earlier try whose reply was lost,
+                # or aborted (e.g. by a bucket lifecycle rule). Only the object can tell.
+                if self._committed_object(c):
+                    return CommitOutcome.ALREADY_COMMITTED
+                raise ParticipantLostError(
+                    f"{c.describe()}: multipart upload {p['upload_id']} of "
+                    f"s3://{p['bucket']}/{p['key']} no longer exists and no object with the "
+                    f"expected ETag {p.get('etag')} is at that key; the participant's "
+                    "data is lost (was the upload aborted by a lifecycle rule?)",
+                    sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
+            raise RetriableCommitError(
+                f"{c.describe()}: completing s3://{p['bucket']}/{p['key']} failed: "
+                f"{self._redact(str(exc))}", sink_id=c.sink_id, epoch=c.epoch,
+                participant=c.participant) from None
+        log.debug("%s: committed s3://%s/%s", c.describe(), p["bucket"], p["key"])
+        return CommitOutcome.COMMITTED
+
+    def _abort_upload(self, key: str, upload_id: str, who: str) -> None:
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except ClientError as exc:
+            if _error_code(exc) == "NoSuchUpload" or _status(exc) == 404:
+                return  # already gone: aborting twice is harmless
+            raise
+        log.debug("%s: aborted multipart upload of s3://%s/%s", who, self.bucket, key)
+
+    def abort(self, committable: Committable) -> None:
+        p = committable.payload
+        if p.get("empty") or not p.get("upload_id"):
+            return
+        if p.get("bucket", self.bucket) != self.bucket:
+            raise ConfigError(f"{committable.describe()} belongs to bucket {p['bucket']!r}, "
+                              f"not {self.bucket!r}", field="bucket")
+        self._abort_upload(str(p["key"]), str(p["upload_id"]), committable.describe())
+
+    def list_prepared(self, sink_id: str) -> Iterable[Committable]:
+        """Every multipart upload under the sink's prefix whose key txsink made.
+
+        This includes uploads still being written; the coordinator only aborts
+        those of epochs it has finished with (``up_to_epoch``).
+        """
+        base = self.base(sink_id)
+        found: list[Committable] = []
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=base + "/"):
+            for upload in page.get("Uploads", []) or []:
+                ctx = keys.parse_data_key(base, sink_id, str(upload["Key"]))
+                if ctx is None:
+                    continue
+                payload = {"bucket": self.bucket, "key": upload["Key"],
+                           "upload_id": upload["UploadId"], "format": self.format,
+                           "listed": True}
+                found.append(Committable.for_context(self.name, ctx, payload,
+                                                     payload_version=self.payload_version))
+        return found
+
+    # -- epoch manifest -----------------------------------------------------------------
+
+    def manifest(self, sink_id: str, epoch: int,
+                 committables: Sequence[Committable]) -> dict[str, Any]:
+        """The manifest document of one committed epoch (see docs/backends/s3.md)."""
+        objects = [
+            {"key": c.payload["key"], "partition": c.partition, "rows": c.rows,
+             "size": c.payload.get("size"), "etag": c.payload.get("etag")}
+            for c in sorted(committables, key=lambda c: c.partition)
+            if not c.payload.get("empty")
+        ]
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "sink_id": sink_id,
+            "epoch": epoch,
+            "data_format": self.format,
+            "bucket": self.bucket,
+            "rows": sum(c.rows for c in committables),
+            "objects": objects,
+        }
+
+    def epoch_committed(self, sink_id: str, epoch: int,
+                        committables: Sequence[Committable]) -> None:
+        """Write ``_txsink/manifests/epoch-<N>.json``: readers wait for it (idempotent)."""
+        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        key = keys.manifest_key(self.base(sink_id), epoch)
+        body = json.dumps(self.manifest(sink_id, epoch, committables), sort_keys=True,
+                          indent=1).encode()
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=body,
+                                   ContentType="application/json")
+        except (ClientError, BotoCoreError) as exc:
+            raise RetriableCommitError(
+                f"sink={sink_id} epoch={epoch}: every participant is committed but writing "
+                f"the epoch manifest s3://{self.bucket}/{key} failed: "
+                f"{self._redact(str(exc))}; the epoch stays DECIDED and the next start "
+                "writes it", sink_id=sink_id, epoch=epoch) from None
+        log.info("sink=%s epoch=%d: wrote manifest s3://%s/%s (%d object(s))", sink_id, epoch,
+                 self.bucket, key, len(committables))
