@@ -39,6 +39,12 @@ TASK_BEFORE_PRE_COMMIT = "task-before-pre-commit"  # rows written, participant n
 TASK_AFTER_PRE_COMMIT = "task-after-pre-commit"  # prepared, committable not yet returned
 TASK_POINTS = (TASK_BEFORE_PRE_COMMIT, TASK_AFTER_PRE_COMMIT)
 
+#: ``duplicate`` (task points only) is not acted on by :meth:`FaultInjector.hit`: the
+#: Spark writer asks :meth:`FaultInjector.armed` and then prepares a second copy of
+#: the participant that it never reports, as a speculative attempt refused by Spark's
+#: commit coordinator would (Spark launches no speculative copies in local mode).
+ACTIONS = ("kill", "raise", "duplicate")
+
 
 class InjectedFault(BaseException):
     """Raised by the ``raise`` action; a BaseException so no ``except Exception`` eats it."""
@@ -61,8 +67,9 @@ def parse(spec: str) -> list[FaultRule]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         where, _, action = part.partition(":")
         point, _, epoch = where.partition("@")
-        if action not in ("", "kill", "raise"):
-            raise ValueError(f"{ENV}: unknown action {action!r} in {part!r} (kill or raise)")
+        if action not in ("", *ACTIONS):
+            raise ValueError(f"{ENV}: unknown action {action!r} in {part!r} "
+                             f"({', '.join(ACTIONS)})")
         rules.append(FaultRule(point, int(epoch) if epoch else None, action or "kill"))
     return rules
 
@@ -78,10 +85,17 @@ class FaultInjector:
         spec = os.environ.get(ENV, "")
         return cls(parse(spec)) if spec else cls()
 
+    def armed(self, point: str, epoch: int | None, action: str) -> bool:
+        """Whether a rule with ``action`` matches ``point`` at ``epoch``."""
+        return any(r.point == point and r.action == action
+                   and (r.epoch is None or r.epoch == epoch) for r in self.rules)
+
     def hit(self, point: str, epoch: int | None = None) -> None:
         if self.callback is not None:
             self.callback(point, epoch)
         for rule in self.rules:
+            if rule.action == "duplicate":
+                continue
             if rule.point == point and (rule.epoch is None or rule.epoch == epoch):
                 log.warning("fault injection: %s at %s epoch %s", rule.action, point, epoch)
                 if rule.action == "raise":
