@@ -66,6 +66,8 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 #: (``queryname`` is added by Spark's ``DataStreamWriter.queryName``.)
 RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location",
                               "queryname"})
+#: Attempt-id offset of the unreported twin the ``duplicate`` fault prepares.
+SPECULATIVE_TWIN_OFFSET = 1_000_000
 #: Rows per Arrow batch when PySpark hands rows instead of Arrow (PySpark 4.0).
 _ROWS_PER_BATCH = 10_000
 
@@ -164,16 +166,28 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
     ctx = TransactionContext(settings.sink_id, epoch, tc.partitionId(), tc.taskAttemptId())
     injector = fault_points.FaultInjector.from_env()
     first_attempt = tc.attemptNumber() == 0
-    batches = iterator if arrow else _rows_to_batches(iterator)
+    batches: Iterator[pa.RecordBatch] = iterator if arrow else _rows_to_batches(iterator)
+    duplicate = first_attempt and injector.armed(fault_points.TASK_AFTER_PRE_COMMIT, epoch,
+                                                 "duplicate")
+    kept: list[pa.RecordBatch] = []
 
     def stream() -> Iterator[pa.RecordBatch]:
-        yield from batches
+        for batch in batches:
+            if duplicate:
+                kept.append(batch)
+            yield batch
         if first_attempt:
             injector.hit(fault_points.TASK_BEFORE_PRE_COMMIT, epoch)
 
     backend = settings.create_backend()
     try:
         committable = write_participant(backend, ctx, stream())
+        if duplicate:
+            # Test-only: what a speculative copy that lost Spark's commit race leaves.
+            twin = TransactionContext(ctx.sink_id, epoch, ctx.partition,
+                                      ctx.attempt + SPECULATIVE_TWIN_OFFSET)
+            lost = write_participant(backend, twin, iter(kept))
+            log.warning("fault injection: prepared unreported twin %s", lost.describe())
         if first_attempt:
             injector.hit(fault_points.TASK_AFTER_PRE_COMMIT, epoch)
     finally:

@@ -1,0 +1,150 @@
+"""The txsink CLI without Spark: validate, backends, status and resolve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from txsink.cli import main
+from txsink.coordinator import Coordinator
+from txsink.faults import AFTER_DECIDE, FaultInjector, FaultRule, InjectedFault
+from txsink.files.backend import FilesBackend
+from txsink.model import Committable, TransactionContext
+from txsink.state import DirectoryStateStore, EpochState
+from txsink.writer import write_participant
+
+REPO = Path(__file__).resolve().parents[2]
+SINK = "cli-sink"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_validate_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "validate", str(REPO / "examples/pipelines/demo.yaml"))
+    assert code == 0
+    assert out.startswith("ok: pipeline 'demo' (streaming)")
+
+
+@pytest.mark.parametrize(("yaml", "field"), [
+    ("sink: {backend: nosuch, sink_id: s}", "sink.backend"),
+    ("sink: {backend: files, options: {path: /tmp/x}}", "sink.sink_id"),
+    ("sink: {backend: files, sink_id: s, options: {path: /tmp/x, compression: 5x}}",
+     "sink.options.compression"),
+    ("sink: {backend: files, sink_id: s, options: {path: '${NO_SUCH_VAR_TXSINK}'}}",
+     "sink.options.path"),
+    ("sink: {backend: files, sink_id: s, options: {path: /tmp/x}}\ntrigger: {once: 1}",
+     "trigger.once"),
+])
+def test_bad_config_fails_naming_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       yaml: str, field: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"source: {{type: rate}}\ncheckpoint: {tmp_path}/chk\n{yaml}\n")
+    for command in ("validate", "run"):  # run fails the same way, before Spark starts
+        code, out, err = _run(capsys, command, str(f))
+        assert code == 1
+        assert err.startswith(f"txsink: config error: {field}:"), err
+        assert "Traceback" not in err
+        assert out == ""
+    assert not (tmp_path / "chk").exists()
+
+
+def test_backends_lists_files_with_package(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "backends", "--json")
+    assert code == 0
+    rows = {r["backend"]: r for r in json.loads(out)["backends"]}
+    assert rows["files"]["package"] == "txsink"
+    assert rows["files"]["version"] != "?"
+    assert "commit-from-any-process" in rows["files"]["capabilities"]
+    code, out, _ = _run(capsys, "backends")
+    assert any(line.startswith("files ") and " txsink " in line for line in out.splitlines())
+
+
+# -- status / resolve on a real files sink, driven without Spark --------------------------
+
+
+def _prepare(backend: FilesBackend, epoch: int, partition: int, attempt: int = 0) -> Committable:
+    batch = pa.RecordBatch.from_pylist([{"id": epoch * 10 + partition}])
+    return write_participant(backend, TransactionContext(SINK, epoch, partition, attempt),
+                             [batch])
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> tuple[Path, Path, FilesBackend]:
+    """Epoch 0 committed, epoch 1 DECIDED (in doubt), epoch 2 prepared but undecided."""
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    backend = FilesBackend.from_options({"path": str(out), "format": "jsonl"})
+    store = DirectoryStateStore(chk / "txsink")
+    coordinator = Coordinator(backend, store, SINK, backend_options={"path": str(out),
+                                                                     "format": "jsonl"},
+                              faults=FaultInjector([FaultRule(AFTER_DECIDE, 1, "raise")]))
+    coordinator.start()
+    coordinator.commit_epoch(0, [_prepare(backend, 0, 0), _prepare(backend, 0, 1)])
+    with pytest.raises(InjectedFault):
+        coordinator.commit_epoch(1, [_prepare(backend, 1, 0), _prepare(backend, 1, 1)])
+    _prepare(backend, 2, 0, attempt=7)
+    return out, chk, backend
+
+
+def test_status_shows_in_doubt_and_pending(sink: tuple[Path, Path, FilesBackend],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    _, chk, _ = sink
+    code, text, _ = _run(capsys, "status", str(chk))
+    assert code == 0
+    assert f"sink '{SINK}': backend files" in text
+    assert "in doubt (DECIDED" in text
+    assert f"epoch 1: {SINK}-e1-p0-a0" in text
+    assert f"epoch 2: {SINK}-e2-p0-a7" in text
+    code, text, _ = _run(capsys, "status", str(chk / "txsink"), "--json")
+    data = json.loads(text)
+    assert data["in_doubt"] == [1]
+    assert [p["participant"] for p in data["prepared_undecided"]] == [f"{SINK}-e2-p0-a7"]
+    assert {e["epoch"]: e["state"] for e in data["epochs"]} == {0: "committed", 1: "decided"}
+
+
+def test_resolve_commit_and_abort(sink: tuple[Path, Path, FilesBackend],
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out, chk, _ = sink
+    # Undecided epochs cannot be committed by hand: their data may be incomplete.
+    code, _, err = _run(capsys, "resolve", str(chk), "--epoch", "2", "--commit")
+    assert code == 1 and "never decided" in err
+    # A DECIDED epoch is not aborted without --force.
+    code, _, err = _run(capsys, "resolve", str(chk), "--epoch", "1", "--abort")
+    assert code == 1 and "--force" in err
+
+    code, text, _ = _run(capsys, "resolve", str(chk), "--epoch", "1", "--commit")
+    assert code == 0 and "committed epoch 1" in text
+    assert sorted(p.name for p in out.glob("part-0000000001-*")) == [
+        "part-0000000001-00000.jsonl", "part-0000000001-00001.jsonl"]
+    code, text, _ = _run(capsys, "resolve", str(chk), "--epoch", "2", "--abort")
+    assert code == 0 and "1 prepared participant(s) rolled back" in text
+    assert list((out / "_txsink" / "pending").iterdir()) == []
+
+    code, text, _ = _run(capsys, "status", str(chk), "--json")
+    data = json.loads(text)
+    assert data["in_doubt"] == []
+    assert data["prepared_undecided"] == []
+    code, text, _ = _run(capsys, "resolve", str(chk), "--epoch", "1", "--commit")
+    assert code == 0 and "already committed" in text
+
+
+def test_resolve_force_abort_drops_decided_epoch(sink: tuple[Path, Path, FilesBackend],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out, chk, _ = sink
+    code, text, _ = _run(capsys, "resolve", str(chk), "--epoch", "1", "--abort", "--force")
+    assert code == 0 and "dropped" in text
+    assert not list(out.glob("part-0000000001-*"))
+    store = DirectoryStateStore(chk / "txsink")
+    assert 1 not in store.records()
+    assert store.records()[0].state is EpochState.COMMITTED
+
+
+def test_status_without_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "status", str(tmp_path))
+    assert code == 1
+    assert "no txsink state found" in err
