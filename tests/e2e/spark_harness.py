@@ -1,0 +1,236 @@
+"""Reusable helpers for Spark end-to-end tests of txsink (any backend).
+
+The crash tests need a Spark driver that can be SIGKILLed at a protocol point and
+restarted from the same checkpoint, so the driver runs in a subprocess started by
+:func:`run_driver`. This file is both the helper library and that driver script.
+
+Typical use (see ``test_files_exactly_once.py``)::
+
+    expected = make_input(tmp / "in", files=4, rows_per_file=300)
+    run = run_driver(DriverSpec(input_dir=tmp / "in", checkpoint=tmp / "chk",
+                                sink_id="t1", options={"path": str(out)}),
+                     faults="after-decide@2:kill")
+    assert run.killed                        # died at the fault point
+    run_driver(spec).check()                 # restart: same checkpoint, runs to the end
+    assert summarize(read_files_output(out)) == expected
+
+How the driver works:
+
+* Input is a directory of JSON-lines files, one micro-batch per file
+  (``maxFilesPerTrigger=1``) with trigger ``availableNow``: the query processes
+  every file and then ends by itself, so a recovery run ends cleanly, without a
+  stop in the middle of a batch. Rows are ``id`` (unique), ``key``, ``amount``;
+  :func:`make_input` returns the per-key count and checksums to compare against.
+* Each batch is repartitioned into ``partitions`` (default 2) so every epoch has
+  several participants (needed for the ``after-first-commit`` point).
+* A fault spec (``TXSINK_FAULTS`` grammar, :mod:`txsink.faults`) makes the
+  coordinator SIGKILL ``-pgid``: the whole driver process group (driver Python, its
+  JVM and every Python worker) dies at once, like a lost driver machine. The driver
+  runs in its own session, and the helper kills that group again when the run
+  ends, so no process is left behind even when a test fails.
+* Spark's local mode gets ``local[2,4]`` (tasks are retried up to 4 times), the
+  UI off, ``127.0.0.1`` only, and the running interpreter for the Python workers.
+
+Backend engineers: pass ``backend=`` and ``options=`` (secrets too: they go to the
+subprocess only) and read your system's output yourself; :func:`summarize` works
+on any iterable of row dicts with ``key``/``id``/``amount``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: ``{key: (rows, sum of id, sum of amount)}``: equal summaries = same multiset of rows
+#: for these generated inputs (ids are unique, so any duplicate or loss changes it).
+Summary = dict[int, tuple[int, int, int]]
+
+SCHEMA = "id LONG, key INT, amount LONG"
+
+
+def make_input(directory: Path, *, files: int = 4, rows_per_file: int = 300,
+               keys: int = 7) -> Summary:
+    """Write ``files`` JSON-lines files of deterministic rows; return their summary."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, int]] = []
+    for f in range(files):
+        chunk = [{"id": i, "key": i % keys, "amount": (i * 37) % 1000}
+                 for i in range(f * rows_per_file, (f + 1) * rows_per_file)]
+        rows.extend(chunk)
+        path = directory / f"input-{f:04d}.json"
+        path.write_text("".join(json.dumps(r) + "\n" for r in chunk))
+        # File sources order files by modification time: keep it strictly increasing.
+        os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))
+    return summarize(rows)
+
+
+def summarize(rows: Iterable[Mapping[str, Any]]) -> Summary:
+    out: dict[int, list[int]] = {}
+    for r in rows:
+        acc = out.setdefault(int(r["key"]), [0, 0, 0])
+        acc[0] += 1
+        acc[1] += int(r["id"])
+        acc[2] += int(r["amount"])
+    return {k: (v[0], v[1], v[2]) for k, v in sorted(out.items())}
+
+
+def read_files_output(path: Path) -> list[dict[str, Any]]:
+    """Rows of every committed file of the files backend (``_``-prefixed paths skipped)."""
+    rows: list[dict[str, Any]] = []
+    for f in sorted(path.iterdir()):
+        if f.name.startswith(("_", ".")) or not f.is_file():
+            continue
+        if f.suffix == ".jsonl":
+            rows.extend(json.loads(line) for line in f.read_text().splitlines() if line)
+        elif f.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            rows.extend(pq.read_table(f).to_pylist())
+    return rows
+
+
+def leftover_files(path: Path) -> list[str]:
+    """In-progress and pending files of the files backend (must be none after recovery)."""
+    meta = path / "_txsink"
+    return sorted(str(p.relative_to(path)) for d in ("inprogress", "pending")
+                  if (meta / d).is_dir() for p in (meta / d).iterdir())
+
+
+@dataclass
+class DriverSpec:
+    """What one driver subprocess runs."""
+
+    input_dir: Path
+    checkpoint: Path
+    sink_id: str
+    options: dict[str, str] = field(default_factory=dict)
+    backend: str = "files"
+    partitions: int = 2
+    master: str = "local[2,4]"
+    conf: dict[str, str] = field(default_factory=dict)
+    #: After the stream ends, also batch-write the input with ``write.format("txsink")``
+    #: to ``{"sink_id", "checkpoint", **options}`` (same backend).
+    batch_write: dict[str, str] | None = None
+
+
+@dataclass
+class DriverRun:
+    returncode: int
+    output: str
+    elapsed_s: float
+
+    @property
+    def killed(self) -> bool:
+        """The driver died of SIGKILL (a fault point fired)."""
+        return self.returncode == -signal.SIGKILL
+
+    def check(self) -> DriverRun:
+        """Raise with the driver's output unless it ran to the end."""
+        if self.returncode != 0 or "TXSINK-DRIVER-DONE" not in self.output:
+            raise AssertionError(f"driver failed (exit {self.returncode}):\n"
+                                 f"{self.output[-6000:]}")
+        return self
+
+
+def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float = 240,
+               env: Mapping[str, str] | None = None) -> DriverRun:
+    """Run the driver to its end (or its death at ``faults``); never leaves a process."""
+    child_env = dict(os.environ if env is None else env)
+    child_env.pop("TXSINK_FAULTS", None)
+    if faults:
+        child_env["TXSINK_FAULTS"] = faults
+    child_env.setdefault("PYSPARK_PYTHON", sys.executable)
+    child_env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    payload = json.dumps({
+        "input_dir": str(spec.input_dir), "checkpoint": str(spec.checkpoint),
+        "sink_id": spec.sink_id, "options": spec.options, "backend": spec.backend,
+        "partitions": spec.partitions, "master": spec.master, "conf": spec.conf,
+        "batch_write": spec.batch_write,
+    })
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "drive", payload], env=child_env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, _ = proc.communicate()
+        raise AssertionError(f"driver did not finish in {timeout_s}s:\n{out[-6000:]}") from None
+    finally:
+        _kill_group(proc.pid)
+    return DriverRun(proc.returncode, out, time.monotonic() - started)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of the driver's process group (JVM, Python workers)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    # Give the kernel a moment so the next run does not race the dying JVM.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+
+
+# -- the driver (runs in the subprocess) -------------------------------------------------
+
+
+def _drive(spec: dict[str, Any]) -> None:
+    if os.environ.get("TXSINK_FAULTS"):
+        # Kill the whole process group: driver, JVM and Python workers die together.
+        os.environ["TXSINK_FAULTS_KILL_PID"] = str(-os.getpgrp())
+    from pyspark.sql import SparkSession
+    from txsink.spark import register
+
+    builder = (SparkSession.builder.master(spec["master"]).appName("txsink-e2e")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.log.level", "WARN")
+               .config("spark.sql.shuffle.partitions", str(spec["partitions"])))
+    for key, value in spec["conf"].items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    frame = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+             .json(spec["input_dir"]).repartition(spec["partitions"]))
+    query = (frame.writeStream.format("txsink")
+             .option("backend", spec["backend"]).option("sink_id", spec["sink_id"])
+             .option("checkpointLocation", spec["checkpoint"])
+             .options(**spec["options"])
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    batches = [p["batchId"] for p in query.recentProgress]
+    if spec.get("batch_write"):
+        opts = dict(spec["batch_write"])
+        (spark.read.schema(SCHEMA).json(spec["input_dir"]).repartition(spec["partitions"])
+         .write.format("txsink").mode("append")
+         .option("backend", spec["backend"]).option("sink_id", opts.pop("sink_id"))
+         .option("checkpointLocation", opts.pop("checkpoint")).options(**opts).save())
+    spark.stop()
+    print(f"TXSINK-DRIVER-DONE batches={batches}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("command", choices=["drive"])
+    parser.add_argument("spec", help="JSON DriverSpec")
+    args = parser.parse_args(argv)
+    _drive(json.loads(args.spec))
+
+
+if __name__ == "__main__":
+    main()
