@@ -359,6 +359,40 @@ class S3Backend(Backend):
                 field="bucket", sink_id=sink_id) from None
         self._warn_lifecycle(sink_id)
 
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Record which txsink state owns ``sink_id`` in ``_txsink/owner.json``.
+
+        A second query with the same sink id (another checkpoint) would abort this
+        one's uploads as orphans, so it is refused with the owner's location. This is
+        read-then-write, not atomic: it catches configuration mistakes, not races.
+        """
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        key = keys.owner_key(self.base(sink_id))
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if _status(exc) != 404 and _error_code(exc) not in ("NoSuchKey", "404"):
+                raise
+        else:
+            try:
+                owner = json.loads(body)
+            except ValueError:
+                owner = {}
+            if owner.get("state_id") == state_id:
+                return
+            if owner.get("state_id"):
+                raise ConfigError(
+                    f"sink id {sink_id!r} under s3://{self.bucket}/{self.base(sink_id)}/ "
+                    f"belongs to the txsink state at {owner.get('state_location')!r}, not "
+                    f"{state_location!r}: two queries must not share a sink id. Use another "
+                    "sink_id, or delete the owner object "
+                    f"s3://{self.bucket}/{key} if that state is gone for good",
+                    field="sink_id", sink_id=sink_id)
+        document = {"sink_id": sink_id, "state_id": state_id, "state_location": state_location}
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(document).encode(),
+                               ContentType="application/json")
+
     def _warn_lifecycle(self, sink_id: str) -> None:
         """A rule aborting incomplete uploads early destroys prepared data: say so."""
         from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]

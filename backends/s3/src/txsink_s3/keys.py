@@ -63,3 +63,8 @@ def manifests_prefix(base: str) -> str:
 
 def preflight_key(base: str) -> str:
     return f"{base}/{BOOKKEEPING_DIR}/preflight-probe"
+
+
+def owner_key(base: str) -> str:
+    """Which txsink state owns the sink id (see ``S3Backend.claim_sink``)."""
+    return f"{base}/{BOOKKEEPING_DIR}/owner.json"

@@ -1,0 +1,67 @@
+"""S3 backend option parsing and key layout: no server needed."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from txsink.errors import ConfigError
+from txsink.model import TransactionContext
+from txsink_s3 import keys
+from txsink_s3.backend import S3Backend, multipart_etag
+
+
+def test_defaults_and_size_units() -> None:
+    b = S3Backend.from_options({"bucket": "my-bucket", "part_size": "8MiB"})
+    assert (b.format, b.part_size, b.prefix, b.row_group_bytes) == (
+        "parquet", 8 * 2**20, "", 8 * 2**20)
+    assert S3Backend.from_options({"bucket": "abc", "part_size": "5242880"}).part_size == 5 * 2**20
+    assert S3Backend.from_options({"bucket": "abc", "part_size": "1g"}).part_size == 2**30
+
+
+@pytest.mark.parametrize(("options", "field", "message"), [
+    ({}, "bucket", "required"),
+    ({"bucket": "s3://x/y"}, "bucket", "not a valid bucket name"),
+    ({"bucket": "ab"}, "bucket", "not a valid bucket name"),
+    ({"bucket": "abc", "part_size": "1MiB"}, "part_size", "at least 5 MiB"),
+    ({"bucket": "abc", "part_size": "lots"}, "part_size", "size in bytes"),
+    ({"bucket": "abc", "format": "xml"}, "format", "parquet, jsonl, csv"),
+    ({"bucket": "abc", "format": "csv", "compression": "zstd"}, "compression", "parquet only"),
+    ({"bucket": "abc", "endpoint_url": "localhost:9000"}, "endpoint_url", "http://"),
+    ({"bucket": "abc", "endpoint_url": "http://u:pw@h:1"}, "endpoint_url", "credentials"),
+    ({"bucket": "abc", "access_key_id": "AK"}, "secret_access_key", "required"),
+    ({"bucket": "abc", "secret_access_key": "s3cr3t-value"}, "access_key_id", "required"),
+    ({"bucket": "abc", "prefix": "a/../b"}, "prefix", "'..'"),
+    ({"bucket": "abc", "part_sise": "8MiB"}, "part_sise", "unknown option"),
+])
+def test_bad_options_are_named(options: dict[str, str], field: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        S3Backend.from_options(options)
+    assert info.value.field == field
+
+
+def test_secret_is_never_echoed() -> None:
+    b = S3Backend.from_options({"bucket": "abc", "access_key_id": "AK",
+                                "secret_access_key": "very-secret-value"})
+    assert b.secret_values() == ["very-secret-value"]
+    assert "very-secret-value" not in repr(vars(b)) + b.describe()
+    assert "secret_access_key" not in b.safe_options({"secret_access_key": "x", "bucket": "a"})
+
+
+def test_keys_round_trip_and_stay_under_the_sink_prefix() -> None:
+    base = keys.sink_base("/exports//orders/", "sink-1")
+    assert base == "exports/orders/sink-1"
+    ctx = TransactionContext("sink-1", 12, 4, 2)
+    key = keys.data_key(base, ctx, "parquet")
+    assert key == "exports/orders/sink-1/epoch=12/part-00004-a2.parquet"
+    assert keys.parse_data_key(base, "sink-1", key) == ctx
+    assert keys.parse_data_key(keys.sink_base("exports/orders", "sink"), "sink", key) is None
+    assert keys.parse_data_key(base, "sink-1", keys.manifest_key(base, 12)) is None
+
+
+def test_multipart_etag_matches_the_s3_rule() -> None:
+    parts = [b"a" * 10, b"b" * 3]
+    md5s = [hashlib.md5(p).hexdigest() for p in parts]
+    expected = hashlib.md5(b"".join(bytes.fromhex(m) for m in md5s)).hexdigest() + "-2"
+    assert multipart_etag([f'"{m}"' for m in md5s]) == expected
+    assert multipart_etag(["not-an-md5"]) is None
