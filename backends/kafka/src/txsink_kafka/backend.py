@@ -118,12 +118,20 @@ class _DriverClients:
         self.config = config
         conn = config.connection()
         self.txn = TxnCoordinatorClient(conn, timeout_s=config.request_timeout_s)
-        common = {**conn, "group.id": "txsink-driver", "enable.auto.commit": False,
+        # Small request/response round trips: Nagle's delay would dominate them, and a
+        # long-polling fetch would hold up the next request on the same connection.
+        common = {"socket.nagle.disable": True, "fetch.wait.max.ms": 10, **conn,
+                  "group.id": "txsink-driver", "enable.auto.commit": False,
                   "enable.partition.eof": True, "auto.offset.reset": "earliest"}
-        self.committed: Consumer = Consumer({**common, "isolation.level": "read_committed"})
-        self.uncommitted: Consumer = Consumer({**common,
-                                               "isolation.level": "read_uncommitted"})
-        self.ends: Producer = Producer({**conn, "enable.idempotence": True, "linger.ms": 0})
+        committed = {**common, "isolation.level": "read_committed"}
+        uncommitted = {**common, "isolation.level": "read_uncommitted"}
+        self.committed: Consumer = Consumer(committed)
+        self.uncommitted: Consumer = Consumer(uncommitted)
+        # Never assigned, so no fetch is ever in flight ahead of their ListOffsets.
+        self.committed_offsets: Consumer = Consumer(committed)
+        self.uncommitted_offsets: Consumer = Consumer(uncommitted)
+        self.ends: Producer = Producer({"socket.nagle.disable": True, **conn,
+                                        "enable.idempotence": True, "linger.ms": 0})
         self.scans: dict[str, _ScanState] = {}
         self.partitions: int | None = None
         self.lock = threading.RLock()
@@ -132,8 +140,9 @@ class _DriverClients:
         try:
             self.ends.flush(self.config.request_timeout_s)
         finally:
-            self.committed.close()
-            self.uncommitted.close()
+            for consumer in (self.committed, self.uncommitted, self.committed_offsets,
+                             self.uncommitted_offsets):
+                consumer.close()
             self.txn.close()
 
 
@@ -180,7 +189,9 @@ def _read_range(consumer: Consumer, topic: str, partition: int, start: int, end:
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
+            # poll(), not consume(n): consume waits for n records or the whole timeout.
+            msg = consumer.poll(0.5)
+            if msg is not None:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -572,8 +583,8 @@ class KafkaBackend(Backend):
         d = self.driver()
         timeout = self.config.request_timeout_s
         with d.lock:
-            _, lso = d.committed.get_watermark_offsets(TopicPartition(topic, partition),
-                                                       timeout, cached=False)
+            _, lso = d.committed_offsets.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout, cached=False)
             if offset >= lso:
                 return MarkerStatus.HIDDEN
             for msg in _read_range(d.committed, topic, partition, offset, lso, timeout):
@@ -686,8 +697,8 @@ class KafkaBackend(Backend):
                 self._marker_partitions = len(tmd.partitions) if tmd and tmd.partitions else 1
             partition = marker_partition(sink_id, self._marker_partitions)
             state = d.scans.setdefault(f"{topic}/{sink_id}", _ScanState())
-            low, high = d.uncommitted.get_watermark_offsets(TopicPartition(topic, partition),
-                                                            timeout, cached=False)
+            low, high = d.uncommitted_offsets.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout, cached=False)
             start = state.cursor
             if start is None:
                 start = max(low, high - self.config.orphan_scan_records)

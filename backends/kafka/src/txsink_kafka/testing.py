@@ -128,7 +128,7 @@ def read_topic(bootstrap: str, topic: str, *, isolation: str = "read_committed",
         out: list[Any] = []
         deadline = time.monotonic() + timeout_s
         while todo and time.monotonic() < deadline:
-            for msg in consumer.consume(5000, 0.5):
+            for msg in consumer.consume(5000, 0.2):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
