@@ -168,6 +168,14 @@ class LocalSeaweedFS:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process = None
+        # weed also listens on Unix sockets named after its gRPC ports; a killed one
+        # leaves them behind.
+        tmp = Path(tempfile.gettempdir())
+        for port in (self.master_port, self.volume_port, self.filer_port, self.s3_port):
+            for pattern in (f"seaweedfs-*-{port}.sock", f"seaweedfs-*-grpc-{port + 10000}.sock"):
+                for path in tmp.glob(pattern):
+                    with contextlib.suppress(OSError):
+                        path.unlink()
         if self._log is not None:
             self._log.close()
             self._log = None
