@@ -115,6 +115,9 @@ class LocalSeaweedFS:
             "-master.resumeState=false", "-master.electionTimeout=1s",
             "-filer", f"-filer.port={self.filer_port}",
             "-s3", f"-s3.port={self.s3_port}", f"-s3.config={config}",
+            # Without these, weed also listens on fixed ports 8181 and 9101, so a second
+            # server on the machine (another test session) fails to start.
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap
         self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
