@@ -248,3 +248,34 @@ def test_no_value_column(backend: KafkaBackend, sink_id: str) -> None:
             backend.write(txn, pa.record_batch({"id": pa.array([1])}))
     finally:
         backend.discard(txn)
+
+
+def test_a_second_query_with_the_same_sink_id_fails_at_start(
+        options: dict[str, str], sink_id: str, tmp_path: Path) -> None:
+    first = get_plugins().create_backend("kafka", options)
+    second = get_plugins().create_backend("kafka", options)
+    assert isinstance(first, KafkaBackend) and isinstance(second, KafkaBackend)
+    try:
+        Coordinator(first, DirectoryStateStore(tmp_path / "a"), sink_id,
+                    plugins=build_plugins()).start()
+        c = prepare(first, sink_id, 0, 0, range(5))
+        with pytest.raises(ConfigError, match="already written by another query") as info:
+            Coordinator(second, DirectoryStateStore(tmp_path / "b"), sink_id,
+                        plugins=build_plugins()).start()
+        assert info.value.field == "sink_id"
+        assert str(tmp_path / "a") in str(info.value)
+        # The second query aborted nothing of the first: its participant still commits.
+        assert first.commit(c) is CommitOutcome.COMMITTED
+        # The first query restarting from its own state is still the owner.
+        Coordinator(first, DirectoryStateStore(tmp_path / "a"), sink_id,
+                    plugins=build_plugins()).start()
+        # Once the first query is gone for good, a takeover is explicit.
+        taker = get_plugins().create_backend("kafka", {**options, "owner.takeover": "true"})
+        Coordinator(taker, DirectoryStateStore(tmp_path / "b"), sink_id,
+                    plugins=build_plugins()).start()
+        with pytest.raises(ConfigError, match="already written by another query"):
+            Coordinator(first, DirectoryStateStore(tmp_path / "a"), sink_id,
+                        plugins=build_plugins()).start()
+    finally:
+        first.close()
+        second.close()

@@ -40,7 +40,7 @@ from txsink.model import Committable, TransactionContext, participant_name
 from txsink.redact import redact
 
 from txsink_kafka import config as cfg
-from txsink_kafka.markers import BEGIN, END, Marker, marker_partition
+from txsink_kafka.markers import BEGIN, END, OWNER, Marker, marker_partition
 from txsink_kafka.txn_protocol import (
     ConnectionDroppedError,
     EndTxnResult,
@@ -107,6 +107,8 @@ class MarkerStatus:
 class _ScanState:
     cursor: int | None = None
     open: dict[str, Marker] = field(default_factory=dict)
+    #: The latest owner marker seen (claim_sink).
+    owner: Marker | None = None
 
 
 class _DriverClients:
@@ -711,8 +713,57 @@ class KafkaBackend(Backend):
                     state.open[m.transactional_id] = m
                 elif m.kind == END:
                     state.open.pop(m.transactional_id, None)
+                elif m.kind == OWNER:
+                    state.owner = m
             state.cursor = high
             return dict(state.open)
+
+    def _scan_state(self, sink_id: str) -> _ScanState:
+        return self.driver().scans[f"{self.config.marker_topic}/{sink_id}"]
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Bind ``sink_id`` to one query's state through an owner marker, or refuse.
+
+        Two queries with one sink id derive the same transactional ids and would
+        abort each other's transactions as orphans. The owner marker is rewritten
+        whenever it is about to leave the scan window, so a second query that
+        starts while the first one runs finds it.
+        """
+        self.open_markers(sink_id)
+        state = self._scan_state(sink_id)
+        owner = state.owner
+        if owner is not None and owner.state_id != state_id and not self.config.takeover:
+            raise ConfigError(
+                f"kafka sink: sink id {sink_id!r} is already written by another query "
+                f"(txsink state at {owner.state_location!r}, per the owner record in "
+                f"marker topic {self.config.marker_topic!r}). Two queries with one sink id "
+                "fence each other's transactions: give this query its own sink_id, or, if "
+                "the other query and its checkpoint are gone for good, set the option "
+                "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id)
+        fresh = (owner is not None and owner.state_id == state_id and state.cursor is not None
+                 and state.cursor - owner.offset < self.config.orphan_scan_records // 2)
+        if fresh:
+            return
+        d = self.driver()
+        partition = marker_partition(sink_id, self._marker_partitions or 1)
+        key, value = Marker(OWNER, f"{self.config.transactional_id_prefix}-{sink_id}-owner",
+                            sink_id, 0, 0, 0, state_id=state_id,
+                            state_location=state_location).encode()
+        d.ends.produce(self.config.marker_topic, value, key, partition)
+        if d.ends.flush(self.config.request_timeout_s):
+            raise ConfigError(f"kafka sink: could not write the owner record of sink "
+                              f"{sink_id!r} to {self.config.marker_topic!r}",
+                              field="marker.topic", sink_id=sink_id)
+        # A query that claimed at the same moment wrote after us: the later owner
+        # record wins, the earlier claimant fails here.
+        self.open_markers(sink_id)
+        latest = self._scan_state(sink_id).owner
+        if latest is not None and latest.state_id != state_id:
+            raise ConfigError(
+                f"kafka sink: sink id {sink_id!r} was claimed by another query (txsink state "
+                f"at {latest.state_location!r}) at the same time; give each query its own "
+                "sink_id", field="sink_id", sink_id=sink_id)
+        log.info("sink=%s: claimed for txsink state %s", sink_id, state_location)
 
     def abort_orphans(self, sink_id: str, protected: Collection[str],
                       up_to_epoch: int | None = None) -> list[Committable]:

@@ -59,6 +59,8 @@ class KafkaSinkConfig:
     marker_replication: int = -1
     orphan_scan_records: int = 20_000
     request_timeout_s: float = 30.0
+    #: Claim the sink id even if another state owns it (after that query is gone).
+    takeover: bool = False
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -111,6 +113,7 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
         marker_replication=opts.int("marker.replication.factor", -1, minimum=-1),
         orphan_scan_records=opts.int("orphan.scan.records", 20_000, minimum=1),
         request_timeout_s=opts.float("request.timeout.s", 30.0, minimum=0.1),
+        takeover=opts.bool("owner.takeover", False),
         secrets=secrets,
     )
     opts.ignore("sink_id", "checkpoint", "checkpointLocation", "path")

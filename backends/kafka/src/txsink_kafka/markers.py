@@ -24,6 +24,8 @@ from typing import Any
 
 BEGIN = "begin"
 END = "end"
+#: Binds a sink id to one query's txsink state (``claim_sink``).
+OWNER = "owner"
 
 
 def marker_partition(sink_id: str, partitions: int) -> int:
@@ -43,12 +45,17 @@ class Marker:
     #: Producer id and epoch of the transaction (begin markers), -1 when unknown.
     producer_id: int = -1
     producer_epoch: int = -1
+    #: Owner markers: the txsink state id and location that own the sink id.
+    state_id: str = ""
+    state_location: str = ""
 
     def encode(self) -> tuple[bytes, bytes]:
         value = {"k": self.kind, "s": self.sink_id, "e": self.epoch, "p": self.partition,
                  "a": self.attempt}
         if self.producer_id >= 0:
             value.update(pid=self.producer_id, pe=self.producer_epoch)
+        if self.state_id:
+            value.update(st=self.state_id, loc=self.state_location)
         return self.transactional_id.encode(), json.dumps(value, separators=(",", ":")).encode()
 
     @classmethod
@@ -60,6 +67,7 @@ class Marker:
             data: Any = json.loads(value)
             return cls(str(data["k"]), key.decode(), str(data["s"]), int(data["e"]),
                        int(data["p"]), int(data["a"]), offset, int(data.get("pid", -1)),
-                       int(data.get("pe", -1)))
+                       int(data.get("pe", -1)), str(data.get("st", "")),
+                       str(data.get("loc", "")))
         except (ValueError, KeyError, TypeError):
             return None
