@@ -1,0 +1,5 @@
+import sys
+
+from tests.chaos.runner import main
+
+sys.exit(main())

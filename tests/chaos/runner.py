@@ -1,0 +1,213 @@
+"""Seeded, reproducible fault injection across backends.
+
+Each run writes a fresh sink (``EPOCHS`` x ``PARTITIONS`` participants) through
+:mod:`tests.chaos.driver` while faults are injected at random protocol points:
+
+* ``driver-kill``: SIGKILL of the driver at a random coordinator point;
+* ``task-dies-after-prepare`` / ``task-dies-before-prepare``: a writer process is
+  killed and the task retried (the prepared one becomes an orphan);
+* ``speculative-twin``: a second attempt of a task prepares too, and loses;
+* ``server-restart``: the driver is killed mid-protocol and the backend's server is
+  restarted before the pipeline resumes (prepared data must survive it).
+
+After the faults the pipeline is resumed to completion and its output compared
+with the input: record count, per-key checksum, lost and duplicated records, and
+prepared participants left behind. The same seed replays the same plan.
+
+    python -m tests.chaos                 # short mode: 20 faults per backend
+    python -m tests.chaos --long          # 200 faults per backend
+    python -m tests.chaos --backends postgres --seed 7
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from txsink.faults import POINTS
+
+from tests.chaos import driver
+from tests.chaos.targets import TARGETS, Target, digest, new_run_name
+
+ROOT = Path(__file__).resolve().parents[2]
+EPOCHS, PARTITIONS = 5, 3
+TASK_KINDS = ("task-dies-after-prepare", "task-dies-before-prepare", "speculative-twin")
+KINDS = ("driver-kill", *TASK_KINDS, "server-restart")
+
+
+@dataclass
+class Report:
+    backend: str
+    seed: int
+    runs: int = 0
+    faults: collections.Counter[str] = field(default_factory=collections.Counter)
+    records: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    leftovers: int = 0
+    failures: list[str] = field(default_factory=list)
+    skipped: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.leftovers or self.failures)
+
+
+@dataclass
+class Plan:
+    driver_faults: list[tuple[int, str, bool]]  # (epoch, point, restart the server)
+    task_faults: dict[str, str]  # "epoch:partition" -> kind
+
+
+def plan_run(rng: random.Random, faults: int, can_restart: bool) -> Plan:
+    kinds = [k for k in KINDS if can_restart or k != "server-restart"]
+    driver_faults: list[tuple[int, str, bool]] = []
+    task_faults: dict[str, str] = {}
+    for _ in range(faults):
+        kind = rng.choice(kinds)
+        epoch = rng.randrange(EPOCHS)
+        if kind in TASK_KINDS:
+            free = [f"{e}:{p}" for e in range(EPOCHS) for p in range(PARTITIONS)
+                    if f"{e}:{p}" not in task_faults]
+            task_faults[rng.choice(free)] = kind
+        elif kind == "driver-kill":
+            driver_faults.append((epoch, rng.choice(POINTS), False))
+        else:  # the server goes down while participants are prepared or half committed
+            driver_faults.append((epoch, rng.choice(POINTS[:3]), True))
+    driver_faults.sort(key=lambda f: (f[0], POINTS.index(f[1])))
+    return Plan(driver_faults, task_faults)
+
+
+def expected_rows() -> list[tuple[int, str]]:
+    return [(i, f"k{i % 13}") for e in range(EPOCHS) for p in range(PARTITIONS)
+            for i in driver.row_ids(e, p)]
+
+
+def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
+    name = new_run_name()
+    sink_id = f"chaos-{name}"
+    options = target.options(name)
+    state = workdir / name
+    spec = {"backend": target.name, "options": options, "sink_id": sink_id,
+            "state": str(state), "epochs": EPOCHS, "partitions": PARTITIONS,
+            "kind": target.kind, "task_faults": plan.task_faults}
+    spec_file = workdir / f"{name}.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_FAULTS")}
+    segments: list[tuple[int, str, bool] | None] = [*plan.driver_faults, None]
+    for i, fault in enumerate(segments):
+        spec["run"] = i
+        spec_file.write_text(json.dumps(spec))
+        run_env = dict(env)
+        if fault is not None:
+            run_env["TXSINK_FAULTS"] = f"{fault[1]}@{fault[0]}:kill"
+        done = subprocess.run([sys.executable, "-m", "tests.chaos.driver", str(spec_file)],
+                              cwd=ROOT, env=run_env, capture_output=True, text=True,
+                              timeout=600, check=False)
+        if fault is not None and done.returncode == -signal.SIGKILL:
+            report.faults["server-restart" if fault[2] else "driver-kill"] += 1
+            if fault[2]:
+                target.restart_server()
+            continue
+        if done.returncode != 0:
+            report.failures.append(f"run {name} segment {i}: exit {done.returncode}: "
+                                   f"{done.stderr.strip()[-1500:]}")
+            return
+    log = state / "faults.log"
+    for line in (log.read_text().split() if log.exists() else []):
+        report.faults[line.split("@")[0]] += 1
+    got = target.read(options, sink_id)
+    want = expected_rows()
+    counts = collections.Counter(i for i, _ in got)
+    wanted = {i for i, _ in want}
+    report.records += len(want)
+    report.lost += sum(1 for i in wanted if counts[i] == 0)
+    report.duplicated += sum(c - 1 for i, c in counts.items() if c > 1 and i in wanted)
+    report.duplicated += sum(c for i, c in counts.items() if i not in wanted)
+    if digest(got) != digest(want) and not (report.lost or report.duplicated):
+        report.failures.append(f"run {name}: per-key checksums differ")
+    report.leftovers += target.leftovers(options, sink_id)
+
+
+def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int = 4,
+                progress: Callable[[str], None] = lambda s: None) -> Report:
+    report = Report(name, seed)
+    target = TARGETS[name]()
+    if target.unavailable:
+        report.skipped = target.unavailable
+        return report
+    started = time.monotonic()
+    rng = random.Random(f"{seed}-{name}")
+    target.start()
+    try:
+        if target.unavailable:  # found out by probing the live server
+            report.skipped = target.unavailable
+            return report
+        with tempfile.TemporaryDirectory(prefix=f"txsink-chaos-{name}-") as tmp:
+            while sum(report.faults.values()) < faults and report.runs < faults:
+                plan = plan_run(rng, faults_per_run, target.can_restart)
+                run_once(target, plan, report, Path(tmp))
+                report.runs += 1
+                progress(f"{name}: run {report.runs}, {sum(report.faults.values())}/{faults} "
+                         f"faults, lost={report.lost} dup={report.duplicated} "
+                         f"leftovers={report.leftovers}")
+                if report.failures:
+                    break
+    finally:
+        target.stop()
+        report.seconds = time.monotonic() - started
+    return report
+
+
+def table(reports: list[Report]) -> str:
+    cols = ["backend", "runs", *KINDS, "records", "lost", "duplicated", "leftovers", "seed",
+            "result"]
+    rows = []
+    for r in reports:
+        if r.skipped:
+            rows.append([r.backend, "-", *["-"] * len(KINDS), "-", "-", "-", "-", str(r.seed),
+                         f"skipped: {r.skipped}"])
+            continue
+        rows.append([r.backend, str(r.runs), *[str(r.faults[k]) for k in KINDS],
+                     str(r.records), str(r.lost), str(r.duplicated), str(r.leftovers),
+                     str(r.seed), ("ok" if r.ok else "FAILED") + f" ({r.seconds:.0f}s)"])
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backends", default=",".join(TARGETS),
+                    help="comma-separated backends (default: all)")
+    ap.add_argument("--faults", type=int, default=20, help="faults per backend (default 20)")
+    ap.add_argument("--long", action="store_true", help="200 faults per backend")
+    ap.add_argument("--seed", type=int, default=None, help="seed (default: random, printed)")
+    args = ap.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(10**6)
+    faults = 200 if args.long else args.faults
+    print(f"chaos: seed {seed}, {faults} faults per backend", flush=True)
+    reports = [run_backend(b.strip(), faults=faults, seed=seed,
+                           progress=lambda s: print(s, flush=True))
+               for b in args.backends.split(",") if b.strip()]
+    print(table(reports))
+    for r in reports:
+        for f in r.failures:
+            print(f"{r.backend}: {f}")
+        if not r.ok:
+            print(f"reproduce: python -m tests.chaos --backends {r.backend} --seed {r.seed} "
+                  f"--faults {faults}")
+    return 0 if all(r.ok for r in reports) else 1

