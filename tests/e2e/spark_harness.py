@@ -121,6 +121,9 @@ class DriverSpec:
     #: After the stream ends, also batch-write the input with ``write.format("txsink")``
     #: to ``{"sink_id", "checkpoint", **options}`` (same backend).
     batch_write: dict[str, str] | None = None
+    #: SQL expressions the input rows go through before the sink (``selectExpr``),
+    #: e.g. Kafka's ``key``/``value`` columns.
+    select: list[str] | None = None
 
 
 @dataclass
@@ -155,7 +158,7 @@ def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float 
         "input_dir": str(spec.input_dir), "checkpoint": str(spec.checkpoint),
         "sink_id": spec.sink_id, "options": spec.options, "backend": spec.backend,
         "partitions": spec.partitions, "master": spec.master, "conf": spec.conf,
-        "batch_write": spec.batch_write,
+        "batch_write": spec.batch_write, "select": spec.select,
     })
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -164,15 +167,15 @@ def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float 
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         out, _ = proc.communicate()
         raise AssertionError(f"driver did not finish in {timeout_s}s:\n{out[-6000:]}") from None
     finally:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
     return DriverRun(proc.returncode, out, time.monotonic() - started)
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
     """SIGKILL what is left of the driver's process group (JVM, Python workers)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -207,6 +210,8 @@ def _drive(spec: dict[str, Any]) -> None:
     register(spark)
     frame = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
              .json(spec["input_dir"]).repartition(spec["partitions"]))
+    if spec.get("select"):
+        frame = frame.selectExpr(*spec["select"])
     query = (frame.writeStream.format("txsink")
              .option("backend", spec["backend"]).option("sink_id", spec["sink_id"])
              .option("checkpointLocation", spec["checkpoint"])
