@@ -18,12 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 TXSINK = [sys.executable, "-m", "txsink.cli"]
 
 
-def test_demo_pipeline_runs_and_commits_exactly_once(tmp_path: Path) -> None:
-    env = {**os.environ, "TXSINK_DEMO_DIR": str(tmp_path / "demo"),
-           "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("TXSINK_FAULTS", None)
+def _txsink_run(pipeline: str, env: dict[str, str], *args: str) -> str:
     proc = subprocess.Popen(
-        [*TXSINK, "run", str(REPO / "examples/pipelines/demo.yaml"), "--max-batches", "3"],
+        [*TXSINK, "run", str(REPO / "examples/pipelines" / pipeline), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
@@ -31,7 +28,16 @@ def test_demo_pipeline_runs_and_commits_exactly_once(tmp_path: Path) -> None:
     finally:
         kill_group(proc.pid)  # the JVM and Python workers, whatever happened
     assert proc.returncode == 0, stdout + stderr[-4000:]
+    return stdout
+
+
+def test_demo_pipelines_run_and_commit_exactly_once(tmp_path: Path) -> None:
+    env = {**os.environ, "TXSINK_DEMO_DIR": str(tmp_path / "demo"),
+           "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("TXSINK_FAULTS", None)
+    stdout = _txsink_run("demo.yaml", env, "--max-batches", "3")
     assert "batch 1: " in stdout
+    assert "sample of " in stdout  # it shows what it wrote
     assert "done (--max-batches 3 reached): committed epochs 0-" in stdout
 
     data = tmp_path / "demo" / "data"
@@ -52,3 +58,11 @@ def test_demo_pipeline_runs_and_commits_exactly_once(tmp_path: Path) -> None:
     assert state["in_doubt"] == []
     assert state["prepared_undecided"] == []
     assert sum(e["rows"] for e in state["epochs"]) == len(rows)
+
+    # A directory of JSON files (the demo's output) -> SQL -> Parquet, until all is read.
+    stdout = _txsink_run("files-to-parquet.yaml", env)
+    assert "done (query finished)" in stdout
+    parquet = tmp_path / "demo" / "parquet"
+    copied = read_files_output(parquet)
+    assert sorted(r["id"] for r in copied) == sorted(i for i in ids if i > 0)
+    assert leftover_files(parquet) == []

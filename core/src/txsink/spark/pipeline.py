@@ -7,6 +7,8 @@ commit latency read from the coordinator's state) until a bounded mode says stop
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import os
 import re
@@ -14,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from txsink.config import SOURCE_VIEW, PipelineConfig
@@ -118,7 +121,29 @@ def run_pipeline(
         f"epoch {epochs[0]}" if epochs else "no epoch")
     out(f"done ({result.stopped_because}): committed {span}, {result.rows} row(s) exactly "
         f"once to {target}")
+    if cfg.sink.backend == "files" and result.rows:
+        for line in preview_files(cfg.sink.options.get("path", "")):
+            out(line)
     return result
+
+
+def preview_files(path: str, rows: int = 3) -> list[str]:
+    """A few committed rows of a files sink, so a demo run shows what it wrote."""
+    base = Path(path)
+    finals = sorted((p for p in base.glob("part-*") if p.is_file()), reverse=True)
+    for f in finals:
+        if f.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            sample = pq.read_table(f).slice(0, rows).to_pylist()
+        else:
+            with f.open(encoding="utf-8") as fh:
+                sample = [json.loads(line) for line in itertools.islice(fh, rows)]
+        if sample:
+            lines = [f"sample of {f}:"]
+            lines += [f"  {json.dumps(r, default=str)}" for r in sample]
+            return lines
+    return []
 
 
 def _committed_since(store: StateStore, seen: set[int]) -> list[EpochRecord]:
