@@ -1,12 +1,16 @@
-"""Orphan listing is exact per sink id, whatever LIKE would match."""
+"""Bookkeeping: orphan listing is exact per sink id; old commit markers are pruned."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from postgres_support import PgServer
+from txsink.coordinator import Coordinator
 from txsink.model import TransactionContext
-from txsink.plugins import get_plugins
+from txsink.plugins import build_plugins, get_plugins
+from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
 from txsink_postgres import PostgresBackend
 
@@ -34,3 +38,26 @@ def test_list_prepared_is_exact_per_sink_id(pg_server: PgServer, table_name: str
             backend.abort(c)
         backend.close()
     assert all(pg_server.prepared_gids(s) == [] for s in sinks)
+
+
+def test_old_commit_markers_are_pruned(pg_server: PgServer, table_name: str,
+                                       tmp_path: Path) -> None:
+    options = pg_server.options(table_name, marker_retention_epochs="2")
+    backend = get_plugins().create_backend("postgres", options)
+    assert isinstance(backend, PostgresBackend)
+    sink = "prune-markers"
+    backend.preflight(sink)
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "s"), sink,
+                        plugins=build_plugins())
+    coord.start()
+    one = pa.record_batch({"id": pa.array([1], pa.int64())})
+    for epoch in range(5):
+        c = write_participant(backend, TransactionContext(sink, epoch, 0), [one])
+        coord.commit_epoch(epoch, [c])
+    backend.close()
+    with pg_server.connect() as conn:
+        epochs = [r[0] for r in conn.execute(
+            "SELECT epoch FROM txsink.txsink_commits WHERE sink_id = %s ORDER BY epoch",
+            (sink,))]
+    assert epochs == [2, 3, 4]
+    assert len(pg_server.ids(table_name)) == 5
