@@ -132,8 +132,10 @@ class _DriverClients:
         # Never assigned, so no fetch is ever in flight ahead of their ListOffsets.
         self.committed_offsets: Consumer = Consumer(committed)
         self.uncommitted_offsets: Consumer = Consumer(uncommitted)
+        # One record per batch: Tansu reports a wrong end offset after larger batches.
         self.ends: Producer = Producer({"socket.nagle.disable": True, **conn,
-                                        "enable.idempotence": True, "linger.ms": 0})
+                                        "enable.idempotence": True, "linger.ms": 0,
+                                        "batch.num.messages": 1})
         self.scans: dict[str, _ScanState] = {}
         self.partitions: int | None = None
         self.lock = threading.RLock()
@@ -180,12 +182,17 @@ def close_shared_clients() -> None:
             log.debug("closing Kafka driver clients failed", exc_info=True)
 
 
-def _read_range(consumer: Consumer, topic: str, partition: int, start: int, end: int,
+def _read_range(consumer: Consumer, topic: str, partition: int, start: int, end: int | None,
                 timeout_s: float) -> Iterator[Message]:
-    """Records of one partition from ``start`` until ``end`` (exclusive) or its end."""
+    """Records of one partition from ``start`` until ``end`` (exclusive) or its end.
+
+    ``end=None`` reads to the end the fetch reports (Tansu 0.6 answers ListOffsets
+    with the base offset of the last batch plus one, too low after a batch of
+    several records, so scans do not trust it).
+    """
     from confluent_kafka import KafkaError, TopicPartition
 
-    if start >= end:
+    if end is not None and start >= end:
         return
     consumer.assign([TopicPartition(topic, partition, start)])
     deadline = time.monotonic() + timeout_s
@@ -201,7 +208,7 @@ def _read_range(consumer: Consumer, topic: str, partition: int, start: int, end:
                     raise TxsinkError(f"reading {topic}[{partition}] failed: {err.str()}")
                 yield msg
                 offset = msg.offset()
-                if offset is not None and offset >= end - 1:
+                if end is not None and offset is not None and offset >= end - 1:
                     return
         raise TxsinkError(f"reading {topic}[{partition}] offsets {start}..{end} did not "
                           f"finish within {timeout_s:.0f}s")
@@ -704,9 +711,13 @@ class KafkaBackend(Backend):
             start = state.cursor
             if start is None:
                 start = max(low, high - self.config.orphan_scan_records)
-            for msg in _read_range(d.uncommitted, topic, partition, max(start, low), high,
-                                   timeout):
-                m = Marker.decode(msg.key(), msg.value(), msg.offset() or 0)
+            last = -1
+            # Markers are one-record batches, so the end offset is right even on Tansu;
+            # past it, read to the end the fetch reports.
+            for msg in _read_range(d.uncommitted, topic, partition, max(start, low),
+                                   None if start < high else start, timeout):
+                last = msg.offset() or 0
+                m = Marker.decode(msg.key(), msg.value(), last)
                 if m is None or m.sink_id != sink_id:
                     continue
                 if m.kind == BEGIN:
@@ -715,7 +726,7 @@ class KafkaBackend(Backend):
                     state.open.pop(m.transactional_id, None)
                 elif m.kind == OWNER:
                     state.owner = m
-            state.cursor = high
+            state.cursor = max(high, last + 1)
             return dict(state.open)
 
     def _scan_state(self, sink_id: str) -> _ScanState:

@@ -1,0 +1,344 @@
+"""A Kafka stream source for PySpark's Python data source API (``format("txsink-kafka")``).
+
+Why another Kafka source: Spark's own needs the ``spark-sql-kafka`` jar; this one is
+pure Python (confluent-kafka) and pairs with txsink's sink for Kafka -> Spark ->
+Kafka jobs. Like Spark's:
+
+* offsets per topic-partition live in Spark's offset log, so a replayed batch reads
+  exactly the same records (ranges end at or below the last stable offset, which
+  never moves back);
+* ``startingOffsets``: ``earliest``, ``latest`` (default) or per-partition JSON
+  ``{"topic": {"0": 42, "1": -2}}`` (-2 earliest, -1 latest); partitions added while
+  the query runs are discovered and read from their start;
+* ``kafka.isolation.level`` is ``read_committed`` unless set;
+* the schema is Spark's Kafka source schema (``key``, ``value``, ``topic``,
+  ``partition``, ``offset``, ``timestamp``, ``timestampType``, ``headers``);
+* consumers use explicit assignment, never group subscription.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from txsink.errors import ConfigError
+from txsink.options import Options
+
+try:  # PySpark >= 4.2: admission control and Trigger.AvailableNow for Python sources
+    from pyspark.sql.streaming import datasource as _streaming
+except ImportError:  # pragma: no cover
+    _streaming = None  # type: ignore[assignment]
+
+_ReadAllAvailable: Any = getattr(_streaming, "ReadAllAvailable", None)
+_ReadMaxRows: Any = getattr(_streaming, "ReadMaxRows", None)
+_AvailableNow: Any = getattr(_streaming, "SupportsTriggerAvailableNow", object)
+
+log = logging.getLogger(__name__)
+
+FORMAT = "txsink-kafka"
+OWNER = "kafka source"
+SCHEMA_DDL = ("key binary, value binary, topic string, partition int, offset long, "
+              "timestamp timestamp, timestampType int, "
+              "headers array<struct<key: string, value: binary>>")
+_FIELDS: list[pa.Field[Any]] = [
+    pa.field("key", pa.binary()), pa.field("value", pa.binary()),
+    pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()), pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("timestampType", pa.int32()),
+    pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()),
+                                            pa.field("value", pa.binary())]))),
+]
+ARROW_SCHEMA = pa.schema(_FIELDS)
+EARLIEST, LATEST = -2, -1
+_ROWS_PER_BATCH = 10_000
+
+Offsets = dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    consumer: dict[str, str] = field(repr=False)
+    topics: tuple[str, ...] = ()
+    starting: str | Offsets = "latest"
+    max_offsets_per_trigger: int | None = None
+    timeout_s: float = 30.0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceSettings:
+        # Spark lower-cases option keys.
+        opts = Options({str(k).lower(): v for k, v in options.items()}, owner=OWNER,
+                       secret_keys={"kafka.sasl.password", "kafka.ssl.key.password"})
+        consumer = opts.with_prefix("kafka.")
+        if not consumer.get("bootstrap.servers"):
+            raise ConfigError(f"{OWNER}: option 'kafka.bootstrap.servers' is required",
+                              field="kafka.bootstrap.servers")
+        for key in ("group.id", "enable.auto.commit", "auto.offset.reset"):
+            if key in consumer:
+                raise ConfigError(f"{OWNER}: option 'kafka.{key}' cannot be set: offsets live "
+                                  "in Spark's checkpoint and partitions are assigned "
+                                  "explicitly", field=f"kafka.{key}")
+        consumer.setdefault("isolation.level", "read_committed")
+        if consumer["isolation.level"] not in ("read_committed", "read_uncommitted"):
+            raise ConfigError(f"{OWNER}: option 'kafka.isolation.level' must be "
+                              "read_committed or read_uncommitted",
+                              field="kafka.isolation.level")
+        topics = tuple(t.strip() for t in opts.str("subscribe", required=True).split(",")
+                       if t.strip())
+        if not topics:
+            raise ConfigError(f"{OWNER}: option 'subscribe' names no topic", field="subscribe")
+        raw = opts.str("startingoffsets", "latest").strip()
+        starting: str | Offsets
+        if raw.lower() in ("earliest", "latest"):
+            starting = raw.lower()
+        else:
+            starting = _parse_offsets_json(raw, topics)
+        limit = opts.optional("maxoffsetspertrigger")
+        max_rows = None if limit is None else opts.int("maxoffsetspertrigger", 0, minimum=1)
+        timeout = opts.float("request.timeout.s", 30.0, minimum=0.1)
+        opts.ignore("path", "failondataloss", "includeheaders")
+        opts.check_unknown()
+        return cls(consumer, topics, starting, max_rows, timeout)
+
+    def consumer_config(self) -> dict[str, Any]:
+        return {"group.id": "txsink-source", "enable.auto.commit": False,
+                "enable.partition.eof": True, "fetch.wait.max.ms": 100, **self.consumer}
+
+
+def _parse_offsets_json(raw: str, topics: tuple[str, ...]) -> Offsets:
+    problem = ""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        problem = str(exc)
+        data = None
+    if not problem and not (isinstance(data, dict) and all(
+            isinstance(t, str) and isinstance(ps, dict) and all(
+                str(p).isdigit() and isinstance(o, int) and o >= -2 for p, o in ps.items())
+            for t, ps in data.items())):
+        problem = "expected {\"topic\": {\"partition\": offset}} with offsets >= -2"
+    if problem:
+        raise ConfigError(f"{OWNER}: option 'startingOffsets' must be earliest, latest or "
+                          f"JSON like {{\"orders\": {{\"0\": 42, \"1\": -2}}}} (-2 earliest, "
+                          f"-1 latest): {problem}", field="startingOffsets")
+    unknown = sorted(set(data) - set(topics))
+    if unknown:
+        raise ConfigError(f"{OWNER}: option 'startingOffsets' names topics not in "
+                          f"'subscribe': {', '.join(unknown)}", field="startingOffsets")
+    return {t: {str(p): int(o) for p, o in ps.items()} for t, ps in data.items()}
+
+
+class _Broker:
+    """Metadata and watermark queries on the driver (a never-assigned consumer)."""
+
+    def __init__(self, settings: SourceSettings) -> None:
+        from confluent_kafka import Consumer
+
+        self.settings = settings
+        self.consumer = Consumer({**settings.consumer_config(), "socket.nagle.disable": True})
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def partitions(self) -> dict[str, list[int]]:
+        md = self.consumer.list_topics(timeout=self.settings.timeout_s)
+        out: dict[str, list[int]] = {}
+        for topic in self.settings.topics:
+            tmd = md.topics.get(topic)
+            if tmd is None or tmd.error is not None:
+                raise ConfigError(f"{OWNER}: topic {topic!r} (option 'subscribe') does not "
+                                  f"exist", field="subscribe")
+            out[topic] = sorted(tmd.partitions)
+        return out
+
+    def bounds(self, topic: str, partition: int) -> tuple[int, int]:
+        """(earliest, end): end is the last stable offset for read_committed."""
+        from confluent_kafka import TopicPartition
+
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                        self.settings.timeout_s, cached=False)
+        return int(low), int(high)
+
+
+class KafkaStreamReader(DataSourceStreamReader, _AvailableNow):  # type: ignore[misc]
+    def __init__(self, settings: SourceSettings) -> None:
+        self.settings = settings
+        self._broker: _Broker | None = None
+        self._target: Offsets | None = None
+
+    @property
+    def broker(self) -> _Broker:
+        if self._broker is None:
+            self._broker = _Broker(self.settings)
+        return self._broker
+
+    def _resolve(self, topic: str, partition: int, wanted: int) -> int:
+        low, end = self.broker.bounds(topic, partition)
+        if wanted == EARLIEST:
+            return low
+        if wanted == LATEST:
+            return end
+        return max(low, min(wanted, end))
+
+    def initialOffset(self) -> Offsets:
+        out: Offsets = {}
+        for topic, parts in self.broker.partitions().items():
+            given = self.settings.starting
+            for p in parts:
+                if isinstance(given, str):
+                    wanted = EARLIEST if given == "earliest" else LATEST
+                else:
+                    wanted = given.get(topic, {}).get(str(p), LATEST)
+                out.setdefault(topic, {})[str(p)] = self._resolve(topic, p, wanted)
+        return out
+
+    def _available(self, start: Offsets) -> Offsets:
+        """End offsets now; partitions not in ``start`` (new ones) start at earliest."""
+        out: Offsets = {}
+        for topic, parts in self.broker.partitions().items():
+            for p in parts:
+                _, end = self.broker.bounds(topic, p)
+                out.setdefault(topic, {})[str(p)] = end
+                if str(p) not in start.get(topic, {}):
+                    log.info("kafka source: new partition %s[%d] found; reading it from the "
+                             "start", topic, p)
+        return out
+
+    def latestOffset(self, start: Offsets | None = None, limit: Any = None) -> Offsets:
+        start = start or {}
+        end = self._target if self._target is not None else self._available(start)
+        max_rows = getattr(limit, "max_rows", None)
+        if max_rows is None:
+            return end
+        # Spread the limit over the partitions, oldest data first per partition.
+        capped: Offsets = {}
+        budget = int(max_rows)
+        for topic, parts in sorted(end.items()):
+            for p, until in sorted(parts.items()):
+                begin = start.get(topic, {}).get(p, 0)
+                take = max(0, min(until - begin, budget))
+                budget -= take
+                capped.setdefault(topic, {})[p] = begin + take
+        return capped
+
+    def getDefaultReadLimit(self) -> Any:
+        if self.settings.max_offsets_per_trigger is not None and _ReadMaxRows is not None:
+            return _ReadMaxRows(self.settings.max_offsets_per_trigger)
+        return _ReadAllAvailable() if _ReadAllAvailable is not None else None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._available({})
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
+        out: list[InputPartition] = []
+        for topic, parts in sorted(end.items()):
+            for p, until in sorted(parts.items(), key=lambda kv: int(kv[0])):
+                begin = start.get(topic, {}).get(p)
+                if begin is None:
+                    begin = self._resolve(topic, int(p), EARLIEST)
+                if until > begin:
+                    out.append(KafkaInputPartition(topic, int(p), begin, until))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaInputPartition)
+        return read_range(self.settings, partition)
+
+    def commit(self, end: Offsets) -> None:
+        """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
+
+    def stop(self) -> None:
+        if self._broker is not None:
+            self._broker.close()
+            self._broker = None
+
+
+@dataclass(frozen=True)
+class KafkaInputPartition(InputPartition):
+    topic: str
+    partition: int
+    start: int
+    until: int
+
+
+def read_range(settings: SourceSettings, part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    """Records of ``[start, until)`` of one partition as Arrow batches.
+
+    With read_committed, aborted records and transaction markers inside the range are
+    skipped by the consumer, so the range ends at the first offset >= ``until`` or at
+    the end of the partition, not at a record numbered ``until - 1``.
+    """
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(settings.consumer_config())
+    consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+    rows: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
+    deadline = time.monotonic() + max(60.0, settings.timeout_s)
+    done = False
+    try:
+        while not done:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"kafka source: reading {part.topic}[{part.partition}] "
+                                   f"{part.start}..{part.until} made no progress")
+            for msg in consumer.consume(5000, 0.2):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done = True
+                        break
+                    raise RuntimeError(f"kafka source: {part.topic}[{part.partition}]: "
+                                       f"{err.str()}")
+                offset = msg.offset() or 0
+                if offset >= part.until:
+                    done = True
+                    break
+                deadline = time.monotonic() + max(60.0, settings.timeout_s)
+                ts_type, ts = msg.timestamp()
+                rows["key"].append(msg.key())
+                rows["value"].append(msg.value())
+                rows["topic"].append(part.topic)
+                rows["partition"].append(part.partition)
+                rows["offset"].append(offset)
+                rows["timestamp"].append(ts * 1000 if ts_type else None)
+                rows["timestampType"].append(max(0, ts_type - 1) if ts_type else 0)
+                headers: Any = msg.headers()
+                rows["headers"].append([{"key": k, "value": v} for k, v in headers]
+                                       if headers else [])
+                if offset >= part.until - 1:
+                    done = True
+                    break
+                if len(rows["offset"]) >= _ROWS_PER_BATCH:
+                    yield pa.record_batch(list(rows.values()), schema=ARROW_SCHEMA)
+                    rows = {name: [] for name in ARROW_SCHEMA.names}
+        if rows["offset"]:
+            yield pa.record_batch(list(rows.values()), schema=ARROW_SCHEMA)
+    finally:
+        consumer.close()
+
+
+class KafkaSource(DataSource):
+    """``spark.readStream.format("txsink-kafka")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.settings = SourceSettings.parse(options)
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> KafkaStreamReader:
+        return KafkaStreamReader(self.settings)
+
+
+def register_source(spark: Any) -> None:
+    """Make ``format("txsink-kafka")`` available in ``spark`` (idempotent)."""
+    spark.dataSource.register(KafkaSource)
