@@ -67,15 +67,39 @@ def _json_default(value: object) -> object:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
+#: Parquet row groups are buffered up to this many rows or bytes. Spark hands Arrow
+#: batches of 10,000 rows; written as one row group each, the per-group costs
+#: (dictionary pages, statistics) make Parquet output about 3x slower. Memory per
+#: open participant stays near the byte cap (Spark's own writer buffers 128 MiB).
+ROW_GROUP_ROWS = 1 << 20
+ROW_GROUP_BYTES = 16 << 20
+
+
 class _FileTransaction(Transaction):
     def __init__(self, ctx: TransactionContext, path: Path) -> None:
         super().__init__(ctx)
         self.path = path
         self.parquet: Any = None
         self.stream: IO[bytes] | None = None
+        self.group: list[pa.RecordBatch] = []
+        self.group_rows = 0
+        self.group_bytes = 0
+
+    def add_to_group(self, batch: pa.RecordBatch) -> None:
+        self.group.append(batch)
+        self.group_rows += batch.num_rows
+        self.group_bytes += batch.nbytes
+        if self.group_rows >= ROW_GROUP_ROWS or self.group_bytes >= ROW_GROUP_BYTES:
+            self.flush_group()
+
+    def flush_group(self) -> None:
+        if self.group:
+            self.parquet.write_table(pa.Table.from_batches(self.group))
+        self.group, self.group_rows, self.group_bytes = [], 0, 0
 
     def close_writer(self) -> None:
         if self.parquet is not None:
+            self.flush_group()
             self.parquet.close()
             self.parquet = None
         if self.stream is not None:
@@ -196,7 +220,7 @@ class FilesBackend(Backend):
 
                 txn.parquet = pq.ParquetWriter(txn.path, batch.schema,
                                                compression=self.compression)  # type: ignore[arg-type]
-            txn.parquet.write_batch(batch)
+            txn.add_to_group(batch)
         else:
             if txn.stream is None:
                 txn.stream = open(txn.path, "wb")  # noqa: SIM115 - closed in pre_commit/discard
@@ -233,6 +257,7 @@ class FilesBackend(Backend):
 
     def discard(self, txn: Transaction) -> None:
         assert isinstance(txn, _FileTransaction)
+        txn.group = []  # nothing of a discarded participant is worth writing
         with contextlib.suppress(Exception):
             txn.close_writer()
         with contextlib.suppress(FileNotFoundError):
