@@ -14,7 +14,7 @@ from txsink_s3.backend import S3Backend, multipart_etag
 def test_defaults_and_size_units() -> None:
     b = S3Backend.from_options({"bucket": "my-bucket", "part_size": "8MiB"})
     assert (b.format, b.part_size, b.prefix, b.row_group_bytes) == (
-        "parquet", 8 * 2**20, "", 8 * 2**20)
+        "parquet", 8 * 2**20, "", 2 * 2**20)
     assert S3Backend.from_options({"bucket": "abc", "part_size": "5242880"}).part_size == 5 * 2**20
     assert S3Backend.from_options({"bucket": "abc", "part_size": "1g"}).part_size == 2**30
 

@@ -16,11 +16,12 @@ pytestmark = pytest.mark.integration
 
 class TestS3Conformance(BackendConformance):
     backend_name = "s3"
-    # 64 parts' worth of Arrow data (~170 MiB of Parquet): far more than memory may grow.
-    large_partition_bytes = 64 * PART
-    # Part buffer, one row group, a part in flight, and pyarrow's Parquet encoder, whose
-    # dictionary pages and allocator (mimalloc) keep ~60-100 MiB regardless of size.
-    memory_bound_bytes = 26 * PART
+    # 40 parts' worth of Arrow data (over 100 MiB of Parquet, 20+ parts): holding the
+    # partition, even encoded, would exceed the bound below.
+    large_partition_bytes = 40 * PART
+    # Measured ~50 MiB: a part being filled, one in flight, and pyarrow's Parquet
+    # encoder (several times its row group of part_size / 4) plus allocator slack.
+    memory_bound_bytes = 16 * PART
 
     @pytest.fixture
     def backend_options(self, s3_server: S3Server, prefix: str) -> Mapping[str, str]:

@@ -58,10 +58,13 @@ class PartBuffer:
     def __len__(self) -> int:
         return len(self._buf)
 
-    def take(self) -> bytes:
-        """Every buffered byte, emptying the buffer (the stream position keeps counting)."""
-        data = bytes(self._buf)
-        self._buf = bytearray()
+    def take(self) -> bytearray:
+        """Every buffered byte, emptying the buffer (the stream position keeps counting).
+
+        Hands over the buffer itself rather than a copy: a part is the largest thing
+        the backend holds, so a copy would double the peak.
+        """
+        data, self._buf = self._buf, bytearray()
         return data
 
 
