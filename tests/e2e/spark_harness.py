@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -124,6 +125,10 @@ class DriverSpec:
     #: SQL expressions the input rows go through before the sink (``selectExpr``),
     #: e.g. Kafka's ``key``/``value`` columns.
     select: list[str] | None = None
+    #: Read a stream source instead of the JSON files: ``{"format": ..., "options":
+    #: {...}, "register": "module:function"}`` (the function registers the format
+    #: with the session, for Python data sources).
+    source: dict[str, Any] | None = None
 
 
 @dataclass
@@ -158,7 +163,7 @@ def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float 
         "input_dir": str(spec.input_dir), "checkpoint": str(spec.checkpoint),
         "sink_id": spec.sink_id, "options": spec.options, "backend": spec.backend,
         "partitions": spec.partitions, "master": spec.master, "conf": spec.conf,
-        "batch_write": spec.batch_write, "select": spec.select,
+        "batch_write": spec.batch_write, "select": spec.select, "source": spec.source,
     })
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -208,8 +213,16 @@ def _drive(spec: dict[str, Any]) -> None:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     register(spark)
-    frame = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
-             .json(spec["input_dir"]).repartition(spec["partitions"]))
+    source = spec.get("source")
+    if source:
+        if source.get("register"):
+            module, _, func = source["register"].partition(":")
+            getattr(importlib.import_module(module), func)(spark)
+        frame = (spark.readStream.format(source["format"]).options(**source["options"])
+                 .load().repartition(spec["partitions"]))
+    else:
+        frame = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+                 .json(spec["input_dir"]).repartition(spec["partitions"]))
     if spec.get("select"):
         frame = frame.selectExpr(*spec["select"])
     query = (frame.writeStream.format("txsink")
