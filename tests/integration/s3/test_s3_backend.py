@@ -243,3 +243,16 @@ def test_secrets_stay_out_of_logs_committables_state_and_pickles(
     clone = pickle.loads(pickle.dumps(backend))
     assert clone._s3 is None
     assert clone.commit(msgs[0]) is CommitOutcome.ALREADY_COMMITTED
+
+
+def test_example_pipeline_builds_a_valid_backend() -> None:
+    from txsink.config import load_pipeline
+
+    repo = Path(__file__).resolve().parents[3]
+    cfg = load_pipeline(repo / "examples/pipelines/s3.yaml",
+                        env={"TXSINK_S3_BUCKET": "my-bucket",
+                             "TXSINK_S3_ENDPOINT": "http://127.0.0.1:8333"})
+    assert cfg.sink.backend == "s3"
+    backend = make(dict(cfg.sink.options))
+    assert (backend.bucket, backend.format, backend.part_size) == (
+        "my-bucket", "parquet", 16 * 2**20)
