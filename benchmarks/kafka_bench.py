@@ -3,7 +3,10 @@
 Writes the same records with (a) a plain idempotent, non-transactional
 confluent-kafka producer and (b) txsink's Kafka sink (one participant per epoch,
 committed by the coordinator through EndTxn), and prints records/s, the ratio,
-and the driver's commit latency per epoch (median, p95).
+and the driver's commit latency per epoch (median, p95). Then reads the sink's output
+back with the stream source's per-task read path (``read_range``: records -> Arrow
+batches, what each Spark task of ``format("txsink-kafka")`` runs) and with a plain
+confluent-kafka consumer, and prints both rates and their ratio.
 
     uv run python benchmarks/kafka_bench.py [--records 100000] [--epochs 5]
 
@@ -45,13 +48,16 @@ def make_batches(records: int, value_bytes: int, rows_per_batch: int = 10_000
 
 def baseline(bootstrap: str, topic: str, batches: list[pa.RecordBatch]) -> float:
     """Plain idempotent producer, same records, same Python loop shape; returns seconds."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "linger.ms": 20, "queue.buffering.max.kbytes": 32768})
     errors: list[str] = []
 
     def on_delivery(err: object, msg: object) -> None:
         if err is not None:
             errors.append(str(err))
+
+    # The same producer settings and delivery-report handling as the sink's producers.
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 20, "queue.buffering.max.kbytes": 32768,
+                         "on_delivery": on_delivery})
 
     started = time.perf_counter()
     for b in batches:
@@ -59,10 +65,10 @@ def baseline(bootstrap: str, topic: str, batches: list[pa.RecordBatch]) -> float
         values = b.column("value").to_pylist()
         for k, v in zip(keys, values, strict=True):
             try:
-                producer.produce(topic, v, k, on_delivery=on_delivery)
+                producer.produce(topic, v, k)
             except BufferError:
                 producer.poll(0.05)
-                producer.produce(topic, v, k, on_delivery=on_delivery)
+                producer.produce(topic, v, k)
         producer.poll(0)
     while producer.flush(1.0):
         pass
@@ -80,6 +86,43 @@ def count_committed(bootstrap: str, topic: str) -> int:
                    for p in md.topics[topic].partitions)
     finally:
         consumer.close()
+
+
+def plain_read(bootstrap: str, topic: str, until: int) -> tuple[int, float]:
+    from confluent_kafka import KafkaError
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "enable.partition.eof": True})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    count = 0
+    started = time.perf_counter()
+    done = False
+    while not done:
+        for msg in consumer.consume(5000, 0.2):
+            err = msg.error()
+            if err is not None:
+                done = err.code() == KafkaError._PARTITION_EOF
+                if done:
+                    break
+                raise RuntimeError(err.str())
+            count += 1
+            if (msg.offset() or 0) >= until - 1:
+                done = True
+                break
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return count, elapsed
+
+
+def source_read(bootstrap: str, topic: str, until: int) -> tuple[int, float]:
+    from txsink_kafka.source import KafkaInputPartition, SourceSettings, read_range
+
+    settings = SourceSettings.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": topic})
+    started = time.perf_counter()
+    count = sum(b.num_rows for b in read_range(settings,
+                                               KafkaInputPartition(topic, 0, 0, until)))
+    return count, time.perf_counter() - started
 
 
 def run(bootstrap: str, records: int, epochs: int, value_bytes: int) -> None:
@@ -129,6 +172,14 @@ def run(bootstrap: str, records: int, epochs: int, value_bytes: int) -> None:
           f"ratio {write_rate / base_rate:.2f}")
     print(f"driver commit latency     : median {statistics.median(commits_ms):.1f} ms, "
           f"p95 {p95:.1f} ms (EndTxn + marker check + orphan scan)")
+    plain_n, plain_s = min((plain_read(bootstrap, sink_topic, total) for _ in range(2)),
+                           key=lambda r: r[1])
+    source_n, source_s = min((source_read(bootstrap, sink_topic, total) for _ in range(2)),
+                             key=lambda r: r[1])
+    assert plain_n == source_n >= records * epochs, (plain_n, source_n)
+    print(f"plain consumer read       : {plain_n / plain_s:12,.0f} records/s")
+    print(f"txsink source read_range  : {source_n / source_s:12,.0f} records/s   "
+          f"ratio {plain_s / source_s:.2f} (records -> Arrow batches, no Spark)")
 
 
 def main() -> None:

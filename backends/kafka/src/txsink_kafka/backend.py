@@ -787,9 +787,9 @@ class KafkaBackend(Backend):
             if participant in protected or (up_to_epoch is not None and m.epoch > up_to_epoch):
                 continue
             if m.producer_id >= 0:
-                # End the transaction itself (brokers such as Tansu 0.6 do not abort an
-                # open transaction on InitProducerId), then fence the id so that a
-                # zombie writer cannot go on with it.
+                # Abort the transaction with its own producer id and epoch, then fence
+                # the id so that a zombie writer cannot go on with it (InitProducerId
+                # alone also aborts an ongoing transaction on Kafka and on Tansu 0.6).
                 with contextlib.suppress(ConnectionDroppedError):
                     d.txn.end_txn(tid, ProducerIdentity(m.producer_id, m.producer_epoch),
                                   commit=False)
