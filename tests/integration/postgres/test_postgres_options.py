@@ -97,3 +97,18 @@ def test_password_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert backend._password() == PASSWORD
     assert backend.secret_values() == [PASSWORD]
     assert PASSWORD not in repr(pickle.dumps(backend))
+
+
+def test_connect_options_are_libpq_parameters() -> None:
+    backend = PostgresBackend.from_options({"dsn": "host=127.0.0.1 dbname=d", "table": "t",
+                                            "connect.sslmode": "disable"})
+    assert "sslmode=disable" in backend.conninfo
+    assert "application_name=txsink" in backend.conninfo
+    with pytest.raises(ConfigError, match="nonsense") as err:
+        PostgresBackend.from_options({"dsn": "host=h", "table": "t", "connect.nonsense": "1"})
+    assert err.value.field == "dsn"
+    with pytest.raises(ConfigError) as err:
+        PostgresBackend.from_options({"dsn": "host=h", "table": "t",
+                                      "connect.password": PASSWORD})
+    assert err.value.field == "connect.password"
+    assert PASSWORD not in str(err.value)

@@ -147,7 +147,7 @@ class PostgresBackend(Backend):
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> PostgresBackend:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+        from psycopg.conninfo import conninfo_to_dict
 
         opts = Options(options, owner="postgres backend", secret_keys=cls.secret_options)
         raw_dsn = opts.str("dsn", required=True)
@@ -159,6 +159,14 @@ class PostgresBackend(Backend):
                 "postgres backend: option 'dsn' is not a valid PostgreSQL connection string "
                 "(use postgresql://user@host:port/dbname or 'host=... dbname=...'): "
                 f"{redact(str(exc), [raw_dsn])}", field="dsn") from None
+        # Further libpq parameters as options: connect.sslmode=require, ...
+        for key, value in opts.with_prefix("connect.").items():
+            if key in ("password", "passfile"):
+                raise ConfigError(f"postgres backend: use option 'password' or "
+                                  f"'password_env', not 'connect.{key}'",
+                                  field=f"connect.{key}")
+            params[key] = value
+        params.setdefault("application_name", "txsink")
         password = opts.secret("password")
         inline = params.pop("password", None)
         if inline:
@@ -174,7 +182,7 @@ class PostgresBackend(Backend):
         marker_schema = opts.str("marker_schema", "txsink")
         marker_table = TableName(marker_schema, opts.str("marker_table", "txsink_commits"))
         backend = cls(
-            conninfo=make_conninfo(**{k: str(v) for k, v in params.items()}),
+            conninfo=cls._conninfo(params),
             table=table,
             password=password,
             password_env=password_env,
@@ -186,6 +194,18 @@ class PostgresBackend(Backend):
         )
         opts.check_unknown()
         return backend
+
+    @staticmethod
+    def _conninfo(params: Mapping[str, object]) -> str:
+        import psycopg
+        from psycopg.conninfo import make_conninfo
+
+        try:
+            return make_conninfo(**{k: str(v) for k, v in params.items()})
+        except psycopg.ProgrammingError as exc:
+            # Raised for parameters libpq does not know; the password is already out.
+            raise ConfigError(f"postgres backend: bad connection parameter in 'dsn' or a "
+                              f"'connect.*' option: {exc}", field="dsn") from None
 
     def describe(self) -> str:
         from psycopg.conninfo import conninfo_to_dict
@@ -244,7 +264,7 @@ class PostgresBackend(Backend):
         import psycopg
 
         kwargs: dict[str, Any] = {"connect_timeout": self.connect_timeout,
-                                  "application_name": "txsink", "autocommit": autocommit}
+                                  "autocommit": autocommit}
         password = self._password()
         if password is not None:
             kwargs["password"] = password
