@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import psycopg.sql
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from txsink_postgres import testing as pgtesting
 
 DSN_ENV = "TXSINK_POSTGRES_DSN"
@@ -29,7 +30,12 @@ class PgServer:
     @classmethod
     def from_env(cls) -> PgServer | None:
         dsn = os.environ.get(DSN_ENV)
-        return cls(dsn, os.environ.get(PASSWORD_ENV)) if dsn else None
+        if not dsn:
+            return None
+        params = conninfo_to_dict(dsn)
+        inline = params.pop("password", None)
+        password = os.environ.get(PASSWORD_ENV) or (str(inline) if inline else None)
+        return cls(make_conninfo(**{k: str(v) for k, v in params.items()}), password)
 
     def connect(self, **kw: Any) -> psycopg.Connection[Any]:
         kw.setdefault("autocommit", True)
