@@ -279,3 +279,18 @@ def test_a_second_query_with_the_same_sink_id_fails_at_start(
     finally:
         first.close()
         second.close()
+
+
+def test_committed_participant_stays_committed_after_its_begin_marker_is_compacted(
+        backend: KafkaBackend, sink_id: str) -> None:
+    """Compaction keeps only the newest record per key: after a commit, the begin
+    marker (the commit marker read by read_committed) goes, the end marker stays."""
+    c = prepare(backend, sink_id, 0, 0, range(10))
+    other = prepare(backend, sink_id, 0, 1, range(10, 20))
+    assert backend.commit(c) is CommitOutcome.COMMITTED
+    backend.abort(other)
+    # As if compacted: the begin marker's offset now holds another participant's record.
+    marker = dict(c.payload["marker"])
+    marker["offset"] = int(other.payload["marker"]["offset"])
+    moved = replace(c, payload={**c.payload, "marker": marker})
+    assert backend.commit(moved) is CommitOutcome.ALREADY_COMMITTED

@@ -40,7 +40,15 @@ from txsink.model import Committable, TransactionContext, participant_name
 from txsink.redact import redact
 
 from txsink_kafka import config as cfg
-from txsink_kafka.markers import BEGIN, END, OWNER, Marker, marker_partition
+from txsink_kafka.markers import (
+    ABORTED,
+    BEGIN,
+    COMMITTED,
+    END,
+    OWNER,
+    Marker,
+    marker_partition,
+)
 from txsink_kafka.txn_protocol import (
     ConnectionDroppedError,
     EndTxnResult,
@@ -562,7 +570,8 @@ class KafkaBackend(Backend):
             # know this participant is over.
             producer.begin_transaction()
             key, value = Marker(END, txn.transactional_id, txn.ctx.sink_id, txn.ctx.epoch,
-                                txn.ctx.partition, txn.ctx.attempt).encode()
+                                txn.ctx.partition, txn.ctx.attempt,
+                                outcome=ABORTED).encode()
             producer.produce(txn.marker_topic, value, key, txn.marker_partition)
             producer.commit_transaction(timeout)
         except KafkaException as exc:
@@ -604,10 +613,29 @@ class KafkaBackend(Backend):
                 return MarkerStatus.MISSING
             return MarkerStatus.MISSING
 
+    def _ended_as_committed(self, topic: str, partition: int, offset: int,
+                            transactional_id: str) -> bool:
+        """Is there a ``committed`` end marker for ``transactional_id`` after ``offset``?
+
+        Any committed end wins: a fence of an already committed participant (its end
+        marker was lost in a crash) writes an ``aborted`` end after it.
+        """
+        d = self.driver()
+        with d.lock:
+            for msg in _read_range(d.uncommitted, topic, partition, offset, None,
+                                   self.config.request_timeout_s):
+                key = msg.key()
+                if key is None or key.decode() != transactional_id:
+                    continue
+                m = Marker.decode(key, msg.value(), msg.offset() or 0)
+                if m is not None and m.kind == END and m.outcome == COMMITTED:
+                    return True
+        return False
+
     def _write_end(self, c: Committable, transactional_id: str, topic: str,
-                   partition: int) -> None:
+                   partition: int, outcome: str) -> None:
         key, value = Marker(END, transactional_id, c.sink_id, c.epoch, c.partition,
-                            c.attempt).encode()
+                            c.attempt, outcome=outcome).encode()
         ends = self.driver().ends
         try:
             ends.produce(topic, value, key, partition)
@@ -632,7 +660,11 @@ class KafkaBackend(Backend):
         c = committable
         tid, identity, (mtopic, mpart, moffset) = self._payload(c)
         age = self._check_age(c)
-        if self.marker_status(mtopic, mpart, moffset, tid) == MarkerStatus.VISIBLE:
+        first = self.marker_status(mtopic, mpart, moffset, tid)
+        if first == MarkerStatus.VISIBLE or (
+                first == MarkerStatus.MISSING
+                and self._ended_as_committed(mtopic, mpart, moffset, tid)):
+            # (MISSING: compaction removed the begin marker; the end marker says committed.)
             return CommitOutcome.ALREADY_COMMITTED
         d = self.driver()
         rejected = ""
@@ -645,13 +677,17 @@ class KafkaBackend(Backend):
             raise error(f"{c.describe()}: {self._redact(str(exc))}", sink_id=c.sink_id,
                         epoch=c.epoch, participant=c.participant) from None
         if result is EndTxnResult.OK:
-            self._write_end(c, tid, mtopic, mpart)
+            self._write_end(c, tid, mtopic, mpart, COMMITTED)
             log.debug("%s: committed transactional.id=%s", c.describe(), tid)
             return CommitOutcome.COMMITTED
         rejected = rejected or f"the coordinator answered {result.value if result else '?'}"
         status = self.marker_status(mtopic, mpart, moffset, tid)
         if status == MarkerStatus.VISIBLE:
-            self._write_end(c, tid, mtopic, mpart)
+            self._write_end(c, tid, mtopic, mpart, COMMITTED)
+            return CommitOutcome.ALREADY_COMMITTED
+        if status == MarkerStatus.MISSING and self._ended_as_committed(mtopic, mpart, moffset,
+                                                                       tid):
+            # The begin marker was compacted away; the end marker says committed.
             return CommitOutcome.ALREADY_COMMITTED
         if status == MarkerStatus.HIDDEN:
             raise RetriableCommitError(
@@ -684,7 +720,7 @@ class KafkaBackend(Backend):
             # Whatever is open on this id (this transaction or a later one of the same
             # participant) is aborted by fencing the id.
             d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
-        self._write_end(c, tid, mtopic, mpart)
+        self._write_end(c, tid, mtopic, mpart, ABORTED)
         log.debug("%s: aborted transactional.id=%s", c.describe(), tid)
 
     def open_markers(self, sink_id: str) -> dict[str, Marker]:
@@ -801,7 +837,8 @@ class KafkaBackend(Backend):
                                         "partition": marker_partition(
                                             sink_id, self._marker_partitions or 1),
                                         "offset": m.offset}})
-            self._write_end(c, tid, self.config.marker_topic, c.payload["marker"]["partition"])
+            self._write_end(c, tid, self.config.marker_topic, c.payload["marker"]["partition"],
+                            ABORTED)
             log.info("sink=%s epoch=%d partition=%d participant=%s: fenced orphan "
                      "transactional.id=%s", m.sink_id, m.epoch, m.partition, participant, tid)
             aborted.append(c)

@@ -11,8 +11,10 @@ single-partition-per-sink topic (``marker.topic``):
   ``read_committed`` readers exactly when the participant commits, so it is the
   participant's commit marker (DESIGN.md section 2), and its offset goes into the
   committable;
-* whoever ends a participant (commit, abort, fence) appends a plain ``end`` record,
-  so a scan of the topic's tail lists participants that began and never ended.
+* whoever ends a participant (commit, abort, fence) appends a plain ``end`` record
+  with the outcome, so a scan of the topic's tail lists participants that began and
+  never ended, and a committed participant stays provably committed after
+  compaction has removed its ``begin`` record (same key, older).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ BEGIN = "begin"
 END = "end"
 #: Binds a sink id to one query's txsink state (``claim_sink``).
 OWNER = "owner"
+COMMITTED = "committed"
+ABORTED = "aborted"
 
 
 def marker_partition(sink_id: str, partitions: int) -> int:
@@ -48,6 +52,8 @@ class Marker:
     #: Owner markers: the txsink state id and location that own the sink id.
     state_id: str = ""
     state_location: str = ""
+    #: End markers: ``committed`` or ``aborted`` (what the writer of the end knew).
+    outcome: str = ""
 
     def encode(self) -> tuple[bytes, bytes]:
         value = {"k": self.kind, "s": self.sink_id, "e": self.epoch, "p": self.partition,
@@ -56,6 +62,8 @@ class Marker:
             value.update(pid=self.producer_id, pe=self.producer_epoch)
         if self.state_id:
             value.update(st=self.state_id, loc=self.state_location)
+        if self.outcome:
+            value.update(o=self.outcome)
         return self.transactional_id.encode(), json.dumps(value, separators=(",", ":")).encode()
 
     @classmethod
@@ -68,6 +76,6 @@ class Marker:
             return cls(str(data["k"]), key.decode(), str(data["s"]), int(data["e"]),
                        int(data["p"]), int(data["a"]), offset, int(data.get("pid", -1)),
                        int(data.get("pe", -1)), str(data.get("st", "")),
-                       str(data.get("loc", "")))
+                       str(data.get("loc", "")), str(data.get("o", "")))
         except (ValueError, KeyError, TypeError):
             return None
