@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from postgres_support import PgServer, drop_table, local_or_skip
 from txsink.coordinator import Coordinator
-from txsink.errors import ConfigError, TxsinkError
-from txsink.model import TransactionContext
+from txsink.errors import ConfigError, RetriableCommitError, TxsinkError
+from txsink.model import Committable, TransactionContext
 from txsink.plugins import build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
@@ -215,3 +215,19 @@ def test_second_query_on_the_same_sink_id_is_refused(
     assert err.value.field == "sink_id"
     assert str(tmp_path / "one") in str(err.value)
     backend.close()
+
+
+def test_driver_calls_on_an_unreachable_server_fail_cleanly(sink_id: str) -> None:
+    backend = make({"dsn": "host=127.0.0.1 port=1 dbname=x user=u", "table": "t",
+                    "connect_timeout": "2", "password": "Unreachable-Pw-123"})
+    c = Committable.for_context("postgres", TransactionContext(sink_id, 3, 0),
+                                {"gid": f"txsink:{sink_id}-e3-p0-a0", "xid": 1})
+    with pytest.raises(RetriableCommitError, match="cannot connect") as err:
+        backend.commit(c)
+    assert err.value.participant == c.participant
+    with pytest.raises(RetriableCommitError):
+        backend.abort(c)
+    with pytest.raises(TxsinkError, match="cannot connect") as err2:
+        list(backend.list_prepared(sink_id))
+    for e in (err.value, err2.value):
+        assert "Unreachable-Pw-123" not in str(e)

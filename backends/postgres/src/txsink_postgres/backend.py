@@ -725,11 +725,18 @@ class PostgresBackend(Backend):
                   c.sink_id, c.epoch, c.partition, c.participant, gid)
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
-        with self._driver() as conn:
-            rows = conn.execute(
-                "SELECT gid, transaction::text FROM pg_prepared_xacts "
-                "WHERE database = current_database() AND gid LIKE %s ESCAPE '\\' "
-                "ORDER BY gid", (like_prefix(sink_id),)).fetchall()
+        import psycopg
+
+        try:
+            with self._driver() as conn:
+                rows = conn.execute(
+                    "SELECT gid, transaction::text FROM pg_prepared_xacts "
+                    "WHERE database = current_database() AND gid LIKE %s ESCAPE '\\' "
+                    "ORDER BY gid", (like_prefix(sink_id),)).fetchall()
+        except psycopg.Error as exc:
+            raise TxsinkError(f"sink={sink_id}: listing prepared transactions in "
+                              f"{self.describe()} failed: {self._clean(exc)}",
+                              sink_id=sink_id) from None
         found = []
         for gid, xid in rows:
             ctx = parse_gid(str(gid))
