@@ -294,3 +294,22 @@ def test_committed_participant_stays_committed_after_its_begin_marker_is_compact
     marker["offset"] = int(other.payload["marker"]["offset"])
     moved = replace(c, payload={**c.payload, "marker": marker})
     assert backend.commit(moved) is CommitOutcome.ALREADY_COMMITTED
+
+
+def test_a_reused_participant_name_is_tracked_per_producer_epoch(
+        backend: KafkaBackend, sink_id: str, tmp_path: Path) -> None:
+    """A restarted Spark query starts task attempt ids at 0 again, so participant
+    names (and transactional ids) repeat: the old use's end must not end the new one."""
+    old = prepare(backend, sink_id, 5, 0, range(5))
+    backend.commit(old)
+    new = prepare(backend, sink_id, 5, 0, range(5, 10))  # same name, next producer epoch
+    assert new.participant == old.participant
+    assert (new.payload["producer_id"], new.payload["producer_epoch"]) != (
+        old.payload["producer_id"], old.payload["producer_epoch"])
+    assert set(backend.open_markers(sink_id)) == {str(new.payload["transactional_id"])}
+    backend.abort(new)
+    assert backend.open_markers(sink_id) == {}
+    # Re-committing the old one stays idempotent. (Checked once nothing is open:
+    # Tansu 0.6 holds the last stable offset at the log start while any transaction
+    # is open on the partition.)
+    assert backend.commit(old) is CommitOutcome.ALREADY_COMMITTED

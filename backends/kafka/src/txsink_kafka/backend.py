@@ -569,8 +569,11 @@ class KafkaBackend(Backend):
             # A fresh (committed) transaction carrying only the end marker, so scans
             # know this participant is over.
             producer.begin_transaction()
+            identity = txn.capture.identity or ProducerIdentity(-1, -1)
             key, value = Marker(END, txn.transactional_id, txn.ctx.sink_id, txn.ctx.epoch,
                                 txn.ctx.partition, txn.ctx.attempt,
+                                producer_id=identity.producer_id,
+                                producer_epoch=identity.producer_epoch,
                                 outcome=ABORTED).encode()
             producer.produce(txn.marker_topic, value, key, txn.marker_partition)
             producer.commit_transaction(timeout)
@@ -614,7 +617,7 @@ class KafkaBackend(Backend):
             return MarkerStatus.MISSING
 
     def _ended_as_committed(self, topic: str, partition: int, offset: int,
-                            transactional_id: str) -> bool:
+                            transactional_id: str, identity: ProducerIdentity) -> bool:
         """Is there a ``committed`` end marker for ``transactional_id`` after ``offset``?
 
         Any committed end wins: a fence of an already committed participant (its end
@@ -628,14 +631,21 @@ class KafkaBackend(Backend):
                 if key is None or key.decode() != transactional_id:
                     continue
                 m = Marker.decode(key, msg.value(), msg.offset() or 0)
-                if m is not None and m.kind == END and m.outcome == COMMITTED:
+                if (m is not None and m.kind == END and m.outcome == COMMITTED
+                        and m.producer_id == identity.producer_id
+                        and m.producer_epoch == identity.producer_epoch):
                     return True
         return False
 
     def _write_end(self, c: Committable, transactional_id: str, topic: str,
                    partition: int, outcome: str) -> None:
+        # The producer id names *this* use of the transactional id: a later participant
+        # with the same name (a restarted query reuses Spark's task attempt ids) has
+        # another one.
         key, value = Marker(END, transactional_id, c.sink_id, c.epoch, c.partition,
-                            c.attempt, outcome=outcome).encode()
+                            c.attempt, producer_id=int(c.payload.get("producer_id", -1)),
+                            producer_epoch=int(c.payload.get("producer_epoch", -1)),
+                            outcome=outcome).encode()
         ends = self.driver().ends
         try:
             ends.produce(topic, value, key, partition)
@@ -663,7 +673,7 @@ class KafkaBackend(Backend):
         first = self.marker_status(mtopic, mpart, moffset, tid)
         if first == MarkerStatus.VISIBLE or (
                 first == MarkerStatus.MISSING
-                and self._ended_as_committed(mtopic, mpart, moffset, tid)):
+                and self._ended_as_committed(mtopic, mpart, moffset, tid, identity)):
             # (MISSING: compaction removed the begin marker; the end marker says committed.)
             return CommitOutcome.ALREADY_COMMITTED
         d = self.driver()
@@ -686,7 +696,7 @@ class KafkaBackend(Backend):
             self._write_end(c, tid, mtopic, mpart, COMMITTED)
             return CommitOutcome.ALREADY_COMMITTED
         if status == MarkerStatus.MISSING and self._ended_as_committed(mtopic, mpart, moffset,
-                                                                       tid):
+                                                                       tid, identity):
             # The begin marker was compacted away; the end marker says committed.
             return CommitOutcome.ALREADY_COMMITTED
         if status == MarkerStatus.HIDDEN:
@@ -759,7 +769,14 @@ class KafkaBackend(Backend):
                 if m.kind == BEGIN:
                     state.open[m.transactional_id] = m
                 elif m.kind == END:
-                    state.open.pop(m.transactional_id, None)
+                    began = state.open.get(m.transactional_id)
+                    # A restarted query reuses names (Spark's task attempt ids start
+                    # again), and a transactional id keeps its producer id: only an end
+                    # for the same producer epoch ends this use of the name.
+                    if began is not None and (m.producer_id < 0 or (
+                            m.producer_id, m.producer_epoch) == (began.producer_id,
+                                                                 began.producer_epoch)):
+                        del state.open[m.transactional_id]
                 elif m.kind == OWNER:
                     state.owner = m
             state.cursor = max(high, last + 1)
