@@ -93,6 +93,9 @@ def test_abort_and_discard_end_the_transactions_on_the_broker(
     txn = backend.begin_transaction(TransactionContext(sink_id, 0, 1))
     backend.write(txn, batch(range(50, 60)))
     assert broker_open_participants(backend, sink_id) == {c.participant, txn.ctx.participant}
+    # What `txsink status` shows as pending: from the marker scan.
+    assert [p.participant for p in backend.list_prepared(sink_id)] == [c.participant,
+                                                                       txn.ctx.participant]
     backend.abort(c)
     backend.discard(txn)
     backend.abort(c)  # twice is harmless

@@ -829,35 +829,48 @@ class KafkaBackend(Backend):
                 "sink_id", field="sink_id", sink_id=sink_id)
         log.info("sink=%s: claimed for txsink state %s", sink_id, state_location)
 
+    def _from_marker(self, m: Marker) -> Committable:
+        participant = participant_name(m.sink_id, m.epoch, m.partition, m.attempt)
+        return Committable(
+            self.name, m.sink_id, m.epoch, m.partition, m.attempt, participant,
+            {"transactional_id": m.transactional_id, "producer_id": m.producer_id,
+             "producer_epoch": m.producer_epoch,
+             "marker": {"topic": self.config.marker_topic,
+                        "partition": marker_partition(m.sink_id, self._marker_partitions or 1),
+                        "offset": m.offset}})
+
+    def list_prepared(self, sink_id: str) -> list[Committable]:
+        """Participants that began and never ended, per the marker scan.
+
+        Bounded like orphan cleanup: a freshly started process sees the last
+        ``orphan.scan.records`` marker records (so no LIST_PREPARED capability).
+        Includes participants still being written.
+        """
+        markers = self.open_markers(sink_id).values()
+        return [self._from_marker(m) for m in sorted(
+            markers, key=lambda m: (m.epoch, m.partition, m.attempt))]
+
     def abort_orphans(self, sink_id: str, protected: Collection[str],
                       up_to_epoch: int | None = None) -> list[Committable]:
         """Fence every participant that began, never ended, and no decided epoch holds."""
         aborted: list[Committable] = []
         d = self.driver()
-        for tid, m in sorted(self.open_markers(sink_id).items(),
-                             key=lambda kv: (kv[1].epoch, kv[1].partition, kv[1].attempt)):
-            participant = participant_name(m.sink_id, m.epoch, m.partition, m.attempt)
-            if participant in protected or (up_to_epoch is not None and m.epoch > up_to_epoch):
+        for c in self.list_prepared(sink_id):
+            if c.participant in protected or (up_to_epoch is not None
+                                              and c.epoch > up_to_epoch):
                 continue
-            if m.producer_id >= 0:
+            tid, identity, (mtopic, mpart, _) = self._payload(c)
+            if identity.producer_id >= 0:
                 # Abort the transaction with its own producer id and epoch, then fence
                 # the id so that a zombie writer cannot go on with it (InitProducerId
                 # alone also aborts an ongoing transaction on Kafka and on Tansu 0.6).
                 with contextlib.suppress(ConnectionDroppedError):
-                    d.txn.end_txn(tid, ProducerIdentity(m.producer_id, m.producer_epoch),
-                                  commit=False)
+                    d.txn.end_txn(tid, identity, commit=False)
             d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
-            c = Committable(self.name, m.sink_id, m.epoch, m.partition, m.attempt, participant,
-                            {"transactional_id": tid, "producer_id": m.producer_id,
-                             "producer_epoch": m.producer_epoch,
-                             "marker": {"topic": self.config.marker_topic,
-                                        "partition": marker_partition(
-                                            sink_id, self._marker_partitions or 1),
-                                        "offset": m.offset}})
-            self._write_end(c, tid, self.config.marker_topic, c.payload["marker"]["partition"],
-                            ABORTED)
+            self._write_end(c, tid, mtopic, mpart, ABORTED)
             log.info("sink=%s epoch=%d partition=%d participant=%s: fenced orphan "
-                     "transactional.id=%s", m.sink_id, m.epoch, m.partition, participant, tid)
+                     "transactional.id=%s", c.sink_id, c.epoch, c.partition, c.participant,
+                     tid)
             aborted.append(c)
         if aborted:
             d.ends.flush(self.config.request_timeout_s)
