@@ -63,5 +63,12 @@ def owner_token() -> str:
         return explicit
     jvm = driver_jvm()
     if jvm is None:
-        return new_owner_token()
+        global _process_token
+        if _process_token is None:
+            _process_token = new_owner_token()
+        return _process_token
     return f"{socket.gethostname()}:jvm{jvm[0]}:{jvm[1]}"
+
+
+#: Fallback when no JVM ancestor is found: one token per process.
+_process_token: str | None = None

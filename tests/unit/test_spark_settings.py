@@ -1,0 +1,92 @@
+"""The Spark adapter's driver-side pieces that need no JVM: options, messages, owner token."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from txsink.errors import ConfigError, StateError
+from txsink.model import Committable, TransactionContext
+from txsink.spark import _proc
+from txsink.spark.datasource import (
+    SinkSettings,
+    TxsinkCommitMessage,
+    TxsinkDataSource,
+    decode_messages,
+)
+
+
+def _opts(**kw: str) -> dict[str, str]:
+    base = {"backend": "files", "sink_id": "s1", "checkpointLocation": "/chk/q1",
+            "path": "/out/s1"}
+    base.update(kw)
+    return {k: v for k, v in base.items() if v != "-"}
+
+
+def test_options_split_between_txsink_and_backend() -> None:
+    settings = SinkSettings.parse({**_opts(), "queryName": "q", "FORMAT": "jsonl"})
+    assert settings.backend == "files"
+    assert settings.sink_id == "s1"
+    assert settings.state_location == "/chk/q1/txsink"
+    # Spark lower-cases keys; txsink's own options and queryName never reach the backend.
+    assert dict(settings.backend_options) == {"path": "/out/s1", "format": "jsonl"}
+
+
+def test_state_location_overrides_checkpoint() -> None:
+    settings = SinkSettings.parse(_opts(checkpointLocation="-", state_location="/state/x"))
+    assert settings.state_location == "/state/x"
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    (_opts(backend="-"), "backend"),
+    (_opts(sink_id="-"), "sink_id"),
+    (_opts(sink_id="no spaces"), "sink_id"),
+    (_opts(checkpointLocation="-"), "checkpointLocation"),
+    (_opts(backend="nosuch"), "backend"),
+    (_opts(path="-"), "path"),
+    (_opts(colour="red"), "colour"),
+])
+def test_bad_options_fail_before_writing(options: dict[str, str], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        TxsinkDataSource(options)
+    assert info.value.field == field
+
+
+def test_overwrite_is_refused() -> None:
+    source = TxsinkDataSource(_opts())
+    with pytest.raises(ConfigError, match="complete"):
+        source.streamWriter(None, True)  # type: ignore[arg-type]
+
+
+def test_commit_messages_round_trip() -> None:
+    c = Committable.for_context("files", TransactionContext("s1", 3, 1, 42), {"final": None},
+                                rows=5)
+    decoded = decode_messages([TxsinkCommitMessage(c.to_bytes()), None])
+    assert decoded == [c, None]
+    with pytest.raises(StateError):
+        decode_messages([object()])  # type: ignore[list-item]
+
+
+def test_owner_token_is_stable_within_a_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(_proc.OWNER_ENV, raising=False)
+    assert _proc.owner_token() == _proc.owner_token()
+    monkeypatch.setenv(_proc.OWNER_ENV, "operator-1")
+    assert _proc.owner_token() == "operator-1"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_owner_token_names_the_ancestor_jvm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(_proc.OWNER_ENV, raising=False)
+    # This test process has no JVM ancestor: a per-process token is used instead.
+    assert _proc.driver_jvm() is None
+    assert f":{os.getpid()}:" in _proc.owner_token()
+    # With a JVM ancestor, every process below it gets the same token.
+    me = os.getpid()
+    fake = {me: ("python3", 100, 1), 100: ("python3", 50, 2), 50: ("java", 1, 777)}
+    monkeypatch.setattr(_proc, "_stat", lambda pid: fake.get(pid))
+    assert _proc.driver_jvm() == (50, 777)
+    assert _proc.owner_token().endswith(":jvm50:777")
