@@ -172,7 +172,7 @@ def test_commit_warns_when_a_prepared_transaction_nears_its_timeout(
     c = prepare(backend, sink_id, 0, 0, range(10))
     timeout_ms = int(c.payload["transaction_timeout_ms"])
     old = replace(c, payload={**c.payload,
-                              "prepared_at": time.time() - 0.9 * timeout_ms / 1000})
+                              "began_at": time.time() - 0.9 * timeout_ms / 1000})
     with caplog.at_level(logging.WARNING, logger="txsink_kafka"):
         assert backend.commit(old) is CommitOutcome.COMMITTED
     assert any("data at risk" in r.getMessage() and c.participant in r.getMessage()

@@ -97,6 +97,8 @@ class _KafkaTransaction(Transaction):
         self.marker_topic = ""
         self.marker_partition = 0
         self.marker_offset = -1
+        #: The broker's transaction timeout runs from the first record, not the flush.
+        self.began_at = time.time()
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None and len(self.errors) < 10:
@@ -544,10 +546,12 @@ class KafkaBackend(Backend):
             "marker": {"topic": txn.marker_topic, "partition": txn.marker_partition,
                        "offset": txn.marker_offset},
             "transaction_timeout_ms": self.config.transaction_timeout_ms,
+            "began_at": round(txn.began_at, 3),
             "prepared_at": round(time.time(), 3),
         }
         committable = Committable.for_context(self.name, txn.ctx, payload, rows=txn.rows,
                                               payload_version=self.payload_version)
+        self._check_age(committable)  # a long write already eats into the timeout
         # Close without aborting: the transaction stays open for the driver's EndTxn.
         txn.producer = None
         del producer
@@ -655,11 +659,11 @@ class KafkaBackend(Backend):
         ends.poll(0)
 
     def _check_age(self, c: Committable) -> float:
-        prepared_at = float(c.payload.get("prepared_at", 0) or 0)
+        prepared_at = float(c.payload.get("began_at") or c.payload.get("prepared_at") or 0)
         timeout_ms = int(c.payload.get("transaction_timeout_ms", 0) or 0)
         age = time.time() - prepared_at if prepared_at else 0.0
         if timeout_ms and age * 1000 > TIMEOUT_WARN_SHARE * timeout_ms:
-            log.warning("sink=%s epoch=%d partition=%d participant=%s: prepared %.0fs ago, "
+            log.warning("sink=%s epoch=%d partition=%d participant=%s: open for %.0fs, "
                         "%.0f%% of transaction.timeout.ms=%d; the broker aborts it at the "
                         "timeout (data at risk): raise kafka.transaction.timeout.ms",
                         c.sink_id, c.epoch, c.partition, c.participant, age,
@@ -708,7 +712,7 @@ class KafkaBackend(Backend):
         timeout_ms = int(c.payload.get("transaction_timeout_ms", 0) or 0)
         topics = c.payload.get("topics") or []
         why = (f"the broker's transaction.timeout.ms ({timeout_ms} ms) expired: it was "
-               f"prepared {age:.0f}s ago" if timeout_ms and age * 1000 > timeout_ms else
+               f"it was opened {age:.0f}s ago" if timeout_ms and age * 1000 > timeout_ms else
                "it was fenced and aborted (another query using the same sink id, or a "
                "manual abort)")
         raise ParticipantLostError(

@@ -275,7 +275,9 @@ def read_range(settings: SourceSettings, part: KafkaInputPartition) -> Iterator[
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer(settings.consumer_config())
+    # "error": a range whose start was deleted by retention must fail loudly, not jump
+    # to the end and silently skip records.
+    consumer = Consumer({**settings.consumer_config(), "auto.offset.reset": "error"})
     consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
     rows: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
     deadline = time.monotonic() + max(60.0, settings.timeout_s)
