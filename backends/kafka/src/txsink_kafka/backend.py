@@ -411,7 +411,10 @@ class KafkaBackend(Backend):
 
         ctx = txn.ctx
         assert txn.producer is not None
-        txn.producer.poll(0)  # serves the log line that names the producer id
+        # poll() serves librdkafka's log queue, where the producer id is announced.
+        deadline = time.monotonic() + 1.0
+        while txn.capture.identity is None and time.monotonic() < deadline:
+            txn.producer.poll(0.01)
         identity = txn.capture.identity or ProducerIdentity(-1, -1)
         key, value = Marker(BEGIN, txn.transactional_id, ctx.sink_id, ctx.epoch,
                             ctx.partition, ctx.attempt, producer_id=identity.producer_id,
@@ -711,10 +714,12 @@ class KafkaBackend(Backend):
                 sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
         timeout_ms = int(c.payload.get("transaction_timeout_ms", 0) or 0)
         topics = c.payload.get("topics") or []
-        why = (f"the broker's transaction.timeout.ms ({timeout_ms} ms) expired: it was "
-               f"it was opened {age:.0f}s ago" if timeout_ms and age * 1000 > timeout_ms else
-               "it was fenced and aborted (another query using the same sink id, or a "
-               "manual abort)")
+        if timeout_ms and age * 1000 > timeout_ms:
+            why = (f"the broker's transaction.timeout.ms ({timeout_ms} ms) expired: the "
+                   f"transaction was opened {age:.0f}s ago")
+        else:
+            why = ("it was fenced and aborted (another query using the same sink id, or a "
+                   "manual abort)")
         raise ParticipantLostError(
             f"{c.describe()}: DATA AT RISK: the prepared transaction of transactional.id "
             f"{tid!r} ({c.rows} rows to {', '.join(map(str, topics))}) was "
@@ -731,8 +736,9 @@ class KafkaBackend(Backend):
         except ConnectionDroppedError:
             result = None
         if result is not EndTxnResult.OK:
-            # Whatever is open on this id (this transaction or a later one of the same
-            # participant) is aborted by fencing the id.
+            # Refused (fenced, wrong state, Tansu's dropped connection): fencing the id
+            # aborts whatever is still open on it. Only participants of this run reach
+            # abort(), so no live writer of another run uses the id.
             d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
         self._write_end(c, tid, mtopic, mpart, ABORTED)
         log.debug("%s: aborted transactional.id=%s", c.describe(), tid)
@@ -777,7 +783,7 @@ class KafkaBackend(Backend):
                     # A restarted query reuses names (Spark's task attempt ids start
                     # again), and a transactional id keeps its producer id: only an end
                     # for the same producer epoch ends this use of the name.
-                    if began is not None and (m.producer_id < 0 or (
+                    if began is not None and (m.producer_id < 0 or began.producer_id < 0 or (
                             m.producer_id, m.producer_epoch) == (began.producer_id,
                                                                  began.producer_epoch)):
                         del state.open[m.transactional_id]
