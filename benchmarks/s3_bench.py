@@ -224,9 +224,9 @@ def commit_latency(target: Target, args: argparse.Namespace) -> dict[str, float]
 
 def worker_memory(target: Target, args: argparse.Namespace) -> dict[str, float]:
     part = args.part_mib * MIB
-    # ~19 Parquet bytes per row of this data: ten parts' worth of encoded output.
+    # ~14 Parquet bytes per row of this data: ten parts' worth of encoded output.
     rows_per_batch = 10_000
-    batches = max(1, (10 * part) // (19 * rows_per_batch)) + 1
+    batches = max(1, (10 * part) // (13 * rows_per_batch)) + 1
     spec = {"options": target.options(f"bench-{uuid.uuid4().hex[:8]}", part_size=str(part),
                                       upload_concurrency=str(args.concurrency)),
             "sink": "mem", "batches": batches, "rows_per_batch": rows_per_batch}
@@ -241,10 +241,10 @@ def worker_memory(target: Target, args: argparse.Namespace) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=4_000_000,
+    parser.add_argument("--rows", type=int, default=8_000_000,
                         help="rows in the throughput partition")
     parser.add_argument("--part-mib", type=int, default=16)
-    parser.add_argument("--concurrency", type=int, default=1, help="upload_concurrency")
+    parser.add_argument("--concurrency", type=int, default=2, help="upload_concurrency")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--partitions", type=int, default=4)

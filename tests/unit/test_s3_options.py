@@ -27,6 +27,9 @@ def test_defaults_and_size_units() -> None:
     ({"bucket": "abc", "part_size": "lots"}, "part_size", "size in bytes"),
     ({"bucket": "abc", "format": "xml"}, "format", "parquet, jsonl, csv"),
     ({"bucket": "abc", "format": "csv", "compression": "zstd"}, "compression", "parquet only"),
+    ({"bucket": "abc", "format": "jsonl", "parquet_dictionary": "all"}, "parquet_dictionary",
+     "parquet only"),
+    ({"bucket": "abc", "upload_concurrency": "0"}, "upload_concurrency", "at least 1"),
     ({"bucket": "abc", "endpoint_url": "localhost:9000"}, "endpoint_url", "http://"),
     ({"bucket": "abc", "endpoint_url": "http://u:pw@h:1"}, "endpoint_url", "credentials"),
     ({"bucket": "abc", "access_key_id": "AK"}, "secret_access_key", "required"),
@@ -65,3 +68,16 @@ def test_multipart_etag_matches_the_s3_rule() -> None:
     expected = hashlib.md5(b"".join(bytes.fromhex(m) for m in md5s)).hexdigest() + "-2"
     assert multipart_etag([f'"{m}"' for m in md5s]) == expected
     assert multipart_etag(["not-an-md5"]) is None
+
+
+def test_auto_dictionary_skips_nearly_unique_columns() -> None:
+    import pyarrow as pa
+    from txsink_s3.formats import dictionary_columns
+
+    ids = range(5000)
+    batch = pa.record_batch({"id": pa.array(ids), "city": [f"c{i % 20}" for i in ids],
+                             "note": [f"note {i}" for i in ids]})
+    assert dictionary_columns(batch, "auto") == ["city"]
+    assert dictionary_columns(batch, "all") is True
+    assert dictionary_columns(batch, "none") is False
+    assert dictionary_columns(batch.slice(0, 10), "auto") is True  # too small to judge

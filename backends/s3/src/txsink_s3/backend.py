@@ -167,7 +167,8 @@ class S3Backend(Backend):
         part_size: int = DEFAULT_PART_SIZE,
         row_group_bytes: int | None = None,
         compression: str = "snappy",
-        upload_concurrency: int = 1,
+        dictionary: str = "auto",
+        upload_concurrency: int = 2,
         endpoint_url: str | None = None,
         region: str | None = None,
         addressing_style: str = "auto",
@@ -185,6 +186,7 @@ class S3Backend(Backend):
         self.part_size = part_size
         self.row_group_bytes = row_group_bytes or default_row_group_bytes(part_size)
         self.compression = compression
+        self.dictionary = dictionary
         self.upload_concurrency = upload_concurrency
         self.endpoint_url = endpoint_url
         self.region = region
@@ -222,10 +224,13 @@ class S3Backend(Backend):
                                maximum=MAX_PART_SIZE, why_minimum="row groups that small "
                                "make Parquet files slow to read")
         compression = opts.choice("compression", COMPRESSIONS, "snappy")
-        if compression != "snappy" and fmt != "parquet":
-            raise ConfigError("s3 backend: option 'compression' applies to format parquet "
-                              f"only (format is {fmt})", field="compression")
-        concurrency = opts.int("upload_concurrency", 1, minimum=1, maximum=16)
+        dictionary = opts.choice("parquet_dictionary", ("auto", "all", "none"), "auto")
+        for key, value, default in (("compression", compression, "snappy"),
+                                    ("parquet_dictionary", dictionary, "auto")):
+            if value != default and fmt != "parquet":
+                raise ConfigError(f"s3 backend: option '{key}' applies to format parquet "
+                                  f"only (format is {fmt})", field=key)
+        concurrency = opts.int("upload_concurrency", 2, minimum=1, maximum=16)
         endpoint_url = opts.optional("endpoint_url")
         if endpoint_url is not None and not re.match(r"^https?://[^/\s]+", endpoint_url):
             raise ConfigError(f"s3 backend: option 'endpoint_url' {endpoint_url!r} must be an "
@@ -258,7 +263,7 @@ class S3Backend(Backend):
         read_timeout = opts.float("read_timeout", 120.0, minimum=1.0)
         opts.check_unknown()
         return cls(bucket=bucket, prefix=prefix, fmt=fmt, part_size=part_size,
-                   row_group_bytes=row_group, compression=compression,
+                   row_group_bytes=row_group, compression=compression, dictionary=dictionary,
                    upload_concurrency=concurrency, endpoint_url=endpoint_url, region=region,
                    addressing_style=addressing, profile=profile, access_key_id=access_key_id,
                    secret_access_key=secret, session_token=token, max_attempts=max_attempts,
@@ -428,7 +433,8 @@ class S3Backend(Backend):
 
         def encoder(out: PartBuffer) -> Encoder:
             return make_encoder(self.format, out, compression=self.compression,
-                                row_group_bytes=self.row_group_bytes)
+                                row_group_bytes=self.row_group_bytes,
+                                dictionary=self.dictionary)
 
         return _S3Transaction(ctx, key, encoder)
 
