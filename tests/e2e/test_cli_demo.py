@@ -66,3 +66,11 @@ def test_demo_pipelines_run_and_commit_exactly_once(tmp_path: Path) -> None:
     copied = read_files_output(parquet)
     assert sorted(r["id"] for r in copied) == sorted(i for i in ids if i > 0)
     assert leftover_files(parquet) == []
+
+    # A batch write in TOML: those Parquet files -> GROUP BY -> JSON lines, one epoch.
+    stdout = _txsink_run("parquet-batch.toml", env)
+    assert "done (batch write finished): committed epoch 0" in stdout
+    totals = read_files_output(tmp_path / "demo" / "totals")
+    assert {r["key"]: r["rows"] for r in totals} == {
+        k: sum(1 for r in copied if r["key"] == k) for k in {r["key"] for r in copied}}
+    assert sum(r["amount"] for r in totals) == sum(r["amount"] for r in copied)
