@@ -89,11 +89,14 @@ def test_source_reads_committed_records_with_the_kafka_schema(
     produce(bootstrap, topic, [(i % 2, i) for i in range(100)])
     produce(bootstrap, topic, [(0, 1000 + i) for i in range(10)], abort=True)
     rows = run_available_now(spark, bootstrap, topic, tmp_path / "chk",
-                             startingOffsets="earliest")
-    schema = spark.readStream.format("txsink-kafka").option(
-        "kafka.bootstrap.servers", bootstrap).option("subscribe", topic).load().schema
-    assert schema.fieldNames() == ["key", "value", "topic", "partition", "offset",
-                                   "timestamp", "timestampType", "headers"]
+                             startingOffsets="earliest", includeHeaders="true")
+    reader = spark.readStream.format("txsink-kafka").option(
+        "kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+    spark_kafka = ["key", "value", "topic", "partition", "offset", "timestamp",
+                   "timestampType"]
+    assert reader.load().schema.fieldNames() == spark_kafka
+    assert reader.option("includeHeaders", "true").load().schema.fieldNames() == [
+        *spark_kafka, "headers"]
     ids = sorted(json.loads(r["value"])["id"] for r in rows)
     if caps.hides_aborted:
         assert ids == list(range(100))
@@ -115,7 +118,8 @@ def test_source_reads_committed_records_with_the_kafka_schema(
         added = False
     more = [(i % (3 if added else 2), 200 + i) for i in range(30)]
     produce(bootstrap, topic, more)
-    again = run_available_now(spark, bootstrap, topic, tmp_path / "chk")
+    again = run_available_now(spark, bootstrap, topic, tmp_path / "chk",
+                              includeHeaders="true")
     assert sorted(json.loads(r["value"])["id"] for r in again) == [i for _, i in more]
 
 

@@ -12,7 +12,8 @@ Kafka jobs. Like Spark's:
   the query runs are discovered and read from their start;
 * ``kafka.isolation.level`` is ``read_committed`` unless set;
 * the schema is Spark's Kafka source schema (``key``, ``value``, ``topic``,
-  ``partition``, ``offset``, ``timestamp``, ``timestampType``, ``headers``);
+  ``partition``, ``offset``, ``timestamp``, ``timestampType``, and ``headers`` with
+  ``includeHeaders=true``);
 * consumers use explicit assignment, never group subscription.
 """
 
@@ -44,8 +45,8 @@ log = logging.getLogger(__name__)
 FORMAT = "txsink-kafka"
 OWNER = "kafka source"
 SCHEMA_DDL = ("key binary, value binary, topic string, partition int, offset long, "
-              "timestamp timestamp, timestampType int, "
-              "headers array<struct<key: string, value: binary>>")
+              "timestamp timestamp, timestampType int")
+HEADERS_DDL = ", headers array<struct<key: string, value: binary>>"
 _FIELDS: list[pa.Field[Any]] = [
     pa.field("key", pa.binary()), pa.field("value", pa.binary()),
     pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
@@ -55,6 +56,7 @@ _FIELDS: list[pa.Field[Any]] = [
                                             pa.field("value", pa.binary())]))),
 ]
 ARROW_SCHEMA = pa.schema(_FIELDS)
+ARROW_SCHEMA_NO_HEADERS = pa.schema(_FIELDS[:-1])
 EARLIEST, LATEST = -2, -1
 _ROWS_PER_BATCH = 10_000
 
@@ -68,6 +70,7 @@ class SourceSettings:
     starting: str | Offsets = "latest"
     max_offsets_per_trigger: int | None = None
     timeout_s: float = 30.0
+    include_headers: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceSettings:
@@ -101,9 +104,10 @@ class SourceSettings:
         limit = opts.optional("maxoffsetspertrigger")
         max_rows = None if limit is None else opts.int("maxoffsetspertrigger", 0, minimum=1)
         timeout = opts.float("request.timeout.s", 30.0, minimum=0.1)
-        opts.ignore("path", "failondataloss", "includeheaders")
+        include_headers = opts.bool("includeheaders", False)
+        opts.ignore("path", "failondataloss")
         opts.check_unknown()
-        return cls(consumer, topics, starting, max_rows, timeout)
+        return cls(consumer, topics, starting, max_rows, timeout, include_headers)
 
     def consumer_config(self) -> dict[str, Any]:
         return {"group.id": "txsink-source", "enable.auto.commit": False,
@@ -279,7 +283,6 @@ def read_range(settings: SourceSettings, part: KafkaInputPartition) -> Iterator[
     # to the end and silently skip records.
     consumer = Consumer({**settings.consumer_config(), "auto.offset.reset": "error"})
     consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-    rows: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
     deadline = time.monotonic() + max(60.0, settings.timeout_s)
     done = False
     try:
@@ -287,40 +290,48 @@ def read_range(settings: SourceSettings, part: KafkaInputPartition) -> Iterator[
             if time.monotonic() > deadline:
                 raise TimeoutError(f"kafka source: reading {part.topic}[{part.partition}] "
                                    f"{part.start}..{part.until} made no progress")
-            for msg in consumer.consume(5000, 0.2):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        done = True
-                        break
+            msgs = consumer.consume(_ROWS_PER_BATCH, 0.2)
+            # Cut the batch at the end of the range or at the partition's end event.
+            cut = len(msgs)
+            failed = [i for i, m in enumerate(msgs) if m.error() is not None]
+            if failed:
+                err = msgs[failed[0]].error()
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     raise RuntimeError(f"kafka source: {part.topic}[{part.partition}]: "
                                        f"{err.str()}")
-                offset = msg.offset() or 0
-                if offset >= part.until:
-                    done = True
-                    break
-                deadline = time.monotonic() + max(60.0, settings.timeout_s)
-                ts_type, ts = msg.timestamp()
-                rows["key"].append(msg.key())
-                rows["value"].append(msg.value())
-                rows["topic"].append(part.topic)
-                rows["partition"].append(part.partition)
-                rows["offset"].append(offset)
-                rows["timestamp"].append(ts * 1000 if ts_type else None)
-                rows["timestampType"].append(max(0, ts_type - 1) if ts_type else 0)
-                headers: Any = msg.headers()
-                rows["headers"].append([{"key": k, "value": v} for k, v in headers]
-                                       if headers else [])
-                if offset >= part.until - 1:
-                    done = True
-                    break
-                if len(rows["offset"]) >= _ROWS_PER_BATCH:
-                    yield pa.record_batch(list(rows.values()), schema=ARROW_SCHEMA)
-                    rows = {name: [] for name in ARROW_SCHEMA.names}
-        if rows["offset"]:
-            yield pa.record_batch(list(rows.values()), schema=ARROW_SCHEMA)
+                cut, done = failed[0], True
+            if cut and (msgs[cut - 1].offset() or 0) >= part.until - 1:
+                done = True
+                while cut and (msgs[cut - 1].offset() or 0) >= part.until:
+                    cut -= 1
+            if not cut:
+                continue
+            deadline = time.monotonic() + max(60.0, settings.timeout_s)
+            yield _to_batch(part, msgs[:cut], settings.include_headers)
     finally:
         consumer.close()
+
+
+def _to_batch(part: KafkaInputPartition, msgs: list[Any], headers: bool) -> pa.RecordBatch:
+    """Column by column (list comprehensions): the per-record Python cost is the limit."""
+    stamps = [m.timestamp() for m in msgs]
+    n = len(msgs)
+    columns = [
+        pa.array([m.key() for m in msgs], pa.binary()),
+        pa.array([m.value() for m in msgs], pa.binary()),
+        pa.array([part.topic] * n, pa.string()),
+        pa.array([part.partition] * n, pa.int32()),
+        pa.array([m.offset() for m in msgs], pa.int64()),
+        pa.array([ts * 1000 if kind else None for kind, ts in stamps],
+                 pa.timestamp("us", tz="UTC")),
+        pa.array([kind - 1 if kind > 0 else 0 for kind, _ in stamps], pa.int32()),
+    ]
+    if not headers:
+        return pa.record_batch(columns, schema=ARROW_SCHEMA_NO_HEADERS)
+    columns.append(pa.array(
+        [[{"key": k, "value": v} for k, v in h] if h else []
+         for h in (m.headers() for m in msgs)], ARROW_SCHEMA.field("headers").type))
+    return pa.record_batch(columns, schema=ARROW_SCHEMA)
 
 
 class KafkaSource(DataSource):
@@ -335,7 +346,7 @@ class KafkaSource(DataSource):
         self.settings = SourceSettings.parse(options)
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        return SCHEMA_DDL + (HEADERS_DDL if self.settings.include_headers else "")
 
     def streamReader(self, schema: Any) -> KafkaStreamReader:
         return KafkaStreamReader(self.settings)
