@@ -543,7 +543,7 @@ class S3Backend(Backend):
             log.debug("%s: a part upload failed while discarding", txn.describe(),
                       exc_info=True)
         if txn.upload_id is not None:
-            self._abort_upload(txn.key, txn.upload_id, txn.describe())
+            self._abort_upload(self.bucket, txn.key, txn.upload_id, txn.describe())
             txn.upload_id = None
 
     # -- driver side --------------------------------------------------------------------
@@ -601,25 +601,24 @@ class S3Backend(Backend):
         log.debug("%s: committed s3://%s/%s", c.describe(), p["bucket"], p["key"])
         return CommitOutcome.COMMITTED
 
-    def _abort_upload(self, key: str, upload_id: str, who: str) -> None:
+    def _abort_upload(self, bucket: str, key: str, upload_id: str, who: str) -> None:
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
 
         try:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
         except ClientError as exc:
             if _error_code(exc) == "NoSuchUpload" or _status(exc) == 404:
                 return  # already gone: aborting twice is harmless
             raise
-        log.debug("%s: aborted multipart upload of s3://%s/%s", who, self.bucket, key)
+        log.debug("%s: aborted multipart upload of s3://%s/%s", who, bucket, key)
 
     def abort(self, committable: Committable) -> None:
         p = committable.payload
         if p.get("empty") or not p.get("upload_id"):
             return
-        if p.get("bucket", self.bucket) != self.bucket:
-            raise ConfigError(f"{committable.describe()} belongs to bucket {p['bucket']!r}, "
-                              f"not {self.bucket!r}", field="bucket")
-        self._abort_upload(str(p["key"]), str(p["upload_id"]), committable.describe())
+        # The committable's own bucket: it may predate a change of the 'bucket' option.
+        self._abort_upload(str(p.get("bucket", self.bucket)), str(p["key"]),
+                           str(p["upload_id"]), committable.describe())
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every multipart upload under the sink's prefix whose key txsink made.
