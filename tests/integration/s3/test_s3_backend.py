@@ -273,3 +273,18 @@ def test_already_committed_recognised_by_token_when_etags_are_not_md5(
         pytest.skip("this server does not keep user metadata of multipart uploads")
     no_etag = dataclasses.replace(c, payload={**c.payload, "etag": None})
     assert backend.commit(no_etag) is CommitOutcome.ALREADY_COMMITTED
+
+
+def test_orphan_listing_is_exact_per_sink_id(s3_server: S3Server, prefix: str) -> None:
+    """Sink ids that prefix each other never see each other's uploads."""
+    backend = make(s3_server.options(prefix))
+    mine = prepare(backend, "ab", 0, 0, range(5))
+    other = prepare(backend, "ab-c", 0, 0, range(5))
+    try:
+        assert [c.participant for c in backend.list_prepared("ab")] == [mine.participant]
+        assert [c.participant for c in backend.list_prepared("ab-c")] == [other.participant]
+        aborted = backend.abort_orphans("ab", protected=set())
+        assert [c.participant for c in aborted] == [mine.participant]
+        assert [u["Key"] for u in s3_server.uploads(f"{prefix}/")] == [other.payload["key"]]
+    finally:
+        backend.abort(other)
