@@ -148,3 +148,18 @@ def test_status_without_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     code, _, err = _run(capsys, "status", str(tmp_path))
     assert code == 1
     assert "no txsink state found" in err
+
+
+def test_run_preflight_failure_names_the_option_before_spark(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    FilesBackend.from_options({"path": str(out)}).preflight("someone-else")
+    f = tmp_path / "p.yaml"
+    f.write_text(f"source: {{type: rate}}\ncheckpoint: {tmp_path}/chk\n"
+                 f"sink: {{backend: files, sink_id: mine, options: {{path: '{out}'}}}}\n")
+    code, stdout, err = _run(capsys, "run", str(f))
+    assert code == 1
+    assert err.startswith("txsink: config error: sink.options.path:"), err
+    assert "someone-else" in err
+    assert stdout == ""
+    assert not (tmp_path / "chk").exists()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from txsink.config import SOURCE_VIEW, PipelineConfig
-from txsink.errors import TxsinkError
+from txsink.errors import ConfigError, TxsinkError
 from txsink.plugins import get_plugins
 from txsink.state import EpochRecord, EpochState, StateStore
 
@@ -102,6 +102,9 @@ def run_pipeline(
     try:
         backend.preflight(cfg.sink.sink_id)
         target = backend.describe()
+    except ConfigError as exc:
+        where = f"sink.options.{exc.field}" if exc.field else "sink"
+        raise ConfigError(f"{where}: {exc}", field=where, sink_id=cfg.sink.sink_id) from None
     finally:
         backend.close()
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
