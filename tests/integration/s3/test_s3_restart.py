@@ -135,7 +135,8 @@ def test_commit_retries_ride_over_a_server_restart(s3_server: S3Server, prefix: 
             server.kill()
             threading.Thread(target=restart, daemon=True).start()
 
-    patient = RetryPolicy(attempts=12, initial_backoff_s=0.2, max_backoff_s=2.0)
+    # Up to ~75 s of retries: a restart takes 4-10 s here, longer on a loaded machine.
+    patient = RetryPolicy(attempts=40, initial_backoff_s=0.2, max_backoff_s=2.0)
     coord = coordinator(backend, tmp_path, FaultInjector(callback=crash_and_restart), patient)
     coord.start()
     assert coord.commit_epoch(0, prepare_epoch(backend, 0)) is EpochOutcome.COMMITTED
