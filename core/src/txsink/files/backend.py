@@ -147,6 +147,14 @@ class FilesBackend(Backend):
     def describe(self) -> str:
         return f"files {self.format} at {self.base}"
 
+    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
+        # The state keeps these for `txsink status` / `resolve`, which may run from
+        # another directory: a relative path would point them at the wrong files.
+        kept = super().safe_options(options)
+        if "path" in kept:
+            kept["path"] = str(self.base)
+        return kept
+
     # -- sink ownership -----------------------------------------------------------------
 
     def _claim(self, sink_id: str) -> None:
