@@ -163,3 +163,21 @@ def test_run_preflight_failure_names_the_option_before_spark(
     assert "someone-else" in err
     assert stdout == ""
     assert not (tmp_path / "chk").exists()
+
+
+def test_status_works_from_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    backend = FilesBackend.from_options({"path": "rel/out"})
+    coordinator = Coordinator(backend, DirectoryStateStore(tmp_path / "chk" / "txsink"), SINK,
+                              backend_options={"path": "rel/out"})
+    coordinator.start()
+    _prepare(backend, 0, 0)  # prepared, never decided
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, text, _ = _run(capsys, "status", str(tmp_path / "chk"), "--json")
+    assert code == 0
+    data = json.loads(text)
+    assert data["options"]["path"] == str(tmp_path / "rel" / "out")
+    assert [p["participant"] for p in data["prepared_undecided"]] == [f"{SINK}-e0-p0-a0"]
