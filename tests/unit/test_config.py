@@ -172,3 +172,6 @@ def test_secret_options_are_masked_in_summary() -> None:
     masked = type(cfg.sink)(cfg.sink.backend, cfg.sink.sink_id, {"password": "hunter22"},
                             frozenset({"password"}))
     assert masked.safe_options() == {"password": "***"}
+    inline = type(cfg.sink)("x", "s", {"dsn": "postgresql://u:hunter22@db/x",
+                                       "conn": "host=db password=hunter22"})
+    assert "hunter22" not in str(inline.safe_options())

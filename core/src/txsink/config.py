@@ -33,6 +33,7 @@ from typing import Any
 from txsink.errors import ConfigError
 from txsink.model import validate_sink_id
 from txsink.plugins import Plugins, get_plugins
+from txsink.redact import redact
 
 #: Name of the temporary view the source is registered as, for the SQL transform.
 SOURCE_VIEW = "source"
@@ -68,7 +69,9 @@ class SinkConfig:
     secret_options: frozenset[str] = frozenset()
 
     def safe_options(self) -> dict[str, str]:
-        return {k: ("***" if k in self.secret_options else v) for k, v in self.options.items()}
+        """Options fit to print: secret ones masked, URL and ``password=`` secrets scrubbed."""
+        return {k: ("***" if k in self.secret_options else redact(v))
+                for k, v in self.options.items()}
 
 
 @dataclass(frozen=True)
