@@ -20,6 +20,7 @@ from txsink.backend import Backend
 from txsink.errors import ConfigError, StateError, TxsinkError
 from txsink.model import Committable
 from txsink.plugins import Plugins, get_plugins
+from txsink.redact import redact
 from txsink.state import EpochRecord, EpochState, StateStore
 
 log = logging.getLogger(__name__)
@@ -245,7 +246,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     lease = _read_lease(store)
     if args.json:
         print(json.dumps({
-            "sink_id": meta.sink_id, "backend": meta.backend, "options": dict(meta.options),
+            "sink_id": meta.sink_id, "backend": meta.backend,
+            "options": {k: redact(v) for k, v in meta.options.items()},
             "state": store.location, "committed_watermark": meta.committed_watermark,
             "lease": lease, "epochs": [_record_json(r) for _, r in sorted(records.items())],
             "in_doubt": [r.epoch for r in in_doubt],
@@ -254,7 +256,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "prepared_error": prepared_error or None,
         }, indent=1))
         return 0
-    opts = ", ".join(f"{k}={v}" for k, v in sorted(meta.options.items()))
+    opts = ", ".join(f"{k}={redact(v)}" for k, v in sorted(meta.options.items()))
     print(f"sink {meta.sink_id!r}: backend {meta.backend} ({opts})")
     print(f"state: {store.location}")
     if lease:
