@@ -248,7 +248,7 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
     return result
 
 
-def _stop_between_batches(query: Any, poll_s: float, wait_s: float = 30.0) -> None:
+def _stop_between_batches(query: Any, poll_s: float, wait_s: float = 5.0) -> None:
     """Stop when no batch is running, so a bounded run leaves no half-written epoch.
 
     A batch stopped mid-way is safe too (aborted now, its late participants aborted
