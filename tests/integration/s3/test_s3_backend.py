@@ -288,3 +288,24 @@ def test_orphan_listing_is_exact_per_sink_id(s3_server: S3Server, prefix: str) -
         assert [u["Key"] for u in s3_server.uploads(f"{prefix}/")] == [other.payload["key"]]
     finally:
         backend.abort(other)
+
+
+def test_lifecycle_rule_aborting_uploads_is_warned_about(
+    s3_server: S3Server, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    s3_server.require_local()  # creates a bucket of its own
+    bucket = "txsink-lifecycle"
+    client = s3_server.client()
+    client.create_bucket(Bucket=bucket)
+    client.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [
+        {"ID": "abort-uploads", "Status": "Enabled", "Filter": {"Prefix": ""},
+         "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}},
+        {"ID": "elsewhere", "Status": "Enabled", "Filter": {"Prefix": "other/"},
+         "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 2}},
+    ]})
+    caplog.set_level(logging.WARNING, logger="txsink_s3")
+    make(s3_server.options(prefix, bucket=bucket)).preflight("sink1")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "'abort-uploads'" in warnings[0] and "1 day(s)" in warnings[0]
+    assert "sink=sink1" in warnings[0]

@@ -418,8 +418,14 @@ class S3Backend(Backend):
                 Bucket=self.bucket).get("Rules", [])
         except (ClientError, BotoCoreError):
             return  # none configured, not readable, or not supported by the server
+        ours = self.base(sink_id) + "/"
         for rule in rules:
             days = rule.get("AbortIncompleteMultipartUpload", {}).get("DaysAfterInitiation")
+            where = rule.get("Filter", {})
+            prefix = str(where.get("Prefix", where.get("And", {}).get("Prefix",
+                                                                      rule.get("Prefix", ""))))
+            if not (ours.startswith(prefix) or prefix.startswith(ours)):
+                continue  # the rule is about other keys
             if rule.get("Status") == "Enabled" and days is not None:
                 log.warning("sink=%s: bucket %s has lifecycle rule %r aborting incomplete "
                             "multipart uploads after %s day(s); prepared participants older "
