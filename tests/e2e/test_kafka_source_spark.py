@@ -43,6 +43,28 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+        _stop_jvm()
+
+
+def _stop_jvm() -> None:
+    """session.stop() leaves the JVM running until pytest exits: end it now."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    if proc is not None:
+        if proc.stdin is not None:
+            proc.stdin.close()  # the gateway JVM exits when its stdin closes
+        try:
+            proc.wait(15)
+        except Exception:
+            proc.kill()
+            proc.wait(15)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[int, int]], *,
