@@ -9,9 +9,10 @@ ratios of back-to-back pairs, steadier on a shared machine) is printed at the en
     uv run python benchmarks/files_bench.py [--rows 2000000] [--runs 5] [--streaming]
         [--partitions 2] [--conf KEY=VALUE ...]
 
-Where the time goes (2M rows, one partition, measured in the Python worker): about
-80% of a txsink task waits for Spark's JVM to convert rows to Arrow for the Python
-data source; writing Parquet with pyarrow and the 2PC steps take the rest.
+A third sink, ``py-noop``, is a Python data source that only reads its input: it is
+the floor for any PySpark Python data source, so ``txsink/py-noop`` isolates
+txsink's own cost (2PC, Parquet encoding) from Spark's JVM-to-Arrow hand-over, which
+dominates (measured in the Python worker: about 80% of a txsink task waits for it).
 
 ``--streaming`` also compares one micro-batch of a streaming query per run
 (``writeStream`` to txsink vs Spark's file sink) on the same data read from a
@@ -27,8 +28,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 
 def main() -> None:
@@ -77,7 +81,12 @@ def main() -> None:
              .option("checkpointLocation", str(work / f"txsink-chk-{i}"))
              .save())
 
-        results = compare("batch write", spark_parquet, txsink_files, args.runs, args.rows)
+        def python_noop(i: int) -> None:
+            df.write.format(_DrainSource.name()).mode("append").save()
+
+        spark.dataSource.register(_DrainSource)
+        results = compare("batch write", {"spark": spark_parquet, "txsink": txsink_files,
+                                          "py-noop": python_noop}, args.runs, args.rows)
         if args.streaming:
             source_dir = work / "source"
             df.write.parquet(str(source_dir))
@@ -95,38 +104,68 @@ def main() -> None:
                     writer = writer.format("parquet").option("path", str(work / f"s-{fmt}-{i}"))
                 writer.trigger(availableNow=True).start().awaitTermination()
 
-            results += compare("streaming (availableNow)", lambda i: stream("spark", i),
-                               lambda i: stream("txsink", i), args.runs, args.rows)
+            results += compare("streaming (availableNow)",
+                               {"spark": lambda i: stream("spark", i),
+                                "txsink": lambda i: stream("txsink", i)}, args.runs, args.rows)
         print()
         for name, ratio in results:
-            verdict = "meets" if ratio >= 0.8 else "BELOW"
-            print(f"RATIO {name}: txsink/spark = {ratio:.2f} ({verdict} the 0.8 target)")
+            verdict = "" if "py-noop" in name else (
+                " (meets the 0.8 target)" if ratio >= 0.8 else " (BELOW the 0.8 target)")
+            print(f"RATIO {name} = {ratio:.2f}{verdict}")
+        print("py-noop is a Python data source that only reads its input: no Python sink "
+              "can be faster, so txsink/py-noop is txsink's own cost.")
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def compare(name: str, baseline: Callable[[int], None], candidate: Callable[[int], None],
-            runs: int, rows: int) -> list[tuple[str, float]]:
-    baseline(-1)  # warm-up: JIT, Python workers, class loading
-    candidate(-1)
-    times: dict[str, list[float]] = {"spark": [], "txsink": []}
+def compare(name: str, sinks: dict[str, Callable[[int], None]], runs: int,
+            rows: int) -> list[tuple[str, float]]:
+    """Time each sink ``runs`` times, round-robin; ratios are against ``spark``."""
+    for fn in sinks.values():
+        fn(-1)  # warm-up: JIT, Python workers, class loading
+    times: dict[str, list[float]] = {label: [] for label in sinks}
     for i in range(runs):
-        for label, fn in (("spark", baseline), ("txsink", candidate)):
+        for label, fn in sinks.items():
             started = time.perf_counter()
             fn(i)
             times[label].append(time.perf_counter() - started)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    # Each pair ran back to back, so the machine's load is similar within a pair: the
-    # median of the per-pair ratios is steadier than a ratio of medians on a busy box.
-    pairs = [s / t for s, t in zip(times["spark"], times["txsink"], strict=True)]
     print(f"\n{name}:")
-    for label in ("spark", "txsink"):
-        runs_s = ", ".join(f"{t:.2f}s" for t in times[label])
-        print(f"  {label:<7} median {med[label]:.2f}s = {rows / med[label]:>12,.0f} rows/s "
-              f"({runs_s})")
-    print(f"  per-pair ratios: {', '.join(f'{r:.2f}' for r in pairs)}")
-    return [(name, statistics.median(pairs))]
+    for label, ts in times.items():
+        med = statistics.median(ts)
+        runs_s = ", ".join(f"{t:.2f}s" for t in ts)
+        print(f"  {label:<8} median {med:.2f}s = {rows / med:>12,.0f} rows/s ({runs_s})")
+    # Sinks of one round ran back to back, so the machine's load is similar within a
+    # round: the median of per-round ratios is steadier than a ratio of medians.
+    out = []
+    for label in sinks:
+        if label == "spark":
+            continue
+        pairs = [s / t for s, t in zip(times["spark"], times[label], strict=True)]
+        print(f"  per-round ratios {label}/spark: {', '.join(f'{r:.2f}' for r in pairs)}")
+        out.append((f"{name}, {label}/spark", statistics.median(pairs)))
+    if "py-noop" in times and "txsink" in times:
+        pairs = [n / t for n, t in zip(times["py-noop"], times["txsink"], strict=True)]
+        out.append((f"{name}, txsink/py-noop", statistics.median(pairs)))
+    return out
+
+
+class _DrainWriter(DataSourceArrowWriter):
+    """Reads every Arrow batch and writes nothing: the floor of any Python data source."""
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+
+class _DrainSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "bench-python-noop"
+
+    def writer(self, schema: Any, overwrite: bool) -> _DrainWriter:
+        return _DrainWriter()
 
 
 if __name__ == "__main__":
