@@ -40,6 +40,8 @@ _RESERVED = {
 }
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
+#: Longest transactional.id prefix accepted (ids are prefix + sink id + epoch/partition).
+MAX_TRANSACTIONAL_ID_PREFIX = 100
 #: Apache Kafka's default transaction.max.timeout.ms (brokers reject larger values).
 KAFKA_DEFAULT_MAX_TIMEOUT_MS = 900_000
 
@@ -98,6 +100,11 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
     if not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise ConfigError(f"{OWNER}: option 'transactional.id.prefix' {prefix!r} may only "
                           "hold letters, digits, '.', '_' and '-'",
+                          field="transactional.id.prefix")
+    if len(prefix) > MAX_TRANSACTIONAL_ID_PREFIX:
+        raise ConfigError(f"{OWNER}: option 'transactional.id.prefix' is {len(prefix)} "
+                          f"characters; use at most {MAX_TRANSACTIONAL_ID_PREFIX} (it starts "
+                          "every transactional.id and marker key of the sink)",
                           field="transactional.id.prefix")
     trigger = opts.optional("trigger.interval.ms")
     trigger_ms = None if trigger is None else opts.int("trigger.interval.ms", 0, minimum=0)

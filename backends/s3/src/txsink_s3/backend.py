@@ -145,6 +145,11 @@ class _S3Transaction(Transaction):
         self.pool: ThreadPoolExecutor | None = None
 
 
+#: Longest prefix: S3 keys hold at most 1024 bytes and txsink appends up to ~200.
+MAX_PREFIX_BYTES = 512
+_GLOB_CHARS = frozenset("*?[]{}\\")
+
+
 class S3Backend(Backend):
     """Writes each participant as one object through a multipart upload."""
 
@@ -215,6 +220,15 @@ class S3Backend(Backend):
         if any(part in (".", "..") for part in prefix.split("/")):
             raise ConfigError(f"s3 backend: option 'prefix' {prefix!r} must not contain "
                               "'.' or '..' segments", field="prefix")
+        if len(prefix.encode()) > MAX_PREFIX_BYTES:
+            raise ConfigError(f"s3 backend: option 'prefix' is {len(prefix.encode())} bytes; "
+                              f"at most {MAX_PREFIX_BYTES} leave room for txsink's key names "
+                              "within S3's 1024-byte key limit", field="prefix")
+        bad = sorted({c for c in prefix if c in _GLOB_CHARS or not c.isprintable()})
+        if bad:
+            raise ConfigError(f"s3 backend: option 'prefix' {prefix[:80]!r} holds {bad!r}: "
+                              "glob and control characters break readers that take the "
+                              "path as a pattern (Spark, Hadoop)", field="prefix")
         fmt = opts.choice("format", FORMATS, "parquet")
         part_size = parse_size(opts, "part_size", DEFAULT_PART_SIZE, minimum=MIN_PART_SIZE,
                                maximum=MAX_PART_SIZE,
