@@ -1,9 +1,14 @@
-"""SIGKILL the driver at every protocol point; the restarted run must write each row once."""
+"""SIGKILL the driver at every protocol point; the restarted run must write each row once.
+
+The driver is :mod:`tests.chaos.driver` (the protocol in real processes: forked
+writers, a coordinator, an engine commit log) with the files backend.
+"""
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -14,20 +19,27 @@ import pyarrow.dataset as ds
 import pytest
 from txsink.faults import POINTS
 
-from .files_pipeline import ROWS
+from tests.chaos.driver import ROWS
 
 EPOCHS, PARTITIONS = 4, 3
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(out: Path, state: Path, *extra: str, faults: str = "") -> subprocess.CompletedProcess[str]:
+def run(out: Path, state: Path, *, faults: str = "", kill_task: str = "",
+        segment: int = 0) -> subprocess.CompletedProcess[str]:
+    spec = {"backend": "files", "options": {"path": str(out)}, "sink_id": "crash-files",
+            "state": str(state), "epochs": EPOCHS, "partitions": PARTITIONS, "kind": "table",
+            "run": segment,
+            "task_faults": {kill_task: "task-dies-after-prepare"} if kill_task else {}}
+    spec_file = state.with_suffix(f".{segment}.json")
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_FAULTS")}
     if faults:
         env["TXSINK_FAULTS"] = faults
-    return subprocess.run(
-        [sys.executable, "-m", "tests.integration.files_pipeline", str(out), str(state),
-         "--epochs", str(EPOCHS), "--partitions", str(PARTITIONS), *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([sys.executable, "-m", "tests.chaos.driver", str(spec_file)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
 
 
 def digest(out: Path) -> tuple[int, dict[str, str]]:
@@ -36,7 +48,7 @@ def digest(out: Path) -> tuple[int, dict[str, str]]:
     per_key: dict[str, list[int]] = collections.defaultdict(list)
     for row_id, key, value in zip(*(table.column(c).to_pylist() for c in ("id", "key", "value")),
                                   strict=True):
-        assert value == row_id * 3
+        assert value == row_id * 7
         per_key[key].append(row_id)
     return table.num_rows, {k: hashlib.sha256(repr(sorted(v)).encode()).hexdigest()
                             for k, v in per_key.items()}
@@ -65,7 +77,7 @@ def test_driver_sigkill_at_each_point(point: str, tmp_path: Path,
     out, state = tmp_path / "out", tmp_path / "state"
     crashed = run(out, state, faults=f"{point}@2:kill")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    restarted = run(out, state)
+    restarted = run(out, state, segment=1)
     assert restarted.returncode == 0, restarted.stderr
     assert digest(out) == expected
     assert_clean(out)
@@ -76,8 +88,9 @@ def test_writer_killed_after_prepare_is_retried_and_its_orphan_aborted(
     tmp_path: Path, expected: tuple[int, dict[str, str]]
 ) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
-    done = run(out, state, "--kill-task", "1:2")
+    done = run(out, state, kill_task="1:2")
     assert done.returncode == 0, done.stderr
+    assert (state / "faults.log").read_text().split() == ["task-dies-after-prepare@1:2"]
     assert digest(out) == expected
     assert_clean(out)
 
@@ -88,7 +101,8 @@ def test_two_crashes_in_a_row_then_restart(tmp_path: Path,
     out, state = tmp_path / "out", tmp_path / "state"
     assert run(out, state, faults="after-first-commit@1:kill").returncode == -signal.SIGKILL
     # The restart re-commits epoch 1, then dies again while deciding epoch 3.
-    assert run(out, state, faults="after-decide@3:kill").returncode == -signal.SIGKILL
-    assert run(out, state).returncode == 0
+    assert run(out, state, faults="after-decide@3:kill", segment=1).returncode == (
+        -signal.SIGKILL)
+    assert run(out, state, segment=2).returncode == 0
     assert digest(out) == expected
     assert_clean(out)
