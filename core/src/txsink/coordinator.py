@@ -216,9 +216,11 @@ class Coordinator:
         self.plugins.epoch_decided(self.sink_id, epoch, committables)
         self.faults.hit(AFTER_DECIDE, epoch)
         self._finish(record)
+        # One read of the state serves the orphan scan and pruning (the scan writes none).
+        records = self.store.records()
         if self.scan_orphans:
-            self._abort_orphans(epoch)
-        self._prune()
+            self._abort_orphans(epoch, records)
+        self._prune(records)
         return EpochOutcome.COMMITTED
 
     def abort_epoch(self, epoch: int, messages: Sequence[Committable | None]) -> None:
@@ -365,9 +367,12 @@ class Coordinator:
                 f"{redact(str(error), self.backend.secret_values())}",
                 sink_id=first.sink_id, epoch=first.epoch, participant=first.participant) from None
 
-    def _abort_orphans(self, up_to_epoch: int | None) -> list[Committable]:
+    def _abort_orphans(self, up_to_epoch: int | None,
+                       records: Mapping[int, EpochRecord] | None = None) -> list[Committable]:
+        if records is None:
+            records = self.store.records()
         protected: set[str] = set()
-        for record in self.store.records().values():
+        for record in records.values():
             if record.state is EpochState.DECIDED:
                 protected |= record.participants
         aborted = self.backend.abort_orphans(self.sink_id, protected, up_to_epoch)
@@ -380,8 +385,7 @@ class Coordinator:
             self.plugins.epoch_aborted(self.sink_id, epoch, cs, "orphan")
         return aborted
 
-    def _prune(self) -> None:
-        records = self.store.records()
+    def _prune(self, records: Mapping[int, EpochRecord]) -> None:
         committed = sorted(e for e, r in records.items() if r.state is EpochState.COMMITTED)
         if not committed:
             return
