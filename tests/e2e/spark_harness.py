@@ -10,7 +10,7 @@ Typical use (see ``test_files_exactly_once.py``)::
     run = run_driver(DriverSpec(input_dir=tmp / "in", checkpoint=tmp / "chk",
                                 sink_id="t1", options={"path": str(out)}),
                      faults="after-decide@2:kill")
-    assert run.killed                        # died at the fault point
+    run.check_killed("after-decide@2")       # died at the fault point
     run_driver(spec).check()                 # restart: same checkpoint, runs to the end
     assert summarize(read_files_output(out)) == expected
 
@@ -147,6 +147,13 @@ class DriverRun:
         if self.returncode != 0 or "TXSINK-DRIVER-DONE" not in self.output:
             raise AssertionError(f"driver failed (exit {self.returncode}):\n"
                                  f"{self.output[-6000:]}")
+        return self
+
+    def check_killed(self, fault: str) -> DriverRun:
+        """Raise with the driver's output unless it died of SIGKILL at ``fault``."""
+        if not self.killed:
+            raise AssertionError(f"expected SIGKILL at {fault} (exit {self.returncode}):\n"
+                                 f"{self.output[-4000:]}")
         return self
 
 

@@ -54,8 +54,7 @@ def test_driver_killed_at_every_coordinator_point_then_exactly_once(tmp_path: Pa
                       options={"path": str(out), "format": "jsonl"})
 
     def crash(point: str, epoch: int) -> None:
-        run = run_driver(spec, faults=f"{point}@{epoch}:kill")
-        assert run.killed, f"expected SIGKILL at {point}@{epoch}:\n{run.output[-4000:]}"
+        run_driver(spec, faults=f"{point}@{epoch}:kill").check_killed(f"{point}@{epoch}")
 
     # (a) all participants prepared, no decision: they are orphans of a dead run.
     crash("before-decide", 1)

@@ -121,8 +121,7 @@ def crashed(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Crashed
 
     for fault in ("before-decide@1", "after-decide@2", "after-first-commit@3",
                   "after-mark-committed@4"):
-        run = run_driver(spec, faults=f"{fault}:kill")
-        assert run.killed, f"expected SIGKILL at {fault}:\n{run.output[-4000:]}"
+        run_driver(spec, faults=f"{fault}:kill").check_killed(fault)
     assert states()[3] in (EpochState.DECIDED, EpochState.COMMITTED)
     run_driver(spec).check()
     assert all(s is EpochState.COMMITTED for s in states().values()), states()
