@@ -18,6 +18,7 @@ from txsink.faults import (
     FaultRule,
     InjectedFault,
 )
+from txsink.model import Committable
 from txsink.state import EpochState
 
 from .conftest import Env, expected_ids
@@ -27,14 +28,20 @@ def crash_at(point: str, epoch: int = 0) -> FaultInjector:
     return FaultInjector([FaultRule(point, epoch, "raise")])
 
 
+def crashed_epoch(env: Env, point: str) -> list[Committable]:
+    """Prepare epoch 0 and let its coordinator die at ``point``; return the committables."""
+    msgs = env.prepare_epoch(0)
+    with pytest.raises(InjectedFault):
+        env.coordinator(crash_at(point)).commit_epoch(0, msgs)
+    return msgs
+
+
 # Row 1: epoch DECIDED, not COMMITTED -> commit all its committables again, mark COMMITTED.
 
 
 @pytest.mark.parametrize("point", [AFTER_DECIDE, AFTER_FIRST_COMMIT, BEFORE_MARK_COMMITTED])
 def test_decided_epoch_is_committed_again_on_start(env: Env, point: str) -> None:
-    msgs = env.prepare_epoch(0)
-    with pytest.raises(InjectedFault):
-        env.coordinator(crash_at(point)).commit_epoch(0, msgs)
+    crashed_epoch(env, point)
     assert env.store().get(0).state is EpochState.DECIDED  # type: ignore[union-attr]
 
     report = env.coordinator().start()
@@ -48,9 +55,7 @@ def test_decided_epoch_is_committed_again_on_start(env: Env, point: str) -> None
 
 def test_decided_epoch_met_again_is_finished_and_new_attempt_aborted(env: Env) -> None:
     """Spark replays a batch whose decision was written but not completed."""
-    msgs = env.prepare_epoch(0)
-    with pytest.raises(InjectedFault):
-        env.coordinator(crash_at(AFTER_DECIDE)).commit_epoch(0, msgs)
+    crashed_epoch(env, AFTER_DECIDE)
     coord = env.coordinator()
     coord.start(recover=False)
     replay = [env.prepare(0, p, attempt=1) for p in range(3)]
@@ -61,9 +66,7 @@ def test_decided_epoch_met_again_is_finished_and_new_attempt_aborted(env: Env) -
 
 
 def test_crash_before_decision_aborts_everything_as_orphans(env: Env) -> None:
-    msgs = env.prepare_epoch(0)
-    with pytest.raises(InjectedFault):
-        env.coordinator(crash_at(BEFORE_DECIDE)).commit_epoch(0, msgs)
+    msgs = crashed_epoch(env, BEFORE_DECIDE)
     assert env.store().get(0) is None
 
     report = env.coordinator().start()
@@ -124,9 +127,7 @@ def test_orphans_from_retries_and_dead_drivers_are_aborted(env: Env) -> None:
 
 
 def test_orphan_scan_never_touches_decided_or_later_participants(env: Env) -> None:
-    decided = env.prepare_epoch(0)
-    with pytest.raises(InjectedFault):
-        env.coordinator(crash_at(AFTER_DECIDE)).commit_epoch(0, decided)
+    decided = crashed_epoch(env, AFTER_DECIDE)
     running = env.prepare(5, 0)  # a writer of a later epoch, still in flight
     coord = env.coordinator()
     coord.start(recover=False)
@@ -146,9 +147,7 @@ def test_abort_epoch_aborts_prepared_participants_and_orphans(env: Env) -> None:
 
 
 def test_abort_of_a_decided_epoch_keeps_its_participants(env: Env) -> None:
-    msgs = env.prepare_epoch(0)
-    with pytest.raises(InjectedFault):
-        env.coordinator(crash_at(AFTER_DECIDE)).commit_epoch(0, msgs)
+    msgs = crashed_epoch(env, AFTER_DECIDE)
     coord = env.coordinator()
     coord.start(recover=False)
     coord.abort_epoch(0, msgs)
@@ -179,9 +178,7 @@ def test_gone_participant_that_was_committed_counts_as_committed(env: Env) -> No
 
 
 def test_gone_participant_that_was_not_committed_is_a_clear_error(env: Env) -> None:
-    msgs = env.prepare_epoch(0)
-    with pytest.raises(InjectedFault):
-        env.coordinator(crash_at(AFTER_DECIDE)).commit_epoch(0, msgs)
+    msgs = crashed_epoch(env, AFTER_DECIDE)
     del env.system.prepared[msgs[1].participant]  # rolled back behind txsink's back
 
     with pytest.raises(FatalCommitError) as info:
