@@ -175,3 +175,39 @@ def test_secret_options_are_masked_in_summary() -> None:
     inline = type(cfg.sink)("x", "s", {"dsn": "postgresql://u:hunter22@db/x",
                                        "conn": "host=db password=hunter22"})
     assert "hunter22" not in str(inline.safe_options())
+
+
+@pytest.mark.parametrize(("text", "ms"), [("500 milliseconds", 500), ("250ms", 250),
+                                          ("5 seconds", 5000), ("1.5 min", 90_000),
+                                          ("2 hours", 7_200_000)])
+def test_processing_time_in_milliseconds(text: str, ms: int) -> None:
+    cfg = parse_pipeline(_base(trigger={"processing_time": text}))
+    assert cfg.trigger.interval_ms == ms
+
+
+def _kafka(trigger: str, **options: str) -> dict[str, Any]:
+    sink_options = {"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "out", **options}
+    return _base(sink={"backend": "kafka", "sink_id": "k1", "options": sink_options},
+                 trigger={"processing_time": trigger})
+
+
+def test_trigger_reaches_the_backend_check_before_spark() -> None:
+    # The Kafka timeout is checked against the file's trigger although the user never
+    # repeated the interval in the sink options.
+    err = _error(_kafka("2 minutes", **{"kafka.transaction.timeout.ms": "60000"}))
+    assert err.field == "sink.options.kafka.transaction.timeout.ms"
+    assert "60000 ms" in str(err) and "120000 ms" in str(err)
+    cfg = parse_pipeline(_kafka("10 seconds", **{"kafka.transaction.timeout.ms": "600000"}))
+    assert cfg.sink.options["trigger.interval.ms"] == "10000"
+    assert cfg.sink_write_options()["trigger.interval.ms"] == "10000"
+
+
+def test_an_explicit_trigger_option_wins() -> None:
+    cfg = parse_pipeline(_kafka("10 seconds", **{"kafka.transaction.timeout.ms": "600000",
+                                                  "trigger.interval.ms": "20000"}))
+    assert cfg.sink.options["trigger.interval.ms"] == "20000"
+
+
+def test_backends_without_timeouts_get_no_trigger_option() -> None:
+    cfg = parse_pipeline(_base(trigger={"processing_time": "1 second"}))
+    assert "trigger.interval.ms" not in cfg.sink.options

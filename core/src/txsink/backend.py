@@ -77,6 +77,17 @@ class Backend(abc.ABC):
     def from_options(cls, options: Mapping[str, str]) -> Backend:
         """Parse and validate options (no I/O). Raise :class:`~txsink.errors.ConfigError`."""
 
+    @classmethod
+    def trigger_options(cls, interval_ms: int) -> Mapping[str, str]:
+        """Options this backend derives from the query's trigger interval.
+
+        Pipeline files know the trigger; a backend whose transactions time out
+        (Kafka's ``transaction.timeout.ms``) returns the option that lets
+        :meth:`from_options` check the timeout against it before Spark starts.
+        Options the user set win over these.
+        """
+        return {}
+
     def preflight(self, sink_id: str) -> None:  # noqa: B027 - optional hook
         """Driver-side checks that need I/O, run before any data is written."""
 

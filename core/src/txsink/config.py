@@ -47,8 +47,8 @@ FILE_FORMATS = ("json", "csv", "parquet")
 TRIGGERS = ("processing_time", "once", "available_now")
 
 _ENV_REF = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\})")
-_DURATION = re.compile(r"^\s*\d+(\.\d+)?\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?"
-                       r"|h|hours?)\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?"
+                       r"|minutes?|h|hours?)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,29 @@ class TriggerConfig:
 
     kind: str = "default"
     interval: str | None = None
+
+    @property
+    def interval_ms(self) -> int | None:
+        """The processing-time interval in milliseconds, or None for other kinds."""
+        if self.kind != "processing_time" or self.interval is None:
+            return None
+        return duration_ms(self.interval)
+
+
+_UNIT_MS = {"ms": 1, "millisecond": 1, "s": 1000, "sec": 1000, "second": 1000,
+            "m": 60_000, "min": 60_000, "minute": 60_000, "h": 3_600_000, "hour": 3_600_000}
+
+
+def duration_ms(text: str) -> int:
+    """``'500 milliseconds'``, ``'5 seconds'``, ``'1.5 min'`` -> milliseconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"not a duration: {text!r}")
+    number = float(match.group(1))
+    unit = match.group(2).lower()
+    if unit not in _UNIT_MS:
+        unit = unit.rstrip("s")
+    return round(number * _UNIT_MS[unit])
 
 
 @dataclass(frozen=True)
@@ -230,9 +253,10 @@ def parse_pipeline(
         raise ConfigError(f"transform: must be a SQL query over the view {SOURCE_VIEW!r}, e.g. "
                           f"'SELECT * FROM {SOURCE_VIEW}', got {_type_name(transform)}",
                           field="transform")
-    sink = _sink(_mapping(data, "sink", "", required=True), plugins, check_backend)
-    checkpoint = _str(data, "checkpoint", "", required=True)
     trigger = _trigger(data.get("trigger"), mode)
+    sink = _sink(_mapping(data, "sink", "", required=True), plugins, check_backend,
+                 trigger.interval_ms)
+    checkpoint = _str(data, "checkpoint", "", required=True)
     spark = _spark(_mapping(data, "spark", ""), name)
     return PipelineConfig(
         name=name, mode=mode, source=source, sink=sink,
@@ -274,7 +298,8 @@ def _source(data: Mapping[str, Any], mode: str) -> SourceConfig:
     )
 
 
-def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool) -> SinkConfig:
+def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
+          trigger_ms: int | None = None) -> SinkConfig:
     _check_keys(data, ("backend", "sink_id", "options"), "sink")
     backend = _str(data, "backend", "sink", required=True)
     if "sink_id" not in data or data["sink_id"] in (None, ""):
@@ -298,6 +323,11 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool)
         except ConfigError as exc:
             raise ConfigError(f"sink.backend: {exc}", field="sink.backend") from None
         secret = frozenset(cls.secret_options)
+        if trigger_ms is not None:
+            # The trigger lives in the pipeline file, not in the sink options: hand the
+            # backend what it needs to check its timeouts against it (user settings win).
+            derived = {k.lower(): v for k, v in cls.trigger_options(trigger_ms).items()}
+            options = {**derived, **options}
         try:
             cls.from_options(options).close()
         except ConfigError as exc:

@@ -247,6 +247,11 @@ class KafkaBackend(Backend):
     def from_options(cls, options: Mapping[str, str]) -> KafkaBackend:
         return cls(cfg.parse(options))
 
+    @classmethod
+    def trigger_options(cls, interval_ms: int) -> Mapping[str, str]:
+        # Lets check_timeout compare transaction.timeout.ms with the pipeline's trigger.
+        return {"trigger.interval.ms": str(interval_ms)}
+
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config, "_driver": None,
                 "_marker_partitions": self._marker_partitions}
