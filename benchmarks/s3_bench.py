@@ -132,11 +132,39 @@ class Target:
             self.local.cleanup()
 
 
+class CpuClock:
+    """CPU seconds of this process (all threads) and, when local, of the S3 server.
+
+    On a small machine the encoder, the upload threads and the server share the
+    cores, so the wall-clock ratio is bounded by the CPU each side needs: printing
+    both tells a slow path from a busy machine.
+    """
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self.ticks = os.sysconf("SC_CLK_TCK")
+
+    def _server(self) -> float:
+        if self.server_pid is None:
+            return 0.0
+        try:
+            with open(f"/proc/{self.server_pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
+        return (int(fields[11]) + int(fields[12])) / self.ticks
+
+    def read(self) -> tuple[float, float]:
+        return time.process_time(), self._server()
+
+
 def throughput(target: Target, args: argparse.Namespace) -> dict[str, float]:
     from boto3.s3.transfer import TransferConfig
     from txsink.model import TransactionContext
     from txsink.plugins import get_plugins
     from txsink.writer import write_participant
+    from txsink_s3.formats import PartBuffer, make_encoder
 
     part = args.part_mib * MIB
     data = make_batches(args.rows, 10_000)
@@ -150,23 +178,33 @@ def throughput(target: Target, args: argparse.Namespace) -> dict[str, float]:
     ours: list[float] = []
     theirs: list[float] = []
     naive: list[float] = []
+    clock = CpuClock(target.local.process.pid if target.local is not None else None)
+    cpu: dict[str, list[tuple[float, float]]] = {"txsink": [], "boto3": []}
+
+    def spent(before: tuple[float, float]) -> tuple[float, float]:
+        after = clock.read()
+        return after[0] - before[0], after[1] - before[1]
     size = 0
     row_group = backend.row_group_bytes  # type: ignore[attr-defined]
     for rep in range(args.repeats):
         # txsink: encode + upload parts + complete, from Arrow batches.
+        before = clock.read()
         started = time.perf_counter()
         c = write_participant(backend, TransactionContext("tput", rep, 0), iter(data))
         backend.commit(c)
         ours.append(time.perf_counter() - started)
+        cpu["txsink"].append(spent(before))
         size = int(c.payload["size"])
         # boto3's managed upload of the same bytes (already encoded, in memory).
         body = client.get_object(Bucket=target.bucket, Key=c.payload["key"])["Body"].read()
         assert len(body) == size
         assert pq.read_metadata(io.BytesIO(body)).num_rows == args.rows
+        before = clock.read()
         started = time.perf_counter()
         client.upload_fileobj(io.BytesIO(body), target.bucket, f"{prefix}/baseline-{rep}",
                               Config=transfer)
         theirs.append(time.perf_counter() - started)
+        cpu["boto3"].append(spent(before))
         del body
         # What one would write without txsink: encode the partition into memory with
         # the same row groups, then hand it to boto3's managed upload.
@@ -188,6 +226,28 @@ def throughput(target: Target, args: argparse.Namespace) -> dict[str, float]:
     backend.close()
     ours_mbs = size / 1e6 / statistics.median(ours)
     theirs_mbs = size / 1e6 / statistics.median(theirs)
+    # Encoding alone, into memory: the part of txsink's work the baseline skips.
+    encode: list[float] = []
+    for _ in range(args.repeats):
+        before_cpu = time.process_time()
+        out = PartBuffer()
+        enc = make_encoder("parquet", out, row_group_bytes=row_group,
+                           compression=backend.compression,  # type: ignore[attr-defined]
+                           dictionary=backend.dictionary)  # type: ignore[attr-defined]
+        for b in data:
+            enc.write(b)
+            if len(out) >= part:
+                out.take()
+        enc.finish()
+        encode.append(time.process_time() - before_cpu)
+    for label in ("txsink", "boto3"):
+        client_cpu = statistics.median(c for c, _ in cpu[label])
+        server_cpu = statistics.median(s for _, s in cpu[label])
+        wall = statistics.median(ours if label == "txsink" else theirs)
+        print(f"  cpu {label:<6} client {client_cpu:.2f}s + server {server_cpu:.2f}s = "
+              f"{client_cpu + server_cpu:.2f} CPU-s in {wall:.2f}s wall "
+              f"({(client_cpu + server_cpu) / wall:.2f} of {os.cpu_count()} cores busy)")
+    print(f"  cpu of Parquet encoding alone (into memory): {statistics.median(encode):.2f}s")
     return {"object_mib": size / MIB, "arrow_mib": arrow_bytes / MIB,
             "txsink_mb_s": ours_mbs, "boto3_mb_s": theirs_mbs, "ratio": ours_mbs / theirs_mbs,
             "txsink_s": statistics.median(ours), "boto3_s": statistics.median(theirs),
