@@ -29,6 +29,8 @@ class Txn:
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
                                   "transactional.id": self.transactional_id})
         self.producer.init_transactions(30)
+        #: Set once another client fenced the id: the producer cannot end anything.
+        self.fenced = False
 
     def send(self, topic: str, values: list[bytes], partition: int = 0,
              headers: list[tuple[str, bytes]] | None = None) -> None:
@@ -54,7 +56,7 @@ def producers(kafka_broker: Broker) -> Iterator[Any]:
         return made[-1]
 
     yield make
-    for t in made:
+    for t in (t for t in made if not t.fenced):
         with contextlib.suppress(Exception):  # raises when no transaction is open
             t.producer.abort_transaction(10)
 
@@ -246,6 +248,7 @@ def test_a_fenced_open_transaction_gets_an_abort_marker(
     client = TxnCoordinatorClient({"bootstrap.servers": kafka_broker.bootstrap})
     try:
         client.init_producer_id(t.transactional_id, 60_000)
+        t.fenced = True
     finally:
         client.close()
     after = kt.scan_log(kafka_broker.bootstrap, topic)

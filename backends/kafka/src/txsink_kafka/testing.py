@@ -23,7 +23,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -308,6 +308,8 @@ class LogView:
     topic: str
     #: Visible to ``read_committed`` readers, in (partition, offset) order.
     records: list[LogRecord] = field(default_factory=list)
+    #: Every data record in the log (what ``read_uncommitted`` readers see), in order.
+    uncommitted: list[LogRecord] = field(default_factory=list)
     open_transactions: list[OpenTransaction] = field(default_factory=list)
     markers: list[TransactionMarker] = field(default_factory=list)
     #: Data records of transactions that ended with an abort marker.
@@ -376,6 +378,7 @@ class _PartitionLog:
         stable = min((first for _, first, _ in self.pending.values()), default=end)
         view.records += [r for r, fate in zip(self.records, self.fate, strict=True)
                          if fate and r.offset < stable]
+        view.uncommitted += self.records
         view.open_transactions += [
             OpenTransaction(self.partition, pid, epoch, first, len(indices))
             for pid, (epoch, first, indices) in sorted(self.pending.items(),
@@ -505,6 +508,31 @@ def read_committed_from_log(bootstrap: str, topic: str, *,
     """The records of ``topic`` a ``read_committed`` consumer is entitled to see, computed
     from the log's transaction markers (see :func:`scan_log`)."""
     return scan_log(bootstrap, topic, timeout_s=timeout_s).records
+
+
+def open_sink_transactions(bootstrap: str, sink_id: str, marker_topic: str,
+                           topics: Iterable[str] = (), *,
+                           timeout_s: float = 30.0) -> dict[str, Any]:
+    """Transactions of ``sink_id`` the logs show open: transactional id -> begin marker.
+
+    Every participant's transaction starts with a begin marker in ``marker_topic``
+    that names its producer id; a transaction of that producer id with no commit or
+    abort marker after it, in the marker topic or any of ``topics``, is open. This
+    needs no DescribeTransactions or ListTransactions (Tansu has neither).
+    """
+    from txsink_kafka.markers import BEGIN, Marker
+
+    markers = scan_log(bootstrap, marker_topic, timeout_s=timeout_s)
+    begins: dict[int, Marker] = {}
+    for r in markers.uncommitted:
+        m = Marker.decode(r.key, r.value, r.offset)
+        if m is not None and m.kind == BEGIN and m.sink_id == sink_id and m.producer_id >= 0:
+            begins[m.producer_id] = m  # the newest begin of the producer id wins
+    open_ids = set(markers.open_producer_ids)
+    for topic in topics:
+        open_ids |= scan_log(bootstrap, topic, timeout_s=timeout_s).open_producer_ids
+    return {begins[pid].transactional_id: begins[pid] for pid in sorted(open_ids)
+            if pid in begins}
 
 
 @dataclass(frozen=True)
