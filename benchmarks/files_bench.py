@@ -119,22 +119,64 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process and all its descendants (JVM, Python workers).
+
+    Spark's JVM is a child of this driver and forks the Python workers, so the sum
+    over the process tree is everything a sink cost, whichever process paid it.
+    Finished children count through their parent's cutime/cstime.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        # fields[0] is stat(5) field 3: ppid is field 4, utime..cstime are 14-17.
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / ticks
+    me = os.getpid()
+
+    def mine(pid: int) -> bool:
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return sum(seconds for pid, seconds in cpu.items() if mine(pid))
+
+
 def compare(name: str, sinks: dict[str, Callable[[int], None]], runs: int,
             rows: int) -> list[tuple[str, float]]:
     """Time each sink ``runs`` times, round-robin; ratios are against ``spark``."""
     for fn in sinks.values():
         fn(-1)  # warm-up: JIT, Python workers, class loading
     times: dict[str, list[float]] = {label: [] for label in sinks}
+    cpu: dict[str, list[float]] = {label: [] for label in sinks}
     for i in range(runs):
         for label, fn in sinks.items():
+            cpu_before = tree_cpu_seconds()
             started = time.perf_counter()
             fn(i)
             times[label].append(time.perf_counter() - started)
+            cpu[label].append(tree_cpu_seconds() - cpu_before)
     print(f"\n{name}:")
     for label, ts in times.items():
         med = statistics.median(ts)
         runs_s = ", ".join(f"{t:.2f}s" for t in ts)
         print(f"  {label:<8} median {med:.2f}s = {rows / med:>12,.0f} rows/s ({runs_s})")
+    # With every core busy, wall-clock ratios follow CPU-second ratios: printing
+    # both tells a slower code path from a busier machine.
+    for label, cs in cpu.items():
+        med_cpu = statistics.median(cs)
+        print(f"  {label:<8} CPU {med_cpu:.2f} s (JVM + Python workers + driver), "
+              f"{med_cpu / statistics.median(times[label]):.2f} of {os.cpu_count()} cores busy")
     # Sinks of one round ran back to back, so the machine's load is similar within a
     # round: the median of per-round ratios is steadier than a ratio of medians.
     out = []
