@@ -57,6 +57,7 @@ class Report:
     leftovers: int = 0
     failures: list[str] = field(default_factory=list)
     skipped: str | None = None
+    note: str | None = None
     seconds: float = 0.0
 
     @property
@@ -153,6 +154,7 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int = 4,
         if target.unavailable:  # found out by probing the live server
             report.skipped = target.unavailable
             return report
+        report.note = target.note
         with tempfile.TemporaryDirectory(prefix=f"txsink-chaos-{name}-") as tmp:
             while sum(report.faults.values()) < faults and report.runs < faults:
                 plan = plan_run(rng, faults_per_run, target.can_restart)
@@ -183,7 +185,8 @@ def table(reports: list[Report]) -> str:
                      str(r.seed), ("ok" if r.ok else "FAILED") + f" ({r.seconds:.0f}s)"])
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
-    return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, rows)])
+    notes = [f"{r.backend}: {r.note}" for r in reports if r.note and not r.skipped]
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, rows), *notes])
 
 
 def main(argv: list[str] | None = None) -> int:
