@@ -446,6 +446,7 @@ def scan_log(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> LogView:
             for p in todo:
                 by_node.setdefault(leaders[p], []).append(p)
             retry = False
+            before = (dict(offsets), dict(ends))
             for node, parts in by_node.items():
                 part_type = fetch_request.FetchTopic.FetchPartition
                 request = fetch_request(
@@ -475,6 +476,8 @@ def scan_log(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> LogView:
             if retry:
                 time.sleep(0.1)
                 leaders = _leaders(admin, topic)
+            elif (offsets, ends) == before:
+                time.sleep(0.05)  # an answer without the partitions asked for: ask again
         view = LogView(topic)
         for p in sorted(logs):
             logs[p].finish(view, ends[p] or 0)
