@@ -200,6 +200,12 @@ class KafkaTarget(Target):
                          "against the log's transaction markers")
 
     def stop(self) -> None:
+        from txsink_kafka.backend import close_shared_clients
+
+        # The driver clients the leftovers check opened live on in this process; left
+        # open, they keep reconnecting to the stopped broker (and kafka-python drops
+        # each refused socket unclosed).
+        close_shared_clients()
         if self.server is not None:
             self.server.stop()
 
