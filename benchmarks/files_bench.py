@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from proc_cpu import tree_cpu_seconds
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 
@@ -117,39 +118,6 @@ def main() -> None:
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def tree_cpu_seconds() -> float:
-    """CPU seconds of this process and all its descendants (JVM, Python workers).
-
-    Spark's JVM is a child of this driver and forks the Python workers, so the sum
-    over the process tree is everything a sink cost, whichever process paid it.
-    Finished children count through their parent's cutime/cstime.
-    """
-    ticks = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the process ended meanwhile
-        # fields[0] is stat(5) field 3: ppid is field 4, utime..cstime are 14-17.
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / ticks
-    me = os.getpid()
-
-    def mine(pid: int) -> bool:
-        while pid > 1:
-            if pid == me:
-                return True
-            pid = parents.get(pid, 0)
-        return False
-
-    return sum(seconds for pid, seconds in cpu.items() if mine(pid))
 
 
 def compare(name: str, sinks: dict[str, Callable[[int], None]], runs: int,

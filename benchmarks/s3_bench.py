@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from proc_cpu import read_stat
 
 MIB = 1024 * 1024
 
@@ -142,18 +143,10 @@ class CpuClock:
 
     def __init__(self, server_pid: int | None) -> None:
         self.server_pid = server_pid
-        self.ticks = os.sysconf("SC_CLK_TCK")
 
     def _server(self) -> float:
-        if self.server_pid is None:
-            return 0.0
-        try:
-            with open(f"/proc/{self.server_pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
-        return (int(fields[11]) + int(fields[12])) / self.ticks
+        stat = None if self.server_pid is None else read_stat(self.server_pid)
+        return 0.0 if stat is None else stat[1]
 
     def read(self) -> tuple[float, float]:
         return time.process_time(), self._server()
