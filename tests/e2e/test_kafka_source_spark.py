@@ -171,6 +171,14 @@ def test_bad_source_options(spark: Any, bootstrap: str) -> None:
     with pytest.raises(ConfigError, match="startingOffsets"):
         SourceSettings.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": "t",
                               "startingOffsets": "{bad"})
-    with pytest.raises(ConfigError, match=r"group\.id"):
+    with pytest.raises(ConfigError, match=r"enable\.auto\.commit"):
         SourceSettings.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": "t",
-                              "kafka.group.id": "g"})
+                              "kafka.enable.auto.commit": "true"})
+    with pytest.raises(ConfigError, match=r"group\.id' is empty"):
+        SourceSettings.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": "t",
+                              "kafka.group.id": " "})
+    reporting = SourceSettings.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": "t",
+                                      "kafka.group.id": "lag-report"})
+    assert reporting.report_group == "lag-report"
+    # Readers on executors never use the report group.
+    assert reporting.consumer_config()["group.id"] == "txsink-source"

@@ -15,6 +15,12 @@ Kafka jobs. Like Spark's:
   ``partition``, ``offset``, ``timestamp``, ``timestampType``, and ``headers`` with
   ``includeHeaders=true``);
 * consumers use explicit assignment, never group subscription.
+
+Progress for lag monitors: with ``kafka.group.id`` the source commits that group's
+offsets to Kafka once Spark has committed a batch, so ``kafka-consumer-groups
+--describe``, Burrow or any lag exporter show how far the pipeline got. They are a
+report only: Spark's checkpoint stays the source of truth for where a (re)started
+query reads, and the reported offsets never run ahead of Spark's commit log.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ class SourceSettings:
     max_offsets_per_trigger: int | None = None
     timeout_s: float = 30.0
     include_headers: bool = False
+    #: Consumer group whose committed offsets report the query's progress.
+    report_group: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceSettings:
@@ -81,11 +89,16 @@ class SourceSettings:
         if not consumer.get("bootstrap.servers"):
             raise ConfigError(f"{OWNER}: option 'kafka.bootstrap.servers' is required",
                               field="kafka.bootstrap.servers")
-        for key in ("group.id", "enable.auto.commit", "auto.offset.reset"):
+        for key in ("enable.auto.commit", "auto.offset.reset"):
             if key in consumer:
                 raise ConfigError(f"{OWNER}: option 'kafka.{key}' cannot be set: offsets live "
                                   "in Spark's checkpoint and partitions are assigned "
                                   "explicitly", field=f"kafka.{key}")
+        report_group = consumer.pop("group.id", None)
+        if report_group is not None and not report_group.strip():
+            raise ConfigError(f"{OWNER}: option 'kafka.group.id' is empty: name the consumer "
+                              "group lag monitors should watch, or leave it out",
+                              field="kafka.group.id")
         consumer.setdefault("isolation.level", "read_committed")
         if consumer["isolation.level"] not in ("read_committed", "read_uncommitted"):
             raise ConfigError(f"{OWNER}: option 'kafka.isolation.level' must be "
@@ -107,10 +120,11 @@ class SourceSettings:
         include_headers = opts.bool("includeheaders", False)
         opts.ignore("path", "failondataloss")
         opts.check_unknown()
-        return cls(consumer, topics, starting, max_rows, timeout, include_headers)
+        return cls(consumer, topics, starting, max_rows, timeout, include_headers,
+                   report_group)
 
-    def consumer_config(self) -> dict[str, Any]:
-        return {"group.id": "txsink-source", "enable.auto.commit": False,
+    def consumer_config(self, *, group: str = "txsink-source") -> dict[str, Any]:
+        return {"group.id": group, "enable.auto.commit": False,
                 "enable.partition.eof": True, "fetch.wait.max.ms": 100, **self.consumer}
 
 
@@ -144,7 +158,11 @@ class _Broker:
         from confluent_kafka import Consumer
 
         self.settings = settings
-        self.consumer = Consumer({**settings.consumer_config(), "socket.nagle.disable": True})
+        # The driver's consumer never joins its group (no subscribe): it only commits
+        # the report offsets, which Kafka accepts for a group with no members.
+        self.consumer = Consumer({
+            **settings.consumer_config(group=settings.report_group or "txsink-source"),
+            "socket.nagle.disable": True})
 
     def close(self) -> None:
         self.consumer.close()
@@ -168,12 +186,23 @@ class _Broker:
                                                         self.settings.timeout_s, cached=False)
         return int(low), int(high)
 
+    def commit_group_offsets(self, offsets: Offsets) -> None:
+        from confluent_kafka import TopicPartition
+
+        self.consumer.commit(offsets=[TopicPartition(t, int(p), o)
+                                      for t, ps in sorted(offsets.items())
+                                      for p, o in sorted(ps.items())], asynchronous=False)
+
 
 class KafkaStreamReader(DataSourceStreamReader, _AvailableNow):  # type: ignore[misc]
     def __init__(self, settings: SourceSettings) -> None:
         self.settings = settings
         self._broker: _Broker | None = None
         self._target: Offsets | None = None
+        self._reported: Offsets = {}
+        #: What initialOffset() answered in this process: a start equal to it is where
+        #: the query begins, not the end of a batch Spark committed.
+        self._initial: Offsets | None = None
 
     @property
     def broker(self) -> _Broker:
@@ -199,6 +228,7 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNow):  # type: ignore[
                 else:
                     wanted = given.get(topic, {}).get(str(p), LATEST)
                 out.setdefault(topic, {})[str(p)] = self._resolve(topic, p, wanted)
+        self._initial = out
         return out
 
     def _available(self, start: Offsets) -> Offsets:
@@ -214,6 +244,12 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNow):  # type: ignore[
         return out
 
     def latestOffset(self, start: Offsets | None = None, limit: Any = None) -> Offsets:
+        # Spark plans the next batch only after the previous one is in its commit log,
+        # so ``start`` (the end of that batch) is committed: report it now rather than
+        # when the next batch with data comes (``commit`` below), so an idle query
+        # shows no lag.
+        if start and start != self._initial:
+            self._report(start)
         start = start or {}
         end = self._target if self._target is not None else self._available(start)
         max_rows = getattr(limit, "max_rows", None)
@@ -254,7 +290,34 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNow):  # type: ignore[
         return read_range(self.settings, partition)
 
     def commit(self, end: Offsets) -> None:
-        """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
+        """Spark committed every batch up to ``end``: report it to the consumer group."""
+        self._report(end)
+
+    def _report(self, offsets: Offsets) -> None:
+        """Commit ``offsets`` for ``kafka.group.id``, never moving a partition back.
+
+        Only a report: a failure is logged and the query goes on.
+        """
+        group = self.settings.report_group
+        if group is None:
+            return
+        ahead: Offsets = {}
+        for topic, parts in offsets.items():
+            for p, o in parts.items():
+                if o > self._reported.get(topic, {}).get(p, -1):
+                    ahead.setdefault(topic, {})[p] = o
+        if not ahead:
+            return
+        try:
+            self.broker.commit_group_offsets(ahead)
+        except Exception as exc:
+            log.warning("kafka source: reporting progress to consumer group %r failed "
+                        "(offsets stay in Spark's checkpoint; lag monitors lag behind): %s",
+                        group, exc)
+            return
+        for topic, parts in ahead.items():
+            self._reported.setdefault(topic, {}).update(parts)
+        log.debug("kafka source: consumer group %r at %s", group, ahead)
 
     def stop(self) -> None:
         if self._broker is not None:
