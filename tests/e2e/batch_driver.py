@@ -79,6 +79,9 @@ def _drive(spec: Mapping[str, Any]) -> None:
 
         def one(input_dir: str) -> None:
             try:
+                # Spark looks Python data sources up in the JVM thread's active
+                # session, which a new thread does not inherit.
+                spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
                 gate.wait()
                 _save(spark, spec, input_dir)
             except BaseException as exc:  # reported below, the test reads the output

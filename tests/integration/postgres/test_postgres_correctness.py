@@ -135,7 +135,7 @@ def test_postgres_restart_is_waited_for_not_reported_as_config_error(
     caplog.set_level(logging.WARNING, logger="txsink_postgres")
     sink = f"rs-{action}"
     options = {"dsn": restartable.dsn, "password": restartable.password,
-               "table": "public.restarts", "connect_retry_s": "60"}
+               "table": "public.restarts"}  # connect_retry_s: 30 s by default
     backend = get_plugins().create_backend("postgres", options)
     assert isinstance(backend, PostgresBackend)
     try:
@@ -154,7 +154,7 @@ def test_wrong_password_or_host_is_an_immediate_config_error(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="txsink_postgres")
     options = {"dsn": restartable.dsn, "password": restartable.password,
-               "table": "public.restarts", "connect_retry_s": "600"}
+               "table": "public.restarts"}
     if what == "password":
         options["password"] = "not-the-password"
     else:
