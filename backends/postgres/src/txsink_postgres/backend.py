@@ -734,7 +734,9 @@ class PostgresBackend(Backend):
         while True:
             try:
                 return action()
-            except (psycopg.OperationalError, _ConnectError) as exc:
+            except psycopg.OperationalError as exc:
+                # A connection that broke under a restart (connecting again already
+                # waits on its own in _connect).
                 if time.monotonic() >= deadline:
                     raise TxsinkError(f"postgres backend: {what} failed: "
                                       f"{self._clean(exc)}") from None
