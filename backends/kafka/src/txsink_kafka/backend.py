@@ -1,18 +1,19 @@
-"""The Kafka backend: one transactional producer per participant, committed by the driver.
+"""The Kafka backend: transactional producers on executors, committed by the driver.
 
-Executor: ``begin_transaction`` creates a librdkafka producer whose
-``transactional.id`` is ``<prefix>-<participant>`` (participant = sink id, epoch,
-partition, attempt), writes the participant's marker record first (see
-:mod:`txsink_kafka.markers`), streams rows, and ``pre_commit`` flushes, reads the
-producer id and epoch librdkafka acquired, and closes the producer **without
-aborting**: the transaction stays open on the broker, invisible to
-``read_committed`` readers.
+Executor: ``begin_transaction`` creates a librdkafka producer with a
+``transactional.id`` from :mod:`txsink_kafka.naming` (by default a pooled id of the
+write partition that has no open transaction), writes the participant's marker
+record first (see :mod:`txsink_kafka.markers`), streams rows, and ``pre_commit``
+flushes, reads the producer id and epoch librdkafka acquired, and closes the
+producer **without aborting**: the transaction stays open on the broker, invisible
+to ``read_committed`` readers.
 
 Driver: ``commit`` sends ``EndTxn(commit)`` for that producer id and epoch (Flink's
 ``resumeTransaction``) through :mod:`txsink_kafka.txn_protocol`; ``abort`` sends
 ``EndTxn(abort)`` or fences the id with ``InitProducerId``; orphans are found by
-scanning the tail of the sink's marker partition for participants that began and
-never ended.
+scanning the sink's marker partition for participants that began and never ended,
+checked against the coordinators' own list (ListTransactions) where the broker
+has it.
 """
 
 from __future__ import annotations
@@ -49,12 +50,20 @@ from txsink_kafka.markers import (
     Marker,
     marker_partition,
 )
+from txsink_kafka.naming import (
+    SinkIds,
+    acquire_pooled_id,
+    participant_id,
+    preflight_id,
+)
 from txsink_kafka.txn_protocol import (
     ConnectionDroppedError,
     EndTxnResult,
     ProducerIdentity,
+    TransactionInfo,
     TxnCoordinatorClient,
     TxnProtocolError,
+    UnsupportedByBrokerError,
 )
 
 if TYPE_CHECKING:
@@ -165,7 +174,7 @@ _DRIVERS_LOCK = threading.Lock()
 
 
 def _shared_driver(config: cfg.KafkaSinkConfig) -> _DriverClients:
-    key = (tuple(sorted(config.connection().items())), config.request_timeout_s)
+    key = _connection_key(config)
     with _DRIVERS_LOCK:
         driver = _DRIVERS.get(key)
         if driver is None:
@@ -174,10 +183,36 @@ def _shared_driver(config: cfg.KafkaSinkConfig) -> _DriverClients:
             except TxnProtocolError as exc:
                 raise ConfigError(redact(str(exc), config.secrets),
                                   field="kafka.bootstrap.servers") from None
-            if not _DRIVERS:
+            if not _DRIVERS and not _TXN_CLIENTS:
                 atexit.register(close_shared_clients)
             _DRIVERS[key] = driver
         return driver
+
+
+_TXN_CLIENTS: dict[tuple[Any, ...], TxnCoordinatorClient] = {}
+#: Connection keys whose brokers answered that they cannot describe transactions.
+_NO_DESCRIBE: set[tuple[Any, ...]] = set()
+
+
+def _connection_key(config: cfg.KafkaSinkConfig) -> tuple[Any, ...]:
+    return (tuple(sorted(config.connection().items())), config.request_timeout_s)
+
+
+def _shared_txn_client(config: cfg.KafkaSinkConfig) -> TxnCoordinatorClient:
+    """A coordinator client for writers: one per process and cluster, reused by tasks."""
+    key = _connection_key(config)
+    with _DRIVERS_LOCK:
+        driver = _DRIVERS.get(key)
+        if driver is not None:
+            return driver.txn
+        client = _TXN_CLIENTS.get(key)
+        if client is None:
+            client = TxnCoordinatorClient(config.connection(),
+                                          timeout_s=config.request_timeout_s)
+            if not _DRIVERS and not _TXN_CLIENTS:
+                atexit.register(close_shared_clients)
+            _TXN_CLIENTS[key] = client
+        return client
 
 
 def close_shared_clients() -> None:
@@ -185,6 +220,11 @@ def close_shared_clients() -> None:
     with _DRIVERS_LOCK:
         drivers = list(_DRIVERS.values())
         _DRIVERS.clear()
+        clients = list(_TXN_CLIENTS.values())
+        _TXN_CLIENTS.clear()
+        _NO_DESCRIBE.clear()
+    for client in clients:
+        client.close()
     for driver in drivers:
         try:
             driver.close()
@@ -264,7 +304,37 @@ class KafkaBackend(Backend):
         return list(self.config.secrets)
 
     def transactional_id(self, ctx: TransactionContext) -> str:
-        return f"{self.config.transactional_id_prefix}-{ctx.participant}"
+        """The id of ``ctx`` under the ``participant`` naming (pooled ids are probed)."""
+        return participant_id(self.config.transactional_id_prefix, ctx)
+
+    def sink_ids(self, sink_id: str) -> SinkIds:
+        return SinkIds(self.config.transactional_id_prefix, sink_id)
+
+    def _choose_id(self, ctx: TransactionContext) -> str:
+        """A pooled id with no open transaction, or the participant's own id.
+
+        Brokers without DescribeTransactions (Kafka before 3.0, Tansu) get the
+        ``participant`` naming, with a warning once per process.
+        """
+        if self.config.naming != "pooled":
+            return self.transactional_id(ctx)
+        key = _connection_key(self.config)
+        if key not in _NO_DESCRIBE:
+            try:
+                client = _shared_txn_client(self.config)
+                return acquire_pooled_id(client, self.config.transactional_id_prefix, ctx,
+                                         self.config.pool_size)
+            except UnsupportedByBrokerError:
+                _NO_DESCRIBE.add(key)
+                log.warning("sink=%s: %s cannot describe transactions, so transactional ids "
+                            "cannot be pooled; using one id per participant (set "
+                            "transactional.id.naming=participant to silence this)",
+                            ctx.sink_id, self.config.bootstrap)
+            except TxnProtocolError as exc:
+                raise TxsinkError(f"{ctx.describe()}: cannot pick a pooled transactional.id: "
+                                  f"{self._redact(str(exc))}", sink_id=ctx.sink_id,
+                                  epoch=ctx.epoch, participant=ctx.participant) from None
+        return self.transactional_id(ctx)
 
     def _redact(self, text: str) -> str:
         return redact(text, self.config.secrets)
@@ -307,7 +377,7 @@ class KafkaBackend(Backend):
                         field="marker.topic", sink_id=sink_id) from None
         # The broker rejects a transaction.timeout.ms above its transaction.max.timeout.ms
         # only when a producer registers: find out now, not in the first task.
-        probe = f"{self.config.transactional_id_prefix}-{sink_id}-preflight"
+        probe = preflight_id(self.config.transactional_id_prefix, sink_id)
         try:
             self.driver().txn.init_producer_id(probe, self.config.transaction_timeout_ms)
         except TxnProtocolError as exc:
@@ -380,7 +450,7 @@ class KafkaBackend(Backend):
     def begin_transaction(self, ctx: TransactionContext) -> Transaction:
         from confluent_kafka import KafkaException, Producer
 
-        txn = _KafkaTransaction(ctx, self.transactional_id(ctx))
+        txn = _KafkaTransaction(ctx, self._choose_id(ctx))
         # A private logger (not in logging's registry, so none accumulates per participant)
         # that only captures the producer id.
         logger = logging.Logger(f"txsink_kafka.librdkafka.{txn.transactional_id}")  # noqa: LOG001
@@ -742,11 +812,57 @@ class KafkaBackend(Backend):
             result = None
         if result is not EndTxnResult.OK:
             # Refused (fenced, wrong state, Tansu's dropped connection): fencing the id
-            # aborts whatever is still open on it. Only participants of this run reach
-            # abort(), so no live writer of another run uses the id.
-            d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
+            # aborts whatever this participant still has open on it.
+            self._fence(tid, identity)
         self._write_end(c, tid, mtopic, mpart, ABORTED)
         log.debug("%s: aborted transactional.id=%s", c.describe(), tid)
+
+    def _fence(self, tid: str, identity: ProducerIdentity) -> bool:
+        """Bump ``tid``'s producer epoch so the writer of ``identity`` can go on no more.
+
+        A per-participant id belongs to one participant, so it is always fenced. A
+        pooled id may already serve a later participant: it is fenced only while the
+        coordinator still shows the producer epoch of ``identity`` (nobody took the id
+        over since), so a writer of a later epoch is never fenced by orphan cleanup.
+        """
+        d = self.driver()
+        if self._is_pooled(tid) and identity.producer_id >= 0:
+            info = d.txn.describe_transactions([tid]).get(tid)
+            if info is None or info.identity != identity:
+                log.debug("transactional.id=%s moved on from producer %s (now %s); not "
+                          "fencing it", tid, identity, info.identity if info else None)
+                return False
+        d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
+        return True
+
+    def _is_pooled(self, tid: str) -> bool:
+        """Is ``tid`` a pooled id (of any sink with this prefix)?"""
+        return bool(re.match(re.escape(self.config.transactional_id_prefix)
+                             + r"-.+-p\d+-t\d+\Z", tid))
+
+    def broker_transactions(self, sink_id: str) -> dict[str, TransactionInfo] | None:
+        """The sink's open transactions, per the transaction coordinators.
+
+        ``None`` where the broker cannot list transactions (before Kafka 3.0, Tansu).
+        Needs DESCRIBE on the sink's transactional ids (WRITE implies it); ids the
+        principal may not describe are silently left out by the broker.
+        """
+        txn = self.driver().txn
+        ids = self.sink_ids(sink_id)
+        try:
+            listed = [t for t in txn.list_open_transactional_ids() if ids.owns(t)]
+            described = txn.describe_transactions(listed) if listed else {}
+        except UnsupportedByBrokerError:
+            return None
+        return {t: info for t, info in described.items() if info is not None and info.is_open}
+
+    def _broker_view(self, sink_id: str) -> dict[str, TransactionInfo] | None:
+        try:
+            return self.broker_transactions(sink_id)
+        except TxnProtocolError as exc:
+            log.warning("sink=%s: listing its open transactions on the broker failed (%s); "
+                        "going by the marker records alone", sink_id, self._redact(str(exc)))
+            return None
 
     def open_markers(self, sink_id: str) -> dict[str, Marker]:
         """Participants of ``sink_id`` that began and were not ended, per marker scan.
@@ -771,7 +887,12 @@ class KafkaBackend(Backend):
                 TopicPartition(topic, partition), timeout, cached=False)
             start = state.cursor
             if start is None:
-                start = max(low, high - self.config.orphan_scan_records)
+                # Every open participant's begin marker is at or after the partition's
+                # last stable offset (it is the first record of its transaction).
+                _, lso = d.committed_offsets.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout, cached=False)
+                records = self.config.orphan_scan_records
+                start = max(low, min(high - records, max(lso, high - 10 * records)))
             last = -1
             # Markers are one-record batches, so the end offset is right even on Tansu;
             # past it, read to the end the fetch reports.
@@ -855,22 +976,41 @@ class KafkaBackend(Backend):
                         "offset": m.offset}})
 
     def list_prepared(self, sink_id: str) -> list[Committable]:
-        """Participants that began and never ended, per the marker scan.
+        """Participants that began and never ended.
 
-        Bounded like orphan cleanup: a freshly started process sees the last
-        ``orphan.scan.records`` marker records (so no LIST_PREPARED capability).
-        Includes participants still being written.
+        From the marker scan (which starts at or before the marker partition's last
+        stable offset, so every open participant's begin marker is in it), checked
+        against the coordinators where the broker can list transactions: a
+        participant whose transaction the broker no longer has open (timed out, or
+        committed with its end marker lost in a crash) is not listed. Includes
+        participants still being written.
         """
-        markers = self.open_markers(sink_id).values()
-        return [self._from_marker(m) for m in sorted(
-            markers, key=lambda m: (m.epoch, m.partition, m.attempt))]
+        markers = self.open_markers(sink_id)
+        broker = self._broker_view(sink_id)
+        out: list[Committable] = []
+        for tid, m in markers.items():
+            if broker is not None:
+                info = broker.get(tid)
+                if info is None:
+                    continue
+                if m.producer_id >= 0 and info.identity != ProducerIdentity(
+                        m.producer_id, m.producer_epoch):
+                    continue  # a later use of a pooled id whose marker is not read yet
+            out.append(self._from_marker(m))
+        return sorted(out, key=lambda c: (c.epoch, c.partition, c.attempt))
 
     def abort_orphans(self, sink_id: str, protected: Collection[str],
                       up_to_epoch: int | None = None) -> list[Committable]:
-        """Fence every participant that began, never ended, and no decided epoch holds."""
+        """Fence every participant that began, never ended, and no decided epoch holds.
+
+        With ``up_to_epoch`` unset (a query start: none of its writers runs yet), open
+        transactions of the sink that have no begin marker (a writer that died between
+        registering its transaction and writing its first record) are aborted too.
+        """
         aborted: list[Committable] = []
         d = self.driver()
-        for c in self.list_prepared(sink_id):
+        prepared = self.list_prepared(sink_id)
+        for c in prepared:
             if c.participant in protected or (up_to_epoch is not None
                                               and c.epoch > up_to_epoch):
                 continue
@@ -881,12 +1021,30 @@ class KafkaBackend(Backend):
                 # alone also aborts an ongoing transaction on Kafka and on Tansu 0.6).
                 with contextlib.suppress(ConnectionDroppedError):
                     d.txn.end_txn(tid, identity, commit=False)
-            d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
+            self._fence(tid, identity)
             self._write_end(c, tid, mtopic, mpart, ABORTED)
             log.info("sink=%s epoch=%d partition=%d participant=%s: fenced orphan "
                      "transactional.id=%s", c.sink_id, c.epoch, c.partition, c.participant,
                      tid)
             aborted.append(c)
+        if up_to_epoch is None:
+            self._abort_unmarked(sink_id, {str(c.payload["transactional_id"])
+                                           for c in prepared})
         if aborted:
             d.ends.flush(self.config.request_timeout_s)
         return aborted
+
+    def _abort_unmarked(self, sink_id: str, marked: Collection[str]) -> None:
+        broker = self._broker_view(sink_id) or {}
+        preflight = preflight_id(self.config.transactional_id_prefix, sink_id)
+        for tid, info in sorted(broker.items()):
+            if tid in marked or tid == preflight:
+                continue
+            # Its begin marker is not in the marker partition, so no data of it either
+            # (writers wait for the marker before writing data).
+            log.warning("sink=%s: aborting open transaction of transactional.id=%s "
+                        "(producer %d epoch %d, state %s) that has no begin marker",
+                        sink_id, tid, info.producer_id, info.producer_epoch, info.state)
+            with contextlib.suppress(ConnectionDroppedError):
+                self.driver().txn.end_txn(tid, info.identity, commit=False)
+            self._fence(tid, info.identity)

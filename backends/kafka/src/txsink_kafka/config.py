@@ -40,6 +40,7 @@ _RESERVED = {
 }
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
+NAMINGS = ("pooled", "participant")
 #: Longest transactional.id prefix accepted (ids are prefix + sink id + epoch/partition).
 MAX_TRANSACTIONAL_ID_PREFIX = 100
 #: Apache Kafka's default transaction.max.timeout.ms (brokers reject larger values).
@@ -63,6 +64,11 @@ class KafkaSinkConfig:
     request_timeout_s: float = 30.0
     #: Claim the sink id even if another state owns it (after that query is gone).
     takeover: bool = False
+    #: ``pooled``: reuse a bounded set of transactional ids per write partition;
+    #: ``participant``: a fresh id per participant (epoch, partition, attempt).
+    naming: str = "pooled"
+    #: Pooled ids per write partition; all of them open at once is an error.
+    pool_size: int = 16
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -106,6 +112,12 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
                           f"characters; use at most {MAX_TRANSACTIONAL_ID_PREFIX} (it starts "
                           "every transactional.id and marker key of the sink)",
                           field="transactional.id.prefix")
+    naming = opts.str("transactional.id.naming", "pooled").lower()
+    if naming not in NAMINGS:
+        raise ConfigError(f"{OWNER}: option 'transactional.id.naming' is {naming!r}; use "
+                          "'pooled' (a bounded set of ids reused across epochs, the default) "
+                          "or 'participant' (a new id per epoch, partition and attempt)",
+                          field="transactional.id.naming")
     trigger = opts.optional("trigger.interval.ms")
     trigger_ms = None if trigger is None else opts.int("trigger.interval.ms", 0, minimum=0)
     margin_ms = opts.int("recovery.margin.ms", 60_000, minimum=0)
@@ -121,6 +133,8 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
         orphan_scan_records=opts.int("orphan.scan.records", 20_000, minimum=1),
         request_timeout_s=opts.float("request.timeout.s", 30.0, minimum=0.1),
         takeover=opts.bool("owner.takeover", False),
+        naming=naming,
+        pool_size=opts.int("transactional.id.pool.size", 16, minimum=1),
         secrets=secrets,
     )
     opts.ignore("sink_id", "checkpoint", "checkpointLocation", "path")

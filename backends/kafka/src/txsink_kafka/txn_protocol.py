@@ -42,6 +42,7 @@ INVALID_PRODUCER_ID_MAPPING = 49
 INVALID_TRANSACTION_TIMEOUT = 50
 CONCURRENT_TRANSACTIONS = 51
 PRODUCER_FENCED = 90
+TRANSACTIONAL_ID_NOT_FOUND = 105
 
 #: Consecutive dropped connections on one request before giving up on it.
 MAX_DROPPED = 3
@@ -105,6 +106,36 @@ class ProducerIdentity:
     producer_epoch: int
 
 
+#: Coordinator states in which a transaction is open (holds records back from readers).
+OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    """One transactional id as its coordinator describes it (DescribeTransactions)."""
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    #: When the open transaction began (coordinator clock, ms); -1 when none is open.
+    start_ms: int
+    partitions: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in OPEN_STATES
+
+    @property
+    def identity(self) -> ProducerIdentity:
+        return ProducerIdentity(self.producer_id, self.producer_epoch)
+
+
+class UnsupportedByBrokerError(TxnProtocolError):
+    """The broker lacks the admin request (Kafka before 3.0, Tansu)."""
+
+
 def _kafka() -> Any:
     """Import kafka-python's pieces, hiding the DeprecationWarning its import raises.
 
@@ -116,6 +147,7 @@ def _kafka() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import kafka  # type: ignore[import-untyped]
+        import kafka.protocol.admin.transactions  # type: ignore[import-untyped]
         import kafka.protocol.metadata  # type: ignore[import-untyped]
         import kafka.protocol.producer.transaction  # type: ignore[import-untyped]
     return kafka
@@ -279,3 +311,75 @@ class TxnCoordinatorClient:
                    "transaction.max.timeout.ms)" if code == INVALID_TRANSACTION_TIMEOUT else ""),
                 error_code=code, retriable=False)
         return ProducerIdentity(int(response.producer_id), int(response.producer_epoch))
+
+    # -- admin: the coordinators' view of transactional ids ---------------------------
+
+    def describe_transactions(self, transactional_ids: list[str]
+                              ) -> dict[str, TransactionInfo | None]:
+        """DescribeTransactions for each id; ``None`` for ids the coordinator never saw.
+
+        Needs DESCRIBE on the ids (WRITE implies it). Raises
+        :class:`UnsupportedByBrokerError` where the broker has no such request.
+        """
+        messages = _kafka().protocol.admin.transactions
+        by_node: dict[int, list[str]] = {}
+        for tid in transactional_ids:
+            by_node.setdefault(self._coordinator_or_raise(tid), []).append(tid)
+        out: dict[str, TransactionInfo | None] = {}
+        for node, ids in by_node.items():
+            request = messages.DescribeTransactionsRequest(transactional_ids=ids)
+            try:
+                response = self._manager.run(self._send_to, request, node)
+            except Exception as exc:
+                if "UnsupportedVersion" in type(exc).__name__ or "not support" in str(exc):
+                    raise UnsupportedByBrokerError(
+                        "the broker does not answer DescribeTransactions (Kafka 3.0+ does)",
+                        retriable=False) from None
+                for tid in ids:
+                    self._forget_coordinator(tid)
+                raise TxnProtocolError(f"DescribeTransactions failed: {type(exc).__name__}: "
+                                       f"{exc}") from None
+            for state in response.transaction_states:
+                code = int(state.error_code)
+                tid = str(state.transactional_id)
+                if code == TRANSACTIONAL_ID_NOT_FOUND:
+                    out[tid] = None
+                    continue
+                if code != NONE:
+                    if code in _MOVED:
+                        self._forget_coordinator(tid)
+                    raise TxnProtocolError(f"DescribeTransactions for transactional.id "
+                                           f"{tid!r} failed with Kafka error code {code}",
+                                           error_code=code, retriable=code in _RETRIABLE)
+                out[tid] = TransactionInfo(
+                    tid, str(state.transaction_state), int(state.producer_id),
+                    int(state.producer_epoch), int(state.transaction_timeout_ms),
+                    int(state.transaction_start_time_ms),
+                    tuple(sorted((str(t.topic), int(p)) for t in state.topics
+                                 for p in t.partitions)))
+        return out
+
+    def _coordinator_or_raise(self, transactional_id: str) -> int:
+        try:
+            return self.find_coordinator(transactional_id)
+        except Exception as exc:
+            raise TxnProtocolError(f"FindCoordinator for transactional.id "
+                                   f"{transactional_id!r} failed: {type(exc).__name__}: "
+                                   f"{exc}") from None
+
+    def list_open_transactional_ids(self) -> list[str]:
+        """Transactional ids with an open transaction, from every broker (ListTransactions).
+
+        Only ids the principal may DESCRIBE are listed. Raises
+        :class:`UnsupportedByBrokerError` where the broker has no such request.
+        """
+        try:
+            listings = self._admin.list_transactions(state_filters=sorted(OPEN_STATES))
+        except Exception as exc:
+            if "UnsupportedVersion" in type(exc).__name__ or "not support" in str(exc):
+                raise UnsupportedByBrokerError(
+                    "the broker does not answer ListTransactions (Kafka 3.0+ does)",
+                    retriable=False) from None
+            raise TxnProtocolError(f"ListTransactions failed: {type(exc).__name__}: "
+                                   f"{exc}") from None
+        return sorted({str(t.transactional_id) for rows in listings.values() for t in rows})
