@@ -856,6 +856,61 @@ class KafkaBackend(Backend):
             return None
         return {t: info for t, info in described.items() if info is not None and info.is_open}
 
+    def open_transactions(self, sink_id: str) -> list[Mapping[str, Any]]:
+        """The sink's open transactions on the broker: age, timeout, readers held back.
+
+        A ``read_committed`` reader of a partition stops at its last stable offset,
+        the first offset of the oldest open transaction there: records after it, of
+        any producer, stay invisible until that transaction ends.
+        """
+        from confluent_kafka import TopicPartition
+
+        broker = self.broker_transactions(sink_id)
+        if broker is None:
+            return []
+        markers = self.open_markers(sink_id)
+        d = self.driver()
+        timeout = self.config.request_timeout_s
+        now_ms = time.time() * 1000
+        partitions = sorted({tp for info in broker.values() for tp in info.partitions})
+        starts = d.txn.open_transaction_starts(partitions)
+        rows: list[Mapping[str, Any]] = []
+        for tid, info in sorted(broker.items()):
+            marker = markers.get(tid)
+            participant = (self._from_marker(marker).participant if marker is not None
+                           and marker.producer_id == info.producer_id else None)
+            age_s = max(0.0, (now_ms - info.start_ms) / 1000) if info.start_ms >= 0 else None
+            held: list[dict[str, Any]] = []
+            with d.lock:
+                for topic, partition in info.partitions:
+                    tp = TopicPartition(topic, partition)
+                    _, lso = d.committed_offsets.get_watermark_offsets(tp, timeout,
+                                                                       cached=False)
+                    _, high = d.uncommitted_offsets.get_watermark_offsets(tp, timeout,
+                                                                          cached=False)
+                    start = starts.get((topic, partition), {}).get(info.producer_id)
+                    held.append({"topic": topic, "partition": partition,
+                                 "last_stable_offset": lso, "high_watermark": high,
+                                 "transaction_start_offset": start,
+                                 # The oldest open transaction sets the LSO.
+                                 "holds_back_readers": high > lso and (
+                                     start is None or start <= lso)})
+            blocking = [h for h in held if h["holds_back_readers"]]
+            age = ("?" if age_s is None else
+                   f"{age_s:.0f}s of its {info.timeout_ms / 1000:.0f}s timeout")
+            summary = (
+                f"transactional.id {tid} ({participant or 'no marker: participant unknown'}):"
+                f" {info.state}, open {age}; "
+                + ("holds back read_committed readers of " + ", ".join(
+                    f"{h['topic']}[{h['partition']}] (last stable offset "
+                    f"{h['last_stable_offset']} < high watermark {h['high_watermark']})"
+                    for h in blocking) if blocking else "holds back no reader"))
+            rows.append({"name": tid, "summary": summary, "participant": participant,
+                         "state": info.state, "producer_id": info.producer_id,
+                         "producer_epoch": info.producer_epoch, "age_s": age_s,
+                         "timeout_ms": info.timeout_ms, "partitions": held})
+        return rows
+
     def _broker_view(self, sink_id: str) -> dict[str, TransactionInfo] | None:
         try:
             return self.broker_transactions(sink_id)

@@ -383,3 +383,23 @@ class TxnCoordinatorClient:
             raise TxnProtocolError(f"ListTransactions failed: {type(exc).__name__}: "
                                    f"{exc}") from None
         return sorted({str(t.transactional_id) for rows in listings.values() for t in rows})
+
+    def open_transaction_starts(self, partitions: list[tuple[str, int]]
+                                ) -> dict[tuple[str, int], dict[int, int]]:
+        """Per partition: producer id -> first offset of its open transaction there.
+
+        DescribeProducers (KIP-664), asked of each partition's leader; partitions the
+        broker cannot describe are left out.
+        """
+        from kafka.structs import TopicPartition  # type: ignore[import-untyped]
+
+        try:
+            states = self._admin.describe_producers(
+                [TopicPartition(t, p) for t, p in partitions])
+        except Exception as exc:
+            log.debug("DescribeProducers failed: %s: %s", type(exc).__name__, exc)
+            return {}
+        return {(str(tp.topic), int(tp.partition)): {
+            int(p.producer_id): int(p.current_transaction_start_offset)
+            for p in state.active_producers if int(p.current_transaction_start_offset) >= 0}
+            for tp, state in states.items()}
