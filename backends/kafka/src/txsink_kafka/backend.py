@@ -303,6 +303,11 @@ class KafkaBackend(Backend):
     def secret_values(self) -> list[str]:
         return list(self.config.secrets)
 
+    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
+        # By name, not only the listed keys: every SASL/SSL/OAuth secret stays out.
+        return {k: v for k, v in super().safe_options(options).items()
+                if not cfg.is_secret_key(k)}
+
     def transactional_id(self, ctx: TransactionContext) -> str:
         """The id of ``ctx`` under the ``participant`` naming (pooled ids are probed)."""
         return participant_id(self.config.transactional_id_prefix, ctx)

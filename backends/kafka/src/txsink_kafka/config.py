@@ -18,14 +18,38 @@ log = logging.getLogger(__name__)
 
 OWNER = "kafka sink"
 
-#: Producer settings that hold secrets (with the ``kafka.`` prefix).
+#: librdkafka settings that hold secrets (with the ``kafka.`` prefix). Listed for the
+#: pipeline file's printing; :func:`is_secret_key` also catches ones not listed here.
 SECRET_OPTIONS = frozenset({
     "kafka.sasl.password",
     "kafka.ssl.key.password",
     "kafka.ssl.keystore.password",
-    "kafka.sasl.oauthbearer.client.secret",
     "kafka.ssl.key.pem",
+    "kafka.sasl.oauthbearer.client.secret",
+    "kafka.sasl.oauthbearer.config",
+    "kafka.sasl.oauthbearer.extensions",
+    "kafka.sasl.oauthbearer.assertion.private.key.passphrase",
+    "kafka.sasl.oauthbearer.assertion.private.key.pem",
+    "kafka.sasl.oauthbearer.client.credentials.client.secret",
+    "kafka.sasl.jaas.config",
 })
+
+_SECRET_WORDS = ("password", "passphrase", "secret", "token", "jaas",
+                 "private.key", "key.pem", "oauthbearer.config", "oauthbearer.extensions")
+
+
+def is_secret_key(key: str) -> bool:
+    """Does option ``key`` (``kafka.``-prefixed or not) hold a secret?
+
+    By name, so settings librdkafka adds later (``...passphrase``, ``...secret``)
+    are never stored or printed either; paths and URLs are not secrets.
+    """
+    key = key.lower()
+    if key.endswith((".location", ".file", ".url")):
+        return False
+    return key in SECRET_OPTIONS or f"kafka.{key}" in SECRET_OPTIONS or any(
+        word in key for word in _SECRET_WORDS)
+
 
 #: Producer settings txsink owns: a user value would break exactly-once.
 _RESERVED = {
@@ -83,10 +107,11 @@ class KafkaSinkConfig:
 
 
 def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
-    opts = Options(options, owner=OWNER, secret_keys=SECRET_OPTIONS)
+    secret_keys = SECRET_OPTIONS | {k for k in options if k.startswith("kafka.")
+                                    and is_secret_key(k)}
+    opts = Options(options, owner=OWNER, secret_keys=secret_keys)
     producer = opts.with_prefix("kafka.")
-    secrets = tuple(producer[k[len("kafka."):]] for k in SECRET_OPTIONS
-                    if k[len("kafka."):] in producer)
+    secrets = tuple(v for k, v in producer.items() if is_secret_key(k) and v)
     if not producer.get("bootstrap.servers"):
         raise ConfigError(f"{OWNER}: option 'kafka.bootstrap.servers' is required, e.g. "
                           "'localhost:9092'", field="kafka.bootstrap.servers")

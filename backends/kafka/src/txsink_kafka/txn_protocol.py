@@ -153,6 +153,42 @@ def _kafka() -> Any:
     return kafka
 
 
+class _RedactSecrets(logging.Filter):
+    """Scrubs known secret values from kafka-python's log records.
+
+    kafka-python logs its whole configuration (SASL/SSL passwords included) and, at
+    DEBUG, the raw bytes of every request (a SASL/PLAIN handshake carries the
+    password): neither may reach a txsink user's logs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            text = record.getMessage()
+            if any(s in text for s in self.secrets):
+                for secret in sorted(self.secrets, key=len, reverse=True):
+                    text = text.replace(secret, "***")
+                record.msg, record.args = text, ()
+        return True
+
+
+_REDACT = _RedactSecrets()
+
+
+def _guard_kafka_python_logs(secrets: list[str]) -> None:
+    """Put the redacting filter on every kafka-python logger that exists by now."""
+    _REDACT.secrets.update(s for s in secrets if s)
+    if not _REDACT.secrets:
+        return
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if ((name == "kafka" or name.startswith("kafka."))
+                and isinstance(logger, logging.Logger) and _REDACT not in logger.filters):
+            logger.addFilter(_REDACT)
+
+
 def send_to_node(admin: Any, request: Any, node_id: int) -> Any:
     """Send ``request`` to broker ``node_id`` with ``admin``'s connections; the response."""
 
@@ -189,6 +225,9 @@ class TxnCoordinatorClient:
         self._sleep = sleep
         config = kafka_python_config(librdkafka_config)
         config.setdefault("client_id", "txsink-committer")
+        # Before the client logs its configuration.
+        _guard_kafka_python_logs([str(v) for k, v in config.items()
+                                  if "password" in k or "secret" in k])
         ms = int(timeout_s * 1000)
         config.update(request_timeout_ms=ms, bootstrap_timeout_ms=ms)
         try:
@@ -199,6 +238,7 @@ class TxnCoordinatorClient:
                 f"to reach the transaction coordinator: {type(exc).__name__}: {exc}"
             ) from None
         self._manager = self._admin._manager
+        _guard_kafka_python_logs([])  # modules the client imported while starting
 
     def close(self) -> None:
         try:
