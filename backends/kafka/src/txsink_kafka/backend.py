@@ -41,6 +41,7 @@ from txsink.model import Committable, TransactionContext, participant_name
 from txsink.redact import redact
 
 from txsink_kafka import config as cfg
+from txsink_kafka.claims import Claim, owner_key, owner_of
 from txsink_kafka.markers import (
     ABORTED,
     BEGIN,
@@ -365,21 +366,10 @@ class KafkaBackend(Backend):
                 f"kafka sink: topic {topic!r} (option 'topic') does not exist on "
                 f"{self.config.bootstrap}; create it first (txsink does not create output "
                 "topics)", field="topic", sink_id=sink_id)
-        marker = self.config.marker_topic
-        if marker not in metadata.topics:
-            log.info("sink=%s: creating the marker topic %s", sink_id, marker)
-            new = kadmin.NewTopic(  # type: ignore[attr-defined]
-                marker, num_partitions=1, replication_factor=self.config.marker_replication,
-                config={"cleanup.policy": "compact"})
-            try:
-                admin.create_topics([new])[marker].result(timeout)
-            except KafkaException as exc:
-                if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                    raise ConfigError(
-                        f"kafka sink: cannot create the marker topic {marker!r} (option "
-                        f"'marker.topic'): {self._redact(str(exc))}; create it with one "
-                        "partition and cleanup.policy=compact, or name an existing one",
-                        field="marker.topic", sink_id=sink_id) from None
+        for name, field_name in ((self.config.marker_topic, "marker.topic"),
+                                 (self.config.claim_topic, "claim.topic")):
+            if name not in metadata.topics:
+                self._create_compacted(admin, name, field_name, sink_id)
         # The broker rejects a transaction.timeout.ms above its transaction.max.timeout.ms
         # only when a producer registers: find out now, not in the first task.
         probe = preflight_id(self.config.transactional_id_prefix, sink_id)
@@ -396,6 +386,25 @@ class KafkaBackend(Backend):
             raise ConfigError(f"kafka sink: cannot use transactions on "
                               f"{self.config.bootstrap}: {self._redact(str(exc))}",
                               field="kafka.bootstrap.servers", sink_id=sink_id) from None
+
+    def _create_compacted(self, admin: Any, name: str, field_name: str, sink_id: str) -> None:
+        """Create a one-partition compacted topic txsink keeps its own records in."""
+        import confluent_kafka.admin as kadmin
+        from confluent_kafka import KafkaException
+
+        log.info("sink=%s: creating topic %s (option '%s')", sink_id, name, field_name)
+        new = kadmin.NewTopic(  # type: ignore[attr-defined]
+            name, num_partitions=1, replication_factor=self.config.marker_replication,
+            config={"cleanup.policy": "compact"})
+        try:
+            admin.create_topics([new])[name].result(self.config.request_timeout_s)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise ConfigError(
+                    f"kafka sink: cannot create topic {name!r} (option '{field_name}'): "
+                    f"{self._redact(str(exc))}; create it with one partition and "
+                    "cleanup.policy=compact, or name an existing one", field=field_name,
+                    sink_id=sink_id) from None
 
     def driver(self) -> _DriverClients:
         """Driver-side clients, shared by every backend instance of this process.
@@ -981,49 +990,84 @@ class KafkaBackend(Backend):
     def _scan_state(self, sink_id: str) -> _ScanState:
         return self.driver().scans[f"{self.config.marker_topic}/{sink_id}"]
 
-    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
-        """Bind ``sink_id`` to one query's state through an owner marker, or refuse.
+    def _read_claims(self, sink_id: str) -> list[Claim]:
+        """Every claim on ``sink_id``, in log order: the whole claim topic is read."""
+        from confluent_kafka import KafkaException, TopicPartition
 
-        Two queries with one sink id derive the same transactional ids and would
-        abort each other's transactions as orphans. The owner marker is rewritten
-        whenever it is about to leave the scan window, so a second query that
-        starts while the first one runs finds it.
-        """
-        self.open_markers(sink_id)
-        state = self._scan_state(sink_id)
-        owner = state.owner
-        if owner is not None and owner.state_id != state_id and not self.config.takeover:
-            raise ConfigError(
-                f"kafka sink: sink id {sink_id!r} is already written by another query "
-                f"(txsink state at {owner.state_location!r}, per the owner record in "
-                f"marker topic {self.config.marker_topic!r}). Two queries with one sink id "
-                "fence each other's transactions: give this query its own sink_id, or, if "
-                "the other query and its checkpoint are gone for good, set the option "
-                "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id)
-        fresh = (owner is not None and owner.state_id == state_id and state.cursor is not None
-                 and state.cursor - owner.offset < self.config.orphan_scan_records // 2)
-        if fresh:
-            return
         d = self.driver()
-        partition = marker_partition(sink_id, self._marker_partitions or 1)
-        key, value = Marker(OWNER, f"{self.config.transactional_id_prefix}-{sink_id}-owner",
-                            sink_id, 0, 0, 0, state_id=state_id,
-                            state_location=state_location).encode()
-        d.ends.produce(self.config.marker_topic, value, key, partition)
+        topic = self.config.claim_topic
+        key = owner_key(self.config.transactional_id_prefix, sink_id)
+        timeout = self.config.request_timeout_s
+        claims: list[Claim] = []
+        with d.lock:
+            try:
+                low, high = d.uncommitted_offsets.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout, cached=False)
+            except KafkaException:
+                # Not there yet (a coordinator started without the preflight, as
+                # `txsink resolve` does): create it, once.
+                import confluent_kafka.admin as kadmin
+
+                conf: dict[str, Any] = {**self.config.connection()}
+                self._create_compacted(kadmin.AdminClient(conf), topic, "claim.topic",
+                                       sink_id)
+                low, high = d.uncommitted_offsets.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout, cached=False)
+            for msg in _read_range(d.uncommitted, topic, 0, low, high, timeout):
+                claim = Claim.decode(msg.key(), msg.value(), msg.offset() or 0)
+                if claim is not None and claim.owner_key == key:
+                    claims.append(claim)
+        return claims
+
+    def _refuse_claim(self, sink_id: str, owner_location: str, where: str) -> ConfigError:
+        return ConfigError(
+            f"kafka sink: sink id {sink_id!r} is already written by another query "
+            f"(txsink state at {owner_location!r}, per {where}). Two queries with one sink "
+            "id fence each other's transactions: give this query its own sink_id, or, if "
+            "the other query and its checkpoint are gone for good, set the option "
+            "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id)
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Bind ``sink_id`` to one query's state in the claim topic, or refuse.
+
+        See :mod:`txsink_kafka.claims`: the whole claim topic is read, so the claim
+        holds regardless of its age and of other sinks' traffic.
+        """
+        claims = self._read_claims(sink_id)
+        owner = owner_of(claims)
+        if owner is not None and owner.state_id == state_id:
+            return
+        where = f"the claim topic {self.config.claim_topic!r}"
+        if owner is None:
+            # Sinks claimed by releases before the claim topic: their owner record in
+            # the marker partition, if it is still in the scan window.
+            self.open_markers(sink_id)
+            legacy = self._scan_state(sink_id).owner
+            if legacy is not None and legacy.state_id != state_id and not self.config.takeover:
+                raise self._refuse_claim(sink_id, legacy.state_location,
+                                         f"the owner record in {self.config.marker_topic!r}")
+        elif not self.config.takeover:
+            raise self._refuse_claim(sink_id, owner.state_location, where)
+        takeover = owner is not None and self.config.takeover
+        mine = Claim(owner_key(self.config.transactional_id_prefix, sink_id), state_id,
+                     state_location, takeover)
+        key, value = mine.encode()
+        d = self.driver()
+        d.ends.produce(self.config.claim_topic, value, key, 0)
         if d.ends.flush(self.config.request_timeout_s):
-            raise ConfigError(f"kafka sink: could not write the owner record of sink "
-                              f"{sink_id!r} to {self.config.marker_topic!r}",
-                              field="marker.topic", sink_id=sink_id)
-        # A query that claimed at the same moment wrote after us: the later owner
-        # record wins, the earlier claimant fails here.
-        self.open_markers(sink_id)
-        latest = self._scan_state(sink_id).owner
-        if latest is not None and latest.state_id != state_id:
+            raise ConfigError(f"kafka sink: could not write the claim of sink {sink_id!r} to "
+                              f"{self.config.claim_topic!r}", field="claim.topic",
+                              sink_id=sink_id)
+        # Read back: of claims written at the same moment the first one wins (for
+        # takeovers, the last one).
+        latest = owner_of(self._read_claims(sink_id))
+        if latest is None or latest.state_id != state_id:
             raise ConfigError(
                 f"kafka sink: sink id {sink_id!r} was claimed by another query (txsink state "
-                f"at {latest.state_location!r}) at the same time; give each query its own "
-                "sink_id", field="sink_id", sink_id=sink_id)
-        log.info("sink=%s: claimed for txsink state %s", sink_id, state_location)
+                f"at {latest.state_location if latest else '?'!r}) at the same time; give "
+                "each query its own sink_id", field="sink_id", sink_id=sink_id)
+        log.info("sink=%s: claimed for txsink state %s%s", sink_id, state_location,
+                 " (takeover)" if takeover else "")
 
     def _from_marker(self, m: Marker) -> Committable:
         participant = participant_name(m.sink_id, m.epoch, m.partition, m.attempt)

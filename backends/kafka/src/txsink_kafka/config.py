@@ -83,6 +83,7 @@ class KafkaSinkConfig:
     trigger_interval_ms: int | None = None
     recovery_margin_ms: int = 60_000
     marker_topic: str = "txsink-markers"
+    claim_topic: str = "txsink-claims"
     marker_replication: int = -1
     orphan_scan_records: int = 20_000
     request_timeout_s: float = 30.0
@@ -154,6 +155,7 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
         trigger_interval_ms=trigger_ms,
         recovery_margin_ms=margin_ms,
         marker_topic=opts.str("marker.topic", "txsink-markers"),
+        claim_topic=opts.str("claim.topic", "txsink-claims"),
         marker_replication=opts.int("marker.replication.factor", -1, minimum=-1),
         orphan_scan_records=opts.int("orphan.scan.records", 20_000, minimum=1),
         request_timeout_s=opts.float("request.timeout.s", 30.0, minimum=0.1),
