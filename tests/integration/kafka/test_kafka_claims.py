@@ -61,29 +61,33 @@ def test_the_claim_holds_after_other_sinks_filled_the_marker_partition(
         second.close()
 
 
+def race(options: dict[str, str], tmp_path: Path, sink: str) -> list[str]:
+    """Two queries (own clients, own states) start on ``sink`` at the same moment."""
+    backends = [make(options, **{"kafka.client.id": f"q{i}"}) for i in range(2)]
+    backends[0].preflight(sink)
+    barrier = threading.Barrier(2)
+    outcomes = ["", ""]
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        try:
+            start(backends[i], tmp_path / f"{sink}-{i}", sink)
+            outcomes[i] = "won"
+        except ConfigError as exc:
+            outcomes[i] = f"refused: {exc}"
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for b in backends:
+        b.close()
+    return outcomes
+
+
 def test_of_two_queries_claiming_at_once_exactly_one_wins(
         options: dict[str, str], tmp_path: Path) -> None:
     for round_ in range(4):
-        sink = f"race-{round_}-{uuid.uuid4().hex[:6]}"
-        # Distinct client ids: two driver processes with their own connections.
-        backends = [make(options, **{"kafka.client.id": f"q{i}"}) for i in range(2)]
-        backends[0].preflight(sink)
-        barrier = threading.Barrier(2)
-        outcomes: list[str] = ["", ""]
-
-        def claim(i: int, sink: str = sink) -> None:
-            barrier.wait()
-            try:
-                start(backends[i], tmp_path / f"{sink}-{i}", sink)
-                outcomes[i] = "won"
-            except ConfigError as exc:
-                outcomes[i] = f"refused: {exc}"
-
-        threads = [threading.Thread(target=claim, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        for b in backends:
-            b.close()
+        outcomes = race(options, tmp_path, f"race-{round_}-{uuid.uuid4().hex[:6]}")
         assert sorted(o.split(":")[0] for o in outcomes) == ["refused", "won"], outcomes

@@ -57,6 +57,7 @@ from txsink_kafka.naming import (
     participant_id,
     preflight_id,
 )
+from txsink_kafka.retry import BrokerReadTimeout, retry_transient
 from txsink_kafka.txn_protocol import (
     ConnectionDroppedError,
     EndTxnResult,
@@ -174,13 +175,38 @@ _DRIVERS: dict[tuple[Any, ...], _DriverClients] = {}
 _DRIVERS_LOCK = threading.Lock()
 
 
+def check_hosts(bootstrap: str, sink_id: str | None = None) -> None:
+    """A bootstrap list none of whose hosts resolves is a configuration error, at once."""
+    import socket
+
+    hosts = []
+    for server in bootstrap.split(","):
+        address = server.strip().split("://")[-1]
+        host = address.rpartition(":")[0] or address
+        hosts.append(host.strip("[]"))
+    problems = []
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host, None)
+            return
+        except (socket.gaierror, UnicodeError) as exc:
+            problems.append(f"{host!r}: {exc}")
+    raise ConfigError(f"kafka sink: option 'kafka.bootstrap.servers' names no host that "
+                      f"resolves ({'; '.join(problems)}); check the host names",
+                      field="kafka.bootstrap.servers", sink_id=sink_id)
+
+
 def _shared_driver(config: cfg.KafkaSinkConfig) -> _DriverClients:
     key = _connection_key(config)
     with _DRIVERS_LOCK:
         driver = _DRIVERS.get(key)
         if driver is None:
+            check_hosts(config.bootstrap)
             try:
-                driver = _DriverClients(config)
+                driver = retry_transient(lambda: _DriverClients(config),
+                                         what=f"Kafka at {config.bootstrap}: driver clients",
+                                         bound_s=config.retry_bound_s,
+                                         redact=lambda t: redact(t, config.secrets))
             except TxnProtocolError as exc:
                 raise ConfigError(redact(str(exc), config.secrets),
                                   field="kafka.bootstrap.servers") from None
@@ -261,8 +287,8 @@ def _read_range(consumer: Consumer, topic: str, partition: int, start: int, end:
                 offset = msg.offset()
                 if end is not None and offset is not None and offset >= end - 1:
                     return
-        raise TxsinkError(f"reading {topic}[{partition}] offsets {start}..{end} did not "
-                          f"finish within {timeout_s:.0f}s")
+        raise BrokerReadTimeout(f"reading {topic}[{partition}] offsets {start}..{end} did "
+                                f"not finish within {timeout_s:.0f}s")
     finally:
         consumer.unassign()
 
@@ -327,9 +353,12 @@ class KafkaBackend(Backend):
         key = _connection_key(self.config)
         if key not in _NO_DESCRIBE:
             try:
-                client = _shared_txn_client(self.config)
-                return acquire_pooled_id(client, self.config.transactional_id_prefix, ctx,
-                                         self.config.pool_size)
+                return retry_transient(
+                    lambda: acquire_pooled_id(_shared_txn_client(self.config),
+                                              self.config.transactional_id_prefix, ctx,
+                                              self.config.pool_size),
+                    what=f"{ctx.describe()}: picking a transactional.id",
+                    bound_s=self.config.retry_bound_s, redact=self._redact)
             except UnsupportedByBrokerError:
                 _NO_DESCRIBE.add(key)
                 log.warning("sink=%s: %s cannot describe transactions, so transactional ids "
@@ -348,16 +377,39 @@ class KafkaBackend(Backend):
     def preflight(self, sink_id: str) -> None:
         """Reach the brokers, check the topic, create the marker topic, check the timeout."""
         import confluent_kafka.admin as kadmin
-        from confluent_kafka import KafkaException
+        from confluent_kafka import KafkaError, KafkaException
 
         timeout = self.config.request_timeout_s
-        admin = kadmin.AdminClient({**self.config.connection(), "socket.timeout.ms": 10_000})
+        check_hosts(self.config.bootstrap, sink_id)
+        errors: list[KafkaError] = []
+        conf: dict[str, Any] = {**self.config.connection(), "socket.timeout.ms": 10_000,
+                                "error_cb": errors.append}
+        admin = kadmin.AdminClient(conf)
+
+        def metadata_or_auth_error() -> Any:
+            try:
+                return admin.list_topics(timeout=min(timeout, 15.0))
+            except KafkaException:
+                admin.poll(0.1)  # serves error_cb, where librdkafka says why
+                auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+                if auth:
+                    raise ConfigError(
+                        f"kafka sink: Kafka at {self.config.bootstrap!r} refused the login: "
+                        f"{self._redact(auth[0].str())}; check kafka.sasl.mechanism, "
+                        "kafka.sasl.username and kafka.sasl.password (or the SSL/OAuth "
+                        "settings)", field="kafka.sasl.password", sink_id=sink_id) from None
+                raise
+
+        bound = self.config.retry_bound_s
         try:
-            metadata = admin.list_topics(timeout=min(timeout, 15.0))
+            metadata = retry_transient(metadata_or_auth_error,
+                                       what=f"sink={sink_id}: preflight", bound_s=bound,
+                                       redact=self._redact)
         except KafkaException as exc:
             raise ConfigError(
                 f"kafka sink: cannot reach Kafka at {self.config.bootstrap!r} "
-                f"(option 'kafka.bootstrap.servers'): {self._redact(str(exc))}",
+                f"(option 'kafka.bootstrap.servers'), retried for {bound:.0f}s "
+                f"(unavailable.retry.s): {self._redact(str(exc))}",
                 field="kafka.bootstrap.servers", sink_id=sink_id) from None
         topic = self.config.topic
         if topic is not None and (topic not in metadata.topics
@@ -485,7 +537,9 @@ class KafkaBackend(Backend):
             txn.producer = producer
             txn.marker_topic = self.config.marker_topic
             txn.marker_partition = self._marker_partition(producer, ctx.sink_id)
-            producer.init_transactions(timeout)
+            retry_transient(lambda: producer.init_transactions(timeout),
+                            what=f"{txn.describe()}: init_transactions",
+                            bound_s=self.config.retry_bound_s, redact=self._redact)
             producer.begin_transaction()
         except KafkaException as exc:
             raise self._producer_error(txn, "starting the transaction", exc) from None
@@ -763,6 +817,13 @@ class KafkaBackend(Backend):
         return age
 
     def commit(self, committable: Committable) -> CommitOutcome:
+        # Idempotent from the top (the marker check comes first), so a retry after
+        # the broker came back is safe.
+        return retry_transient(lambda: self._commit_once(committable),
+                               what=f"{committable.describe()}: commit",
+                               bound_s=self.config.retry_bound_s, redact=self._redact)
+
+    def _commit_once(self, committable: Committable) -> CommitOutcome:
         c = committable
         tid, identity, (mtopic, mpart, moffset) = self._payload(c)
         age = self._check_age(c)
@@ -817,6 +878,11 @@ class KafkaBackend(Backend):
             sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
 
     def abort(self, committable: Committable) -> None:
+        retry_transient(lambda: self._abort_once(committable),
+                        what=f"{committable.describe()}: abort",
+                        bound_s=self.config.retry_bound_s, redact=self._redact)
+
+    def _abort_once(self, committable: Committable) -> None:
         c = committable
         tid, identity, (mtopic, mpart, _) = self._payload(c)
         d = self.driver()

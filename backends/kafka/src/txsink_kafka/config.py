@@ -87,6 +87,8 @@ class KafkaSinkConfig:
     marker_replication: int = -1
     orphan_scan_records: int = 20_000
     request_timeout_s: float = 30.0
+    #: How long to ride out an unavailable broker; ``None``: twice request.timeout.s.
+    unavailable_retry_s: float | None = None
     #: Claim the sink id even if another state owns it (after that query is gone).
     takeover: bool = False
     #: ``pooled``: reuse a bounded set of transactional ids per write partition;
@@ -95,6 +97,12 @@ class KafkaSinkConfig:
     #: Pooled ids per write partition; all of them open at once is an error.
     pool_size: int = 16
     secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def retry_bound_s(self) -> float:
+        if self.unavailable_retry_s is not None:
+            return self.unavailable_retry_s
+        return 2 * self.request_timeout_s
 
     @property
     def bootstrap(self) -> str:
@@ -159,6 +167,8 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
         marker_replication=opts.int("marker.replication.factor", -1, minimum=-1),
         orphan_scan_records=opts.int("orphan.scan.records", 20_000, minimum=1),
         request_timeout_s=opts.float("request.timeout.s", 30.0, minimum=0.1),
+        unavailable_retry_s=(None if opts.optional("unavailable.retry.s") is None
+                             else opts.float("unavailable.retry.s", 0.0, minimum=0.0)),
         takeover=opts.bool("owner.takeover", False),
         naming=naming,
         pool_size=opts.int("transactional.id.pool.size", 16, minimum=1),

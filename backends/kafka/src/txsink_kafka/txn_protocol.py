@@ -147,10 +147,36 @@ def _kafka() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import kafka  # type: ignore[import-untyped]
+        import kafka.net.inet  # type: ignore[import-untyped]
         import kafka.protocol.admin.transactions  # type: ignore[import-untyped]
         import kafka.protocol.metadata  # type: ignore[import-untyped]
         import kafka.protocol.producer.transaction  # type: ignore[import-untyped]
+    _close_refused_sockets(kafka.net.inet.KafkaNetSocket)
     return kafka
+
+
+def _close_refused_sockets(socket_class: Any) -> None:
+    """Make kafka-python close a socket whose connect failed.
+
+    kafka-python 3.0's ``KafkaNetSocket.sock_connect`` raises on a refused or timed
+    out connect without closing the socket, so a client that keeps trying a broker
+    that is restarting (what txsink's commit retries do) leaks one file descriptor
+    per try. Wrapped once per process.
+    """
+    original = socket_class.sock_connect
+    if getattr(original, "_txsink_closes", False):
+        return
+
+    async def sock_connect(self: Any, net: Any, sock: Any, sockaddr: Any,
+                           timeout_at: Any = None) -> Any:
+        try:
+            return await original(self, net, sock, sockaddr, timeout_at=timeout_at)
+        except BaseException:
+            sock.close()
+            raise
+
+    sock_connect._txsink_closes = True  # type: ignore[attr-defined]
+    socket_class.sock_connect = sock_connect
 
 
 class _RedactSecrets(logging.Filter):
