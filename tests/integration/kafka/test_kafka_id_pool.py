@@ -146,3 +146,13 @@ def test_an_open_transaction_without_a_marker_is_aborted_at_start(
     coord.start()
     assert backend.broker_transactions(sink_id) == {}
     assert kt.read_topic(backend.config.bootstrap, topic) == []
+
+
+def test_sink_ids_tell_apart_sinks_whose_names_share_a_prefix() -> None:
+    a, ap = SinkIds("txsink", "a"), SinkIds("txsink", "a-p0")
+    assert a.owns("txsink-a-p3-t1") and not ap.owns("txsink-a-p3-t1")
+    assert ap.owns("txsink-a-p0-p1-t2") and not a.owns("txsink-a-p0-p1-t2")
+    assert a.owns("txsink-a-e4-p1-a9") and a.participant_of("txsink-a-e4-p1-a9") == \
+        "a-e4-p1-a9"
+    assert a.partition_of("txsink-a-p3-t1") == 3 and a.participant_of("txsink-a-p3-t1") is None
+    assert not a.owns("txsink-ab-p0-t0") and not a.owns("other-a-p0-t0")
