@@ -54,7 +54,7 @@ def restart_later(broker: LocalKafka) -> threading.Thread:
     return thread
 
 
-def test_preflight_and_commit_ride_out_a_broker_restart(
+def test_preflight_writer_and_commit_ride_out_a_broker_restart(
         kafka: LocalKafka, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="txsink_kafka")
     topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
@@ -82,11 +82,21 @@ def test_preflight_and_commit_ride_out_a_broker_restart(
         assert coord.commit_epoch(0, msgs) is EpochOutcome.COMMITTED
     finally:
         thread.join()
+    # A writer task that starts while the broker restarts.
+    thread = restart_later(kafka)
+    try:
+        late = write_participant(backend, TransactionContext(sink, 1, 0), [batch])
+    finally:
+        thread.join()
+    try:
+        assert coord.commit_epoch(1, [late]) is EpochOutcome.COMMITTED
+    finally:
         backend.close()
-    assert len(kt.read_topic(kafka.bootstrap, topic)) == 40
+    assert len(kt.read_topic(kafka.bootstrap, topic)) == 60
     retries = [r.getMessage() for r in caplog.records if "Kafka unavailable" in r.getMessage()]
     assert any("preflight" in m for m in retries)
     assert any(f"sink={sink} epoch=0" in m and "commit" in m for m in retries)
+    assert any(f"sink={sink} epoch=1" in m and "transactional.id" in m for m in retries)
 
 
 def test_a_wrong_host_is_a_config_error_at_once(caplog: pytest.LogCaptureFixture) -> None:
