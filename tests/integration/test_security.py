@@ -245,3 +245,134 @@ def test_s3_bad_secret_error_is_clean(s3: Any, all_logs: pytest.LogCaptureFixtur
     assert WRONG not in text
     assert SENTINEL not in text
     assert WRONG not in all_logs.text
+
+
+# -- Kafka --------------------------------------------------------------------------------
+
+#: Every librdkafka setting that can hold a secret, each seeded with the sentinel.
+KAFKA_SECRET_OPTIONS = (
+    "kafka.ssl.key.password", "kafka.ssl.keystore.password",
+    "kafka.sasl.oauthbearer.client.secret", "kafka.sasl.oauthbearer.config",
+    "kafka.sasl.oauthbearer.extensions",
+    "kafka.sasl.oauthbearer.assertion.private.key.passphrase",
+    "kafka.sasl.oauthbearer.assertion.private.key.pem", "kafka.ssl.key.pem",
+)
+
+
+@pytest.fixture(scope="module")
+def sasl_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A real Apache Kafka with a SASL/PLAIN listener whose password is the sentinel.
+
+    (bootstrap of the SASL listener, bootstrap of the plain one for setup.)
+    """
+    import socket
+
+    from txsink_kafka.backend import close_shared_clients
+    from txsink_kafka.local_broker import LocalKafka
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        sasl_port = s.getsockname()[1]
+    kafka = LocalKafka(tmp_path_factory.mktemp("sasl-kafka"))
+    plain = f"127.0.0.1:{kafka.port}"
+    kafka.properties.update({
+        "listeners": f"PLAINTEXT://{plain},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+                     f"CONTROLLER://127.0.0.1:{kafka.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{plain},SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        "listener.security.protocol.map":
+            "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_txsink="{SENTINEL}";',
+    })
+    try:
+        kafka.start()
+        yield f"127.0.0.1:{sasl_port}", plain
+    finally:
+        close_shared_clients()
+        kafka.close()
+
+
+def kafka_batch(start: int) -> pa.RecordBatch:
+    return pa.record_batch({"key": pa.array([f"k{i}".encode() for i in range(50)]),
+                            "value": pa.array([b"%d" % (start + i) for i in range(50)])})
+
+
+def sasl_options(bootstrap: str, topic: str, password: str) -> dict[str, str]:
+    return {"kafka.bootstrap.servers": bootstrap, "topic": topic,
+            "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.username": "txsink", "kafka.sasl.password": password,
+            "marker.topic": f"m-{topic}"}
+
+
+def test_kafka_secret_options_are_never_kept_or_printed() -> None:
+    """Every SASL/SSL/OAuth secret setting, not only sasl.password."""
+    options = {"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "t",
+               "kafka.sasl.password": SENTINEL,
+               **{k: f"{SENTINEL}-{i}" for i, k in enumerate(KAFKA_SECRET_OPTIONS)}}
+    backend = get_plugins().create_backend("kafka", options)
+    kept = backend.safe_options(options)
+    assert set(kept) == {"kafka.bootstrap.servers", "topic"}
+    assert set(backend.secret_values()) == {v for k, v in options.items()
+                                            if k.startswith("kafka.s")}
+    assert SENTINEL not in repr(backend.__dict__) + backend.describe()
+    with pytest.raises(TxsinkError) as info:
+        get_plugins().create_backend("kafka", {**options, "orphan.scan.recordz": "1"})
+    assert SENTINEL not in error_texts(info.value)
+
+
+@pytest.mark.integration
+def test_kafka_sasl_password_never_leaks(sasl_kafka: tuple[str, str], tmp_path: Path,
+                                         all_logs: pytest.LogCaptureFixture,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from txsink.cli import main
+    from txsink_kafka import testing as kt
+
+    bootstrap, plain = sasl_kafka
+    topic = f"sec-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(plain, topic, partitions=2)
+    options = sasl_options(bootstrap, topic, SENTINEL)
+    backend = get_plugins().create_backend("kafka", options)
+    sink = f"sec-{uuid.uuid4().hex[:8]}"
+    backend.preflight(sink)
+    state = tmp_path / "checkpoint" / "txsink"
+    texts: list[str] = []
+
+    def prepare(epoch: int, part: int) -> Committable:
+        c = write_participant(backend, TransactionContext(sink, epoch, part),
+                              [kafka_batch(epoch * 1000 + part * 100)])
+        texts.append(c.to_bytes().decode())
+        return c
+
+    crash = FaultInjector([FaultRule(AFTER_DECIDE, 1, "raise")])
+    coord = Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options,
+                        faults=crash)
+    coord.start()
+    coord.commit_epoch(0, [prepare(0, 0), prepare(0, 1)])
+    with pytest.raises(InjectedFault):
+        coord.commit_epoch(1, [prepare(1, 0)])
+    prepare(2, 0)  # an orphan, left open for `status`
+    assert main(["status", str(tmp_path / "checkpoint"), "--json",
+                 "--option", f"kafka.sasl.password={SENTINEL}"]) == 0
+    Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options).start()
+    backend.close()
+    texts += [p.read_text() for p in state.rglob("*") if p.is_file()]
+    texts.append(capsys.readouterr().out)
+    assert len(kt.read_topic(plain, topic)) == 150  # the run really wrote through SASL
+    assert_no_secret(texts, all_logs.text, SENTINEL)
+
+
+@pytest.mark.integration
+def test_kafka_wrong_sasl_password_error_is_clear_and_clean(
+        sasl_kafka: tuple[str, str], all_logs: pytest.LogCaptureFixture) -> None:
+    bootstrap, _ = sasl_kafka
+    options = {**sasl_options(bootstrap, "t", WRONG), "request.timeout.s": "10"}
+    backend = get_plugins().create_backend("kafka", options)
+    with pytest.raises(TxsinkError) as info:
+        backend.preflight("sec")
+    text = error_texts(info.value)
+    assert "refused the login" in str(info.value)
+    assert getattr(info.value, "field", None) == "kafka.sasl.password"
+    assert WRONG not in text and SENTINEL not in text
+    assert WRONG not in all_logs.text

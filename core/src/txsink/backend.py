@@ -184,6 +184,16 @@ class Backend(abc.ABC):
         """
         raise NotImplementedError(f"backend {self.name!r} cannot list prepared participants")
 
+    def open_transactions(self, sink_id: str) -> list[Mapping[str, Any]]:
+        """The sink's transactions open in the external system now, for ``txsink status``.
+
+        Where the system can say more than :meth:`list_prepared` (how old each is
+        against its timeout, whether it holds readers back), each entry has at least
+        ``name`` (the system's own name for it) and ``summary`` (one secret-free line),
+        plus JSON-serializable details. Default: nothing to report.
+        """
+        return []
+
     def abort_orphans(
         self,
         sink_id: str,

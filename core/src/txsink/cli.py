@@ -12,7 +12,7 @@ import datetime
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -249,9 +249,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     decided = {c.participant for r in in_doubt for c in r.committables}
     prepared: list[Committable] | None = None
     prepared_error = ""
+    open_txns: list[Mapping[str, Any]] = []
     try:
         backend = _backend_for(store, plugins, _parse_options(args.option))
         try:
+            open_txns = backend.open_transactions(meta.sink_id)
             prepared = [c for c in backend.list_prepared(meta.sink_id)
                         if c.participant not in decided]
         finally:
@@ -271,6 +273,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "prepared_undecided": None if prepared is None else [
                 {"participant": c.participant, "epoch": c.epoch} for c in prepared],
             "prepared_error": prepared_error or None,
+            "open_transactions": open_txns,
         }, indent=1))
         return 0
     opts = ", ".join(f"{k}={redact(v)}" for k, v in sorted(meta.options.items()))
@@ -304,6 +307,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  epoch {c.epoch}: {c.participant}")
     else:
         print("pending: none")
+    if open_txns:
+        print(f"open in {meta.backend} (`txsink resolve --epoch N --abort` ends pending "
+              "ones, `--commit` in-doubt ones):")
+        for row in open_txns:
+            print(f"  {row['summary']}")
     return 0
 
 

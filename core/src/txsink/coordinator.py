@@ -23,6 +23,7 @@ from txsink.errors import (
     CommitError,
     ConfigError,
     FatalCommitError,
+    ParticipantLostError,
     PluginError,
     RetriableCommitError,
     StateError,
@@ -474,8 +475,11 @@ class Coordinator:
                 self.faults.hit(AFTER_FIRST_COMMIT, record.epoch)
         if failures:
             names = ", ".join(str(f.participant) for f in failures)
-            error_type = (FatalCommitError if any(isinstance(f, FatalCommitError)
-                                                  for f in failures) else RetriableCommitError)
+            error_type: type[CommitError] = (
+                ParticipantLostError if any(isinstance(f, ParticipantLostError)
+                                            for f in failures)
+                else FatalCommitError if any(isinstance(f, FatalCommitError) for f in failures)
+                else RetriableCommitError)
             raise error_type(
                 f"sink={self.sink_id} epoch={record.epoch}: {len(failures)} decided "
                 f"participant(s) could not be committed: {names}. The epoch stays DECIDED: "

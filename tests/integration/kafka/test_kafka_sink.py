@@ -162,9 +162,13 @@ def test_orphan_scan_of_a_new_process_finds_old_participants(
 
 
 def test_a_second_writer_with_the_same_sink_id_is_fenced(
-        backend: KafkaBackend, sink_id: str) -> None:
+        options: dict[str, str], sink_id: str) -> None:
     """Two queries with one sink id derive the same transactional ids: the first
-    writer is fenced and fails with an error that names the likely cause."""
+    writer is fenced and fails with an error that names the likely cause. (Pooled
+    ids are probed, so there the second writer takes a free slot instead.)"""
+    backend = get_plugins().create_backend(
+        "kafka", {**options, "transactional.id.naming": "participant"})
+    assert isinstance(backend, KafkaBackend)
     ctx = TransactionContext(sink_id, 3, 0, 0)
     first = backend.begin_transaction(ctx)
     backend.write(first, batch(range(10)))

@@ -1,18 +1,19 @@
-"""The Kafka backend: one transactional producer per participant, committed by the driver.
+"""The Kafka backend: transactional producers on executors, committed by the driver.
 
-Executor: ``begin_transaction`` creates a librdkafka producer whose
-``transactional.id`` is ``<prefix>-<participant>`` (participant = sink id, epoch,
-partition, attempt), writes the participant's marker record first (see
-:mod:`txsink_kafka.markers`), streams rows, and ``pre_commit`` flushes, reads the
-producer id and epoch librdkafka acquired, and closes the producer **without
-aborting**: the transaction stays open on the broker, invisible to
-``read_committed`` readers.
+Executor: ``begin_transaction`` creates a librdkafka producer with a
+``transactional.id`` from :mod:`txsink_kafka.naming` (by default a pooled id of the
+write partition that has no open transaction), writes the participant's marker
+record first (see :mod:`txsink_kafka.markers`), streams rows, and ``pre_commit``
+flushes, reads the producer id and epoch librdkafka acquired, and closes the
+producer **without aborting**: the transaction stays open on the broker, invisible
+to ``read_committed`` readers.
 
 Driver: ``commit`` sends ``EndTxn(commit)`` for that producer id and epoch (Flink's
 ``resumeTransaction``) through :mod:`txsink_kafka.txn_protocol`; ``abort`` sends
 ``EndTxn(abort)`` or fences the id with ``InitProducerId``; orphans are found by
-scanning the tail of the sink's marker partition for participants that began and
-never ended.
+scanning the sink's marker partition for participants that began and never ended,
+checked against the coordinators' own list (ListTransactions) where the broker
+has it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from txsink.model import Committable, TransactionContext, participant_name
 from txsink.redact import redact
 
 from txsink_kafka import config as cfg
+from txsink_kafka.claims import Claim, owner_key, owner_of
 from txsink_kafka.markers import (
     ABORTED,
     BEGIN,
@@ -49,12 +51,21 @@ from txsink_kafka.markers import (
     Marker,
     marker_partition,
 )
+from txsink_kafka.naming import (
+    SinkIds,
+    acquire_pooled_id,
+    participant_id,
+    preflight_id,
+)
+from txsink_kafka.retry import BrokerReadTimeout, retry_transient
 from txsink_kafka.txn_protocol import (
     ConnectionDroppedError,
     EndTxnResult,
     ProducerIdentity,
+    TransactionInfo,
     TxnCoordinatorClient,
     TxnProtocolError,
+    UnsupportedByBrokerError,
 )
 
 if TYPE_CHECKING:
@@ -164,20 +175,71 @@ _DRIVERS: dict[tuple[Any, ...], _DriverClients] = {}
 _DRIVERS_LOCK = threading.Lock()
 
 
+def check_hosts(bootstrap: str, sink_id: str | None = None) -> None:
+    """A bootstrap list none of whose hosts resolves is a configuration error, at once."""
+    import socket
+
+    hosts = []
+    for server in bootstrap.split(","):
+        address = server.strip().split("://")[-1]
+        host = address.rpartition(":")[0] or address
+        hosts.append(host.strip("[]"))
+    problems = []
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host, None)
+            return
+        except (socket.gaierror, UnicodeError) as exc:
+            problems.append(f"{host!r}: {exc}")
+    raise ConfigError(f"kafka sink: option 'kafka.bootstrap.servers' names no host that "
+                      f"resolves ({'; '.join(problems)}); check the host names",
+                      field="kafka.bootstrap.servers", sink_id=sink_id)
+
+
 def _shared_driver(config: cfg.KafkaSinkConfig) -> _DriverClients:
-    key = (tuple(sorted(config.connection().items())), config.request_timeout_s)
+    key = _connection_key(config)
     with _DRIVERS_LOCK:
         driver = _DRIVERS.get(key)
         if driver is None:
+            check_hosts(config.bootstrap)
             try:
-                driver = _DriverClients(config)
+                driver = retry_transient(lambda: _DriverClients(config),
+                                         what=f"Kafka at {config.bootstrap}: driver clients",
+                                         bound_s=config.retry_bound_s,
+                                         redact=lambda t: redact(t, config.secrets))
             except TxnProtocolError as exc:
                 raise ConfigError(redact(str(exc), config.secrets),
                                   field="kafka.bootstrap.servers") from None
-            if not _DRIVERS:
+            if not _DRIVERS and not _TXN_CLIENTS:
                 atexit.register(close_shared_clients)
             _DRIVERS[key] = driver
         return driver
+
+
+_TXN_CLIENTS: dict[tuple[Any, ...], TxnCoordinatorClient] = {}
+#: Connection keys whose brokers answered that they cannot describe transactions.
+_NO_DESCRIBE: set[tuple[Any, ...]] = set()
+
+
+def _connection_key(config: cfg.KafkaSinkConfig) -> tuple[Any, ...]:
+    return (tuple(sorted(config.connection().items())), config.request_timeout_s)
+
+
+def _shared_txn_client(config: cfg.KafkaSinkConfig) -> TxnCoordinatorClient:
+    """A coordinator client for writers: one per process and cluster, reused by tasks."""
+    key = _connection_key(config)
+    with _DRIVERS_LOCK:
+        driver = _DRIVERS.get(key)
+        if driver is not None:
+            return driver.txn
+        client = _TXN_CLIENTS.get(key)
+        if client is None:
+            client = TxnCoordinatorClient(config.connection(),
+                                          timeout_s=config.request_timeout_s)
+            if not _DRIVERS and not _TXN_CLIENTS:
+                atexit.register(close_shared_clients)
+            _TXN_CLIENTS[key] = client
+        return client
 
 
 def close_shared_clients() -> None:
@@ -185,6 +247,11 @@ def close_shared_clients() -> None:
     with _DRIVERS_LOCK:
         drivers = list(_DRIVERS.values())
         _DRIVERS.clear()
+        clients = list(_TXN_CLIENTS.values())
+        _TXN_CLIENTS.clear()
+        _NO_DESCRIBE.clear()
+    for client in clients:
+        client.close()
     for driver in drivers:
         try:
             driver.close()
@@ -220,8 +287,8 @@ def _read_range(consumer: Consumer, topic: str, partition: int, start: int, end:
                 offset = msg.offset()
                 if end is not None and offset is not None and offset >= end - 1:
                     return
-        raise TxsinkError(f"reading {topic}[{partition}] offsets {start}..{end} did not "
-                          f"finish within {timeout_s:.0f}s")
+        raise BrokerReadTimeout(f"reading {topic}[{partition}] offsets {start}..{end} did "
+                                f"not finish within {timeout_s:.0f}s")
     finally:
         consumer.unassign()
 
@@ -263,8 +330,46 @@ class KafkaBackend(Backend):
     def secret_values(self) -> list[str]:
         return list(self.config.secrets)
 
+    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
+        # By name, not only the listed keys: every SASL/SSL/OAuth secret stays out.
+        return {k: v for k, v in super().safe_options(options).items()
+                if not cfg.is_secret_key(k)}
+
     def transactional_id(self, ctx: TransactionContext) -> str:
-        return f"{self.config.transactional_id_prefix}-{ctx.participant}"
+        """The id of ``ctx`` under the ``participant`` naming (pooled ids are probed)."""
+        return participant_id(self.config.transactional_id_prefix, ctx)
+
+    def sink_ids(self, sink_id: str) -> SinkIds:
+        return SinkIds(self.config.transactional_id_prefix, sink_id)
+
+    def _choose_id(self, ctx: TransactionContext) -> str:
+        """A pooled id with no open transaction, or the participant's own id.
+
+        Brokers without DescribeTransactions (Kafka before 3.0, Tansu) get the
+        ``participant`` naming, with a warning once per process.
+        """
+        if self.config.naming != "pooled":
+            return self.transactional_id(ctx)
+        key = _connection_key(self.config)
+        if key not in _NO_DESCRIBE:
+            try:
+                return retry_transient(
+                    lambda: acquire_pooled_id(_shared_txn_client(self.config),
+                                              self.config.transactional_id_prefix, ctx,
+                                              self.config.pool_size),
+                    what=f"{ctx.describe()}: picking a transactional.id",
+                    bound_s=self.config.retry_bound_s, redact=self._redact)
+            except UnsupportedByBrokerError:
+                _NO_DESCRIBE.add(key)
+                log.warning("sink=%s: %s cannot describe transactions, so transactional ids "
+                            "cannot be pooled; using one id per participant (set "
+                            "transactional.id.naming=participant to silence this)",
+                            ctx.sink_id, self.config.bootstrap)
+            except TxnProtocolError as exc:
+                raise TxsinkError(f"{ctx.describe()}: cannot pick a pooled transactional.id: "
+                                  f"{self._redact(str(exc))}", sink_id=ctx.sink_id,
+                                  epoch=ctx.epoch, participant=ctx.participant) from None
+        return self.transactional_id(ctx)
 
     def _redact(self, text: str) -> str:
         return redact(text, self.config.secrets)
@@ -272,16 +377,39 @@ class KafkaBackend(Backend):
     def preflight(self, sink_id: str) -> None:
         """Reach the brokers, check the topic, create the marker topic, check the timeout."""
         import confluent_kafka.admin as kadmin
-        from confluent_kafka import KafkaException
+        from confluent_kafka import KafkaError, KafkaException
 
         timeout = self.config.request_timeout_s
-        admin = kadmin.AdminClient({**self.config.connection(), "socket.timeout.ms": 10_000})
+        check_hosts(self.config.bootstrap, sink_id)
+        errors: list[KafkaError] = []
+        conf: dict[str, Any] = {**self.config.connection(), "socket.timeout.ms": 10_000,
+                                "error_cb": errors.append}
+        admin = kadmin.AdminClient(conf)
+
+        def metadata_or_auth_error() -> Any:
+            try:
+                return admin.list_topics(timeout=min(timeout, 15.0))
+            except KafkaException:
+                admin.poll(0.1)  # serves error_cb, where librdkafka says why
+                auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+                if auth:
+                    raise ConfigError(
+                        f"kafka sink: Kafka at {self.config.bootstrap!r} refused the login: "
+                        f"{self._redact(auth[0].str())}; check kafka.sasl.mechanism, "
+                        "kafka.sasl.username and kafka.sasl.password (or the SSL/OAuth "
+                        "settings)", field="kafka.sasl.password", sink_id=sink_id) from None
+                raise
+
+        bound = self.config.retry_bound_s
         try:
-            metadata = admin.list_topics(timeout=min(timeout, 15.0))
+            metadata = retry_transient(metadata_or_auth_error,
+                                       what=f"sink={sink_id}: preflight", bound_s=bound,
+                                       redact=self._redact)
         except KafkaException as exc:
             raise ConfigError(
                 f"kafka sink: cannot reach Kafka at {self.config.bootstrap!r} "
-                f"(option 'kafka.bootstrap.servers'): {self._redact(str(exc))}",
+                f"(option 'kafka.bootstrap.servers'), retried for {bound:.0f}s "
+                f"(unavailable.retry.s): {self._redact(str(exc))}",
                 field="kafka.bootstrap.servers", sink_id=sink_id) from None
         topic = self.config.topic
         if topic is not None and (topic not in metadata.topics
@@ -290,24 +418,13 @@ class KafkaBackend(Backend):
                 f"kafka sink: topic {topic!r} (option 'topic') does not exist on "
                 f"{self.config.bootstrap}; create it first (txsink does not create output "
                 "topics)", field="topic", sink_id=sink_id)
-        marker = self.config.marker_topic
-        if marker not in metadata.topics:
-            log.info("sink=%s: creating the marker topic %s", sink_id, marker)
-            new = kadmin.NewTopic(  # type: ignore[attr-defined]
-                marker, num_partitions=1, replication_factor=self.config.marker_replication,
-                config={"cleanup.policy": "compact"})
-            try:
-                admin.create_topics([new])[marker].result(timeout)
-            except KafkaException as exc:
-                if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                    raise ConfigError(
-                        f"kafka sink: cannot create the marker topic {marker!r} (option "
-                        f"'marker.topic'): {self._redact(str(exc))}; create it with one "
-                        "partition and cleanup.policy=compact, or name an existing one",
-                        field="marker.topic", sink_id=sink_id) from None
+        for name, field_name in ((self.config.marker_topic, "marker.topic"),
+                                 (self.config.claim_topic, "claim.topic")):
+            if name not in metadata.topics:
+                self._create_compacted(admin, name, field_name, sink_id)
         # The broker rejects a transaction.timeout.ms above its transaction.max.timeout.ms
         # only when a producer registers: find out now, not in the first task.
-        probe = f"{self.config.transactional_id_prefix}-{sink_id}-preflight"
+        probe = preflight_id(self.config.transactional_id_prefix, sink_id)
         try:
             self.driver().txn.init_producer_id(probe, self.config.transaction_timeout_ms)
         except TxnProtocolError as exc:
@@ -321,6 +438,25 @@ class KafkaBackend(Backend):
             raise ConfigError(f"kafka sink: cannot use transactions on "
                               f"{self.config.bootstrap}: {self._redact(str(exc))}",
                               field="kafka.bootstrap.servers", sink_id=sink_id) from None
+
+    def _create_compacted(self, admin: Any, name: str, field_name: str, sink_id: str) -> None:
+        """Create a one-partition compacted topic txsink keeps its own records in."""
+        import confluent_kafka.admin as kadmin
+        from confluent_kafka import KafkaException
+
+        log.info("sink=%s: creating topic %s (option '%s')", sink_id, name, field_name)
+        new = kadmin.NewTopic(  # type: ignore[attr-defined]
+            name, num_partitions=1, replication_factor=self.config.marker_replication,
+            config={"cleanup.policy": "compact"})
+        try:
+            admin.create_topics([new])[name].result(self.config.request_timeout_s)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise ConfigError(
+                    f"kafka sink: cannot create topic {name!r} (option '{field_name}'): "
+                    f"{self._redact(str(exc))}; create it with one partition and "
+                    "cleanup.policy=compact, or name an existing one", field=field_name,
+                    sink_id=sink_id) from None
 
     def driver(self) -> _DriverClients:
         """Driver-side clients, shared by every backend instance of this process.
@@ -380,7 +516,7 @@ class KafkaBackend(Backend):
     def begin_transaction(self, ctx: TransactionContext) -> Transaction:
         from confluent_kafka import KafkaException, Producer
 
-        txn = _KafkaTransaction(ctx, self.transactional_id(ctx))
+        txn = _KafkaTransaction(ctx, self._choose_id(ctx))
         # A private logger (not in logging's registry, so none accumulates per participant)
         # that only captures the producer id.
         logger = logging.Logger(f"txsink_kafka.librdkafka.{txn.transactional_id}")  # noqa: LOG001
@@ -401,7 +537,9 @@ class KafkaBackend(Backend):
             txn.producer = producer
             txn.marker_topic = self.config.marker_topic
             txn.marker_partition = self._marker_partition(producer, ctx.sink_id)
-            producer.init_transactions(timeout)
+            retry_transient(lambda: producer.init_transactions(timeout),
+                            what=f"{txn.describe()}: init_transactions",
+                            bound_s=self.config.retry_bound_s, redact=self._redact)
             producer.begin_transaction()
         except KafkaException as exc:
             raise self._producer_error(txn, "starting the transaction", exc) from None
@@ -679,6 +817,13 @@ class KafkaBackend(Backend):
         return age
 
     def commit(self, committable: Committable) -> CommitOutcome:
+        # Idempotent from the top (the marker check comes first), so a retry after
+        # the broker came back is safe.
+        return retry_transient(lambda: self._commit_once(committable),
+                               what=f"{committable.describe()}: commit",
+                               bound_s=self.config.retry_bound_s, redact=self._redact)
+
+    def _commit_once(self, committable: Committable) -> CommitOutcome:
         c = committable
         tid, identity, (mtopic, mpart, moffset) = self._payload(c)
         age = self._check_age(c)
@@ -733,6 +878,11 @@ class KafkaBackend(Backend):
             sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
 
     def abort(self, committable: Committable) -> None:
+        retry_transient(lambda: self._abort_once(committable),
+                        what=f"{committable.describe()}: abort",
+                        bound_s=self.config.retry_bound_s, redact=self._redact)
+
+    def _abort_once(self, committable: Committable) -> None:
         c = committable
         tid, identity, (mtopic, mpart, _) = self._payload(c)
         d = self.driver()
@@ -742,11 +892,112 @@ class KafkaBackend(Backend):
             result = None
         if result is not EndTxnResult.OK:
             # Refused (fenced, wrong state, Tansu's dropped connection): fencing the id
-            # aborts whatever is still open on it. Only participants of this run reach
-            # abort(), so no live writer of another run uses the id.
-            d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
+            # aborts whatever this participant still has open on it.
+            self._fence(tid, identity)
         self._write_end(c, tid, mtopic, mpart, ABORTED)
         log.debug("%s: aborted transactional.id=%s", c.describe(), tid)
+
+    def _fence(self, tid: str, identity: ProducerIdentity) -> bool:
+        """Bump ``tid``'s producer epoch so the writer of ``identity`` can go on no more.
+
+        A per-participant id belongs to one participant, so it is always fenced. A
+        pooled id may already serve a later participant: it is fenced only while the
+        coordinator still shows the producer epoch of ``identity`` (nobody took the id
+        over since), so a writer of a later epoch is never fenced by orphan cleanup.
+        """
+        d = self.driver()
+        if self._is_pooled(tid) and identity.producer_id >= 0:
+            info = d.txn.describe_transactions([tid]).get(tid)
+            if info is None or info.identity != identity:
+                log.debug("transactional.id=%s moved on from producer %s (now %s); not "
+                          "fencing it", tid, identity, info.identity if info else None)
+                return False
+        d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
+        return True
+
+    def _is_pooled(self, tid: str) -> bool:
+        """Is ``tid`` a pooled id (of any sink with this prefix)?"""
+        return bool(re.match(re.escape(self.config.transactional_id_prefix)
+                             + r"-.+-p\d+-t\d+\Z", tid))
+
+    def broker_transactions(self, sink_id: str) -> dict[str, TransactionInfo] | None:
+        """The sink's open transactions, per the transaction coordinators.
+
+        ``None`` where the broker cannot list transactions (before Kafka 3.0, Tansu).
+        Needs DESCRIBE on the sink's transactional ids (WRITE implies it); ids the
+        principal may not describe are silently left out by the broker.
+        """
+        txn = self.driver().txn
+        ids = self.sink_ids(sink_id)
+        try:
+            listed = [t for t in txn.list_open_transactional_ids() if ids.owns(t)]
+            described = txn.describe_transactions(listed) if listed else {}
+        except UnsupportedByBrokerError:
+            return None
+        return {t: info for t, info in described.items() if info is not None and info.is_open}
+
+    def open_transactions(self, sink_id: str) -> list[Mapping[str, Any]]:
+        """The sink's open transactions on the broker: age, timeout, readers held back.
+
+        A ``read_committed`` reader of a partition stops at its last stable offset,
+        the first offset of the oldest open transaction there: records after it, of
+        any producer, stay invisible until that transaction ends.
+        """
+        from confluent_kafka import TopicPartition
+
+        broker = self.broker_transactions(sink_id)
+        if broker is None:
+            return []
+        markers = self.open_markers(sink_id)
+        d = self.driver()
+        timeout = self.config.request_timeout_s
+        now_ms = time.time() * 1000
+        partitions = sorted({tp for info in broker.values() for tp in info.partitions})
+        starts = d.txn.open_transaction_starts(partitions)
+        rows: list[Mapping[str, Any]] = []
+        for tid, info in sorted(broker.items()):
+            marker = markers.get(tid)
+            participant = (self._from_marker(marker).participant if marker is not None
+                           and marker.producer_id == info.producer_id else None)
+            age_s = max(0.0, (now_ms - info.start_ms) / 1000) if info.start_ms >= 0 else None
+            held: list[dict[str, Any]] = []
+            with d.lock:
+                for topic, partition in info.partitions:
+                    tp = TopicPartition(topic, partition)
+                    _, lso = d.committed_offsets.get_watermark_offsets(tp, timeout,
+                                                                       cached=False)
+                    _, high = d.uncommitted_offsets.get_watermark_offsets(tp, timeout,
+                                                                          cached=False)
+                    start = starts.get((topic, partition), {}).get(info.producer_id)
+                    held.append({"topic": topic, "partition": partition,
+                                 "last_stable_offset": lso, "high_watermark": high,
+                                 "transaction_start_offset": start,
+                                 # The oldest open transaction sets the LSO.
+                                 "holds_back_readers": high > lso and (
+                                     start is None or start <= lso)})
+            blocking = [h for h in held if h["holds_back_readers"]]
+            age = ("?" if age_s is None else
+                   f"{age_s:.0f}s of its {info.timeout_ms / 1000:.0f}s timeout")
+            summary = (
+                f"transactional.id {tid} ({participant or 'no marker: participant unknown'}):"
+                f" {info.state}, open {age}; "
+                + ("holds back read_committed readers of " + ", ".join(
+                    f"{h['topic']}[{h['partition']}] (last stable offset "
+                    f"{h['last_stable_offset']} < high watermark {h['high_watermark']})"
+                    for h in blocking) if blocking else "holds back no reader"))
+            rows.append({"name": tid, "summary": summary, "participant": participant,
+                         "state": info.state, "producer_id": info.producer_id,
+                         "producer_epoch": info.producer_epoch, "age_s": age_s,
+                         "timeout_ms": info.timeout_ms, "partitions": held})
+        return rows
+
+    def _broker_view(self, sink_id: str) -> dict[str, TransactionInfo] | None:
+        try:
+            return self.broker_transactions(sink_id)
+        except TxnProtocolError as exc:
+            log.warning("sink=%s: listing its open transactions on the broker failed (%s); "
+                        "going by the marker records alone", sink_id, self._redact(str(exc)))
+            return None
 
     def open_markers(self, sink_id: str) -> dict[str, Marker]:
         """Participants of ``sink_id`` that began and were not ended, per marker scan.
@@ -771,7 +1022,12 @@ class KafkaBackend(Backend):
                 TopicPartition(topic, partition), timeout, cached=False)
             start = state.cursor
             if start is None:
-                start = max(low, high - self.config.orphan_scan_records)
+                # Every open participant's begin marker is at or after the partition's
+                # last stable offset (it is the first record of its transaction).
+                _, lso = d.committed_offsets.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout, cached=False)
+                records = self.config.orphan_scan_records
+                start = max(low, min(high - records, max(lso, high - 10 * records)))
             last = -1
             # Markers are one-record batches, so the end offset is right even on Tansu;
             # past it, read to the end the fetch reports.
@@ -800,49 +1056,84 @@ class KafkaBackend(Backend):
     def _scan_state(self, sink_id: str) -> _ScanState:
         return self.driver().scans[f"{self.config.marker_topic}/{sink_id}"]
 
-    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
-        """Bind ``sink_id`` to one query's state through an owner marker, or refuse.
+    def _read_claims(self, sink_id: str) -> list[Claim]:
+        """Every claim on ``sink_id``, in log order: the whole claim topic is read."""
+        from confluent_kafka import KafkaException, TopicPartition
 
-        Two queries with one sink id derive the same transactional ids and would
-        abort each other's transactions as orphans. The owner marker is rewritten
-        whenever it is about to leave the scan window, so a second query that
-        starts while the first one runs finds it.
-        """
-        self.open_markers(sink_id)
-        state = self._scan_state(sink_id)
-        owner = state.owner
-        if owner is not None and owner.state_id != state_id and not self.config.takeover:
-            raise ConfigError(
-                f"kafka sink: sink id {sink_id!r} is already written by another query "
-                f"(txsink state at {owner.state_location!r}, per the owner record in "
-                f"marker topic {self.config.marker_topic!r}). Two queries with one sink id "
-                "fence each other's transactions: give this query its own sink_id, or, if "
-                "the other query and its checkpoint are gone for good, set the option "
-                "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id)
-        fresh = (owner is not None and owner.state_id == state_id and state.cursor is not None
-                 and state.cursor - owner.offset < self.config.orphan_scan_records // 2)
-        if fresh:
-            return
         d = self.driver()
-        partition = marker_partition(sink_id, self._marker_partitions or 1)
-        key, value = Marker(OWNER, f"{self.config.transactional_id_prefix}-{sink_id}-owner",
-                            sink_id, 0, 0, 0, state_id=state_id,
-                            state_location=state_location).encode()
-        d.ends.produce(self.config.marker_topic, value, key, partition)
+        topic = self.config.claim_topic
+        key = owner_key(self.config.transactional_id_prefix, sink_id)
+        timeout = self.config.request_timeout_s
+        claims: list[Claim] = []
+        with d.lock:
+            try:
+                low, high = d.uncommitted_offsets.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout, cached=False)
+            except KafkaException:
+                # Not there yet (a coordinator started without the preflight, as
+                # `txsink resolve` does): create it, once.
+                import confluent_kafka.admin as kadmin
+
+                conf: dict[str, Any] = {**self.config.connection()}
+                self._create_compacted(kadmin.AdminClient(conf), topic, "claim.topic",
+                                       sink_id)
+                low, high = d.uncommitted_offsets.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout, cached=False)
+            for msg in _read_range(d.uncommitted, topic, 0, low, high, timeout):
+                claim = Claim.decode(msg.key(), msg.value(), msg.offset() or 0)
+                if claim is not None and claim.owner_key == key:
+                    claims.append(claim)
+        return claims
+
+    def _refuse_claim(self, sink_id: str, owner_location: str, where: str) -> ConfigError:
+        return ConfigError(
+            f"kafka sink: sink id {sink_id!r} is already written by another query "
+            f"(txsink state at {owner_location!r}, per {where}). Two queries with one sink "
+            "id fence each other's transactions: give this query its own sink_id, or, if "
+            "the other query and its checkpoint are gone for good, set the option "
+            "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id)
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Bind ``sink_id`` to one query's state in the claim topic, or refuse.
+
+        See :mod:`txsink_kafka.claims`: the whole claim topic is read, so the claim
+        holds regardless of its age and of other sinks' traffic.
+        """
+        claims = self._read_claims(sink_id)
+        owner = owner_of(claims)
+        if owner is not None and owner.state_id == state_id:
+            return
+        where = f"the claim topic {self.config.claim_topic!r}"
+        if owner is None:
+            # Sinks claimed by releases before the claim topic: their owner record in
+            # the marker partition, if it is still in the scan window.
+            self.open_markers(sink_id)
+            legacy = self._scan_state(sink_id).owner
+            if legacy is not None and legacy.state_id != state_id and not self.config.takeover:
+                raise self._refuse_claim(sink_id, legacy.state_location,
+                                         f"the owner record in {self.config.marker_topic!r}")
+        elif not self.config.takeover:
+            raise self._refuse_claim(sink_id, owner.state_location, where)
+        takeover = owner is not None and self.config.takeover
+        mine = Claim(owner_key(self.config.transactional_id_prefix, sink_id), state_id,
+                     state_location, takeover)
+        key, value = mine.encode()
+        d = self.driver()
+        d.ends.produce(self.config.claim_topic, value, key, 0)
         if d.ends.flush(self.config.request_timeout_s):
-            raise ConfigError(f"kafka sink: could not write the owner record of sink "
-                              f"{sink_id!r} to {self.config.marker_topic!r}",
-                              field="marker.topic", sink_id=sink_id)
-        # A query that claimed at the same moment wrote after us: the later owner
-        # record wins, the earlier claimant fails here.
-        self.open_markers(sink_id)
-        latest = self._scan_state(sink_id).owner
-        if latest is not None and latest.state_id != state_id:
+            raise ConfigError(f"kafka sink: could not write the claim of sink {sink_id!r} to "
+                              f"{self.config.claim_topic!r}", field="claim.topic",
+                              sink_id=sink_id)
+        # Read back: of claims written at the same moment the first one wins (for
+        # takeovers, the last one).
+        latest = owner_of(self._read_claims(sink_id))
+        if latest is None or latest.state_id != state_id:
             raise ConfigError(
                 f"kafka sink: sink id {sink_id!r} was claimed by another query (txsink state "
-                f"at {latest.state_location!r}) at the same time; give each query its own "
-                "sink_id", field="sink_id", sink_id=sink_id)
-        log.info("sink=%s: claimed for txsink state %s", sink_id, state_location)
+                f"at {latest.state_location if latest else '?'!r}) at the same time; give "
+                "each query its own sink_id", field="sink_id", sink_id=sink_id)
+        log.info("sink=%s: claimed for txsink state %s%s", sink_id, state_location,
+                 " (takeover)" if takeover else "")
 
     def _from_marker(self, m: Marker) -> Committable:
         participant = participant_name(m.sink_id, m.epoch, m.partition, m.attempt)
@@ -855,22 +1146,41 @@ class KafkaBackend(Backend):
                         "offset": m.offset}})
 
     def list_prepared(self, sink_id: str) -> list[Committable]:
-        """Participants that began and never ended, per the marker scan.
+        """Participants that began and never ended.
 
-        Bounded like orphan cleanup: a freshly started process sees the last
-        ``orphan.scan.records`` marker records (so no LIST_PREPARED capability).
-        Includes participants still being written.
+        From the marker scan (which starts at or before the marker partition's last
+        stable offset, so every open participant's begin marker is in it), checked
+        against the coordinators where the broker can list transactions: a
+        participant whose transaction the broker no longer has open (timed out, or
+        committed with its end marker lost in a crash) is not listed. Includes
+        participants still being written.
         """
-        markers = self.open_markers(sink_id).values()
-        return [self._from_marker(m) for m in sorted(
-            markers, key=lambda m: (m.epoch, m.partition, m.attempt))]
+        markers = self.open_markers(sink_id)
+        broker = self._broker_view(sink_id)
+        out: list[Committable] = []
+        for tid, m in markers.items():
+            if broker is not None:
+                info = broker.get(tid)
+                if info is None:
+                    continue
+                if m.producer_id >= 0 and info.identity != ProducerIdentity(
+                        m.producer_id, m.producer_epoch):
+                    continue  # a later use of a pooled id whose marker is not read yet
+            out.append(self._from_marker(m))
+        return sorted(out, key=lambda c: (c.epoch, c.partition, c.attempt))
 
     def abort_orphans(self, sink_id: str, protected: Collection[str],
                       up_to_epoch: int | None = None) -> list[Committable]:
-        """Fence every participant that began, never ended, and no decided epoch holds."""
+        """Fence every participant that began, never ended, and no decided epoch holds.
+
+        With ``up_to_epoch`` unset (a query start: none of its writers runs yet), open
+        transactions of the sink that have no begin marker (a writer that died between
+        registering its transaction and writing its first record) are aborted too.
+        """
         aborted: list[Committable] = []
         d = self.driver()
-        for c in self.list_prepared(sink_id):
+        prepared = self.list_prepared(sink_id)
+        for c in prepared:
             if c.participant in protected or (up_to_epoch is not None
                                               and c.epoch > up_to_epoch):
                 continue
@@ -881,12 +1191,30 @@ class KafkaBackend(Backend):
                 # alone also aborts an ongoing transaction on Kafka and on Tansu 0.6).
                 with contextlib.suppress(ConnectionDroppedError):
                     d.txn.end_txn(tid, identity, commit=False)
-            d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
+            self._fence(tid, identity)
             self._write_end(c, tid, mtopic, mpart, ABORTED)
             log.info("sink=%s epoch=%d partition=%d participant=%s: fenced orphan "
                      "transactional.id=%s", c.sink_id, c.epoch, c.partition, c.participant,
                      tid)
             aborted.append(c)
+        if up_to_epoch is None:
+            self._abort_unmarked(sink_id, {str(c.payload["transactional_id"])
+                                           for c in prepared})
         if aborted:
             d.ends.flush(self.config.request_timeout_s)
         return aborted
+
+    def _abort_unmarked(self, sink_id: str, marked: Collection[str]) -> None:
+        broker = self._broker_view(sink_id) or {}
+        preflight = preflight_id(self.config.transactional_id_prefix, sink_id)
+        for tid, info in sorted(broker.items()):
+            if tid in marked or tid == preflight:
+                continue
+            # Its begin marker is not in the marker partition, so no data of it either
+            # (writers wait for the marker before writing data).
+            log.warning("sink=%s: aborting open transaction of transactional.id=%s "
+                        "(producer %d epoch %d, state %s) that has no begin marker",
+                        sink_id, tid, info.producer_id, info.producer_epoch, info.state)
+            with contextlib.suppress(ConnectionDroppedError):
+                self.driver().txn.end_txn(tid, info.identity, commit=False)
+            self._fence(tid, info.identity)

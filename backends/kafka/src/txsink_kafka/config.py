@@ -18,14 +18,38 @@ log = logging.getLogger(__name__)
 
 OWNER = "kafka sink"
 
-#: Producer settings that hold secrets (with the ``kafka.`` prefix).
+#: librdkafka settings that hold secrets (with the ``kafka.`` prefix). Listed for the
+#: pipeline file's printing; :func:`is_secret_key` also catches ones not listed here.
 SECRET_OPTIONS = frozenset({
     "kafka.sasl.password",
     "kafka.ssl.key.password",
     "kafka.ssl.keystore.password",
-    "kafka.sasl.oauthbearer.client.secret",
     "kafka.ssl.key.pem",
+    "kafka.sasl.oauthbearer.client.secret",
+    "kafka.sasl.oauthbearer.config",
+    "kafka.sasl.oauthbearer.extensions",
+    "kafka.sasl.oauthbearer.assertion.private.key.passphrase",
+    "kafka.sasl.oauthbearer.assertion.private.key.pem",
+    "kafka.sasl.oauthbearer.client.credentials.client.secret",
+    "kafka.sasl.jaas.config",
 })
+
+_SECRET_WORDS = ("password", "passphrase", "secret", "token", "jaas",
+                 "private.key", "key.pem", "oauthbearer.config", "oauthbearer.extensions")
+
+
+def is_secret_key(key: str) -> bool:
+    """Does option ``key`` (``kafka.``-prefixed or not) hold a secret?
+
+    By name, so settings librdkafka adds later (``...passphrase``, ``...secret``)
+    are never stored or printed either; paths and URLs are not secrets.
+    """
+    key = key.lower()
+    if key.endswith((".location", ".file", ".url")):
+        return False
+    return key in SECRET_OPTIONS or f"kafka.{key}" in SECRET_OPTIONS or any(
+        word in key for word in _SECRET_WORDS)
+
 
 #: Producer settings txsink owns: a user value would break exactly-once.
 _RESERVED = {
@@ -40,6 +64,7 @@ _RESERVED = {
 }
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
+NAMINGS = ("pooled", "participant")
 #: Longest transactional.id prefix accepted (ids are prefix + sink id + epoch/partition).
 MAX_TRANSACTIONAL_ID_PREFIX = 100
 #: Apache Kafka's default transaction.max.timeout.ms (brokers reject larger values).
@@ -58,12 +83,26 @@ class KafkaSinkConfig:
     trigger_interval_ms: int | None = None
     recovery_margin_ms: int = 60_000
     marker_topic: str = "txsink-markers"
+    claim_topic: str = "txsink-claims"
     marker_replication: int = -1
     orphan_scan_records: int = 20_000
     request_timeout_s: float = 30.0
+    #: How long to ride out an unavailable broker; ``None``: twice request.timeout.s.
+    unavailable_retry_s: float | None = None
     #: Claim the sink id even if another state owns it (after that query is gone).
     takeover: bool = False
+    #: ``pooled``: reuse a bounded set of transactional ids per write partition;
+    #: ``participant``: a fresh id per participant (epoch, partition, attempt).
+    naming: str = "pooled"
+    #: Pooled ids per write partition; all of them open at once is an error.
+    pool_size: int = 16
     secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def retry_bound_s(self) -> float:
+        if self.unavailable_retry_s is not None:
+            return self.unavailable_retry_s
+        return 2 * self.request_timeout_s
 
     @property
     def bootstrap(self) -> str:
@@ -77,10 +116,11 @@ class KafkaSinkConfig:
 
 
 def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
-    opts = Options(options, owner=OWNER, secret_keys=SECRET_OPTIONS)
+    secret_keys = SECRET_OPTIONS | {k for k in options if k.startswith("kafka.")
+                                    and is_secret_key(k)}
+    opts = Options(options, owner=OWNER, secret_keys=secret_keys)
     producer = opts.with_prefix("kafka.")
-    secrets = tuple(producer[k[len("kafka."):]] for k in SECRET_OPTIONS
-                    if k[len("kafka."):] in producer)
+    secrets = tuple(v for k, v in producer.items() if is_secret_key(k) and v)
     if not producer.get("bootstrap.servers"):
         raise ConfigError(f"{OWNER}: option 'kafka.bootstrap.servers' is required, e.g. "
                           "'localhost:9092'", field="kafka.bootstrap.servers")
@@ -106,6 +146,12 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
                           f"characters; use at most {MAX_TRANSACTIONAL_ID_PREFIX} (it starts "
                           "every transactional.id and marker key of the sink)",
                           field="transactional.id.prefix")
+    naming = opts.str("transactional.id.naming", "pooled").lower()
+    if naming not in NAMINGS:
+        raise ConfigError(f"{OWNER}: option 'transactional.id.naming' is {naming!r}; use "
+                          "'pooled' (a bounded set of ids reused across epochs, the default) "
+                          "or 'participant' (a new id per epoch, partition and attempt)",
+                          field="transactional.id.naming")
     trigger = opts.optional("trigger.interval.ms")
     trigger_ms = None if trigger is None else opts.int("trigger.interval.ms", 0, minimum=0)
     margin_ms = opts.int("recovery.margin.ms", 60_000, minimum=0)
@@ -117,10 +163,15 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
         trigger_interval_ms=trigger_ms,
         recovery_margin_ms=margin_ms,
         marker_topic=opts.str("marker.topic", "txsink-markers"),
+        claim_topic=opts.str("claim.topic", "txsink-claims"),
         marker_replication=opts.int("marker.replication.factor", -1, minimum=-1),
         orphan_scan_records=opts.int("orphan.scan.records", 20_000, minimum=1),
         request_timeout_s=opts.float("request.timeout.s", 30.0, minimum=0.1),
+        unavailable_retry_s=(None if opts.optional("unavailable.retry.s") is None
+                             else opts.float("unavailable.retry.s", 0.0, minimum=0.0)),
         takeover=opts.bool("owner.takeover", False),
+        naming=naming,
+        pool_size=opts.int("transactional.id.pool.size", 16, minimum=1),
         secrets=secrets,
     )
     opts.ignore("sink_id", "checkpoint", "checkpointLocation", "path")

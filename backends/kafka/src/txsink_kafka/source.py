@@ -37,6 +37,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from txsink.errors import ConfigError
 from txsink.options import Options
 
+from txsink_kafka.config import SECRET_OPTIONS, is_secret_key
+
 try:  # PySpark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming import datasource as _streaming
 except ImportError:  # pragma: no cover
@@ -83,8 +85,9 @@ class SourceSettings:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceSettings:
         # Spark lower-cases option keys.
-        opts = Options({str(k).lower(): v for k, v in options.items()}, owner=OWNER,
-                       secret_keys={"kafka.sasl.password", "kafka.ssl.key.password"})
+        lowered = {str(k).lower(): v for k, v in options.items()}
+        opts = Options(lowered, owner=OWNER, secret_keys=SECRET_OPTIONS | {
+            k for k in lowered if k.startswith("kafka.") and is_secret_key(k)})
         consumer = opts.with_prefix("kafka.")
         if not consumer.get("bootstrap.servers"):
             raise ConfigError(f"{OWNER}: option 'kafka.bootstrap.servers' is required",

@@ -42,6 +42,7 @@ INVALID_PRODUCER_ID_MAPPING = 49
 INVALID_TRANSACTION_TIMEOUT = 50
 CONCURRENT_TRANSACTIONS = 51
 PRODUCER_FENCED = 90
+TRANSACTIONAL_ID_NOT_FOUND = 105
 
 #: Consecutive dropped connections on one request before giving up on it.
 MAX_DROPPED = 3
@@ -105,6 +106,36 @@ class ProducerIdentity:
     producer_epoch: int
 
 
+#: Coordinator states in which a transaction is open (holds records back from readers).
+OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    """One transactional id as its coordinator describes it (DescribeTransactions)."""
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    #: When the open transaction began (coordinator clock, ms); -1 when none is open.
+    start_ms: int
+    partitions: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in OPEN_STATES
+
+    @property
+    def identity(self) -> ProducerIdentity:
+        return ProducerIdentity(self.producer_id, self.producer_epoch)
+
+
+class UnsupportedByBrokerError(TxnProtocolError):
+    """The broker lacks the admin request (Kafka before 3.0, Tansu)."""
+
+
 def _kafka() -> Any:
     """Import kafka-python's pieces, hiding the DeprecationWarning its import raises.
 
@@ -116,9 +147,72 @@ def _kafka() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import kafka  # type: ignore[import-untyped]
+        import kafka.net.inet  # type: ignore[import-untyped]
+        import kafka.protocol.admin.transactions  # type: ignore[import-untyped]
         import kafka.protocol.metadata  # type: ignore[import-untyped]
         import kafka.protocol.producer.transaction  # type: ignore[import-untyped]
+    _close_refused_sockets(kafka.net.inet.KafkaNetSocket)
     return kafka
+
+
+def _close_refused_sockets(socket_class: Any) -> None:
+    """Make kafka-python close a socket whose connect failed.
+
+    kafka-python 3.0's ``KafkaNetSocket.sock_connect`` raises on a refused or timed
+    out connect without closing the socket, so a client that keeps trying a broker
+    that is restarting (what txsink's commit retries do) leaks one file descriptor
+    per try. Wrapped once per process.
+    """
+    original = socket_class.sock_connect
+    if getattr(original, "_txsink_closes", False):
+        return
+
+    async def sock_connect(self: Any, net: Any, sock: Any, sockaddr: Any,
+                           timeout_at: Any = None) -> Any:
+        try:
+            return await original(self, net, sock, sockaddr, timeout_at=timeout_at)
+        except BaseException:
+            sock.close()
+            raise
+
+    sock_connect._txsink_closes = True  # type: ignore[attr-defined]
+    socket_class.sock_connect = sock_connect
+
+
+class _RedactSecrets(logging.Filter):
+    """Scrubs known secret values from kafka-python's log records.
+
+    kafka-python logs its whole configuration (SASL/SSL passwords included) and, at
+    DEBUG, the raw bytes of every request (a SASL/PLAIN handshake carries the
+    password): neither may reach a txsink user's logs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            text = record.getMessage()
+            if any(s in text for s in self.secrets):
+                for secret in sorted(self.secrets, key=len, reverse=True):
+                    text = text.replace(secret, "***")
+                record.msg, record.args = text, ()
+        return True
+
+
+_REDACT = _RedactSecrets()
+
+
+def _guard_kafka_python_logs(secrets: list[str]) -> None:
+    """Put the redacting filter on every kafka-python logger that exists by now."""
+    _REDACT.secrets.update(s for s in secrets if s)
+    if not _REDACT.secrets:
+        return
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if ((name == "kafka" or name.startswith("kafka."))
+                and isinstance(logger, logging.Logger) and _REDACT not in logger.filters):
+            logger.addFilter(_REDACT)
 
 
 def send_to_node(admin: Any, request: Any, node_id: int) -> Any:
@@ -157,6 +251,9 @@ class TxnCoordinatorClient:
         self._sleep = sleep
         config = kafka_python_config(librdkafka_config)
         config.setdefault("client_id", "txsink-committer")
+        # Before the client logs its configuration.
+        _guard_kafka_python_logs([str(v) for k, v in config.items()
+                                  if "password" in k or "secret" in k])
         ms = int(timeout_s * 1000)
         config.update(request_timeout_ms=ms, bootstrap_timeout_ms=ms)
         try:
@@ -167,6 +264,7 @@ class TxnCoordinatorClient:
                 f"to reach the transaction coordinator: {type(exc).__name__}: {exc}"
             ) from None
         self._manager = self._admin._manager
+        _guard_kafka_python_logs([])  # modules the client imported while starting
 
     def close(self) -> None:
         try:
@@ -279,3 +377,95 @@ class TxnCoordinatorClient:
                    "transaction.max.timeout.ms)" if code == INVALID_TRANSACTION_TIMEOUT else ""),
                 error_code=code, retriable=False)
         return ProducerIdentity(int(response.producer_id), int(response.producer_epoch))
+
+    # -- admin: the coordinators' view of transactional ids ---------------------------
+
+    def describe_transactions(self, transactional_ids: list[str]
+                              ) -> dict[str, TransactionInfo | None]:
+        """DescribeTransactions for each id; ``None`` for ids the coordinator never saw.
+
+        Needs DESCRIBE on the ids (WRITE implies it). Raises
+        :class:`UnsupportedByBrokerError` where the broker has no such request.
+        """
+        messages = _kafka().protocol.admin.transactions
+        by_node: dict[int, list[str]] = {}
+        for tid in transactional_ids:
+            by_node.setdefault(self._coordinator_or_raise(tid), []).append(tid)
+        out: dict[str, TransactionInfo | None] = {}
+        for node, ids in by_node.items():
+            request = messages.DescribeTransactionsRequest(transactional_ids=ids)
+            try:
+                response = self._manager.run(self._send_to, request, node)
+            except Exception as exc:
+                if "UnsupportedVersion" in type(exc).__name__ or "not support" in str(exc):
+                    raise UnsupportedByBrokerError(
+                        "the broker does not answer DescribeTransactions (Kafka 3.0+ does)",
+                        retriable=False) from None
+                for tid in ids:
+                    self._forget_coordinator(tid)
+                raise TxnProtocolError(f"DescribeTransactions failed: {type(exc).__name__}: "
+                                       f"{exc}") from None
+            for state in response.transaction_states:
+                code = int(state.error_code)
+                tid = str(state.transactional_id)
+                if code == TRANSACTIONAL_ID_NOT_FOUND:
+                    out[tid] = None
+                    continue
+                if code != NONE:
+                    if code in _MOVED:
+                        self._forget_coordinator(tid)
+                    raise TxnProtocolError(f"DescribeTransactions for transactional.id "
+                                           f"{tid!r} failed with Kafka error code {code}",
+                                           error_code=code, retriable=code in _RETRIABLE)
+                out[tid] = TransactionInfo(
+                    tid, str(state.transaction_state), int(state.producer_id),
+                    int(state.producer_epoch), int(state.transaction_timeout_ms),
+                    int(state.transaction_start_time_ms),
+                    tuple(sorted((str(t.topic), int(p)) for t in state.topics
+                                 for p in t.partitions)))
+        return out
+
+    def _coordinator_or_raise(self, transactional_id: str) -> int:
+        try:
+            return self.find_coordinator(transactional_id)
+        except Exception as exc:
+            raise TxnProtocolError(f"FindCoordinator for transactional.id "
+                                   f"{transactional_id!r} failed: {type(exc).__name__}: "
+                                   f"{exc}") from None
+
+    def list_open_transactional_ids(self) -> list[str]:
+        """Transactional ids with an open transaction, from every broker (ListTransactions).
+
+        Only ids the principal may DESCRIBE are listed. Raises
+        :class:`UnsupportedByBrokerError` where the broker has no such request.
+        """
+        try:
+            listings = self._admin.list_transactions(state_filters=sorted(OPEN_STATES))
+        except Exception as exc:
+            if "UnsupportedVersion" in type(exc).__name__ or "not support" in str(exc):
+                raise UnsupportedByBrokerError(
+                    "the broker does not answer ListTransactions (Kafka 3.0+ does)",
+                    retriable=False) from None
+            raise TxnProtocolError(f"ListTransactions failed: {type(exc).__name__}: "
+                                   f"{exc}") from None
+        return sorted({str(t.transactional_id) for rows in listings.values() for t in rows})
+
+    def open_transaction_starts(self, partitions: list[tuple[str, int]]
+                                ) -> dict[tuple[str, int], dict[int, int]]:
+        """Per partition: producer id -> first offset of its open transaction there.
+
+        DescribeProducers (KIP-664), asked of each partition's leader; partitions the
+        broker cannot describe are left out.
+        """
+        from kafka.structs import TopicPartition  # type: ignore[import-untyped]
+
+        try:
+            states = self._admin.describe_producers(
+                [TopicPartition(t, p) for t, p in partitions])
+        except Exception as exc:
+            log.debug("DescribeProducers failed: %s: %s", type(exc).__name__, exc)
+            return {}
+        return {(str(tp.topic), int(tp.partition)): {
+            int(p.producer_id): int(p.current_transaction_start_offset)
+            for p in state.active_producers if int(p.current_transaction_start_offset) >= 0}
+            for tp, state in states.items()}

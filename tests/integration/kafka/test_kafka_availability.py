@@ -1,0 +1,109 @@
+"""A broker that restarts under a running sink is waited for; a wrong host is not."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.errors import ConfigError
+from txsink.model import TransactionContext
+from txsink.plugins import build_plugins, get_plugins
+from txsink.state import DirectoryStateStore
+from txsink.writer import write_participant
+from txsink_kafka import testing as kt
+from txsink_kafka.backend import KafkaBackend, close_shared_clients
+from txsink_kafka.local_broker import LocalKafka
+
+pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
+
+#: Down for longer than the coordinator's own commit retries (about 3 s of backoff
+#: plus one request timeout per try) would wait.
+DOWN_S = 20
+
+
+@pytest.fixture
+def kafka(tmp_path: Path) -> Iterator[LocalKafka]:
+    broker = LocalKafka(tmp_path / "kafka")
+    try:
+        broker.start()
+        yield broker
+    finally:
+        close_shared_clients()
+        broker.close()
+        gc.collect()  # a socket left unclosed would warn here, failing this test
+
+
+def restart_later(broker: LocalKafka) -> threading.Thread:
+    """Stop the broker now and start it again DOWN_S seconds later (same ports, data)."""
+    broker.stop()
+
+    def start() -> None:
+        time.sleep(DOWN_S)
+        broker.start()
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    return thread
+
+
+def test_preflight_writer_and_commit_ride_out_a_broker_restart(
+        kafka: LocalKafka, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="txsink_kafka")
+    topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(kafka.bootstrap, topic, partitions=2)
+    kt.create_topic(kafka.bootstrap, markers, partitions=1)
+    sink = f"av-{uuid.uuid4().hex[:8]}"
+    options = {"kafka.bootstrap.servers": kafka.bootstrap, "topic": topic,
+               "marker.topic": markers, "request.timeout.s": "3",
+               "unavailable.retry.s": "180"}
+    backend = get_plugins().create_backend("kafka", options)
+    assert isinstance(backend, KafkaBackend)
+    thread = restart_later(kafka)
+    try:
+        backend.preflight(sink)  # the query starts while the broker restarts
+    finally:
+        thread.join()
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), sink,
+                        plugins=build_plugins())
+    coord.start()
+    batch = pa.record_batch({"value": pa.array([b"%d" % i for i in range(20)], pa.binary())})
+    msgs = [write_participant(backend, TransactionContext(sink, 0, p), [batch])
+            for p in range(2)]
+    thread = restart_later(kafka)
+    try:
+        assert coord.commit_epoch(0, msgs) is EpochOutcome.COMMITTED
+    finally:
+        thread.join()
+    # A writer task that starts while the broker restarts.
+    thread = restart_later(kafka)
+    try:
+        late = write_participant(backend, TransactionContext(sink, 1, 0), [batch])
+    finally:
+        thread.join()
+    try:
+        assert coord.commit_epoch(1, [late]) is EpochOutcome.COMMITTED
+    finally:
+        backend.close()
+    assert len(kt.read_topic(kafka.bootstrap, topic)) == 60
+    retries = [r.getMessage() for r in caplog.records if "Kafka unavailable" in r.getMessage()]
+    assert any("preflight" in m for m in retries)
+    assert any(f"sink={sink} epoch=0" in m and "commit" in m for m in retries)
+    assert any(f"sink={sink} epoch=1" in m and "transactional.id" in m for m in retries)
+
+
+def test_a_wrong_host_is_a_config_error_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="txsink_kafka")
+    backend = get_plugins().create_backend(
+        "kafka", {"kafka.bootstrap.servers": "no-such-broker.invalid:9092", "topic": "t"})
+    with pytest.raises(ConfigError, match="no host that resolves") as info:
+        backend.preflight("wrong-host")
+    assert info.value.field == "kafka.bootstrap.servers"
+    assert not [r for r in caplog.records if "Kafka unavailable" in r.getMessage()]

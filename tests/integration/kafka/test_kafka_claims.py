@@ -1,0 +1,93 @@
+"""A sink id belongs to one query: the claim holds against age, traffic and races."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import Broker
+from txsink.coordinator import Coordinator
+from txsink.errors import ConfigError
+from txsink.model import TransactionContext
+from txsink.plugins import build_plugins, get_plugins
+from txsink.state import DirectoryStateStore
+from txsink.writer import write_participant
+from txsink_kafka.backend import KafkaBackend, close_shared_clients
+
+pytestmark = pytest.mark.integration
+
+
+def make(options: dict[str, str], **extra: str) -> KafkaBackend:
+    b = get_plugins().create_backend("kafka", {**options, **extra})
+    assert isinstance(b, KafkaBackend)
+    return b
+
+
+def start(backend: KafkaBackend, state: Path, sink_id: str) -> None:
+    Coordinator(backend, DirectoryStateStore(state), sink_id, plugins=build_plugins()).start()
+
+
+@pytest.fixture
+def options(kafka_broker: Broker, topic: str, marker_topic: str) -> dict[str, str]:
+    return {"kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+            "marker.topic": marker_topic, "orphan.scan.records": "5",
+            "claim.topic": f"c-{uuid.uuid4().hex[:8]}"}
+
+
+def test_the_claim_holds_after_other_sinks_filled_the_marker_partition(
+        options: dict[str, str], tmp_path: Path) -> None:
+    sink = f"cl-{uuid.uuid4().hex[:8]}"
+    first = make(options)
+    first.preflight(sink)
+    start(first, tmp_path / "a", sink)
+    # Other sinks share the marker partition: far more than orphan.scan.records markers.
+    batch = pa.record_batch({"value": pa.array([b"x"], pa.binary())})
+    for i in range(8):
+        other = f"other-{i}-{uuid.uuid4().hex[:6]}"
+        c = write_participant(first, TransactionContext(other, 0, 0), [batch])
+        first.commit(c)
+    first.close()
+    close_shared_clients()  # the second query runs in another driver process
+    second = make(options)
+    try:
+        with pytest.raises(ConfigError, match="already written by another query") as info:
+            start(second, tmp_path / "b", sink)
+        assert str(tmp_path / "a") in str(info.value)
+        start(second, tmp_path / "a", sink)  # the owner itself restarts fine
+    finally:
+        second.close()
+
+
+def race(options: dict[str, str], tmp_path: Path, sink: str) -> list[str]:
+    """Two queries (own clients, own states) start on ``sink`` at the same moment."""
+    backends = [make(options, **{"kafka.client.id": f"q{i}"}) for i in range(2)]
+    backends[0].preflight(sink)
+    barrier = threading.Barrier(2)
+    outcomes = ["", ""]
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        try:
+            start(backends[i], tmp_path / f"{sink}-{i}", sink)
+            outcomes[i] = "won"
+        except ConfigError as exc:
+            outcomes[i] = f"refused: {exc}"
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for b in backends:
+        b.close()
+    return outcomes
+
+
+def test_of_two_queries_claiming_at_once_exactly_one_wins(
+        options: dict[str, str], tmp_path: Path) -> None:
+    for round_ in range(4):
+        outcomes = race(options, tmp_path, f"race-{round_}-{uuid.uuid4().hex[:6]}")
+        assert sorted(o.split(":")[0] for o in outcomes) == ["refused", "won"], outcomes

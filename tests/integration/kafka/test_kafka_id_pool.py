@@ -1,0 +1,158 @@
+"""Pooled transactional ids on a real broker: bounded, reused, never taken from a decision."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import Broker
+from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.faults import AFTER_DECIDE, FaultInjector, FaultRule, InjectedFault
+from txsink.model import Committable, TransactionContext
+from txsink.plugins import build_plugins, get_plugins
+from txsink.state import DirectoryStateStore
+from txsink.writer import write_participant
+from txsink_kafka import testing as kt
+from txsink_kafka.backend import KafkaBackend
+from txsink_kafka.naming import SinkIds
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = 200
+PARTITIONS = 2
+#: An extra attempt of partition 0 every this many epochs, left as an orphan.
+ORPHAN_EVERY = 20
+
+
+def batch(ids: range) -> pa.RecordBatch:
+    return pa.record_batch({"key": pa.array([str(i).encode() for i in ids], pa.binary()),
+                            "value": pa.array([b"v%d" % i for i in ids], pa.binary())})
+
+
+@pytest.fixture
+def sink_id() -> str:
+    return f"pool-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def backend(kafka_broker: Broker, topic: str, marker_topic: str,
+            sink_id: str) -> Iterator[KafkaBackend]:
+    b = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+        "marker.topic": marker_topic})
+    assert isinstance(b, KafkaBackend)
+    b.preflight(sink_id)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def prepare(backend: KafkaBackend, sink_id: str, epoch: int, partition: int,
+            attempt: int = 0) -> Committable:
+    start = epoch * 100 + partition * 10 + attempt
+    return write_participant(backend, TransactionContext(sink_id, epoch, partition, attempt),
+                             [batch(range(start, start + 1))])
+
+
+def known_ids(backend: KafkaBackend, sink_id: str) -> set[str]:
+    """Every transactional id of the sink the coordinators know, in any state."""
+    admin = backend.driver().txn._admin
+    listed = admin.list_transactions()
+    ids = SinkIds(backend.config.transactional_id_prefix, sink_id)
+    return {t.transactional_id for rows in listed.values() for t in rows
+            if ids.owns(t.transactional_id)}
+
+
+@pytest.mark.slow
+def test_distinct_transactional_ids_stay_bounded_over_200_epochs(
+        backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path) -> None:
+    """Bound: partitions x (1 + attempts open at once) + the preflight id.
+
+    Here one extra attempt overlaps at a time, so 2 x 2 + 1 = 5; the participant
+    naming would have made 2 x 200 + 200 / 20 + 1 = 411."""
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), sink_id,
+                        plugins=build_plugins())
+    coord.start()
+    most = 0
+    for epoch in range(EPOCHS):
+        msgs = [prepare(backend, sink_id, epoch, p) for p in range(PARTITIONS)]
+        if epoch % ORPHAN_EVERY == 0:
+            # A retried/speculative attempt whose message never reached the driver:
+            # it takes the next slot, and the post-commit orphan scan aborts it.
+            prepare(backend, sink_id, epoch, 0, attempt=1)
+        assert coord.commit_epoch(epoch, msgs) is EpochOutcome.COMMITTED
+        if epoch % 50 == 49:
+            most = max(most, len(known_ids(backend, sink_id)))
+    ids = known_ids(backend, sink_id)
+    bound = PARTITIONS * 2 + 1
+    print(f"\n{EPOCHS} epochs x {PARTITIONS} partitions: {len(ids)} distinct transactional "
+          f"ids on the broker (bound {bound}): {sorted(ids)}")
+    assert len(ids) <= bound and most <= bound
+    # The orphans were aborted and every epoch is readable exactly once.
+    assert backend.broker_transactions(sink_id) == {}
+    keys = sorted(int(m.key()) for m in kt.read_topic(backend.config.bootstrap, topic))
+    assert keys == sorted(e * 100 + p * 10 for e in range(EPOCHS) for p in range(PARTITIONS))
+
+
+def test_a_slot_held_by_a_decided_epoch_is_not_reused_until_recovery_commits_it(
+        backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path) -> None:
+    state = DirectoryStateStore(tmp_path / "state")
+    crash = FaultInjector([FaultRule(AFTER_DECIDE, 0, "raise")])
+    coord = Coordinator(backend, state, sink_id, plugins=build_plugins(), faults=crash)
+    coord.start()
+    decided = prepare(backend, sink_id, 0, 0)
+    with pytest.raises(InjectedFault):
+        coord.commit_epoch(0, [decided])
+    held = str(decided.payload["transactional_id"])
+    assert held.endswith("-p0-t0")
+    # A writer that starts before recovery (another engine, a hand-driven test) must
+    # not take, and so fence, the slot the decision holds.
+    early = prepare(backend, sink_id, 1, 0)
+    assert str(early.payload["transactional_id"]).endswith("-p0-t1")
+    restarted = Coordinator(backend, state, sink_id, plugins=build_plugins())
+    report = restarted.start(up_to_epoch=0)
+    assert report.recommitted_epochs == [0]
+    assert restarted.commit_epoch(1, [early]) is EpochOutcome.COMMITTED
+    # Both slots are free again: the next epoch starts over at t0.
+    again = prepare(backend, sink_id, 2, 0)
+    assert str(again.payload["transactional_id"]) == held
+    assert restarted.commit_epoch(2, [again]) is EpochOutcome.COMMITTED
+    keys = sorted(int(m.key()) for m in kt.read_topic(backend.config.bootstrap, topic))
+    assert keys == [0, 100, 200]
+
+
+def test_an_open_transaction_without_a_marker_is_aborted_at_start(
+        backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path) -> None:
+    """A writer that registered its transaction and died before its marker: only the
+    coordinators' list (ListTransactions) knows it; it still holds readers back."""
+    from confluent_kafka import Producer
+
+    tid = f"{backend.config.transactional_id_prefix}-{sink_id}-p1-t0"
+    producer = Producer({"bootstrap.servers": backend.config.bootstrap,
+                         "transactional.id": tid})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"stray", b"99", partition=0)
+    producer.flush(30)
+    del producer  # gone without ending its transaction
+    assert set(backend.broker_transactions(sink_id) or {}) == {tid}
+    assert backend.list_prepared(sink_id) == []  # no marker: no participant to name
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), sink_id,
+                        plugins=build_plugins())
+    coord.start()
+    assert backend.broker_transactions(sink_id) == {}
+    assert kt.read_topic(backend.config.bootstrap, topic) == []
+
+
+def test_sink_ids_tell_apart_sinks_whose_names_share_a_prefix() -> None:
+    a, ap = SinkIds("txsink", "a"), SinkIds("txsink", "a-p0")
+    assert a.owns("txsink-a-p3-t1") and not ap.owns("txsink-a-p3-t1")
+    assert ap.owns("txsink-a-p0-p1-t2") and not a.owns("txsink-a-p0-p1-t2")
+    assert a.owns("txsink-a-e4-p1-a9") and a.participant_of("txsink-a-e4-p1-a9") == \
+        "a-e4-p1-a9"
+    assert a.partition_of("txsink-a-p3-t1") == 3 and a.participant_of("txsink-a-p3-t1") is None
+    assert not a.owns("txsink-ab-p0-t0") and not a.owns("other-a-p0-t0")
