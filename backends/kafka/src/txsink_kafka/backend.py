@@ -323,6 +323,10 @@ class KafkaBackend(Backend):
         return {"config": self.config, "_driver": None,
                 "_marker_partitions": self._marker_partitions}
 
+    def participant_timeout_s(self) -> float | None:
+        """The broker aborts a prepared transaction after ``transaction.timeout.ms``."""
+        return self.config.transaction_timeout_ms / 1000
+
     def describe(self) -> str:
         topic = self.config.topic or "<topic column>"
         return f"kafka {self.config.bootstrap} topic={topic} (read with read_committed)"
