@@ -87,4 +87,4 @@ def test_backend_pickles_without_clients() -> None:
 def test_participant_timeout_is_the_transaction_timeout() -> None:
     """Metrics compare the oldest prepared participant with this."""
     assert make().participant_timeout_s() == 600
-    assert make(**{"transaction.timeout.ms": "90000"}).participant_timeout_s() == 90
+    assert make(**{"kafka.transaction.timeout.ms": "90000"}).participant_timeout_s() == 90
