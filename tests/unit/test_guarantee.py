@@ -63,16 +63,16 @@ def test_parse(text: str, expected: DeliveryGuarantee) -> None:
 
 
 def test_parse_names_the_field_and_the_choices() -> None:
-    with pytest.raises(ConfigError, match="'sink.guarantee' must be one of exactly_once, "
-                                          "at_least_once, none") as info:
+    with pytest.raises(ConfigError, match=r"'sink\.guarantee' must be one of exactly_once, "
+                                          r"at_least_once, none") as info:
         DeliveryGuarantee.parse("twice", field_name="sink.guarantee")
     assert info.value.field == "sink.guarantee"
 
 
 def test_a_backend_offers_exactly_once_unless_it_declares_more() -> None:
     ExactlyOnceOnly.check_guarantee(DeliveryGuarantee.EXACTLY_ONCE)
-    with pytest.raises(ConfigError, match="'eo-only' does not offer guarantee "
-                                          "'at_least_once' .*offers: exactly_once"):
+    with pytest.raises(ConfigError, match=r"'eo-only' does not offer guarantee "
+                                          r"'at_least_once' .*offers: exactly_once"):
         ExactlyOnceOnly.check_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
 
 
