@@ -116,6 +116,32 @@ def test_postgres_password_never_leaks(pg: Any, how: str, tmp_path: Path,
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("how", ["option", "connect", "dsn", "url"])
+def test_postgres_sslpassword_never_leaks(pg: Any, how: str, tmp_path: Path,
+                                          all_logs: pytest.LogCaptureFixture) -> None:
+    """libpq's sslpassword (the client key's passphrase) is as secret as the password."""
+    from txsink.config import SinkConfig
+
+    ssl_secret = f"SslPw-{uuid.uuid4().hex}"
+    table = f"public.sec_{uuid.uuid4().hex[:8]}"
+    options = {"table": table, "create_table": "true", "password": SENTINEL, "dsn": pg.dsn}
+    if how == "option":
+        options["sslpassword"] = ssl_secret
+    elif how == "connect":
+        options["connect.sslpassword"] = ssl_secret
+    elif how == "dsn":
+        options["dsn"] = f"{pg.dsn} sslpassword={ssl_secret}"
+    else:
+        options["dsn"] = f"{pg.url_with_password.replace(':' + SENTINEL, '')}" \
+                         f"?sslpassword={ssl_secret}"
+    texts = full_run("postgres", options, tmp_path)
+    backend_cls = get_plugins().backend_class("postgres")
+    shown = SinkConfig("postgres", "s", options, frozenset(backend_cls.secret_options))
+    texts.append(repr(shown.safe_options()))  # what `txsink validate` prints
+    assert_no_secret(texts, all_logs.text, SENTINEL, ssl_secret)
+
+
+@pytest.mark.integration
 def test_postgres_wrong_password_error_is_clear_and_clean(
     pg: Any, all_logs: pytest.LogCaptureFixture
 ) -> None:
@@ -181,6 +207,33 @@ def test_s3_secret_key_never_leaks(s3: Any, tmp_path: Path,
                                    all_logs: pytest.LogCaptureFixture) -> None:
     texts = full_run("s3", s3_options(s3, SENTINEL), tmp_path)
     assert_no_secret(texts, all_logs.text, SENTINEL)
+
+
+@pytest.mark.integration
+def test_s3_session_token_never_leaks(s3: Any, tmp_path: Path,
+                                      all_logs: pytest.LogCaptureFixture) -> None:
+    """A session token is secret like the key: not in errors, txsink's logs or the state.
+
+    SeaweedFS refuses temporary credentials it did not issue (403), which takes the
+    error path. (botocore's own DEBUG log prints the token header: keep botocore's
+    logger above DEBUG in production.)
+    """
+    from txsink.config import SinkConfig
+
+    token = f"Tok-{uuid.uuid4().hex}"
+    options = {**s3_options(s3, SENTINEL), "session_token": token}
+    backend = get_plugins().create_backend("s3", options)
+    with pytest.raises(TxsinkError) as info:
+        backend.preflight("sec")
+    backend.close()
+    ours = "\n".join(r.getMessage() for r in all_logs.records
+                     if r.name.startswith("txsink"))
+    shown = SinkConfig("s3", "s", options,
+                       frozenset(get_plugins().backend_class("s3").secret_options))
+    kept = backend.safe_options(options)
+    for text in (error_texts(info.value), ours, repr(shown.safe_options()), repr(kept)):
+        assert token not in text
+        assert SENTINEL not in text
 
 
 @pytest.mark.integration

@@ -192,6 +192,18 @@ class Backend(abc.ABC):
         the epoch stays DECIDED and the next start retries it. Default: nothing.
         """
 
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        """Whether the target itself shows ``epoch`` of ``sink_id`` as committed.
+
+        Asked on the driver before an epoch the pending-transaction state does not
+        know is decided: after the state (or the whole checkpoint) was restored from
+        an older backup, Spark replays epochs the target already holds, and only the
+        target can tell. Answer from the system's own commit markers (marker rows,
+        manifests, final files); return False when the system cannot tell. Must not
+        count prepared, uncommitted participants. Default: False.
+        """
+        return False
+
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every prepared (not committed, not aborted) participant of ``sink_id``.
 

@@ -329,6 +329,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         coordinator = Coordinator(backend, store, meta.sink_id, backend_options=meta.options,
                                   plugins=plugins, scan_orphans=False)
         record = store.get(epoch)
+        if record is not None and record.state is EpochState.RESERVED:
+            record = None  # a batch write's reservation: nothing was decided
         if record is None and epoch <= meta.committed_watermark:
             print(f"epoch {epoch} of sink {meta.sink_id!r} is committed; nothing to do")
             return 0

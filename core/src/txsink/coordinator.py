@@ -11,6 +11,7 @@ an error naming it, and the epoch stays DECIDED for the next start.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -38,7 +39,15 @@ from txsink.faults import (
 from txsink.model import Committable, validate_sink_id
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
-from txsink.state import EpochRecord, EpochState, Lease, SinkMeta, StateStore, new_owner_token
+from txsink.state import (
+    EpochRecord,
+    EpochState,
+    Lease,
+    SinkMeta,
+    StateStore,
+    WriteId,
+    new_owner_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +118,15 @@ class Coordinator:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start(self, *, recover: bool = True, up_to_epoch: int | None = None) -> RecoveryReport:
-        """Take the state's lease, bind it to this sink, and (by default) recover."""
+    def start(self, *, recover: bool = True, up_to_epoch: int | None = None,
+              query_id: str | None = None) -> RecoveryReport:
+        """Take the state's lease, bind it to this sink, and (by default) recover.
+
+        :param query_id: the identity of the engine's checkpoint (Spark's query id). The
+            state remembers the first one it sees; another one means the checkpoint was
+            deleted or replaced while the state was kept, and its batch numbers mean
+            nothing to this state, so the start is refused.
+        """
         self._lease = self.store.acquire(self.owner)
         meta = self.store.read_meta()
         if meta is not None and meta.sink_id != self.sink_id:
@@ -128,9 +144,22 @@ class Coordinator:
                 field="backend",
                 sink_id=self.sink_id,
             )
+        if meta is not None and query_id and meta.query_id and meta.query_id != query_id:
+            raise StateError(
+                f"sink {self.sink_id!r}: the txsink state at {self.store.location} belongs to "
+                f"the Spark query {meta.query_id}, but the checkpoint now belongs to query "
+                f"{query_id}: the checkpoint was deleted or replaced while the state was "
+                "kept. Spark numbers batches from 0 again, and the state would take the new "
+                "batches for replays and drop them, so nothing is written. Either restore "
+                "the checkpoint that belongs to this state, or start a new sink: a new "
+                "sink_id with a new, empty state_location (and, for the files backend, a "
+                "new path)", sink_id=self.sink_id)
         if meta is None:
             meta = SinkMeta(self.sink_id, self.backend.name,
-                            self.backend.safe_options(self._options))
+                            self.backend.safe_options(self._options), query_id=query_id or None)
+            self.store.write_meta(self._lease, meta)
+        elif query_id and meta.query_id is None:
+            meta = dataclasses.replace(meta, query_id=query_id)
             self.store.write_meta(self._lease, meta)
         self._meta = meta
         # Before recovery can abort anything as an orphan: make sure no other query
@@ -157,15 +186,68 @@ class Coordinator:
         return best
 
     def allocate_epoch(self) -> int:
-        """The next unused epoch, for batch writes (streaming uses Spark's batch id)."""
+        """The next unused epoch (not reserved: see :meth:`reserve_epoch`)."""
         known = list(self.store.records())
         return max([self.watermark(), *known]) + 1
 
+    def committed_write(self, write: WriteId) -> int | None:
+        """The highest committed version of ``write.app_id`` if it is ``>= write.version``."""
+        meta = self.store.read_meta()
+        best = meta.writes.get(write.app_id, -1) if meta else -1
+        for record in self.store.records().values():
+            if (record.state is EpochState.COMMITTED and record.write is not None
+                    and record.write.app_id == write.app_id):
+                best = max(best, record.write.version)
+        return best if best >= write.version else None
+
+    def reserve_epoch(self, write: WriteId | None = None) -> int:
+        """Reserve a fresh epoch for one batch write; concurrent writes get distinct ones.
+
+        With ``write``, a second write of the same identity in flight is refused (the
+        one holding the lower epoch goes on), so one identity is committed at most once.
+        """
+        lease = self.lease
+        while True:
+            epoch = self.allocate_epoch()
+            record = EpochRecord(epoch, EpochState.RESERVED, (), time.time(), write=write,
+                                 owner=self.owner)
+            if self.store.put_new(lease, record):
+                break
+        if write is not None:
+            rival = self._rival(epoch, write)
+            if rival is not None:
+                self.store.delete(lease, [epoch])
+                raise StateError(
+                    f"sink={self.sink_id}: batch write {write} is already being written or "
+                    f"was written (epoch {rival.epoch}, {rival.state.value}); a write "
+                    "identity is written at most once, so this one writes nothing",
+                    sink_id=self.sink_id, epoch=epoch)
+        log.info("sink=%s epoch=%d: reserved for a batch write%s", self.sink_id, epoch,
+                 f" ({write})" if write else "")
+        return epoch
+
+    def _rival(self, epoch: int, write: WriteId) -> EpochRecord | None:
+        """Another record of the same write identity that wins over ``epoch``."""
+        for other in sorted(self.store.records().values(), key=lambda r: r.epoch):
+            if other.epoch == epoch or other.write is None:
+                continue
+            if other.write.app_id != write.app_id or other.write.version < write.version:
+                continue
+            if other.state is not EpochState.RESERVED or other.epoch < epoch:
+                return other
+        return None
+
     def recover(self, *, up_to_epoch: int | None = None) -> RecoveryReport:
-        """Re-commit DECIDED epochs, then abort orphans (epochs ``<= up_to_epoch``)."""
+        """Re-commit DECIDED epochs, then abort orphans (epochs ``<= up_to_epoch``).
+
+        Epochs this owner reserved for batch writes still in flight keep their
+        participants; reservations of other owners (a crashed or fenced run: this
+        one holds the lease now) are dropped and their participants aborted.
+        """
         lease = self.lease
         report = RecoveryReport()
-        for epoch, record in sorted(self.store.records().items()):
+        records = self.store.records()
+        for epoch, record in sorted(records.items()):
             if record.state is EpochState.DECIDED:
                 log.warning("sink=%s epoch=%d: found DECIDED but not COMMITTED; committing "
                             "its %d participant(s) again", self.sink_id, epoch,
@@ -173,7 +255,17 @@ class Coordinator:
                 self._finish(record)
                 report.recommitted_epochs.append(epoch)
         self.store.check(lease)
-        report.aborted_orphans = [c.participant for c in self._abort_orphans(up_to_epoch)]
+        stale = [r for r in records.values()
+                 if r.state is EpochState.RESERVED and r.owner != self.owner]
+        report.aborted_orphans = [c.participant for c in
+                                  self._abort_orphans(up_to_epoch, reclaim_stale=True)]
+        if stale:
+            for r in stale:
+                log.warning("sink=%s epoch=%d: batch write%s reserved by %s was never "
+                            "decided (that run crashed or was fenced); its participants "
+                            "were aborted and nothing of it is committed", self.sink_id,
+                            r.epoch, f" {r.write}" if r.write else "", r.owner)
+            self.store.delete(lease, [r.epoch for r in stale])
         if report:
             log.info("sink=%s recovery: re-committed epochs %s, aborted %d orphan(s)",
                      self.sink_id, report.recommitted_epochs, len(report.aborted_orphans))
@@ -189,7 +281,28 @@ class Coordinator:
         lease = self.lease
         committables = self._validate(epoch, messages)
         record = self.store.get(epoch)
-        if record is None and epoch <= self.watermark():
+        write: WriteId | None = None
+        reserved = record is not None and record.state is EpochState.RESERVED
+        if record is not None and record.state is EpochState.RESERVED:
+            if record.owner != self.owner:
+                self._abort_all(epoch, committables, "aborted", raise_errors=False)
+                raise StateError(
+                    f"sink={self.sink_id} epoch={epoch}: the epoch is reserved by another "
+                    f"run ({record.owner}); this write's {len(committables)} participant(s) "
+                    "were aborted and nothing was committed", sink_id=self.sink_id,
+                    epoch=epoch)
+            write = record.write
+            if write is not None:
+                rival = self._rival(epoch, write)
+                if rival is not None:
+                    self._discard_reserved(epoch, committables)
+                    raise StateError(
+                        f"sink={self.sink_id} epoch={epoch}: batch write {write} was written "
+                        f"meanwhile by epoch {rival.epoch}; this write's "
+                        f"{len(committables)} participant(s) were aborted and nothing of it "
+                        "is committed", sink_id=self.sink_id, epoch=epoch)
+            record = None
+        if record is None and not reserved and epoch <= self.watermark():
             record_state: EpochState | None = EpochState.COMMITTED
         else:
             record_state = record.state if record else None
@@ -208,10 +321,14 @@ class Coordinator:
             self._abort_all(epoch, extra, "replayed")
             return EpochOutcome.RECOVERED
 
+        if self.backend.holds_epoch(self.sink_id, epoch):
+            return self._held_by_target(epoch, committables, reserved=reserved)
+
         self._check_secrets(epoch, committables)
         self.plugins.epoch_prepared(self.sink_id, epoch, committables)
         self.faults.hit(BEFORE_DECIDE, epoch)
-        record = EpochRecord(epoch, EpochState.DECIDED, tuple(committables), time.time())
+        record = EpochRecord(epoch, EpochState.DECIDED, tuple(committables), time.time(),
+                             write=write)
         self.store.put(lease, record)  # the commit point of the epoch
         log.info("sink=%s epoch=%d decided: %d participant(s), %d row(s)",
                  self.sink_id, epoch, len(committables), record.rows)
@@ -224,6 +341,34 @@ class Coordinator:
             self._abort_orphans(epoch, records)
         self._prune(records)
         return EpochOutcome.COMMITTED
+
+    def _discard_reserved(self, epoch: int, committables: Sequence[Committable]) -> None:
+        self._abort_all(epoch, committables, "aborted", raise_errors=False)
+        record = self.store.get(epoch)
+        if record is not None and record.state is EpochState.RESERVED:
+            self.store.delete(self.lease, [epoch])
+
+    def _held_by_target(self, epoch: int, committables: Sequence[Committable],
+                        *, reserved: bool) -> EpochOutcome:
+        """The target already holds an epoch the state does not know: never write it twice."""
+        rows = sum(c.rows for c in committables)
+        if reserved:
+            self._discard_reserved(epoch, committables)
+            raise StateError(
+                f"sink={self.sink_id} epoch={epoch}: {self.backend.describe()} already holds "
+                f"epoch {epoch} of this sink, which the txsink state at "
+                f"{self.store.location} does not know: the state is older than the target "
+                "(restored from a backup?). This batch write's participants "
+                f"({rows} row(s)) were aborted and nothing was written; restore the newest "
+                "state, or write into a new sink", sink_id=self.sink_id, epoch=epoch)
+        log.warning(
+            "sink=%s epoch=%d: %s already holds this epoch, but the txsink state at %s does "
+            "not know it: the checkpoint was restored from an older backup and Spark "
+            "replays an epoch that was committed before. Aborting this attempt's %d "
+            "participant(s) (%d row(s)) instead of writing the epoch twice", self.sink_id,
+            epoch, self.backend.describe(), self.store.location, len(committables), rows)
+        self._abort_all(epoch, committables, "replayed")
+        return EpochOutcome.REPLAYED
 
     def abort_epoch(self, epoch: int, messages: Sequence[Committable | None]) -> None:
         """Roll back an epoch that will not be committed (a task failed, or Spark aborted).
@@ -240,6 +385,9 @@ class Coordinator:
                         self.sink_id, epoch)
         to_abort = [c for c in messages if c is not None and c not in protected]
         self._abort_all(epoch, to_abort, "aborted", raise_errors=False)
+        if (record is not None and record.state is EpochState.RESERVED
+                and record.owner == self.owner):
+            self.store.delete(lease, [epoch])  # the batch write gave up its epoch
         try:
             self.store.check(lease)
             self._abort_orphans(epoch)
@@ -338,6 +486,8 @@ class Coordinator:
         self.backend.epoch_committed(self.sink_id, record.epoch, record.committables)
         self.faults.hit(BEFORE_MARK_COMMITTED, record.epoch)
         self.store.put(self.lease, record.committed())
+        if record.write is not None:
+            self._remember_write(record.write)
         duration = time.monotonic() - started
         log.info("sink=%s epoch=%d committed: %d participant(s), %d row(s) in %.3fs",
                  self.sink_id, record.epoch, len(record.committables), record.rows, duration)
@@ -369,14 +519,38 @@ class Coordinator:
                 f"{redact(str(error), self.backend.secret_values())}",
                 sink_id=first.sink_id, epoch=first.epoch, participant=first.participant) from None
 
+    def _remember_write(self, write: WriteId) -> None:
+        """Keep the committed version of a write identity after its record is pruned."""
+        meta = self.store.read_meta() or self._meta
+        assert meta is not None
+        if meta.writes.get(write.app_id, -1) >= write.version:
+            return
+        meta = dataclasses.replace(meta, writes={**meta.writes, write.app_id: write.version})
+        self.store.write_meta(self.lease, meta)
+        self._meta = meta
+
     def _abort_orphans(self, up_to_epoch: int | None,
-                       records: Mapping[int, EpochRecord] | None = None) -> list[Committable]:
+                       records: Mapping[int, EpochRecord] | None = None,
+                       *, reclaim_stale: bool = False) -> list[Committable]:
+        """Abort prepared participants no decision holds, of epochs ``<= up_to_epoch``.
+
+        Epochs reserved by batch writes still in flight bound the scan from above,
+        so their writers' participants are left alone; with ``reclaim_stale`` only
+        this owner's reservations count as in flight.
+        """
         if records is None:
             records = self.store.records()
         protected: set[str] = set()
         for record in records.values():
             if record.state is EpochState.DECIDED:
                 protected |= record.participants
+        live = [r.epoch for r in records.values() if r.state is EpochState.RESERVED
+                and (not reclaim_stale or r.owner == self.owner)]
+        if live:
+            below = min(live) - 1
+            up_to_epoch = below if up_to_epoch is None else min(up_to_epoch, below)
+            if up_to_epoch < 0:
+                return []
         aborted = self.backend.abort_orphans(self.sink_id, protected, up_to_epoch)
         by_epoch: dict[int, list[Committable]] = {}
         for c in aborted:
@@ -395,7 +569,7 @@ class Coordinator:
         assert meta is not None
         top = committed[-1]
         if top > meta.committed_watermark:
-            meta = SinkMeta(meta.sink_id, meta.backend, meta.options, top, meta.state_id)
+            meta = dataclasses.replace(meta, committed_watermark=top)
             self.store.write_meta(self.lease, meta)
             self._meta = meta
         old = committed[: max(0, len(committed) - self.retain_epochs)]

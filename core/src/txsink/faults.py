@@ -6,9 +6,11 @@ Production code calls :meth:`FaultInjector.hit` at each point; it does nothing u
     POINT[@EPOCH][:ACTION]      e.g.  after-decide@2:kill
 
 ACTION is ``kill`` (SIGKILL, the default: the process dies without cleanup, like a
-lost driver), or ``raise`` (raise :class:`InjectedFault`). ``kill`` sends the signal
-to the pid in ``TXSINK_FAULTS_KILL_PID`` when set (e.g. the Spark driver), else to
-this process.
+lost driver), ``raise`` (raise :class:`InjectedFault`), or ``pause`` (create the file
+``paused`` in the directory ``TXSINK_FAULTS_PAUSE_DIR`` and wait until a file
+``release`` appears there, at most 10 minutes: a run stalled mid-epoch while another
+run of the query takes over). ``kill`` sends the signal to the pid in
+``TXSINK_FAULTS_KILL_PID`` when set (e.g. the Spark driver), else to this process.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +26,9 @@ log = logging.getLogger(__name__)
 
 ENV = "TXSINK_FAULTS"
 KILL_PID_ENV = "TXSINK_FAULTS_KILL_PID"
+PAUSE_DIR_ENV = "TXSINK_FAULTS_PAUSE_DIR"
+#: Longest ``pause``: a test that forgets to release must not hang for ever.
+PAUSE_LIMIT_S = 600.0
 
 #: Coordinator points, in protocol order.
 BEFORE_DECIDE = "before-decide"  # all participants prepared, decision not written
@@ -43,7 +49,7 @@ TASK_POINTS = (TASK_BEFORE_PRE_COMMIT, TASK_AFTER_PRE_COMMIT)
 #: Spark writer asks :meth:`FaultInjector.armed` and then prepares a second copy of
 #: the participant that it never reports, as a speculative attempt refused by Spark's
 #: commit coordinator would (Spark launches no speculative copies in local mode).
-ACTIONS = ("kill", "raise", "duplicate")
+ACTIONS = ("kill", "raise", "duplicate", "pause")
 
 
 class InjectedFault(BaseException):
@@ -100,7 +106,22 @@ class FaultInjector:
                 log.warning("fault injection: %s at %s epoch %s", rule.action, point, epoch)
                 if rule.action == "raise":
                     raise InjectedFault(point, epoch)
+                if rule.action == "pause":
+                    _pause()
+                    continue
                 pid = int(os.environ.get(KILL_PID_ENV) or os.getpid())
                 os.kill(pid, signal.SIGKILL)
                 if pid != os.getpid():
                     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause() -> None:
+    directory = os.environ.get(PAUSE_DIR_ENV)
+    if not directory:
+        raise ValueError(f"{ENV}: the pause action needs {PAUSE_DIR_ENV}")
+    with open(os.path.join(directory, "paused"), "a", encoding="utf-8"):
+        pass
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    release = os.path.join(directory, "release")
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -7,8 +7,12 @@ from collections.abc import Iterable
 
 _URL_PASSWORD = re.compile(r"(?P<pre>[a-z][a-z0-9+.-]*://[^:/@\s]+:)(?P<pw>[^@\s]+)(?P<post>@)",
                            re.IGNORECASE)
-_KV_PASSWORD = re.compile(r"(?P<pre>\b(?:password|passwd|secret|sasl\.password)\s*[=:]\s*)"
-                          r"(?P<pw>'[^']*'|\"[^\"]*\"|\S+)", re.IGNORECASE)
+#: ``key=value`` pairs whose value is a secret: libpq's ``password``/``sslpassword``
+#: (also as ``connect.sslpassword``), SASL passwords, AWS secret keys and session tokens.
+_KV_PASSWORD = re.compile(
+    r"(?P<pre>\b(?:[a-z0-9_.]*password|passwd|secret|[a-z0-9_.]*secret_access_key"
+    r"|[a-z0-9_.]*session_token)\s*[=:]\s*)"
+    r"(?P<pw>'[^']*'|\"[^\"]*\"|\S+)", re.IGNORECASE)
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:

@@ -8,7 +8,13 @@ reader sees either the old or the new record, never half of one.
 Fencing: a coordinator acquires the store's lease, which bumps a generation number.
 Every write checks, under an exclusive file lock, that the lease still holds that
 generation; a coordinator that was taken over gets :class:`~txsink.errors.FencedError`
-instead of interleaving its decisions with the new owner's.
+instead of interleaving its decisions with the new owner's. An owner stays fenced:
+asking for the lease again after a newer owner took it fails too, so an older query
+run cannot win the sink back by starting another coordinator.
+
+A write that cannot complete (disk full, read-only directory) raises
+:class:`~txsink.errors.StateError` naming the path and leaves the previous record in
+place: a truncated decision is never renamed into place.
 """
 
 from __future__ import annotations
@@ -38,9 +44,31 @@ log = logging.getLogger(__name__)
 STATE_FORMAT_VERSION = 1
 
 
+#: Owners a lease remembers as fenced (older query runs); older ones are forgotten.
+FENCED_OWNERS_KEPT = 64
+
+
 class EpochState(str, enum.Enum):
+    #: Taken by a batch write that is still writing: no other write may use the epoch,
+    #: and recovery leaves its participants alone while its owner may still commit.
+    RESERVED = "reserved"
     DECIDED = "decided"
     COMMITTED = "committed"
+
+
+@dataclass(frozen=True)
+class WriteId:
+    """A batch write's identity (Delta's ``txnAppId``/``txnVersion``).
+
+    Versions of one ``app_id`` only grow: a write whose version is at or below the
+    highest committed version of its ``app_id`` was written before and is skipped.
+    """
+
+    app_id: str
+    version: int
+
+    def __str__(self) -> str:
+        return f"{self.app_id}@{self.version}"
 
 
 @dataclass(frozen=True)
@@ -50,6 +78,10 @@ class EpochRecord:
     committables: tuple[Committable, ...]
     decided_at: float
     committed_at: float | None = None
+    #: The batch write this epoch belongs to, when it was given an identity.
+    write: WriteId | None = None
+    #: The coordinator owner that reserved the epoch (RESERVED records only).
+    owner: str | None = None
 
     @property
     def participants(self) -> frozenset[str]:
@@ -61,10 +93,10 @@ class EpochRecord:
 
     def committed(self, at: float | None = None) -> EpochRecord:
         return EpochRecord(self.epoch, EpochState.COMMITTED, self.committables,
-                           self.decided_at, time.time() if at is None else at)
+                           self.decided_at, time.time() if at is None else at, self.write)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "v": STATE_FORMAT_VERSION,
             "epoch": self.epoch,
             "state": self.state.value,
@@ -72,6 +104,11 @@ class EpochRecord:
             "committed_at": self.committed_at,
             "committables": [c.to_dict() for c in self.committables],
         }
+        if self.write is not None:
+            data["write"] = {"app_id": self.write.app_id, "version": self.write.version}
+        if self.owner is not None:
+            data["owner"] = self.owner
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpochRecord:
@@ -85,6 +122,9 @@ class EpochRecord:
                 decided_at=float(data["decided_at"]),
                 committed_at=None if data.get("committed_at") is None
                 else float(data["committed_at"]),
+                write=None if data.get("write") is None
+                else WriteId(str(data["write"]["app_id"]), int(data["write"]["version"])),
+                owner=None if data.get("owner") is None else str(data["owner"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state record: {exc}") from exc
@@ -103,17 +143,30 @@ class SinkMeta:
     #: Random identity of this state, created once: backends bind the sink id to it so
     #: that a second query (another state) with the same sink id is refused.
     state_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: Spark's query id from the checkpoint's ``metadata`` file, once a streaming query
+    #: wrote through this state: a checkpoint with another id is not this state's.
+    query_id: str | None = None
+    #: Highest committed version per batch-write ``app_id`` (kept after pruning).
+    writes: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": STATE_FORMAT_VERSION, "sink_id": self.sink_id, "backend": self.backend,
-                "options": dict(self.options), "committed_watermark": self.committed_watermark,
-                "state_id": self.state_id}
+        data: dict[str, Any] = {
+            "v": STATE_FORMAT_VERSION, "sink_id": self.sink_id, "backend": self.backend,
+            "options": dict(self.options), "committed_watermark": self.committed_watermark,
+            "state_id": self.state_id}
+        if self.query_id is not None:
+            data["query_id"] = self.query_id
+        if self.writes:
+            data["writes"] = dict(self.writes)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SinkMeta:
         try:
             return cls(str(data["sink_id"]), str(data["backend"]), dict(data.get("options", {})),
-                       int(data.get("committed_watermark", -1)), str(data["state_id"]))
+                       int(data.get("committed_watermark", -1)), str(data["state_id"]),
+                       None if data.get("query_id") is None else str(data["query_id"]),
+                       {str(k): int(v) for k, v in dict(data.get("writes", {})).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 
@@ -131,7 +184,11 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     def acquire(self, owner: str) -> Lease:
-        """Take the lease. The same owner gets its lease back; another owner fences it."""
+        """Take the lease. The same owner gets its lease back; another owner fences it.
+
+        An owner that was fenced stays fenced: raise :class:`FencedError` when it asks
+        again (keep at least the last :data:`FENCED_OWNERS_KEPT` fenced owners).
+        """
 
     @abc.abstractmethod
     def check(self, lease: Lease) -> None:
@@ -149,6 +206,14 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def put(self, lease: Lease, record: EpochRecord) -> None:
         """Durably write ``record``, replacing any record of the same epoch."""
+
+    @abc.abstractmethod
+    def put_new(self, lease: Lease, record: EpochRecord) -> bool:
+        """Write ``record`` only if no record of its epoch exists; False if one does.
+
+        Atomic against concurrent writers of the same store: this is how batch
+        writes running at once reserve distinct epochs.
+        """
 
     @abc.abstractmethod
     def delete(self, lease: Lease, epochs: Iterable[int]) -> None: ...
@@ -186,8 +251,13 @@ class DirectoryStateStore(StateStore):
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self._ensure()
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._ensure()
+            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StateError(f"txsink state directory {self.root}: cannot write "
+                             f"({exc.strerror}); make it writable (and give it free space) "
+                             "or choose another state_location") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -195,16 +265,8 @@ class DirectoryStateStore(StateStore):
             os.close(fd)
 
     def _write_json(self, path: Path, data: Mapping[str, Any]) -> None:
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        payload = json.dumps(data, sort_keys=True, indent=1).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        write_file_atomically(path, json.dumps(data, sort_keys=True, indent=1).encode(),
+                              what="txsink state")
 
     @staticmethod
     def _read_json(path: Path) -> dict[str, Any] | None:
@@ -228,13 +290,24 @@ class DirectoryStateStore(StateStore):
 
     def acquire(self, owner: str) -> Lease:
         with self._locked():
-            current = self._current_lease()
+            data = self._read_json(self.root / "lease.json") or {}
+            current = (Lease(str(data["owner"]), int(data["generation"]))
+                       if "owner" in data else None)
             if current is not None and current.owner == owner:
                 return current
+            fenced = [str(o) for o in data.get("fenced", [])]
+            if owner in fenced:
+                raise FencedError(
+                    f"state {self.location}: {owner} was taken over by a newer run "
+                    f"({current.owner if current else '?'}, generation "
+                    f"{current.generation if current else '?'}) and must stop. Two runs of "
+                    "one query must never write at once; stop the older one.")
+            if current is not None:
+                fenced = [*fenced, current.owner][-FENCED_OWNERS_KEPT:]
             lease = Lease(owner, (current.generation + 1) if current else 1)
             self._write_json(self.root / "lease.json",
                              {"owner": owner, "generation": lease.generation,
-                              "acquired_at": time.time()})
+                              "acquired_at": time.time(), "fenced": fenced})
             if current is not None:
                 log.info("state %s: lease taken over from %s (generation %d -> %d)",
                          self.location, current.owner, current.generation, lease.generation)
@@ -285,6 +358,15 @@ class DirectoryStateStore(StateStore):
             self._check_locked(lease)
             self._write_json(self._epochs / f"{record.epoch:012d}.json", record.to_dict())
 
+    def put_new(self, lease: Lease, record: EpochRecord) -> bool:
+        with self._locked():
+            self._check_locked(lease)
+            path = self._epochs / f"{record.epoch:012d}.json"
+            if path.exists():
+                return False
+            self._write_json(path, record.to_dict())
+            return True
+
     def delete(self, lease: Lease, epochs: Iterable[int]) -> None:
         with self._locked():
             self._check_locked(lease)
@@ -292,6 +374,40 @@ class DirectoryStateStore(StateStore):
                 with contextlib.suppress(FileNotFoundError):
                     (self._epochs / f"{epoch:012d}.json").unlink()
             _fsync_dir(self._epochs)
+
+
+def write_file_atomically(path: Path, payload: bytes, *, what: str) -> None:
+    """Write ``payload`` to ``path`` whole or not at all: temp file, fsync, rename.
+
+    ``os.write`` may write less than asked (a full disk): loop until all is written,
+    and on any error remove the temp file and raise a :class:`StateError` naming the
+    path, so a short or empty file never replaces a good one.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(payload)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StateError(f"{what}: cannot write {path} ({exc.strerror or exc}); nothing was "
+                         "changed. Free space or make the directory writable, then restart "
+                         "the query") from exc
+    try:
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        raise StateError(f"{what}: {path} was written but its directory could not be "
+                         f"synced ({exc.strerror}); it may not survive a power loss") from exc
 
 
 def _fsync_dir(path: Path) -> None:

@@ -175,7 +175,7 @@ def test_max_prepared_transactions_zero(no_prepared_server: PgServer, sink_id: s
 
 def test_unreachable_server(sink_id: str) -> None:
     backend = make({"dsn": "host=127.0.0.1 port=1 dbname=x user=u connect_timeout=2",
-                    "table": "t"})
+                    "table": "t", "connect_retry_s": "0"})
     with pytest.raises(ConfigError, match="cannot connect") as err:
         backend.preflight(sink_id)
     assert err.value.field == "dsn"
@@ -219,7 +219,8 @@ def test_second_query_on_the_same_sink_id_is_refused(
 
 def test_driver_calls_on_an_unreachable_server_fail_cleanly(sink_id: str) -> None:
     backend = make({"dsn": "host=127.0.0.1 port=1 dbname=x user=u", "table": "t",
-                    "connect_timeout": "2", "password": "Unreachable-Pw-123"})
+                    "connect_timeout": "2", "password": "Unreachable-Pw-123",
+                    "connect_retry_s": "0"})
     c = Committable.for_context("postgres", TransactionContext(sink_id, 3, 0),
                                 {"gid": f"txsink:{sink_id}-e3-p0-a0", "xid": 1})
     with pytest.raises(RetriableCommitError, match="cannot connect") as err:

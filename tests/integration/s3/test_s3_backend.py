@@ -92,7 +92,7 @@ def test_unreachable_endpoint_names_the_option(prefix: str) -> None:
         port = s.getsockname()[1]  # closed again: nothing listens there
     backend = make({"bucket": "abc", "endpoint_url": f"http://127.0.0.1:{port}",
                     "region": "us-east-1", "access_key_id": "a", "secret_access_key": "b" * 8,
-                    "max_attempts": "1", "connect_timeout": "1"})
+                    "max_attempts": "1", "connect_timeout": "1", "connect_retry_s": "0"})
     with pytest.raises(ConfigError, match="cannot reach") as info:
         backend.preflight("sink1")
     assert info.value.field == "endpoint_url"

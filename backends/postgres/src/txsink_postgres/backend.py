@@ -15,9 +15,10 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.errors import (
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 _XID_MASK = 0xFFFFFFFF
 _SQLSTATE_UNDEFINED_OBJECT = "42704"  # "prepared transaction ... does not exist"
 _SQLSTATE_DUPLICATE_OBJECT = "42710"  # "transaction identifier ... is already in use"
@@ -123,7 +125,9 @@ class PostgresBackend(Backend):
         Capability.COMMIT_MARKER,
         Capability.SURVIVES_RESTART,
     })
-    secret_options: ClassVar[frozenset[str]] = frozenset({"password"})
+    #: libpq's secret parameters, as options, as ``connect.*`` options and in the DSN.
+    secret_options: ClassVar[frozenset[str]] = frozenset({
+        "password", "sslpassword", "connect.sslpassword"})
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
     payload_version: ClassVar[int] = 1
 
@@ -139,8 +143,12 @@ class PostgresBackend(Backend):
         copy_format: str = "auto",
         connect_timeout: int = 10,
         marker_retention_epochs: int = 1000,
+        sslpassword: Secret | None = None,
+        connect_retry_s: float = 30.0,
     ) -> None:
         self.conninfo = conninfo
+        self.sslpassword = sslpassword
+        self.connect_retry_s = connect_retry_s
         self.table = table
         self.password = password
         self.password_env = password_env
@@ -169,12 +177,25 @@ class PostgresBackend(Backend):
                 "(use postgresql://user@host:port/dbname or 'host=... dbname=...'): "
                 f"{redact(str(exc), [raw_dsn])}", field="dsn") from None
         # Further libpq parameters as options: connect.sslmode=require, ...
+        sslpassword = opts.secret("sslpassword")
         for key, value in opts.with_prefix("connect.").items():
             if key in ("password", "passfile"):
                 raise ConfigError(f"postgres backend: use option 'password' or "
                                   f"'password_env', not 'connect.{key}'",
                                   field=f"connect.{key}")
+            if key == "sslpassword":
+                if sslpassword is not None:
+                    raise ConfigError("postgres backend: give 'sslpassword' once, not also as "
+                                      "'connect.sslpassword'", field="connect.sslpassword")
+                sslpassword = Secret(value)
+                continue
             params[key] = value
+        inline_ssl = params.pop("sslpassword", None)
+        if inline_ssl:
+            if sslpassword is not None:
+                raise ConfigError("postgres backend: give the sslpassword either in 'dsn' or "
+                                  "as an option, not both", field="sslpassword")
+            sslpassword = Secret(str(inline_ssl))
         params.setdefault("application_name", "txsink")
         password = opts.secret("password")
         inline = params.pop("password", None)
@@ -200,6 +221,8 @@ class PostgresBackend(Backend):
             copy_format=opts.choice("copy_format", ["auto", "csv", "binary", "text"], "auto"),
             connect_timeout=opts.int("connect_timeout", 10, minimum=1, maximum=3600),
             marker_retention_epochs=opts.int("marker_retention_epochs", 1000, minimum=0),
+            sslpassword=sslpassword,
+            connect_retry_s=opts.float("connect_retry_s", 30.0, minimum=0.0),
         )
         opts.check_unknown()
         return backend
@@ -224,7 +247,7 @@ class PostgresBackend(Backend):
         return f"postgres {where} table {self.table}"
 
     def secret_values(self) -> list[str]:
-        values = [self.password.reveal()] if self.password is not None else []
+        values = [s.reveal() for s in (self.password, self.sslpassword) if s is not None]
         if self.password_env is not None and os.environ.get(self.password_env):
             values.append(os.environ[self.password_env])
         return values
@@ -237,7 +260,8 @@ class PostgresBackend(Backend):
                 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
                 params = conninfo_to_dict(safe["dsn"])
-                if params.pop("password", None) is not None:
+                found = [params.pop(k, None) for k in ("password", "sslpassword")]
+                if any(v is not None for v in found):
                     safe["dsn"] = make_conninfo(**{k: str(v) for k, v in params.items()})
         return safe
 
@@ -248,6 +272,8 @@ class PostgresBackend(Backend):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("sslpassword", None)
+        state.setdefault("connect_retry_s", 30.0)
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
@@ -270,6 +296,29 @@ class PostgresBackend(Backend):
         return redact(str(exc).strip(), self.secret_values())
 
     def _connect(self, *, autocommit: bool) -> psycopg.Connection[Any]:
+        """Connect, riding out a server that restarts: transient failures (refused,
+        starting up, shutting down, reset) are retried with logged, bounded backoff for
+        ``connect_retry_s``; a wrong password, user, database or host name is not."""
+        deadline = time.monotonic() + self.connect_retry_s
+        delay = 0.25
+        attempt = 1
+        while True:
+            try:
+                return self._connect_once(autocommit=autocommit)
+            except _ConnectError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _ConnectError(f"{exc} (still failing after {attempt} attempt(s) "
+                                        f"over {self.connect_retry_s:g}s; option "
+                                        "connect_retry_s sets how long to retry)") from None
+                wait = min(delay, left)
+                log.warning("postgres backend: %s; attempt %d, retrying in %.2fs", exc,
+                            attempt, wait)
+                time.sleep(wait)
+                delay = min(delay * 2, 5.0)
+                attempt += 1
+
+    def _connect_once(self, *, autocommit: bool) -> psycopg.Connection[Any]:
         import psycopg
 
         kwargs: dict[str, Any] = {"connect_timeout": self.connect_timeout,
@@ -277,6 +326,8 @@ class PostgresBackend(Backend):
         password = self._password()
         if password is not None:
             kwargs["password"] = password
+        if self.sslpassword is not None:
+            kwargs["sslpassword"] = self.sslpassword.reveal()
         try:
             return psycopg.connect(self.conninfo, **kwargs)
         except psycopg.Error as exc:
@@ -287,6 +338,11 @@ class PostgresBackend(Backend):
                     f"postgres backend: cannot log in to {self.describe()}: {text}. Check "
                     "the user in 'dsn' and the password ('password' or 'password_env')",
                     field="password") from None
+            if not _transient(sqlstate, text):
+                raise ConfigError(
+                    f"postgres backend: cannot connect to {self.describe()}: {text}. Check "
+                    "'dsn' (host, port, user, dbname) and the connect.* options",
+                    field="dsn") from None
             raise _ConnectError(f"postgres backend: cannot connect to {self.describe()}: "
                                 f"{text}") from None
 
@@ -714,6 +770,46 @@ class PostgresBackend(Backend):
                 sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
         return outcome
 
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        """A commit-marker row of ``epoch`` is visible: some participant of it committed.
+
+        Markers of prepared, uncommitted participants are inside their transactions
+        and invisible here. Markers older than ``marker_retention_epochs`` are pruned.
+        """
+        from psycopg import sql
+
+        def ask() -> bool:
+            with self._driver() as conn:
+                row = conn.execute(
+                    sql.SQL("SELECT 1 FROM {} WHERE sink_id = %s AND epoch = %s "
+                            "LIMIT 1").format(
+                        sql.Identifier(self.marker_table.schema, self.marker_table.table)),
+                    (sink_id, epoch)).fetchone()
+            return row is not None
+
+        return self._retry_driver(f"sink={sink_id} epoch={epoch}: reading commit markers",
+                                  ask)
+
+    def _retry_driver(self, what: str, action: Callable[[], _T]) -> _T:
+        """Run a driver-side statement again after the connection broke (server restart)."""
+        import psycopg
+
+        deadline = time.monotonic() + self.connect_retry_s
+        delay = 0.25
+        while True:
+            try:
+                return action()
+            except psycopg.OperationalError as exc:
+                # A connection that broke under a restart (connecting again already
+                # waits on its own in _connect).
+                if time.monotonic() >= deadline:
+                    raise TxsinkError(f"postgres backend: {what} failed: "
+                                      f"{self._clean(exc)}") from None
+                log.warning("postgres backend: %s failed (%s); retrying in %.2fs", what,
+                            self._clean(exc), delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     def epoch_committed(self, sink_id: str, epoch: int,
                         committables: Sequence[Committable]) -> None:
         """Drop commit markers of epochs far behind: only a DECIDED epoch needs its own."""
@@ -792,12 +888,15 @@ class PostgresBackend(Backend):
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         import psycopg
 
-        try:
+        def ask() -> list[Any]:
             with self._driver() as conn:
-                rows = conn.execute(
+                return list(conn.execute(
                     "SELECT gid, transaction::text FROM pg_prepared_xacts "
                     "WHERE database = current_database() AND gid LIKE %s ESCAPE '\\' "
-                    "ORDER BY gid", (like_prefix(sink_id),)).fetchall()
+                    "ORDER BY gid", (like_prefix(sink_id),)).fetchall())
+
+        try:
+            rows = self._retry_driver(f"sink={sink_id}: listing prepared transactions", ask)
         except psycopg.Error as exc:
             raise TxsinkError(f"sink={sink_id}: listing prepared transactions in "
                               f"{self.describe()} failed: {self._clean(exc)}",
@@ -814,4 +913,29 @@ class PostgresBackend(Backend):
 
 
 class _ConnectError(TxsinkError):
-    """The server could not be reached (retriable on the driver, fatal in preflight)."""
+    """The server could not be reached for now (retried; fatal once retries run out)."""
+
+
+#: SQLSTATEs of a server that is restarting or overloaded: retry, do not blame the config.
+_TRANSIENT_SQLSTATES = frozenset({
+    "57P03",  # cannot_connect_now: the database system is starting up / shutting down
+    "57P01",  # admin_shutdown
+    "57P02",  # crash_shutdown
+    "53300",  # too_many_connections
+    "08000", "08001", "08003", "08004", "08006",  # connection exceptions
+})
+#: libpq messages (no SQLSTATE) that mean the server is not there *yet*.
+_TRANSIENT_TEXT = ("connection refused", "the database system is", "server closed the "
+                   "connection", "connection reset", "timeout expired", "no route to host",
+                   "could not receive data", "could not send data", "terminating connection",
+                   "connection timed out", "network is unreachable", "is the server running")
+#: ...and ones that never go away by waiting.
+_PERMANENT_TEXT = ("could not translate host name", "does not exist", "no pg_hba.conf entry",
+                   "role ", "invalid port", "sslmode", "certificate")
+
+
+def _transient(sqlstate: str | None, text: str) -> bool:
+    lowered = text.lower()
+    if any(t in lowered for t in _PERMANENT_TEXT):
+        return False
+    return sqlstate in _TRANSIENT_SQLSTATES or any(t in lowered for t in _TRANSIENT_TEXT)

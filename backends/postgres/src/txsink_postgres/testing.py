@@ -174,6 +174,14 @@ class LocalPostgres:
             self.configure(**settings)
         self._pg_ctl_start()
 
+    def down(self, *, mode: str = "fast") -> None:
+        """Stop the server but keep its data; :meth:`up` starts it again."""
+        self._pg_ctl_stop(mode)
+
+    def up(self) -> None:
+        """Start a server stopped by :meth:`down`."""
+        self._pg_ctl_start()
+
     def _postmaster_pid(self) -> int | None:
         pidfile = self.data_dir / "postmaster.pid"
         try:

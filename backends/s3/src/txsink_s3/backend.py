@@ -25,9 +25,9 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.errors import (
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 MIB = 1024 * 1024
 #: S3's smallest part (every part but the last) and largest part.
 MIN_PART_SIZE = 5 * MIB
@@ -128,6 +129,30 @@ def _status(exc: BaseException) -> int | None:
     return None
 
 
+#: Words of connection failures that only mean "not reachable right now".
+_DNS_FAILURES = ("name or service not known", "nodename nor servname", "failed to resolve",
+                 "temporary failure in name resolution", "no address associated")
+
+
+def _transient(exc: BaseException) -> bool:
+    """A failure that waiting may cure: connection refused/reset/timed out, or a 5xx."""
+    from botocore.exceptions import (  # type: ignore[import-untyped,unused-ignore]
+        ClientError,
+        ConnectionClosedError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(exc, ClientError):
+        status = _status(exc)
+        return status is not None and status >= 500
+    if isinstance(exc, EndpointConnectionError):
+        text = str(getattr(exc, "kwargs", {}).get("error", exc)).lower()
+        return not any(word in text for word in _DNS_FAILURES)
+    return isinstance(exc, (ConnectionClosedError, ConnectTimeoutError, ReadTimeoutError))
+
+
 class _S3Transaction(Transaction):
     """One participant on the executor: the open upload and its encoder."""
 
@@ -186,8 +211,10 @@ class S3Backend(Backend):
         max_attempts: int = 5,
         connect_timeout: float = 10.0,
         read_timeout: float = 120.0,
+        connect_retry_s: float = 30.0,
     ) -> None:
         self.bucket = bucket
+        self.connect_retry_s = connect_retry_s
         self.prefix = keys.normalize_prefix(prefix)
         self.format = fmt
         self.part_size = part_size
@@ -277,13 +304,15 @@ class S3Backend(Backend):
         max_attempts = opts.int("max_attempts", 5, minimum=1, maximum=20)
         connect_timeout = opts.float("connect_timeout", 10.0, minimum=0.1)
         read_timeout = opts.float("read_timeout", 120.0, minimum=1.0)
+        connect_retry_s = opts.float("connect_retry_s", 30.0, minimum=0.0)
         opts.check_unknown()
         return cls(bucket=bucket, prefix=prefix, fmt=fmt, part_size=part_size,
                    row_group_bytes=row_group, compression=compression, dictionary=dictionary,
                    upload_concurrency=concurrency, endpoint_url=endpoint_url, region=region,
                    addressing_style=addressing, profile=profile, access_key_id=access_key_id,
                    secret_access_key=secret, session_token=token, max_attempts=max_attempts,
-                   connect_timeout=connect_timeout, read_timeout=read_timeout)
+                   connect_timeout=connect_timeout, read_timeout=read_timeout,
+                   connect_retry_s=connect_retry_s)
 
     def describe(self) -> str:
         where = f" endpoint={self.endpoint_url}" if self.endpoint_url else ""
@@ -329,6 +358,33 @@ class S3Backend(Backend):
         state["_s3"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("connect_retry_s", 30.0)
+        self.__dict__.update(state)
+
+    def _retrying(self, what: str, action: Callable[[], _T]) -> _T:
+        """Run ``action``, riding out an endpoint that restarts or is overloaded.
+
+        Connection failures and 5xx answers are retried with logged, bounded backoff
+        for ``connect_retry_s`` (on top of boto3's own short retries); anything else,
+        and the last failure once time is up, is raised as it came.
+        """
+        deadline = time.monotonic() + self.connect_retry_s
+        delay = 0.5
+        attempt = 1
+        while True:
+            try:
+                return action()
+            except Exception as exc:
+                if not _transient(exc) or time.monotonic() >= deadline:
+                    raise
+                log.warning("s3 backend: %s at %s failed (%s); attempt %d, retrying in "
+                            "%.2fs", what, self.endpoint_url or "AWS",
+                            self._redact(str(exc)), attempt, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                attempt += 1
+
     def close(self) -> None:
         client, self._s3 = self._s3, None
         if client is not None:
@@ -350,7 +406,8 @@ class S3Backend(Backend):
         base = self.base(sink_id)
         where = f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
         try:
-            self.client.head_bucket(Bucket=self.bucket)
+            self._retrying(f"sink={sink_id}: preflight",
+                           lambda: self.client.head_bucket(Bucket=self.bucket))
         except NoCredentialsError:
             raise ConfigError(
                 f"s3 backend: no AWS credentials found for {where}: set access_key_id and "
@@ -379,10 +436,14 @@ class S3Backend(Backend):
                               f"{self._redact(str(exc))}; check {field}", field=field,
                               sink_id=sink_id) from None
         probe = keys.preflight_key(base)
-        try:
+
+        def probe_upload() -> None:
             upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=probe)
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=probe,
                                                UploadId=upload["UploadId"])
+
+        try:
+            self._retrying(f"sink={sink_id}: preflight upload probe", probe_upload)
         except (ClientError, BotoCoreError) as exc:
             raise ConfigError(
                 f"s3 backend: cannot start a multipart upload under "
@@ -402,7 +463,9 @@ class S3Backend(Backend):
 
         key = keys.owner_key(self.base(sink_id))
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            body = self._retrying(
+                f"sink={sink_id}: reading the owner object",
+                lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
         except ClientError as exc:
             if _status(exc) != 404 and _error_code(exc) not in ("NoSuchKey", "404"):
                 raise
@@ -642,6 +705,20 @@ class S3Backend(Backend):
         self._abort_upload(str(p.get("bucket", self.bucket)), str(p["key"]),
                            str(p["upload_id"]), committable.describe())
 
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        """The epoch's manifest exists: every participant of it was committed before."""
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        key = keys.manifest_key(self.base(sink_id), epoch)
+        try:
+            self._retrying(f"sink={sink_id} epoch={epoch}: looking for the manifest",
+                           lambda: self.client.head_object(Bucket=self.bucket, Key=key))
+        except ClientError as exc:
+            if _status(exc) == 404 or _error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every multipart upload under the sink's prefix whose key txsink made.
 
@@ -651,7 +728,10 @@ class S3Backend(Backend):
         base = self.base(sink_id)
         found: list[Committable] = []
         paginator = self.client.get_paginator("list_multipart_uploads")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=base + "/"):
+        pages = self._retrying(
+            f"sink={sink_id}: listing multipart uploads",
+            lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=base + "/")))
+        for page in pages:
             for upload in page.get("Uploads", []) or []:
                 ctx = keys.parse_data_key(base, sink_id, str(upload["Key"]))
                 if ctx is None:

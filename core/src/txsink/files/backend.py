@@ -37,6 +37,7 @@ from txsink.columnar import DICTIONARY_MODES, dictionary_columns
 from txsink.errors import ConfigError, FatalCommitError, ParticipantLostError, StateError
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, parse_participant
 from txsink.options import Options
+from txsink.state import write_file_atomically
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,37 @@ def _fsync_path(path: Path, *, directory: bool = False) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _create_json_once(path: Path, data: Mapping[str, str]) -> dict[str, Any]:
+    """Create ``path`` holding ``data`` unless it exists; return what it holds.
+
+    The document is written whole to a temporary file first and linked into place
+    (a link never replaces an existing name), so a full disk leaves no empty or
+    half-written marker behind to wedge the sink.
+    """
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            write_file_atomically(tmp, json.dumps(data).encode(), what="files backend")
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+            _fsync_path(path.parent, directory=True)
+        except OSError as exc:
+            raise StateError(f"files backend: cannot write {path} ({exc.strerror}); free "
+                             "space or make the directory writable") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    try:
+        found = json.loads(path.read_text())
+        if not isinstance(found, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, OSError) as exc:
+        raise StateError(f"files backend: {path} is unreadable ({exc}); if it is empty or "
+                         "cut short (a full disk under an older txsink), delete it and "
+                         "restart") from exc
+    return found
 
 
 def _json_default(value: object) -> object:
@@ -207,46 +239,29 @@ class FilesBackend(Backend):
         for d in (self._inprogress, self._pending):
             d.mkdir(parents=True, exist_ok=True)
         marker = self._meta / "sink.json"
-        try:
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                owner = json.loads(marker.read_text())["sink_id"]
-            except (ValueError, KeyError, OSError) as exc:
-                raise StateError(f"{marker} is unreadable: {exc}") from exc
-            if owner != sink_id:
-                raise ConfigError(
-                    f"files backend: directory {self.base} belongs to sink {owner!r}, not "
-                    f"{sink_id!r}; give each sink its own 'path'", field="path",
-                    sink_id=sink_id) from None
-            return
-        with os.fdopen(fd, "w") as f:
-            json.dump({"sink_id": sink_id}, f)
-            f.flush()
-            os.fsync(f.fileno())
+        owner = _create_json_once(marker, {"sink_id": sink_id}).get("sink_id")
+        if owner != sink_id:
+            raise ConfigError(
+                f"files backend: directory {self.base} belongs to sink {owner!r}, not "
+                f"{sink_id!r}; give each sink its own 'path'", field="path",
+                sink_id=sink_id) from None
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         self._claim(sink_id)
         owner_file = self._meta / "state.json"
-        try:
-            fd = os.open(owner_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                owner = json.loads(owner_file.read_text())
-            except (ValueError, OSError) as exc:
-                raise StateError(f"{owner_file} is unreadable: {exc}") from exc
-            if owner.get("state_id") != state_id:
-                raise ConfigError(
-                    f"files backend: sink {sink_id!r} at {self.base} is already written by "
-                    f"another query (txsink state at {owner.get('state_location')!r}). A sink "
-                    "id belongs to one query: give this query its own sink_id and path, or, "
-                    f"if the old query and its checkpoint are gone for good, delete {owner_file}",
-                    field="sink_id", sink_id=sink_id) from None
-            return
-        with os.fdopen(fd, "w") as f:
-            json.dump({"state_id": state_id, "state_location": state_location}, f)
-            f.flush()
-            os.fsync(f.fileno())
+        owner = _create_json_once(owner_file, {"state_id": state_id,
+                                               "state_location": state_location})
+        if owner.get("state_id") != state_id:
+            raise ConfigError(
+                f"files backend: sink {sink_id!r} at {self.base} is already written by "
+                f"another query (txsink state at {owner.get('state_location')!r}). A sink "
+                "id belongs to one query: give this query its own sink_id and path, or, "
+                f"if the old query and its checkpoint are gone for good, delete {owner_file}",
+                field="sink_id", sink_id=sink_id) from None
+
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        """A final file of ``epoch`` exists (the directory belongs to one sink id)."""
+        return any(self.base.glob(f"part-{epoch:010d}-*"))
 
     def preflight(self, sink_id: str) -> None:
         try:

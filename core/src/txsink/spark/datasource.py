@@ -19,11 +19,19 @@ Which process runs what (checked with PySpark 4.3, see DESIGN.md section 2):
 The coordinator state lives in ``<checkpointLocation>/txsink`` unless
 ``state_location`` is given. Spark lower-cases option keys, so backend option
 names must be lower case.
+
+Batch writes (``df.write``) reserve a fresh epoch each. Given ``txnAppId`` and
+``txnVersion`` (Delta's names, same meaning), a write whose version is at or below
+the highest committed version of its app id is skipped: that is what makes a re-run
+batch job, or ``foreachBatch(lambda df, i: df.write...option("txnVersion", i))``,
+exactly once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,12 +46,12 @@ from pyspark.sql.datasource import (
 
 from txsink import faults as fault_points
 from txsink.backend import Backend
-from txsink.coordinator import Coordinator
+from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.errors import ConfigError, StateError
 from txsink.model import Committable, TransactionContext, validate_sink_id
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_token
-from txsink.state import StateStore
+from txsink.state import StateStore, WriteId
 from txsink.writer import write_participant
 
 if TYPE_CHECKING:
@@ -65,7 +73,9 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 #: Options that belong to txsink itself; every other option goes to the backend.
 #: (``queryname`` is added by Spark's ``DataStreamWriter.queryName``.)
 RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location",
-                              "queryname"})
+                              "queryname", "txnappid", "txnversion"})
+#: Longest ``txnAppId``: it is kept in the state's metadata.
+MAX_APP_ID = 200
 #: Attempt-id offset of the unreported twin the ``duplicate`` fault prepares.
 SPECULATIVE_TWIN_OFFSET = 1_000_000
 #: Rows per Arrow batch when PySpark hands rows instead of Arrow (PySpark 4.0).
@@ -80,6 +90,10 @@ class SinkSettings:
     sink_id: str
     state_location: str
     backend_options: Mapping[str, str] = field(default_factory=dict)
+    #: The ``checkpointLocation`` option as given ("" when absent).
+    checkpoint: str = ""
+    #: Identity of a batch write (``txnAppId``/``txnVersion``), if given.
+    write: WriteId | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SinkSettings:
@@ -101,7 +115,8 @@ class SinkSettings:
                     field="checkpointLocation", sink_id=sink_id)
             state = f"{checkpoint}/txsink"
         backend_options = {k: v for k, v in opts.items() if k not in RESERVED_OPTIONS}
-        settings = cls(backend, sink_id, state, backend_options)
+        settings = cls(backend, sink_id, state, backend_options,
+                       opts.get("checkpointlocation", "").rstrip("/"), _write_id(opts, sink_id))
         settings.create_backend().close()  # eager validation of the backend's options
         return settings
 
@@ -114,6 +129,44 @@ class SinkSettings:
     def coordinator(self, backend: Backend, owner: str) -> Coordinator:
         return Coordinator(backend, self.store(), self.sink_id,
                            backend_options=self.backend_options, owner=owner)
+
+    def query_id(self) -> str | None:
+        """Spark's query id from ``<checkpointLocation>/metadata`` (local paths only)."""
+        path = self.checkpoint
+        if path.startswith("file://"):
+            path = path[len("file://"):]
+        elif not path or "://" in path:
+            return None
+        try:
+            with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
+                value = json.loads(f.readline()).get("id")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return str(value) if value else None
+
+
+def _write_id(opts: Mapping[str, str], sink_id: str) -> WriteId | None:
+    app_id = opts.get("txnappid", "").strip()
+    version = opts.get("txnversion", "").strip()
+    if not app_id and not version:
+        return None
+    if not app_id or not version:
+        missing = "txnAppId" if not app_id else "txnVersion"
+        raise ConfigError(f"txsink: option {missing!r} is required with the other of "
+                          "txnAppId/txnVersion: together they name one batch write, which "
+                          "is committed at most once", field=missing, sink_id=sink_id)
+    if len(app_id) > MAX_APP_ID or not app_id.isprintable():
+        raise ConfigError(f"txsink: option 'txnAppId' must be at most {MAX_APP_ID} printable "
+                          "characters", field="txnAppId", sink_id=sink_id)
+    try:
+        number = int(version)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ConfigError(f"txsink: option 'txnVersion' must be a whole number >= 0 that grows "
+                          f"with each write of the app id (e.g. the foreachBatch batch id), "
+                          f"got {version[:40]!r}", field="txnVersion", sink_id=sink_id)
+    return WriteId(app_id, number)
 
 
 class TxsinkCommitMessage(WriterCommitMessage):
@@ -158,8 +211,15 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
     if tc is None:  # pragma: no cover - Spark always runs write() in a task
         raise StateError("txsink: write() called outside a Spark task")
     batch_id = tc.getLocalProperty(BATCH_ID_PROPERTY)
-    if batch_id is not None:
+    if epoch is None and batch_id is not None:
         epoch = int(batch_id)
+    elif batch_id is not None and settings.write is None and tc.partitionId() == 0:
+        # A batch write inside foreachBatch: it has its own epoch, but a replayed
+        # micro-batch writes again unless the write carries an identity.
+        log.warning("sink=%s epoch=%d: batch write inside foreachBatch (stream batch %s) "
+                    "without txnAppId/txnVersion: if Spark replays that batch, its rows are "
+                    "written again; pass .option('txnAppId', ...).option('txnVersion', "
+                    "batch_id) for exactly once", settings.sink_id, epoch, batch_id)
     if epoch is None:
         raise StateError(f"txsink: task has no '{BATCH_ID_PROPERTY}' property; cannot tell "
                          "which epoch it writes", sink_id=settings.sink_id)
@@ -202,20 +262,24 @@ class _Finisher:
     owner: str
 
     def _run(self, action: str, epoch: int, messages: Sequence[WriterCommitMessage | None],
-             *, recover_below: bool = False) -> None:
+             *, recover_below: bool = False, query_id: str | None = None) -> EpochOutcome | None:
         committables = decode_messages(messages)
         backend = self.settings.create_backend()
         try:
+            # The lease fences: once a newer run of the query started, this run's
+            # coordinator gets FencedError here instead of taking the sink back.
             coordinator = self.settings.coordinator(backend, self.owner)
             if action == "commit":
                 # Normally the planner already recovered; doing it again is cheap and
                 # keeps the output right even if the planner hook never ran.
-                coordinator.start(recover=recover_below, up_to_epoch=epoch - 1)
+                coordinator.start(recover=recover_below, up_to_epoch=epoch - 1,
+                                  query_id=query_id)
                 outcome = coordinator.commit_epoch(epoch, committables)
                 log.info("sink=%s epoch=%d: %s", self.settings.sink_id, epoch, outcome.value)
-            else:
-                coordinator.start(recover=False)
-                coordinator.abort_epoch(epoch, committables)
+                return outcome
+            coordinator.start(recover=False, query_id=query_id)
+            coordinator.abort_epoch(epoch, committables)
+            return None
         finally:
             backend.close()
 
@@ -248,7 +312,7 @@ class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
             coordinator = self.settings.coordinator(backend, self.owner)
             # No task of this run writes yet: every prepared participant that no
             # decided epoch holds is a leftover (crashed run, failed attempt).
-            coordinator.start(recover=True)
+            coordinator.start(recover=True, query_id=self.settings.query_id())
         finally:
             backend.close()
 
@@ -256,35 +320,63 @@ class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
         return _write_task(self.settings, None, iterator, arrow=_STREAM_ARROW)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._run("commit", batchId, messages, recover_below=True)
+        self._run("commit", batchId, messages, recover_below=True,
+                  query_id=self.settings.query_id())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._run("abort", batchId, messages)
+        self._run("abort", batchId, messages, query_id=self.settings.query_id())
 
 
 class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
-    """One-off write: a single epoch allocated from the state on the driver."""
+    """One-off write: a single epoch reserved in the state on the driver.
+
+    Two writes running at once reserve distinct epochs. A write with an identity
+    (``txnAppId``/``txnVersion``) that was committed before is skipped whole.
+    """
 
     def __init__(self, settings: SinkSettings, owner: str) -> None:
         self.settings = settings
         self.owner = owner
+        self.skip = False
+        self.epoch = -1
         backend = settings.create_backend()
         try:
             backend.preflight(settings.sink_id)
             coordinator = settings.coordinator(backend, owner)
             coordinator.start(recover=True)
-            self.epoch = coordinator.allocate_epoch()
+            done = (coordinator.committed_write(settings.write)
+                    if settings.write is not None else None)
+            if done is not None:
+                self.skip = True
+                log.warning("sink=%s: batch write %s is already committed (txnVersion %d "
+                            "of txnAppId %r is committed); skipping it, nothing is written",
+                            settings.sink_id, settings.write, done,
+                            settings.write.app_id if settings.write else "")
+                return
+            self.epoch = coordinator.reserve_epoch(settings.write)
         finally:
             backend.close()
         log.info("sink=%s epoch=%d: batch write planned", settings.sink_id, self.epoch)
 
     def write(self, iterator: Iterator[Any]) -> TxsinkCommitMessage:
+        if self.skip:
+            return TxsinkCommitMessage(b"")
         return _write_task(self.settings, self.epoch, iterator, arrow=True)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._run("commit", self.epoch, messages)
+        if self.skip:
+            return
+        outcome = self._run("commit", self.epoch, messages)
+        if outcome is not EpochOutcome.COMMITTED:
+            raise StateError(
+                f"sink={self.settings.sink_id} epoch={self.epoch}: the batch write's epoch "
+                f"was found {outcome.value if outcome else 'unknown'} in the state; its data "
+                "was aborted and nothing of this write is committed",
+                sink_id=self.settings.sink_id, epoch=self.epoch)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.skip:
+            return
         self._run("abort", self.epoch, messages)
 
 

@@ -132,6 +132,14 @@ class MemoryBackend(Backend):
             s.after_commit(committable)
         return outcome
 
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        from txsink.model import parse_participant
+
+        with self.system.lock:
+            return any((ctx := parse_participant(name)) is not None
+                       and ctx.sink_id == sink_id and ctx.epoch == epoch
+                       for name, _ in self.system.markers)
+
     def abort(self, committable: Committable) -> None:
         s = self.system
         with s.lock:

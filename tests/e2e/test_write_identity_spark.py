@@ -1,0 +1,190 @@
+"""Batch-write identity, foreachBatch, checkpoint identity and run fencing, through Spark.
+
+Each test drives real Spark drivers (local mode, subprocesses) into the files backend:
+
+* a batch write with ``txnAppId``/``txnVersion`` that crashes after its decision and is
+  run again, twice, is in the output exactly once;
+* two batch writes from two threads of one SparkSession at once both land, whole;
+* ``foreachBatch`` batch-writing each micro-batch with its batch id as ``txnVersion``
+  survives a driver kill exactly once;
+* a checkpoint deleted while ``state_location`` is kept stops the query with an error
+  instead of dropping the new rows as replays;
+* an older run of a query stalled mid-batch while a newer run takes over is fenced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from txsink.state import DirectoryStateStore, EpochState
+
+from tests.e2e.batch_driver import run_batch_driver
+from tests.e2e.spark_harness import (
+    DriverSpec,
+    kill_group,
+    leftover_files,
+    make_input,
+    read_files_output,
+    run_driver,
+    summarize,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    # The driver module is imported as tests.e2e.batch_driver: run from the repo root.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+@pytest.mark.fault
+def test_batch_write_identity_is_committed_once_across_a_crash_and_reruns(
+    tmp_path: Path,
+) -> None:
+    expected = make_input(tmp_path / "in", files=2, rows_per_file=150)
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    spec = {"mode": "save", "input_dir": str(tmp_path / "in"), "sink_id": "e2e-wid",
+            "checkpoint": str(chk), "options": {"path": str(out), "format": "jsonl",
+                                                 "txnAppId": "nightly", "txnVersion": "7"}}
+    run = run_batch_driver(spec, faults="after-decide:kill", env=_env())
+    assert run.killed, run.output[-4000:]
+    records = DirectoryStateStore(chk / "txsink").records()
+    assert [r.state for r in records.values()] == [EpochState.DECIDED]
+
+    # The job is run again as is: recovery commits the decided epoch, the write is
+    # recognised as done and skipped.
+    run = run_batch_driver(spec, env=_env())
+    assert "TXSINK-DRIVER-DONE" in run.output, run.output[-4000:]
+    assert "is already committed" in run.output
+    rows = read_files_output(out)
+    assert summarize(rows) == expected
+    assert len(rows) == len({r["id"] for r in rows})
+    assert leftover_files(out) == []
+
+    # A newer version of the same app id is a new write.
+    run = run_batch_driver({**spec, "options": {**spec["options"], "txnVersion": "8"}},
+                           env=_env())
+    assert "TXSINK-DRIVER-DONE" in run.output, run.output[-4000:]
+    assert len(read_files_output(out)) == 2 * len(rows)
+
+
+def test_two_batch_writes_at_once_reserve_distinct_epochs(tmp_path: Path) -> None:
+    first = make_input(tmp_path / "a", files=2, rows_per_file=120)
+    (tmp_path / "b").mkdir()
+    for f in sorted((tmp_path / "a").iterdir()):  # same keys, ids shifted by 10,000
+        lines = [line.replace('{"id": ', '{"id": 1000', 1)
+                 for line in f.read_text().splitlines()]
+        (tmp_path / "b" / f.name).write_text("\n".join(lines) + "\n")
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    run = run_batch_driver({"mode": "threads", "input_dirs": [str(tmp_path / "a"),
+                                                              str(tmp_path / "b")],
+                            "sink_id": "e2e-threads", "checkpoint": str(chk),
+                            "options": {"path": str(out), "format": "jsonl"}}, env=_env())
+    assert "TXSINK-DRIVER-DONE" in run.output, run.output[-4000:]
+    assert "TXSINK-THREAD-ERROR" not in run.output, run.output[-4000:]
+    rows = read_files_output(out)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == 2 * sum(c for c, _, _ in first.values())
+    records = DirectoryStateStore(chk / "txsink").records()
+    assert sorted(records) == [0, 1]
+    assert {r.state for r in records.values()} == {EpochState.COMMITTED}
+    assert leftover_files(out) == []
+
+
+@pytest.mark.fault
+def test_foreach_batch_with_write_identity_is_exactly_once(tmp_path: Path) -> None:
+    expected = make_input(tmp_path / "in", files=3, rows_per_file=100)
+    out = tmp_path / "out"
+    spec = {"mode": "foreach", "input_dir": str(tmp_path / "in"), "sink_id": "e2e-feb",
+            "checkpoint": str(tmp_path / "stream-chk"), "state": str(tmp_path / "sink-chk"),
+            "app_id": "stream-1", "options": {"path": str(out), "format": "jsonl"}}
+    # Batch writes number their epochs 0, 1, 2: die after deciding the second one,
+    # before Spark logged micro-batch 1 as done. Spark then replays micro-batch 1.
+    run = run_batch_driver(spec, faults="after-decide@1:kill", env=_env())
+    assert run.killed, run.output[-4000:]
+    run = run_batch_driver(spec, env=_env())
+    assert "TXSINK-DRIVER-DONE" in run.output, run.output[-4000:]
+    assert "is already committed" in run.output
+    rows = read_files_output(out)
+    assert summarize(rows) == expected
+    assert len(rows) == len({r["id"] for r in rows})
+    assert leftover_files(out) == []
+
+
+def test_deleted_checkpoint_with_kept_state_stops_instead_of_dropping_rows(
+    tmp_path: Path,
+) -> None:
+    make_input(tmp_path / "in", files=2, rows_per_file=100)
+    out, chk, state = tmp_path / "out", tmp_path / "chk", tmp_path / "state"
+    spec = DriverSpec(input_dir=tmp_path / "in", checkpoint=chk, sink_id="e2e-chk",
+                      options={"path": str(out), "format": "jsonl",
+                               "state_location": str(state)})
+    run_driver(spec).check()
+    before = len(read_files_output(out))
+    assert before == 200
+
+    # The checkpoint goes, the state stays; new input arrives. Spark numbers the new
+    # batches from 0 again, below the state's watermark.
+    shutil.rmtree(chk)
+    make_input(tmp_path / "in2", files=2, rows_per_file=50)
+    run = run_driver(DriverSpec(input_dir=tmp_path / "in2", checkpoint=chk,
+                                sink_id="e2e-chk", options=spec.options))
+    assert run.returncode != 0
+    assert "checkpoint was deleted or replaced" in run.output
+    # Nothing was dropped as a "replay", nothing written twice.
+    assert len(read_files_output(out)) == before
+    assert leftover_files(out) == []
+
+
+@pytest.mark.fault
+def test_older_run_is_fenced_once_a_newer_run_took_over(tmp_path: Path) -> None:
+    expected = make_input(tmp_path / "in", files=3, rows_per_file=100)
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    payload = DriverSpec(input_dir=tmp_path / "in", checkpoint=chk, sink_id="e2e-fence",
+                         options={"path": str(out), "format": "jsonl"})
+    # Run A stalls inside a task of batch 1, after its planner took the lease.
+    env_a = dict(os.environ, TXSINK_FAULTS="task-after-pre-commit@1:pause",
+                 TXSINK_FAULTS_PAUSE_DIR=str(pause), PYSPARK_PYTHON=sys.executable,
+                 SPARK_LOCAL_IP="127.0.0.1")
+    import json
+
+    from tests.e2e import spark_harness
+
+    old = subprocess.Popen(
+        [sys.executable, spark_harness.__file__, "drive", json.dumps({
+            "input_dir": str(payload.input_dir), "checkpoint": str(chk),
+            "sink_id": payload.sink_id, "options": payload.options, "backend": "files",
+            "partitions": 2, "master": "local[2]", "conf": {}, "batch_write": None,
+            "select": None, "source": None})],
+        env=env_a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (pause / "paused").exists():
+            assert old.poll() is None, old.communicate()[0][-4000:]
+            assert time.monotonic() < deadline, "run A never reached the pause point"
+            time.sleep(0.2)
+        # Run B: a newer run of the same query (same checkpoint) runs to the end.
+        run_driver(payload).check()
+        (pause / "release").touch()
+        out_a, _ = old.communicate(timeout=240)
+    finally:
+        (pause / "release").touch()
+        kill_group(old.pid)
+    assert old.returncode != 0
+    assert "FencedError" in out_a, out_a[-4000:]
+    rows = read_files_output(out)
+    assert summarize(rows) == expected
+    assert len(rows) == len({r["id"] for r in rows})

@@ -1,0 +1,108 @@
+"""A restored (older) state never commits an epoch twice; a restarting server is waited for.
+
+* Restored state: the coordinator's state is copied (a backup), more epochs are
+  committed, the backup is put back and epochs it does not know are replayed. The
+  per-epoch manifests show S3 already holds them: the replays are aborted, every
+  row stays once, no upload is left.
+* Restart: with SeaweedFS down, preflight waits for it to come back (logged,
+  bounded) instead of failing with a configuration error.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.errors import StateError
+from txsink.model import Committable, TransactionContext
+from txsink.plugins import build_plugins, get_plugins
+from txsink.state import DirectoryStateStore
+from txsink.writer import write_participant
+from txsink_s3.backend import S3Backend
+
+from .conftest import S3Server
+from .test_s3_backend import batch
+
+pytestmark = [pytest.mark.integration]
+
+SINK = "restore-sink"
+ROWS = 200
+
+
+def prepare(backend: S3Backend, epoch: int, partition: int, attempt: int = 0) -> Committable:
+    start = (epoch * 2 + partition) * ROWS
+    return write_participant(backend, TransactionContext(SINK, epoch, partition, attempt),
+                             iter([batch(range(start, start + ROWS))]))
+
+
+def test_restored_state_does_not_commit_an_epoch_s3_already_holds(
+    s3_server: S3Server, prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = get_plugins().create_backend("s3", s3_server.options(prefix))
+    assert isinstance(backend, S3Backend)
+    state, backup = tmp_path / "state", tmp_path / "backup"
+    base = backend.base(SINK) + "/"
+    try:
+        backend.preflight(SINK)
+        coord = Coordinator(backend, DirectoryStateStore(state), SINK, plugins=build_plugins())
+        coord.start()
+        coord.commit_epoch(0, [prepare(backend, 0, p) for p in range(2)])
+        shutil.copytree(state, backup)
+        for epoch in (1, 2):
+            coord.commit_epoch(epoch, [prepare(backend, epoch, p) for p in range(2)])
+        want = list(range(3 * 2 * ROWS))
+        assert sorted(s3_server.read_ids(base)) == want
+
+        shutil.rmtree(state)
+        shutil.copytree(backup, state)
+        restored = Coordinator(backend, DirectoryStateStore(state), SINK,
+                               plugins=build_plugins())
+        restored.start()
+        for epoch in (1, 2):
+            replay = [prepare(backend, epoch, p, attempt=5) for p in range(2)]
+            assert restored.commit_epoch(epoch, replay) is EpochOutcome.REPLAYED
+        assert "already holds this epoch" in caplog.text
+        assert sorted(s3_server.read_ids(base)) == want
+        assert s3_server.uploads(base) == []
+
+        epoch = restored.reserve_epoch()
+        with pytest.raises(StateError, match=f"already holds epoch {epoch}"):
+            restored.commit_epoch(epoch, [prepare(backend, epoch, 0, attempt=9)])
+        assert sorted(s3_server.read_ids(base)) == want
+        assert s3_server.uploads(base) == []
+    finally:
+        backend.close()
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_preflight_waits_for_a_restarting_server(
+    s3_server: S3Server, prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = s3_server.require_local()
+    caplog.set_level(logging.WARNING, logger="txsink_s3")
+    backend = get_plugins().create_backend(
+        "s3", s3_server.options(prefix, max_attempts="1", connect_timeout="1",
+                                connect_retry_s="120"))
+    errors: list[BaseException] = []
+
+    def start_later() -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    server.kill()
+    up = threading.Timer(1.0, start_later)
+    up.start()
+    try:
+        backend.preflight(SINK)
+    finally:
+        up.join()
+        backend.close()
+    assert errors == []
+    assert "retrying in" in caplog.text

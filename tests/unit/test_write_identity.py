@@ -1,0 +1,95 @@
+"""Core rules behind issue 13, on the in-memory backend: reserved epochs, write
+identities, fenced owners, checkpoint identity, epochs the target already holds."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from txsink.coordinator import EpochOutcome
+from txsink.errors import FencedError, StateError
+from txsink.state import EpochState, WriteId
+
+from .conftest import Env, expected_ids
+
+
+def test_concurrent_batch_writes_reserve_distinct_epochs_and_both_commit(env: Env) -> None:
+    a, b = env.coordinator(owner="driver"), env.coordinator(owner="driver")
+    a.start()
+    b.start()
+    ea, eb = a.reserve_epoch(), b.reserve_epoch()
+    assert ea != eb
+    msgs_a, msgs_b = env.prepare_epoch(ea), env.prepare_epoch(eb)
+    # The later epoch commits first; its orphan scan must leave the earlier one alone.
+    assert b.commit_epoch(eb, msgs_b) is EpochOutcome.COMMITTED
+    assert a.commit_epoch(ea, msgs_a) is EpochOutcome.COMMITTED
+    assert env.ids() == expected_ids(range(2), 3)
+
+
+def test_recovery_keeps_own_reservations_and_drops_those_of_a_gone_run(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = env.coordinator(owner="old-driver")
+    old.start()
+    stale = old.reserve_epoch()
+    env.prepare_epoch(stale)  # the old run died after preparing
+    new = env.coordinator(owner="new-driver")
+    assert len(new.start().aborted_orphans) == 3
+    assert stale not in env.store().records()
+    assert "was never decided" in caplog.text
+    mine = new.reserve_epoch()
+    msgs = env.prepare_epoch(mine)
+    # A second start of the same driver (the next write's planner) keeps `mine`.
+    assert env.coordinator(owner="new-driver").start().aborted_orphans == []
+    assert new.commit_epoch(mine, msgs) is EpochOutcome.COMMITTED
+    assert env.system.prepared == {}
+    assert env.ids() == expected_ids(range(mine, mine + 1), 3)
+
+
+def test_write_identity_is_committed_at_most_once(env: Env) -> None:
+    write = WriteId("nightly", 5)
+    coord = env.coordinator(owner="d")
+    coord.start()
+    assert coord.committed_write(write) is None
+    epoch = coord.reserve_epoch(write)
+    with pytest.raises(StateError, match="already being written"):
+        env.coordinator(owner="d").reserve_epoch(write)
+    coord.commit_epoch(epoch, env.prepare_epoch(epoch))
+    assert coord.committed_write(write) == 5
+    assert coord.committed_write(WriteId("nightly", 4)) == 5
+    assert coord.committed_write(WriteId("nightly", 6)) is None
+    # Pruned records do not forget it: the meta keeps the version.
+    coord.store.delete(coord.lease, [epoch])
+    assert coord.committed_write(write) == 5
+
+
+def test_fenced_owner_stays_fenced(env: Env) -> None:
+    env.coordinator(owner="run-1").start()
+    env.coordinator(owner="run-2").start()
+    with pytest.raises(FencedError):
+        env.coordinator(owner="run-1").start()
+    env.coordinator(owner="run-2").start()  # the newer run goes on
+
+
+def test_another_checkpoint_for_the_same_state_is_refused(env: Env) -> None:
+    env.coordinator().start(query_id="q-1")
+    env.coordinator().start(query_id="q-1")
+    with pytest.raises(StateError, match="deleted or replaced"):
+        env.coordinator().start(query_id="q-2")
+
+
+def test_epoch_the_target_holds_is_not_written_twice(env: Env) -> None:
+    coord = env.coordinator()
+    coord.start()
+    backup = env.state_dir.with_name("backup")
+    shutil.copytree(env.state_dir, backup)
+    coord.commit_epoch(0, env.prepare_epoch(0))
+    shutil.rmtree(env.state_dir)
+    shutil.copytree(backup, env.state_dir)  # the state restored from before epoch 0
+    again = env.coordinator()
+    again.start()
+    replay = [env.prepare(0, p, attempt=1) for p in range(3)]
+    assert again.commit_epoch(0, replay) is EpochOutcome.REPLAYED
+    assert env.ids() == expected_ids(range(1), 3)
+    assert env.system.prepared == {}
+    assert all(r.state is EpochState.COMMITTED for r in env.store().records().values())
