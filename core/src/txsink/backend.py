@@ -14,7 +14,8 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from txsink.model import Committable, TransactionContext
+from txsink.errors import ConfigError
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,6 +70,21 @@ class Backend(abc.ABC):
     secret_options: ClassVar[frozenset[str]] = frozenset()
     #: Version of this backend's committable payload; bump it when the layout changes.
     payload_version: ClassVar[int] = 1
+    #: Delivery guarantees this backend offers. A backend adds ``at_least_once`` and
+    #: ``none`` once its :meth:`finish_in_task` is right for them (the default, prepare
+    #: then commit in the task, is right for every backend whose commit may run in the
+    #: writing process).
+    guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(
+        {DeliveryGuarantee.EXACTLY_ONCE})
+
+    @classmethod
+    def check_guarantee(cls, guarantee: DeliveryGuarantee) -> None:
+        """Raise :class:`~txsink.errors.ConfigError` if ``guarantee`` is not offered."""
+        if guarantee not in cls.guarantees:
+            offered = ", ".join(sorted(g.value for g in cls.guarantees))
+            raise ConfigError(
+                f"backend {cls.name!r} does not offer guarantee {guarantee.value!r} (it "
+                f"offers: {offered})", field="guarantee")
 
     # -- configuration ------------------------------------------------------------------
 
@@ -138,6 +154,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def discard(self, txn: Transaction) -> None:
         """Throw away a transaction that was never prepared (the task failed)."""
+
+    def finish_in_task(self, txn: Transaction, guarantee: DeliveryGuarantee) -> Committable:
+        """End ``txn`` with its data visible, in the task, for the non-transactional
+        guarantees (``at_least_once``, ``none``); return what was written, for the record.
+
+        The default prepares and commits right away. Backends override it with their
+        cheaper path (an ordinary commit, a rename, a completed upload), and may skip
+        durability waits for ``none``.
+        """
+        committable = self.pre_commit(txn)
+        self.commit(committable)
+        return committable
 
     # -- driver side (any process) ------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from txsink.backend import Backend
 from txsink.errors import ConfigError, StateError, TxsinkError
-from txsink.model import Committable
+from txsink.model import Committable, DeliveryGuarantee
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
 from txsink.state import EpochRecord, EpochState, StateStore
@@ -265,7 +265,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     lease = _read_lease(store)
     if args.json:
         print(json.dumps({
-            "sink_id": meta.sink_id, "backend": meta.backend,
+            "sink_id": meta.sink_id, "backend": meta.backend, "guarantee": meta.guarantee,
             "options": {k: redact(v) for k, v in meta.options.items()},
             "state": store.location, "committed_watermark": meta.committed_watermark,
             "lease": lease, "epochs": [_record_json(r) for _, r in sorted(records.items())],
@@ -279,6 +279,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     opts = ", ".join(f"{k}={redact(v)}" for k, v in sorted(meta.options.items()))
     print(f"sink {meta.sink_id!r}: backend {meta.backend} ({opts})")
     print(f"state: {store.location}")
+    guarantee = DeliveryGuarantee.parse(meta.guarantee)
+    print(f"guarantee: {guarantee.reader_note()}")
     if lease:
         print(f"lease: {lease.get('owner')} (generation {lease.get('generation')})")
     print(f"committed up to epoch {meta.committed_watermark} (records pruned below that "

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink.errors import ConfigError
-from txsink.model import validate_sink_id
+from txsink.model import DeliveryGuarantee, validate_sink_id
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
 
@@ -67,6 +67,7 @@ class SinkConfig:
     options: Mapping[str, str] = field(default_factory=dict)
     #: Option keys the backend declares secret: never printed.
     secret_options: frozenset[str] = frozenset()
+    guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
 
     def safe_options(self) -> dict[str, str]:
         """Options fit to print: secret ones masked, URL and ``password=`` secrets scrubbed."""
@@ -128,7 +129,8 @@ class PipelineConfig:
     def sink_write_options(self) -> dict[str, str]:
         """Options for ``format("txsink")`` (secrets included: they go to Spark only)."""
         return {"backend": self.sink.backend, "sink_id": self.sink.sink_id,
-                "checkpointLocation": self.checkpoint, **self.sink.options}
+                "checkpointLocation": self.checkpoint,
+                "guarantee": self.sink.guarantee.value, **self.sink.options}
 
     def summary(self) -> str:
         src = self.source.type + (f" {self.source.format}" if self.source.format else "")
@@ -138,7 +140,9 @@ class PipelineConfig:
         steps = [f"source: {src}"]
         if self.transform:
             steps.append("transform: SQL")
-        steps.append(f"sink: {self.sink.backend} (sink_id={self.sink.sink_id}"
+        guarantee = ("" if self.sink.guarantee.transactional
+                     else f", guarantee={self.sink.guarantee.value}")
+        steps.append(f"sink: {self.sink.backend} (sink_id={self.sink.sink_id}{guarantee}"
                      + (f", {opts}" if opts else "") + ")")
         return (f"pipeline {self.name!r} ({self.mode}): " + " -> ".join(steps)
                 + f"; checkpoint {self.checkpoint}")
@@ -300,7 +304,7 @@ def _source(data: Mapping[str, Any], mode: str) -> SourceConfig:
 
 def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
           trigger_ms: int | None = None) -> SinkConfig:
-    _check_keys(data, ("backend", "sink_id", "options"), "sink")
+    _check_keys(data, ("backend", "sink_id", "guarantee", "options"), "sink")
     backend = _str(data, "backend", "sink", required=True)
     if "sink_id" not in data or data["sink_id"] in (None, ""):
         raise ConfigError("sink.sink_id: required: a globally unique name for this output, "
@@ -313,6 +317,8 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
         sink_id = validate_sink_id(data["sink_id"], field_name="sink.sink_id")
     except ConfigError as exc:
         raise ConfigError(str(exc), field="sink.sink_id") from None
+    guarantee = DeliveryGuarantee.parse(data.get("guarantee", "exactly_once"),
+                                        field_name="sink.guarantee")
     # Spark lower-cases option keys: validate what the backend will really receive.
     options = {k.lower(): v for k, v in _scalars(data, "options", "sink").items()}
     secret: frozenset[str] = frozenset()
@@ -323,6 +329,10 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
         except ConfigError as exc:
             raise ConfigError(f"sink.backend: {exc}", field="sink.backend") from None
         secret = frozenset(cls.secret_options)
+        try:
+            cls.check_guarantee(guarantee)
+        except ConfigError as exc:
+            raise ConfigError(f"sink.guarantee: {exc}", field="sink.guarantee") from None
         if trigger_ms is not None:
             # The trigger lives in the pipeline file, not in the sink options: hand the
             # backend what it needs to check its timeouts against it (user settings win).
@@ -334,7 +344,7 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
             inner = exc.field or ""
             where = f"sink.options.{inner}" if inner else "sink.options"
             raise ConfigError(f"{where}: {exc}", field=where) from None
-    return SinkConfig(backend, sink_id, options, secret)
+    return SinkConfig(backend, sink_id, options, secret, guarantee)
 
 
 def _trigger(value: Any, mode: str) -> TriggerConfig:

@@ -37,7 +37,7 @@ from txsink.faults import (
     BEFORE_MARK_COMMITTED,
     FaultInjector,
 )
-from txsink.model import Committable, validate_sink_id
+from txsink.model import Committable, DeliveryGuarantee, validate_sink_id
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
 from txsink.state import (
@@ -103,7 +103,9 @@ class Coordinator:
         retain_epochs: int = 100,
         scan_orphans: bool = True,
         faults: FaultInjector | None = None,
+        guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE,
     ) -> None:
+        self.guarantee = guarantee
         self.backend = backend
         self.store = store
         self.sink_id = validate_sink_id(sink_id)
@@ -157,7 +159,14 @@ class Coordinator:
                 "new path)", sink_id=self.sink_id)
         if meta is None:
             meta = SinkMeta(self.sink_id, self.backend.name,
-                            self.backend.safe_options(self._options), query_id=query_id or None)
+                            self.backend.safe_options(self._options), query_id=query_id or None,
+                            guarantee=self.guarantee.value)
+            self.store.write_meta(self._lease, meta)
+        elif meta.guarantee != self.guarantee.value:
+            log.warning("sink=%s: delivery guarantee changes from %s to %s from now on; "
+                        "epochs written before keep what their guarantee gave readers",
+                        self.sink_id, meta.guarantee, self.guarantee.value)
+            meta = dataclasses.replace(meta, guarantee=self.guarantee.value)
             self.store.write_meta(self._lease, meta)
         elif query_id and meta.query_id is None:
             meta = dataclasses.replace(meta, query_id=query_id)
@@ -337,6 +346,58 @@ class Coordinator:
         self.faults.hit(AFTER_DECIDE, epoch)
         self._finish(record)
         # One read of the state serves the orphan scan and pruning (the scan writes none).
+        records = self.store.records()
+        if self.scan_orphans:
+            self._abort_orphans(epoch, records)
+        self._prune(records)
+        return EpochOutcome.COMMITTED
+
+    def record_epoch(self, epoch: int, messages: Sequence[Committable | None],
+                     guarantee: DeliveryGuarantee) -> EpochOutcome:
+        """Record an epoch whose tasks committed their own participants.
+
+        Under ``at_least_once`` and ``none`` there is no decision to make: the data is
+        visible already. The record is what ``txsink status``, metrics and write
+        identities read. A replayed epoch was written again by its tasks: said loudly,
+        since readers now see its rows twice.
+        """
+        lease = self.lease
+        committables = [m for m in messages if m is not None]
+        for c in committables:
+            if c.sink_id != self.sink_id or c.epoch != epoch or c.backend != self.backend.name:
+                raise StateError(f"committable {c.describe()} backend={c.backend} does not "
+                                 f"belong to sink={self.sink_id} epoch={epoch}",
+                                 sink_id=self.sink_id, epoch=epoch)
+        rows = sum(c.rows for c in committables)
+        missing = len(messages) - len(committables)
+        if missing:
+            log.warning("sink=%s epoch=%d: %d writer(s) sent nothing under %s; what they "
+                        "committed before failing stays visible", self.sink_id, epoch,
+                        missing, guarantee.value)
+        record = self.store.get(epoch)
+        write = record.write if record is not None else None
+        if record is not None and record.state is EpochState.DECIDED:
+            # An exactly-once run crashed after deciding this epoch: finish it first.
+            self._finish(record)
+            record = self.store.get(epoch)
+        seen_before = (record is not None and record.state is EpochState.COMMITTED) or (
+            record is None and epoch <= self.watermark())
+        if seen_before:
+            log.warning("sink=%s epoch=%d: Spark replayed an epoch that was written before; "
+                        "under %s its tasks wrote %d row(s) again, so readers see them twice",
+                        self.sink_id, epoch, guarantee.value, rows)
+            return EpochOutcome.REPLAYED
+        now = time.time()
+        self.store.put(lease, EpochRecord(epoch, EpochState.COMMITTED, tuple(committables),
+                                          now, now, write))
+        if write is not None:
+            self._remember_write(write)
+        log.info("sink=%s epoch=%d written by its tasks (%s): %d participant(s), %d row(s)",
+                 self.sink_id, epoch, guarantee.value, len(committables), rows)
+        # The same crash point as after an exactly-once decision: the epoch is durable
+        # in the target, and Spark has not logged it yet.
+        self.faults.hit(AFTER_DECIDE, epoch)
+        self.plugins.epoch_committed(self.sink_id, epoch, committables, 0.0)
         records = self.store.records()
         if self.scan_orphans:
             self._abort_orphans(epoch, records)

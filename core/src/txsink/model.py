@@ -8,6 +8,7 @@ one decided before it crashed.
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from collections.abc import Mapping
@@ -23,6 +24,46 @@ from txsink.errors import ConfigError, StateError
 SINK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 COMMITTABLE_VERSION = 1
+
+
+class DeliveryGuarantee(str, enum.Enum):
+    """What readers of a sink's output may see after failures (Flink's ``DeliveryGuarantee``).
+
+    ``exactly_once`` (the default): tasks prepare, the driver decides and commits; a
+    retried task or a replayed batch never shows twice. ``at_least_once``: each task
+    commits its own participant when it finishes, with no prepare and no driver round;
+    nothing is lost, but a retried task or a replayed batch is written again.
+    ``none``: like ``at_least_once`` without waiting for durability where a backend can
+    skip it (e.g. no fsync): fastest, and a crash may lose the last writes.
+    """
+
+    EXACTLY_ONCE = "exactly_once"
+    AT_LEAST_ONCE = "at_least_once"
+    NONE = "none"
+
+    @property
+    def transactional(self) -> bool:
+        return self is DeliveryGuarantee.EXACTLY_ONCE
+
+    def reader_note(self) -> str:
+        """One line for operators: what readers of the output may see."""
+        if self is DeliveryGuarantee.EXACTLY_ONCE:
+            return "exactly once: readers see each row once, and only committed epochs"
+        if self is DeliveryGuarantee.AT_LEAST_ONCE:
+            return ("at least once: nothing is lost, but rows of a retried task or a replayed "
+                    "batch appear again (duplicates), and readers see rows as tasks finish")
+        return ("none: duplicates after retries and replays, and a crash may lose the last "
+                "rows written; readers see rows as tasks finish")
+
+    @classmethod
+    def parse(cls, value: object, *, field_name: str = "guarantee") -> DeliveryGuarantee:
+        text = str(value).strip().lower().replace("-", "_") if value is not None else ""
+        for g in cls:
+            if g.value == text:
+                return g
+        raise ConfigError(
+            f"'{field_name}' must be one of {', '.join(g.value for g in cls)}, "
+            f"got {str(value)[:40]!r}", field=field_name)
 
 
 def validate_sink_id(sink_id: object, *, field_name: str = "sink_id") -> str:

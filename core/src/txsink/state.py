@@ -148,6 +148,8 @@ class SinkMeta:
     query_id: str | None = None
     #: Highest committed version per batch-write ``app_id`` (kept after pruning).
     writes: Mapping[str, int] = field(default_factory=dict)
+    #: The delivery guarantee of the last run (``exactly_once`` unless chosen).
+    guarantee: str = "exactly_once"
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -158,6 +160,8 @@ class SinkMeta:
             data["query_id"] = self.query_id
         if self.writes:
             data["writes"] = dict(self.writes)
+        if self.guarantee != "exactly_once":
+            data["guarantee"] = self.guarantee
         return data
 
     @classmethod
@@ -166,7 +170,8 @@ class SinkMeta:
             return cls(str(data["sink_id"]), str(data["backend"]), dict(data.get("options", {})),
                        int(data.get("committed_watermark", -1)), str(data["state_id"]),
                        None if data.get("query_id") is None else str(data["query_id"]),
-                       {str(k): int(v) for k, v in dict(data.get("writes", {})).items()})
+                       {str(k): int(v) for k, v in dict(data.get("writes", {})).items()},
+                       str(data.get("guarantee", "exactly_once")))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 

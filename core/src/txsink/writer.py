@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from txsink.backend import Backend
-from txsink.model import Committable, TransactionContext
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -16,20 +16,25 @@ log = logging.getLogger(__name__)
 
 
 def write_participant(
-    backend: Backend, ctx: TransactionContext, batches: Iterable[pa.RecordBatch]
+    backend: Backend, ctx: TransactionContext, batches: Iterable[pa.RecordBatch],
+    guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE,
 ) -> Committable:
     """Write one participant and return its committable.
 
     Batches are consumed one at a time, so memory stays bounded by a batch (plus
     whatever the backend buffers), not by the partition. If anything fails before
-    the participant is prepared, it is discarded and the error re-raised.
+    the participant is prepared, it is discarded and the error re-raised. Under a
+    non-transactional ``guarantee`` the participant is committed here, in the task.
     """
     txn = backend.begin_transaction(ctx)
     try:
         for batch in batches:
             if batch.num_rows:
                 backend.write(txn, batch)
-        committable = backend.pre_commit(txn)
+        if guarantee.transactional:
+            committable = backend.pre_commit(txn)
+        else:
+            committable = backend.finish_in_task(txn, guarantee)
     except BaseException:
         try:
             backend.discard(txn)

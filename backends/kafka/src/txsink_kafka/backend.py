@@ -37,7 +37,7 @@ from txsink.errors import (
     RetriableCommitError,
     TxsinkError,
 )
-from txsink.model import Committable, TransactionContext, participant_name
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext, participant_name
 from txsink.redact import redact
 
 from txsink_kafka import config as cfg
@@ -302,6 +302,8 @@ class KafkaBackend(Backend):
          Capability.SURVIVES_RESTART})
     secret_options: ClassVar[frozenset[str]] = cfg.SECRET_OPTIONS
     payload_version: ClassVar[int] = 1
+    #: at_least_once / none: the task ends its own transaction (the default finish_in_task).
+    guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
 
     def __init__(self, config: cfg.KafkaSinkConfig) -> None:
         self.config = config

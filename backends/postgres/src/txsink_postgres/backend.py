@@ -28,7 +28,7 @@ from txsink.errors import (
     RetriableCommitError,
     TxsinkError,
 )
-from txsink.model import Committable, TransactionContext
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 from txsink.options import Options, Secret
 from txsink.redact import redact
 
@@ -128,6 +128,7 @@ class PostgresBackend(Backend):
     #: libpq's secret parameters, as options, as ``connect.*`` options and in the DSN.
     secret_options: ClassVar[frozenset[str]] = frozenset({
         "password", "sslpassword", "connect.sslpassword"})
+    guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
     payload_version: ClassVar[int] = 1
 
     def __init__(
@@ -584,6 +585,31 @@ class PostgresBackend(Backend):
         return Committable.for_context(
             self.name, ctx, {"gid": txn.gid, "xid": xid, "table": str(self.table)},
             rows=txn.rows, payload_version=self.payload_version)
+
+    def finish_in_task(self, txn: Transaction, guarantee: DeliveryGuarantee) -> Committable:
+        """at_least_once / none: an ordinary COMMIT of the COPY, no PREPARE, no marker row
+        (``none`` also skips waiting for the WAL flush: ``synchronous_commit = off``)."""
+        import psycopg
+
+        assert isinstance(txn, _PgTransaction)
+        ctx, conn = txn.ctx, txn.conn
+        try:
+            if txn.copy is not None:
+                txn.end_copy()
+            if guarantee is DeliveryGuarantee.NONE:
+                conn.execute("SET LOCAL synchronous_commit TO OFF")
+            conn.commit()
+        except psycopg.Error as exc:
+            raise TxsinkError(f"{txn.describe()}: finishing COPY or COMMIT failed: "
+                              f"{self._clean(exc)}", sink_id=ctx.sink_id, epoch=ctx.epoch,
+                              participant=ctx.participant) from None
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+        log.debug("%s: committed %d row(s) in the task (%s)", ctx.describe(), txn.rows,
+                  guarantee.value)
+        return Committable.for_context(self.name, ctx, {"direct": True, "table": str(self.table)},
+                                       rows=txn.rows, payload_version=self.payload_version)
 
     def discard(self, txn: Transaction) -> None:
         assert isinstance(txn, _PgTransaction)

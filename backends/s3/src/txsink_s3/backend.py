@@ -36,7 +36,7 @@ from txsink.errors import (
     RetriableCommitError,
     TxsinkError,
 )
-from txsink.model import Committable, TransactionContext, validate_sink_id
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext, validate_sink_id
 from txsink.options import Options, Secret
 from txsink.redact import redact
 
@@ -186,6 +186,8 @@ class S3Backend(Backend):
         Capability.SURVIVES_RESTART,
     })
     secret_options: ClassVar[frozenset[str]] = frozenset({"secret_access_key", "session_token"})
+    #: at_least_once / none complete the upload in the task (the default finish_in_task).
+    guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
     payload_version: ClassVar[int] = 1
 
     def __init__(

@@ -35,7 +35,7 @@ import pyarrow as pa
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.columnar import DICTIONARY_MODES, dictionary_columns
 from txsink.errors import ConfigError, FatalCommitError, ParticipantLostError, StateError
-from txsink.model import Committable, TransactionContext, parse_participant
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext, parse_participant
 from txsink.options import Options
 from txsink.state import write_file_atomically
 
@@ -47,6 +47,12 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 def final_name(epoch: int, partition: int, ext: str) -> str:
     return f"part-{epoch:010d}-{partition:05d}.{ext}"
+
+
+def direct_name(epoch: int, partition: int, attempt: int, ext: str) -> str:
+    """The final name of a file a task published itself (at_least_once / none): each
+    attempt has its own, so a retried task adds a file instead of failing on a name."""
+    return f"part-{epoch:010d}-{partition:05d}-a{attempt}.{ext}"
 
 
 def _fsync_path(path: Path, *, directory: bool = False) -> None:
@@ -156,7 +162,7 @@ class _FileTransaction(Transaction):
             self._encoder.shutdown(wait=True)
             self._encoder = None
 
-    def close_writer(self) -> None:
+    def close_writer(self, *, fsync: bool = True) -> None:
         if self.parquet is not None:
             try:
                 self.flush_group()
@@ -167,7 +173,8 @@ class _FileTransaction(Transaction):
             self.parquet = None
         if self.stream is not None:
             self.stream.flush()
-            os.fsync(self.stream.fileno())
+            if fsync:
+                os.fsync(self.stream.fileno())
             self.stream.close()
             self.stream = None
 
@@ -182,6 +189,7 @@ class FilesBackend(Backend):
         Capability.COMMIT_MARKER,
         Capability.SURVIVES_RESTART,
     })
+    guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
 
     def __init__(self, path: str, fmt: str = "parquet", compression: str = "snappy",
                  dictionary: str = "auto") -> None:
@@ -316,6 +324,24 @@ class FilesBackend(Backend):
             {"pending": pending.name, "final": final_name(ctx.epoch, ctx.partition, self.ext),
              "bytes": size},
             rows=txn.rows)
+
+    def finish_in_task(self, txn: Transaction, guarantee: DeliveryGuarantee) -> Committable:
+        """Publish the file from the task: in-progress straight to its final name."""
+        assert isinstance(txn, _FileTransaction)
+        ctx = txn.ctx
+        durable = guarantee is not DeliveryGuarantee.NONE
+        txn.close_writer(fsync=durable)
+        if txn.rows == 0:
+            return Committable.for_context(self.name, ctx, {"final": None}, rows=0)
+        if durable and self.format == "parquet":
+            _fsync_path(txn.path)
+        final = self.base / direct_name(ctx.epoch, ctx.partition, ctx.attempt, self.ext)
+        os.link(txn.path, final)
+        os.unlink(txn.path)
+        if durable:
+            _fsync_path(self.base, directory=True)
+        return Committable.for_context(self.name, ctx, {"final": final.name, "direct": True},
+                                       rows=txn.rows)
 
     def discard(self, txn: Transaction) -> None:
         assert isinstance(txn, _FileTransaction)

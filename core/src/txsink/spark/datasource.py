@@ -48,7 +48,7 @@ from txsink import faults as fault_points
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.errors import ConfigError, StateError
-from txsink.model import Committable, TransactionContext, validate_sink_id
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext, validate_sink_id
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_token
 from txsink.state import StateStore, WriteId
@@ -73,7 +73,7 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 #: Options that belong to txsink itself; every other option goes to the backend.
 #: (``queryname`` is added by Spark's ``DataStreamWriter.queryName``.)
 RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location",
-                              "queryname", "txnappid", "txnversion"})
+                              "queryname", "txnappid", "txnversion", "guarantee"})
 #: Longest ``txnAppId``: it is kept in the state's metadata.
 MAX_APP_ID = 200
 #: Attempt-id offset of the unreported twin the ``duplicate`` fault prepares.
@@ -94,6 +94,8 @@ class SinkSettings:
     checkpoint: str = ""
     #: Identity of a batch write (``txnAppId``/``txnVersion``), if given.
     write: WriteId | None = None
+    #: What readers may see after failures (option ``guarantee``).
+    guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SinkSettings:
@@ -115,9 +117,15 @@ class SinkSettings:
                     field="checkpointLocation", sink_id=sink_id)
             state = f"{checkpoint}/txsink"
         backend_options = {k: v for k, v in opts.items() if k not in RESERVED_OPTIONS}
+        guarantee = DeliveryGuarantee.parse(opts.get("guarantee", "exactly_once"))
         settings = cls(backend, sink_id, state, backend_options,
-                       opts.get("checkpointlocation", "").rstrip("/"), _write_id(opts, sink_id))
-        settings.create_backend().close()  # eager validation of the backend's options
+                       opts.get("checkpointlocation", "").rstrip("/"), _write_id(opts, sink_id),
+                       guarantee)
+        made = settings.create_backend()  # eager validation of the backend's options
+        try:
+            made.check_guarantee(guarantee)
+        finally:
+            made.close()
         return settings
 
     def create_backend(self) -> Backend:
@@ -128,7 +136,8 @@ class SinkSettings:
 
     def coordinator(self, backend: Backend, owner: str) -> Coordinator:
         return Coordinator(backend, self.store(), self.sink_id,
-                           backend_options=self.backend_options, owner=owner)
+                           backend_options=self.backend_options, owner=owner,
+                           guarantee=self.guarantee)
 
     def query_id(self) -> str | None:
         """Spark's query id from ``<checkpointLocation>/metadata`` (local paths only)."""
@@ -241,7 +250,7 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
 
     backend = settings.create_backend()
     try:
-        committable = write_participant(backend, ctx, stream())
+        committable = write_participant(backend, ctx, stream(), settings.guarantee)
         if duplicate:
             # Test-only: what a speculative copy that lost Spark's commit race leaves.
             twin = TransactionContext(ctx.sink_id, epoch, ctx.partition,
@@ -274,10 +283,25 @@ class _Finisher:
                 # keeps the output right even if the planner hook never ran.
                 coordinator.start(recover=recover_below, up_to_epoch=epoch - 1,
                                   query_id=query_id)
-                outcome = coordinator.commit_epoch(epoch, committables)
+                guarantee = self.settings.guarantee
+                outcome = (coordinator.commit_epoch(epoch, committables)
+                           if guarantee.transactional
+                           else coordinator.record_epoch(epoch, committables, guarantee))
                 log.info("sink=%s epoch=%d: %s", self.settings.sink_id, epoch, outcome.value)
                 return outcome
             coordinator.start(recover=False, query_id=query_id)
+            if not self.settings.guarantee.transactional:
+                done = [c for c in committables if c is not None]
+                if done:
+                    log.warning(
+                        "sink=%s epoch=%d: Spark aborted the batch, but under %s %d task(s) "
+                        "had already committed %d row(s), which stay visible; if Spark runs "
+                        "the batch again, readers see them twice", self.settings.sink_id,
+                        epoch, self.settings.guarantee.value, len(done),
+                        sum(c.rows for c in done))
+                # Committed participants cannot be rolled back; only orphans (attempts
+                # that prepared and failed before committing) are aborted.
+                committables = [None] * len(committables)
             coordinator.abort_epoch(epoch, committables)
             return None
         finally:

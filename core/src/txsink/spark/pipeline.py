@@ -109,6 +109,7 @@ def run_pipeline(
         backend.close()
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
     out(cfg.summary())
+    out(f"delivery: {cfg.sink.guarantee.reader_note()}")
     spark = build_session(cfg)
     try:
         frame = build_frame(spark, cfg)

@@ -31,7 +31,7 @@ import pytest
 from txsink.backend import Backend, Capability, CommitOutcome
 from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.faults import AFTER_DECIDE, AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
-from txsink.model import Committable, TransactionContext
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 from txsink.plugins import build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
@@ -181,6 +181,26 @@ class BackendConformance:
         assert backend.commit(c) in (CommitOutcome.COMMITTED, CommitOutcome.ALREADY_COMMITTED)
         assert self.read_ids(backend, sink_id) == []
         assert self.open_participants(backend, sink_id) == set()
+
+    def test_non_transactional_guarantees_commit_in_the_task(
+        self, backend: Backend, sink_id: str
+    ) -> None:
+        """at_least_once and none: rows are visible when the task ends, with no driver
+        round; a retried attempt writes them again (duplicates, never a loss)."""
+        offered = [g for g in (DeliveryGuarantee.AT_LEAST_ONCE, DeliveryGuarantee.NONE)
+                   if g in type(backend).guarantees]
+        if not offered:
+            pytest.skip(f"backend {backend.name!r} offers only exactly_once")
+        for epoch, guarantee in enumerate(offered):
+            base = epoch * 1000
+            ids = list(range(base, base + 100))
+            for attempt in (0, 1):  # the task, then its retry
+                ctx = TransactionContext(sink_id, epoch, 0, attempt)
+                c = write_participant(backend, ctx, [self.make_batch(ids)], guarantee)
+                assert c.rows == 100
+                seen = [i for i in self.read_ids(backend, sink_id) if base <= i < base + 1000]
+                assert sorted(seen) == sorted(ids * (attempt + 1)), guarantee
+            assert self.open_participants(backend, sink_id) == set()
 
     def test_commit_from_another_process(
         self, backend: Backend, backend_options: Mapping[str, str], sink_id: str

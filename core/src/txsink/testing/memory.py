@@ -20,7 +20,7 @@ import pyarrow as pa
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.errors import ConfigError, ParticipantLostError, RetriableCommitError
 from txsink.hookspecs import hookimpl
-from txsink.model import Committable, TransactionContext
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 from txsink.options import Options
 from txsink.registry import BackendRegistry
 
@@ -70,6 +70,7 @@ class MemoryBackend(Backend):
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.LIST_PREPARED, Capability.COMMIT_MARKER}
     )
+    guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
 
     def __init__(self, system_name: str) -> None:
         self.system_name = system_name
