@@ -6,9 +6,10 @@ Production code calls :meth:`FaultInjector.hit` at each point; it does nothing u
     POINT[@EPOCH][:ACTION]      e.g.  after-decide@2:kill
 
 ACTION is ``kill`` (SIGKILL, the default: the process dies without cleanup, like a
-lost driver), or ``raise`` (raise :class:`InjectedFault`). ``kill`` sends the signal
-to the pid in ``TXSINK_FAULTS_KILL_PID`` when set (e.g. the Spark driver), else to
-this process.
+lost driver), ``kill-jvm`` (SIGKILL the nearest JVM above this process: on a Spark
+executor, the executor JVM with every task it runs, like a lost executor), or
+``raise`` (raise :class:`InjectedFault`). ``kill`` sends the signal to the pid in
+``TXSINK_FAULTS_KILL_PID`` when set (e.g. the Spark driver), else to this process.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ log = logging.getLogger(__name__)
 
 ENV = "TXSINK_FAULTS"
 KILL_PID_ENV = "TXSINK_FAULTS_KILL_PID"
+#: A directory every process sees: when set, each rule fires at most once across all
+#: processes and retries (a marker file per rule and epoch is created atomically before
+#: acting), and the markers tell the test which faults fired. Needed on a cluster, where
+#: a lost executor makes Spark retry whole stages and a stage retry starts its tasks at
+#: attempt number 0 again.
+ONCE_DIR_ENV = "TXSINK_FAULTS_ONCE_DIR"
 
 #: Coordinator points, in protocol order.
 BEFORE_DECIDE = "before-decide"  # all participants prepared, decision not written
@@ -43,7 +50,7 @@ TASK_POINTS = (TASK_BEFORE_PRE_COMMIT, TASK_AFTER_PRE_COMMIT)
 #: Spark writer asks :meth:`FaultInjector.armed` and then prepares a second copy of
 #: the participant that it never reports, as a speculative attempt refused by Spark's
 #: commit coordinator would (Spark launches no speculative copies in local mode).
-ACTIONS = ("kill", "raise", "duplicate")
+ACTIONS = ("kill", "kill-jvm", "raise", "duplicate")
 
 
 class InjectedFault(BaseException):
@@ -97,10 +104,48 @@ class FaultInjector:
             if rule.action == "duplicate":
                 continue
             if rule.point == point and (rule.epoch is None or rule.epoch == epoch):
+                if not _first_time(rule, epoch):
+                    continue
                 log.warning("fault injection: %s at %s epoch %s", rule.action, point, epoch)
                 if rule.action == "raise":
                     raise InjectedFault(point, epoch)
+                if rule.action == "kill-jvm":
+                    _kill_ancestor_jvm()
                 pid = int(os.environ.get(KILL_PID_ENV) or os.getpid())
                 os.kill(pid, signal.SIGKILL)
                 if pid != os.getpid():
                     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _first_time(rule: FaultRule, epoch: int | None) -> bool:
+    directory = os.environ.get(ONCE_DIR_ENV)
+    if not directory:
+        return True
+    name = f"{rule.point}@{epoch}:{rule.action}"
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def fired(directory: str | os.PathLike[str]) -> list[str]:
+    """The rules that fired under ``TXSINK_FAULTS_ONCE_DIR``, as ``point@epoch:action``."""
+    try:
+        return sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+
+
+def _kill_ancestor_jvm() -> None:
+    from txsink.spark._proc import driver_jvm  # the nearest JVM above, not only a driver's
+
+    jvm = driver_jvm()
+    if jvm is not None:
+        os.kill(jvm[0], signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
