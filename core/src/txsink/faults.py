@@ -7,8 +7,9 @@ Production code calls :meth:`FaultInjector.hit` at each point; it does nothing u
 
 ACTION is ``kill`` (SIGKILL, the default: the process dies without cleanup, like a
 lost driver), ``kill-jvm`` (SIGKILL the nearest JVM above this process: on a Spark
-executor, the executor JVM with every task it runs, like a lost executor), or
-``raise`` (raise :class:`InjectedFault`). ``kill`` sends the signal to the pid in
+executor, the executor JVM with every task it runs, like a lost executor),
+``stall`` (sleep ``TXSINK_FAULTS_STALL_S`` seconds: a straggler), or ``raise`` (raise
+:class:`InjectedFault`). ``kill`` sends the signal to the pid in
 ``TXSINK_FAULTS_KILL_PID`` when set (e.g. the Spark driver), else to this process.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +32,9 @@ KILL_PID_ENV = "TXSINK_FAULTS_KILL_PID"
 #: a lost executor makes Spark retry whole stages and a stage retry starts its tasks at
 #: attempt number 0 again.
 ONCE_DIR_ENV = "TXSINK_FAULTS_ONCE_DIR"
+#: Seconds the ``stall`` action sleeps (default 30): makes a straggler task, so that
+#: Spark with ``spark.speculation=true`` launches a second, speculative attempt of it.
+STALL_ENV = "TXSINK_FAULTS_STALL_S"
 
 #: Coordinator points, in protocol order.
 BEFORE_DECIDE = "before-decide"  # all participants prepared, decision not written
@@ -50,7 +55,7 @@ TASK_POINTS = (TASK_BEFORE_PRE_COMMIT, TASK_AFTER_PRE_COMMIT)
 #: Spark writer asks :meth:`FaultInjector.armed` and then prepares a second copy of
 #: the participant that it never reports, as a speculative attempt refused by Spark's
 #: commit coordinator would (Spark launches no speculative copies in local mode).
-ACTIONS = ("kill", "kill-jvm", "raise", "duplicate")
+ACTIONS = ("kill", "kill-jvm", "stall", "raise", "duplicate")
 
 
 class InjectedFault(BaseException):
@@ -109,6 +114,9 @@ class FaultInjector:
                 log.warning("fault injection: %s at %s epoch %s", rule.action, point, epoch)
                 if rule.action == "raise":
                     raise InjectedFault(point, epoch)
+                if rule.action == "stall":
+                    time.sleep(float(os.environ.get(STALL_ENV) or 30))
+                    continue
                 if rule.action == "kill-jvm":
                     _kill_ancestor_jvm()
                 pid = int(os.environ.get(KILL_PID_ENV) or os.getpid())
