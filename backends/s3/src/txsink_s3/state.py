@@ -109,6 +109,10 @@ def parse_location(location: str) -> tuple[str, str, str]:
     return scheme, bucket, "/".join(parts)
 
 
+class _ReusedRecordGone(Exception):
+    """Internal: retry a put whose reused record object was unlinked meanwhile."""
+
+
 def _digest(record: EpochRecord) -> str:
     body = json.dumps([c.to_dict() for c in record.committables], sort_keys=True)
     return hashlib.sha256(f"{record.decided_at!r}:{body}".encode()).hexdigest()
@@ -431,6 +435,16 @@ class S3StateStore(StateStore):
         return None if entry is None else self._record(epoch, entry)
 
     def put(self, lease: Lease, record: EpochRecord) -> None:
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                self._put_once(lease, record)
+                return
+            except _ReusedRecordGone:
+                continue  # the record object we meant to reuse was unlinked: write anew
+        raise StateError(f"state {self.location}: could not write epoch {record.epoch}: "
+                         "its record kept being replaced by another writer")
+
+    def _put_once(self, lease: Lease, record: EpochRecord) -> None:
         from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
 
         digest = _digest(record)
@@ -456,6 +470,10 @@ class S3StateStore(StateStore):
             epochs = h.setdefault("epochs", {})
             old = epochs.get(str(record.epoch))
             replaced.clear()
+            if written is None and (old is None or old.get("ref") != ref):
+                # A record object, once unlinked, may be deleted and is never linked
+                # again; reusing it is only safe while the head still links it.
+                raise _ReusedRecordGone
             if old is not None and old.get("ref") != ref:
                 replaced.append(str(old["ref"]))
             epochs[str(record.epoch)] = {
