@@ -111,6 +111,7 @@ class _Daemon:
     name: str
     args: list[str]
     log_path: Path
+    port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_file: Any = None
 
@@ -206,12 +207,13 @@ class SparkStandaloneCluster:
     def _worker(self, index: int) -> _Daemon:
         work = self.directory / f"worker-{index}"
         work.mkdir(parents=True, exist_ok=True)
+        port = free_port()
         return _Daemon(
             f"worker-{index}",
             ["org.apache.spark.deploy.worker.Worker", self.master_url, "--host", HOST,
-             "--port", str(free_port()), "--webui-port", str(free_port()),
+             "--port", str(port), "--webui-port", str(free_port()),
              "--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work)],
-            self.directory / f"worker-{index}.log")
+            self.directory / f"worker-{index}.log", port)
 
     def start(self, timeout: float = 120.0) -> SparkStandaloneCluster:
         """Start the master and every worker; return once all workers registered."""
@@ -244,6 +246,13 @@ class SparkStandaloneCluster:
     def alive_workers(self) -> int:
         return sum(1 for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
 
+    def _registered(self) -> int:
+        """Running worker daemons the master lists as ALIVE (a killed worker can stay
+        ALIVE in the master's view for a while, so count ours by port)."""
+        alive = {int(w.get("port", -1)) for w in self.status().get("workers", [])
+                 if w.get("state") == "ALIVE"}
+        return sum(1 for w in self.workers if w.running and w.port in alive)
+
     def wait_for_workers(self, count: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         last: object = None
@@ -254,7 +263,7 @@ class SparkStandaloneCluster:
                                        f"{daemon.process.returncode}:\n"
                                        f"{self.log_tail(daemon.name)}")
             try:
-                alive = self.alive_workers()
+                alive = self._registered()
                 if alive >= count:
                     return
                 last = f"{alive} of {count} workers registered"
