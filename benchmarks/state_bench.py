@@ -53,6 +53,18 @@ def measure(store: StateStore, epochs: int, participants: int) -> list[float]:
     return latencies
 
 
+def cold_reads(open_store: Any, times: int) -> list[float]:
+    """``records()`` of a store object that has read nothing yet: what a new Python
+    worker pays (Spark starts one to plan each micro-batch)."""
+    out = []
+    for _ in range(times):
+        store = open_store()
+        started = time.perf_counter()
+        store.records()
+        out.append(time.perf_counter() - started)
+    return out
+
+
 def quantiles(values: list[float]) -> tuple[float, float]:
     cuts = statistics.quantiles(values, n=20)
     return statistics.median(values), cuts[18]
@@ -81,19 +93,24 @@ def main() -> None:
 
             client = boto3.client("s3", endpoint_url=endpoint)
         load = os.getloadavg()[0]
+        location = f"s3://{bucket}/bench-{uuid.uuid4().hex[:8]}/txsink"
         with tempfile.TemporaryDirectory(prefix="txsink-state-bench-") as tmp:
             directory = measure(DirectoryStateStore(tmp), args.epochs, args.participants)
-        s3 = measure(S3StateStore(f"s3://{bucket}/bench-{uuid.uuid4().hex[:8]}/txsink",
-                                  client=client), args.epochs, args.participants)
-        d50, d95 = quantiles(directory)
-        s50, s95 = quantiles(s3)
-        print(f"commit latency per epoch, {args.epochs} epochs x {args.participants} "
-              f"participants, in-memory backend (only the state store does I/O); "
-              f"1-min load average {load:.1f} on {os.cpu_count()} CPUs")
-        print(f"{'store':<12}{'p50 ms':>10}{'p95 ms':>10}")
-        print(f"{'directory':<12}{d50 * 1000:>10.2f}{d95 * 1000:>10.2f}")
-        print(f"{'s3':<12}{s50 * 1000:>10.2f}{s95 * 1000:>10.2f}")
-        print(f"{'s3/dir':<12}{s50 / d50:>10.1f}x{s95 / d95:>9.1f}x")
+            directory_cold = cold_reads(lambda: DirectoryStateStore(tmp), 20)
+        s3 = measure(S3StateStore(location, client=client), args.epochs, args.participants)
+        s3_cold = cold_reads(lambda: S3StateStore(location, client=client), 20)
+        print(f"{args.epochs} epochs x {args.participants} participants, in-memory backend "
+              f"(only the state store does I/O), 100 epochs retained; 1-min load average "
+              f"{load:.1f} on {os.cpu_count()} CPUs")
+        print(f"{'':<40}{'directory':>12}{'s3':>12}{'s3/dir':>8}")
+        for label, d, s in (("commit latency per epoch", directory, s3),
+                            ("cold read of the state (new proc.)", directory_cold, s3_cold)):
+            d50, d95 = quantiles(d)
+            s50, s95 = quantiles(s)
+            print(f"{label + ' p50':<40}{d50 * 1000:>10.1f}ms{s50 * 1000:>10.1f}ms"
+                  f"{s50 / d50:>7.1f}x")
+            print(f"{label + ' p95':<40}{d95 * 1000:>10.1f}ms{s95 * 1000:>10.1f}ms"
+                  f"{s95 / d95:>7.1f}x")
     finally:
         if server is not None:
             server.cleanup()

@@ -46,6 +46,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from txsink.errors import ConfigError, FencedError, StateError
@@ -55,6 +56,8 @@ log = logging.getLogger(__name__)
 
 SCHEMES = ("s3", "s3a")
 HEAD_FORMAT = "txsink-s3-state"
+#: Record objects fetched at once by a process that has none of them cached.
+FETCH_CONCURRENCY = 16
 #: Attempts of one read-modify-write of the head before giving up (contention).
 MAX_ATTEMPTS = 50
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -426,6 +429,13 @@ class S3StateStore(StateStore):
     def records(self) -> dict[int, EpochRecord]:
         head, _ = self._read_head()
         epochs: dict[str, Any] = head.get("epochs", {}) if head else {}
+        missing = sorted({str(e["ref"]) for e in epochs.values()} - set(self._bodies))
+        if len(missing) > 1:
+            # A new process (Spark starts one per micro-batch to plan it) knows none of
+            # the retained records yet: fetch them side by side, not one by one.
+            with ThreadPoolExecutor(max_workers=min(FETCH_CONCURRENCY, len(missing)),
+                                    thread_name_prefix="txsink-s3-state") as pool:
+                list(pool.map(self._body, missing))
         return {int(e): self._record(int(e), entry)
                 for e, entry in sorted(epochs.items(), key=lambda kv: int(kv[0]))}
 
