@@ -38,13 +38,16 @@ def test_without_once_dir_a_rule_fires_every_time(monkeypatch: pytest.MonkeyPatc
             injector.hit("p", 0)
 
 
-def test_stall_sleeps_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stall_sleeps_goes_on_and_says_it_outlived(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(STALL_ENV, "0.3")
-    monkeypatch.delenv(ONCE_DIR_ENV, raising=False)
+    monkeypatch.setenv(ONCE_DIR_ENV, str(tmp_path))
     slept: list[float] = []
     monkeypatch.setattr(faults.time, "sleep", slept.append)
     FaultInjector(parse("p@1:stall")).hit("p", 1)
     assert slept == [0.3]
+    # A stalled attempt that wakes up says so: Spark did not kill it for a faster copy.
+    assert faults.OUTLIVED in (tmp_path / "p@1:stall").read_text()
 
 
 _KILL_JVM = """

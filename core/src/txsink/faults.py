@@ -116,6 +116,7 @@ class FaultInjector:
                     raise InjectedFault(point, epoch)
                 if rule.action == "stall":
                     time.sleep(float(os.environ.get(STALL_ENV) or 30))
+                    _note_outlived(rule, epoch)
                     continue
                 if rule.action == "kill-jvm":
                     _kill_ancestor_jvm()
@@ -140,6 +141,19 @@ def _first_time(rule: FaultRule, epoch: int | None) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _note_outlived(rule: FaultRule, epoch: int | None) -> None:
+    """Mark a stall that ran to its end: a straggler Spark did not kill (no speculative
+    attempt won against it)."""
+    directory = os.environ.get(ONCE_DIR_ENV)
+    if directory:
+        with open(os.path.join(directory, f"{rule.point}@{epoch}:{rule.action}"), "a") as f:
+            f.write(f"{OUTLIVED}\n")
+
+
+#: Written into a ``stall`` marker when the stalled process woke up again.
+OUTLIVED = "outlived"
 
 
 def fired(directory: str | os.PathLike[str]) -> list[str]:

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -55,9 +55,9 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def free_port() -> int:
+def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -112,6 +112,7 @@ class _Daemon:
     args: list[str]
     log_path: Path
     port: int = 0
+    host: str = HOST
     process: subprocess.Popen[bytes] | None = None
     log_file: Any = None
 
@@ -139,11 +140,17 @@ class SparkStandaloneCluster:
     :param directory: holds logs and the workers' work dirs; a temporary one by default
         (removed by :meth:`cleanup`).
     :param daemon_memory: heap of the master and worker JVMs themselves.
+    :param worker_hosts: the address each worker (and its executors) binds, by default
+        127.0.0.1 for all. Spark never runs a speculative copy of a task on a host
+        where an attempt of it runs, so speculation needs workers on distinct hosts:
+        give distinct loopback addresses, e.g. ``("127.0.0.2", "127.0.0.3")`` (all of
+        127.0.0.0/8 is loopback on Linux).
     """
 
     def __init__(self, workers: int = 2, *, cores: int = 1, memory: str = "1g",
                  python: str | None = None, directory: str | os.PathLike[str] | None = None,
-                 daemon_memory: str = "256m", env: Mapping[str, str] | None = None) -> None:
+                 daemon_memory: str = "256m", env: Mapping[str, str] | None = None,
+                 worker_hosts: Sequence[str] | None = None) -> None:
         self.workers_count = workers
         self.cores = cores
         self.memory = memory
@@ -152,6 +159,10 @@ class SparkStandaloneCluster:
         self.directory = Path(directory or tempfile.mkdtemp(prefix="txsink-spark-cluster-"))
         self.daemon_memory = daemon_memory
         self.extra_env = dict(env or {})
+        self.worker_hosts = list(worker_hosts or [HOST] * workers)
+        if len(self.worker_hosts) != workers or not all(
+                h.startswith("127.") for h in self.worker_hosts):
+            raise ValueError("worker_hosts needs one loopback address (127.x.y.z) per worker")
         self.master_port = free_port()
         self.master_ui_port = free_port()
         self.master: _Daemon | None = None
@@ -172,7 +183,6 @@ class SparkStandaloneCluster:
             "spark.driver.bindAddress": HOST,
             "spark.pyspark.python": self.python,
             "spark.pyspark.driver.python": sys.executable,
-            "spark.executorEnv.SPARK_LOCAL_IP": HOST,
             "spark.executorEnv.PYSPARK_PYTHON": self.python,
             "spark.executor.memory": executor_memory or self.memory,
             "spark.executor.cores": str(self.cores),
@@ -181,10 +191,10 @@ class SparkStandaloneCluster:
 
     # -- processes ------------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, host: str = HOST) -> dict[str, str]:
         env = dict(os.environ)
         env.update({
-            "SPARK_LOCAL_IP": HOST,
+            "SPARK_LOCAL_IP": host,
             "SPARK_MASTER_HOST": HOST,
             "PYSPARK_PYTHON": self.python,
             "SPARK_DAEMON_MEMORY": self.daemon_memory,
@@ -199,7 +209,7 @@ class SparkStandaloneCluster:
         daemon.log_file = open(daemon.log_path, "ab")  # noqa: SIM115 - closed in _reap
         spark_class = spark_home() / "bin" / "spark-class"
         daemon.process = subprocess.Popen(
-            [str(spark_class), *daemon.args], env=self._env(), cwd=self.directory,
+            [str(spark_class), *daemon.args], env=self._env(daemon.host), cwd=self.directory,
             stdout=daemon.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.debug("started spark %s (pid %d)", daemon.name, daemon.process.pid)
@@ -207,13 +217,14 @@ class SparkStandaloneCluster:
     def _worker(self, index: int) -> _Daemon:
         work = self.directory / f"worker-{index}"
         work.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        host = self.worker_hosts[index]
+        port = free_port(host)
         return _Daemon(
             f"worker-{index}",
-            ["org.apache.spark.deploy.worker.Worker", self.master_url, "--host", HOST,
-             "--port", str(port), "--webui-port", str(free_port()),
+            ["org.apache.spark.deploy.worker.Worker", self.master_url, "--host", host,
+             "--port", str(port), "--webui-port", str(free_port(host)),
              "--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work)],
-            self.directory / f"worker-{index}.log", port)
+            self.directory / f"worker-{index}.log", port, host)
 
     def start(self, timeout: float = 120.0) -> SparkStandaloneCluster:
         """Start the master and every worker; return once all workers registered."""
@@ -249,9 +260,9 @@ class SparkStandaloneCluster:
     def _registered(self) -> int:
         """Running worker daemons the master lists as ALIVE (a killed worker can stay
         ALIVE in the master's view for a while, so count ours by port)."""
-        alive = {int(w.get("port", -1)) for w in self.status().get("workers", [])
-                 if w.get("state") == "ALIVE"}
-        return sum(1 for w in self.workers if w.running and w.port in alive)
+        alive = {(str(w.get("host")), int(w.get("port", -1)))
+                 for w in self.status().get("workers", []) if w.get("state") == "ALIVE"}
+        return sum(1 for w in self.workers if w.running and (w.host, w.port) in alive)
 
     def wait_for_workers(self, count: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
