@@ -158,8 +158,11 @@ class DriverRun:
 
 
 def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float = 240,
-               env: Mapping[str, str] | None = None) -> DriverRun:
-    """Run the driver to its end (or its death at ``faults``); never leaves a process."""
+               env: Mapping[str, str] | None = None, cwd: Path | None = None) -> DriverRun:
+    """Run the driver to its end (or its death at ``faults``); never leaves a process.
+
+    ``cwd`` is the driver's working directory (default: this process's).
+    """
     child_env = dict(os.environ if env is None else env)
     child_env.pop("TXSINK_FAULTS", None)
     if faults:
@@ -174,7 +177,7 @@ def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float 
     })
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, __file__, "drive", payload], env=child_env,
+        [sys.executable, os.path.abspath(__file__), "drive", payload], env=child_env, cwd=cwd,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout_s)

@@ -62,7 +62,10 @@ def test_builtin_files_backend_comes_through_the_entry_point() -> None:
     reg = get_plugins().backend_registration("files")
     assert reg.origin.distribution == "txsink"
     assert reg.origin.plugin == "files"
-    assert get_plugins().state_stores.names() == ["file"]
+    stores = get_plugins().state_stores
+    assert stores.get("file").origin.distribution == "txsink"
+    # txsink-s3 registers its state store through the same hook, for both S3 schemes.
+    assert [stores.get(s).origin.distribution for s in ("s3", "s3a")] == ["txsink-s3"] * 2
 
 
 def test_third_party_backend_is_found(fake_modules: dict[str, types.ModuleType]) -> None:

@@ -6,10 +6,13 @@ Production code calls :meth:`FaultInjector.hit` at each point; it does nothing u
     POINT[@EPOCH][:ACTION]      e.g.  after-decide@2:kill
 
 ACTION is ``kill`` (SIGKILL, the default: the process dies without cleanup, like a
-lost driver), ``raise`` (raise :class:`InjectedFault`), or ``pause`` (create the file
-``paused`` in the directory ``TXSINK_FAULTS_PAUSE_DIR`` and wait until a file
-``release`` appears there, at most 10 minutes: a run stalled mid-epoch while another
-run of the query takes over). ``kill`` sends the signal to the pid in
+lost driver), ``kill-jvm`` (SIGKILL the nearest JVM above this process: on a Spark
+executor, the executor JVM with every task it runs, like a lost executor),
+``stall`` (sleep ``TXSINK_FAULTS_STALL_S`` seconds: a straggler), ``raise`` (raise
+:class:`InjectedFault`), or ``pause`` (create the file ``paused`` in the directory
+``TXSINK_FAULTS_PAUSE_DIR`` and wait until a file ``release`` appears there, at most
+10 minutes: a run stalled mid-epoch while another run of the query takes over).
+``kill`` sends the signal to the pid in
 ``TXSINK_FAULTS_KILL_PID`` when set (e.g. the Spark driver), else to this process.
 """
 
@@ -29,6 +32,15 @@ KILL_PID_ENV = "TXSINK_FAULTS_KILL_PID"
 PAUSE_DIR_ENV = "TXSINK_FAULTS_PAUSE_DIR"
 #: Longest ``pause``: a test that forgets to release must not hang for ever.
 PAUSE_LIMIT_S = 600.0
+#: A directory every process sees: when set, each rule fires at most once across all
+#: processes and retries (a marker file per rule and epoch is created atomically before
+#: acting), and the markers tell the test which faults fired. Needed on a cluster, where
+#: a lost executor makes Spark retry whole stages and a stage retry starts its tasks at
+#: attempt number 0 again.
+ONCE_DIR_ENV = "TXSINK_FAULTS_ONCE_DIR"
+#: Seconds the ``stall`` action sleeps (default 30): makes a straggler task, so that
+#: Spark with ``spark.speculation=true`` launches a second, speculative attempt of it.
+STALL_ENV = "TXSINK_FAULTS_STALL_S"
 
 #: Coordinator points, in protocol order.
 BEFORE_DECIDE = "before-decide"  # all participants prepared, decision not written
@@ -49,7 +61,7 @@ TASK_POINTS = (TASK_BEFORE_PRE_COMMIT, TASK_AFTER_PRE_COMMIT)
 #: Spark writer asks :meth:`FaultInjector.armed` and then prepares a second copy of
 #: the participant that it never reports, as a speculative attempt refused by Spark's
 #: commit coordinator would (Spark launches no speculative copies in local mode).
-ACTIONS = ("kill", "raise", "duplicate", "pause")
+ACTIONS = ("kill", "kill-jvm", "stall", "raise", "duplicate", "pause")
 
 
 class InjectedFault(BaseException):
@@ -103,12 +115,20 @@ class FaultInjector:
             if rule.action == "duplicate":
                 continue
             if rule.point == point and (rule.epoch is None or rule.epoch == epoch):
+                if not _first_time(rule, epoch):
+                    continue
                 log.warning("fault injection: %s at %s epoch %s", rule.action, point, epoch)
                 if rule.action == "raise":
                     raise InjectedFault(point, epoch)
                 if rule.action == "pause":
                     _pause()
                     continue
+                if rule.action == "stall":
+                    time.sleep(float(os.environ.get(STALL_ENV) or 30))
+                    _note_outlived(rule, epoch)
+                    continue
+                if rule.action == "kill-jvm":
+                    _kill_ancestor_jvm()
                 pid = int(os.environ.get(KILL_PID_ENV) or os.getpid())
                 os.kill(pid, signal.SIGKILL)
                 if pid != os.getpid():
@@ -125,3 +145,50 @@ def _pause() -> None:
     release = os.path.join(directory, "release")
     while not os.path.exists(release) and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def _first_time(rule: FaultRule, epoch: int | None) -> bool:
+    directory = os.environ.get(ONCE_DIR_ENV)
+    if not directory:
+        return True
+    name = f"{rule.point}@{epoch}:{rule.action}"
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _note_outlived(rule: FaultRule, epoch: int | None) -> None:
+    """Mark a stall that ran to its end: a straggler Spark did not kill (no speculative
+    attempt won against it)."""
+    directory = os.environ.get(ONCE_DIR_ENV)
+    if directory:
+        with open(os.path.join(directory, f"{rule.point}@{epoch}:{rule.action}"), "a") as f:
+            f.write(f"{OUTLIVED}\n")
+
+
+#: Written into a ``stall`` marker when the stalled process woke up again.
+OUTLIVED = "outlived"
+
+
+def fired(directory: str | os.PathLike[str]) -> list[str]:
+    """The rules that fired under ``TXSINK_FAULTS_ONCE_DIR``, as ``point@epoch:action``."""
+    try:
+        return sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+
+
+def _kill_ancestor_jvm() -> None:
+    from txsink.spark._proc import driver_jvm  # the nearest JVM above, not only a driver's
+
+    jvm = driver_jvm()
+    if jvm is not None:
+        os.kill(jvm[0], signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -456,37 +456,57 @@ class S3Backend(Backend):
         """Record which txsink state owns ``sink_id`` in ``_txsink/owner.json``.
 
         A second query with the same sink id (another checkpoint) would abort this
-        one's uploads as orphans, so it is refused with the owner's location. This is
-        read-then-write, not atomic: it catches configuration mistakes, not races.
+        one's uploads as orphans, so it is refused with the owner's location. The
+        owner object is created with ``If-None-Match: *``: of two queries that start
+        at once, exactly one creates it; the other reads it and is refused.
         """
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
 
         key = keys.owner_key(self.base(sink_id))
-        try:
-            body = self._retrying(
-                f"sink={sink_id}: reading the owner object",
-                lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
-        except ClientError as exc:
-            if _status(exc) != 404 and _error_code(exc) not in ("NoSuchKey", "404"):
+        where = f"s3://{self.bucket}/{key}"
+        document = {"sink_id": sink_id, "state_id": state_id, "state_location": state_location}
+        for _ in range(10):
+            try:
+                self._retrying(
+                    f"sink={sink_id}: creating the owner object",
+                    lambda: self.client.put_object(
+                        Bucket=self.bucket, Key=key, Body=json.dumps(document).encode(),
+                        ContentType="application/json", IfNoneMatch="*"))
+                log.info("sink=%s: claimed for the txsink state at %s (%s)", sink_id,
+                         state_location, where)
+                return
+            except ClientError as exc:
+                # 412: the owner object exists; 409: another claim of it is in flight.
+                if _status(exc) not in (409, 412) and _error_code(exc) not in (
+                        "PreconditionFailed", "ConditionalRequestConflict"):
+                    raise
+            try:
+                body = self._retrying(
+                    f"sink={sink_id}: reading the owner object",
+                    lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+            except ClientError as exc:
+                if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "404"):
+                    continue  # deleted (or not yet created) in between: claim again
                 raise
-        else:
             try:
                 owner = json.loads(body)
-            except ValueError:
-                owner = {}
-            if owner.get("state_id") == state_id:
-                return
-            if owner.get("state_id"):
+                owner_state = str(owner["state_id"])
+            except (ValueError, KeyError, TypeError):
                 raise ConfigError(
-                    f"sink id {sink_id!r} under s3://{self.bucket}/{self.base(sink_id)}/ "
-                    f"belongs to the txsink state at {owner.get('state_location')!r}, not "
-                    f"{state_location!r}: two queries must not share a sink id. Use another "
-                    "sink_id, or delete the owner object "
-                    f"s3://{self.bucket}/{key} if that state is gone for good",
-                    field="sink_id", sink_id=sink_id)
-        document = {"sink_id": sink_id, "state_id": state_id, "state_location": state_location}
-        self.client.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(document).encode(),
-                               ContentType="application/json")
+                    f"sink id {sink_id!r}: the owner object {where} is not txsink's; "
+                    "delete it if nothing else uses this sink id, then start again",
+                    field="sink_id", sink_id=sink_id) from None
+            if owner_state == state_id:
+                return
+            raise ConfigError(
+                f"sink id {sink_id!r} under s3://{self.bucket}/{self.base(sink_id)}/ "
+                f"belongs to the txsink state at {owner.get('state_location')!r}, not "
+                f"{state_location!r}: two queries must not share a sink id. Use another "
+                f"sink_id, or delete the owner object {where} if that state is gone for good",
+                field="sink_id", sink_id=sink_id)
+        raise ConfigError(f"sink id {sink_id!r}: the owner object {where} kept appearing "
+                          "and disappearing; is something deleting it?", field="sink_id",
+                          sink_id=sink_id)
 
     def _warn_lifecycle(self, sink_id: str) -> None:
         """A rule aborting incomplete uploads early destroys prepared data: say so."""

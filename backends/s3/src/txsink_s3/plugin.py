@@ -1,9 +1,15 @@
-"""Entry-point module: registers the S3 backend exactly like any third-party plugin."""
+"""Entry-point module: registers the S3 backend and the S3 state store, exactly like
+any third-party plugin."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from txsink.hookspecs import hookimpl
-from txsink.registry import BackendRegistry
+from txsink.registry import BackendRegistry, StateStoreRegistry
+
+if TYPE_CHECKING:
+    from txsink.state import StateStore
 
 
 @hookimpl
@@ -12,3 +18,17 @@ def txsink_register_backends(registry: BackendRegistry) -> None:
     from txsink_s3.backend import S3Backend
 
     registry.add(S3Backend)
+
+
+def _open_state_store(location: str) -> StateStore:
+    from txsink_s3.state import open_store
+
+    return open_store(location)
+
+
+@hookimpl
+def txsink_register_state_stores(registry: StateStoreRegistry) -> None:
+    # s3a:// is how Spark names the same bucket, so a state location derived from an
+    # s3a checkpoint location lands here too.
+    for scheme in ("s3", "s3a"):
+        registry.add(scheme, _open_state_store)
