@@ -28,7 +28,7 @@ from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.errors import FencedError
 from txsink.model import Committable, TransactionContext
 from txsink.plugins import build_plugins, get_plugins
-from txsink.state import EpochRecord, EpochState, SinkMeta, StateStore
+from txsink.state import EpochRecord, EpochState, SinkMeta, StateStore, WriteId
 from txsink.testing.memory import MemoryBackend
 
 
@@ -124,6 +124,37 @@ class StateStoreContract:
         assert sorted(self.open(location).records()) == [1, 3, 4]
         store.put(lease, decided(0, owner="again"))  # a deleted epoch can be written again
         assert self.open(location).get(0) == decided(0, owner="again")
+
+    def test_put_new_reserves_an_epoch_once(self, location: str) -> None:
+        """Batch writes running at once reserve distinct epochs through ``put_new``:
+        of many reservations of one epoch exactly one wins, and what it wrote (the
+        write identity, the reserving owner) reads back."""
+        store = self.open(location)
+        lease = store.acquire("a")
+        reserved = EpochRecord(7, EpochState.RESERVED, (), 1.0, write=WriteId("daily", 3),
+                               owner="run-1")
+        assert store.put_new(lease, reserved) is True
+        assert store.put_new(lease, decided(7)) is False
+        assert self.open(location).get(7) == reserved
+        wins: list[bool] = []
+        errors: list[BaseException] = []
+
+        def reserve(n: int) -> None:
+            try:
+                wins.append(self.open(location).put_new(
+                    lease, EpochRecord(8, EpochState.RESERVED, (), 1.0, owner=f"run-{n}")))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=reserve, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert errors == []
+        assert sorted(wins) == [False, False, False, True]
+        got = self.open(location).get(8)
+        assert got is not None and got.state is EpochState.RESERVED and got.owner
 
     # -- fencing -------------------------------------------------------------------------
 
