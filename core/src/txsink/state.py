@@ -156,6 +156,19 @@ class StateStore(abc.ABC):
     def get(self, epoch: int) -> EpochRecord | None:
         return self.records().get(epoch)
 
+    def release(self, lease: Lease) -> bool:
+        """Mark ``lease`` given up when its run ends, so ``txsink status`` can tell a
+        stopped query from a running (or crashed) one. False if another owner holds it.
+
+        The next owner takes a released lease like any other; a store that cannot
+        record this returns False.
+        """
+        return False
+
+    def lease_info(self) -> dict[str, Any]:
+        """The lease as stored (owner, generation, acquired_at, released_at), for display."""
+        return {}
+
 
 def new_owner_token() -> str:
     """A token unique to one coordinator run: host, pid and a random part."""
@@ -230,6 +243,10 @@ class DirectoryStateStore(StateStore):
         with self._locked():
             current = self._current_lease()
             if current is not None and current.owner == owner:
+                if self.lease_info().get("released_at") is not None:
+                    self._write_json(self.root / "lease.json",
+                                     {"owner": owner, "generation": current.generation,
+                                      "acquired_at": time.time()})
                 return current
             lease = Lease(owner, (current.generation + 1) if current else 1)
             self._write_json(self.root / "lease.json",
@@ -253,6 +270,17 @@ class DirectoryStateStore(StateStore):
     def check(self, lease: Lease) -> None:
         with self._locked():
             self._check_locked(lease)
+
+    def release(self, lease: Lease) -> bool:
+        with self._locked():
+            if self._current_lease() != lease:
+                return False
+            self._write_json(self.root / "lease.json",
+                             {**self.lease_info(), "released_at": time.time()})
+            return True
+
+    def lease_info(self) -> dict[str, Any]:
+        return self._read_json(self.root / "lease.json") or {}
 
     # -- records ------------------------------------------------------------------------
 

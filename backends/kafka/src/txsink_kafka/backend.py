@@ -34,6 +34,7 @@ from txsink.errors import (
     FencedError,
     ParticipantLostError,
     RetriableCommitError,
+    SinkOwnedError,
     TxsinkError,
 )
 from txsink.model import Committable, TransactionContext, participant_name
@@ -812,13 +813,14 @@ class KafkaBackend(Backend):
         state = self._scan_state(sink_id)
         owner = state.owner
         if owner is not None and owner.state_id != state_id and not self.config.takeover:
-            raise ConfigError(
+            raise SinkOwnedError(
                 f"kafka sink: sink id {sink_id!r} is already written by another query "
                 f"(txsink state at {owner.state_location!r}, per the owner record in "
                 f"marker topic {self.config.marker_topic!r}). Two queries with one sink id "
                 "fence each other's transactions: give this query its own sink_id, or, if "
                 "the other query and its checkpoint are gone for good, set the option "
-                "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id)
+                "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id,
+                owner_state=owner.state_location)
         fresh = (owner is not None and owner.state_id == state_id and state.cursor is not None
                  and state.cursor - owner.offset < self.config.orphan_scan_records // 2)
         if fresh:

@@ -34,6 +34,7 @@ from txsink.errors import (
     ConfigError,
     ParticipantLostError,
     RetriableCommitError,
+    SinkOwnedError,
     TxsinkError,
 )
 from txsink.model import Committable, TransactionContext, validate_sink_id
@@ -412,13 +413,14 @@ class S3Backend(Backend):
             if owner.get("state_id") == state_id:
                 return
             if owner.get("state_id"):
-                raise ConfigError(
+                raise SinkOwnedError(
                     f"sink id {sink_id!r} under s3://{self.bucket}/{self.base(sink_id)}/ "
                     f"belongs to the txsink state at {owner.get('state_location')!r}, not "
                     f"{state_location!r}: two queries must not share a sink id. Use another "
                     "sink_id, or delete the owner object "
                     f"s3://{self.bucket}/{key} if that state is gone for good",
-                    field="sink_id", sink_id=sink_id)
+                    field="sink_id", sink_id=sink_id,
+                    owner_state=owner.get("state_location"))
         document = {"sink_id": sink_id, "state_id": state_id, "state_location": state_location}
         self.client.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(document).encode(),
                                ContentType="application/json")

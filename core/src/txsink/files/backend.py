@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -32,7 +33,13 @@ from typing import IO, Any, ClassVar
 import pyarrow as pa
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
-from txsink.errors import ConfigError, FatalCommitError, ParticipantLostError, StateError
+from txsink.errors import (
+    ConfigError,
+    FatalCommitError,
+    ParticipantLostError,
+    SinkOwnedError,
+    StateError,
+)
 from txsink.model import Committable, TransactionContext, parse_participant
 from txsink.options import Options
 
@@ -191,17 +198,40 @@ class FilesBackend(Backend):
             except (ValueError, OSError) as exc:
                 raise StateError(f"{owner_file} is unreadable: {exc}") from exc
             if owner.get("state_id") != state_id:
-                raise ConfigError(
+                raise SinkOwnedError(
                     f"files backend: sink {sink_id!r} at {self.base} is already written by "
                     f"another query (txsink state at {owner.get('state_location')!r}). A sink "
                     "id belongs to one query: give this query its own sink_id and path, or, "
                     f"if the old query and its checkpoint are gone for good, delete {owner_file}",
-                    field="sink_id", sink_id=sink_id) from None
+                    field="sink_id", sink_id=sink_id,
+                    owner_state=owner.get("state_location")) from None
             return
         with os.fdopen(fd, "w") as f:
             json.dump({"state_id": state_id, "state_location": state_location}, f)
             f.flush()
             os.fsync(f.fileno())
+
+    def reset_sink(self, sink_id: str) -> list[str]:
+        marker = self._meta / "sink.json"
+        if marker.exists():
+            try:
+                owner = json.loads(marker.read_text())["sink_id"]
+            except (ValueError, KeyError, OSError) as exc:
+                raise StateError(f"{marker} is unreadable: {exc}") from exc
+            if owner != sink_id:
+                raise ConfigError(f"files backend: directory {self.base} belongs to sink "
+                                  f"{owner!r}, not {sink_id!r}; nothing deleted", field="path",
+                                  sink_id=sink_id)
+        finals = sorted(p for p in self.base.glob(f"part-*.{self.ext}") if p.is_file())
+        for path in finals:
+            path.unlink()
+        removed = [f"{len(finals)} file(s) part-*.{self.ext} in {self.base}"]
+        if self._meta.exists():
+            shutil.rmtree(self._meta)
+            removed.append(f"{self._meta} (pending files and the owner record)")
+        with contextlib.suppress(OSError):  # only if nothing else lives there
+            self.base.rmdir()
+        return removed
 
     def preflight(self, sink_id: str) -> None:
         try:
