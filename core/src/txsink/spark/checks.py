@@ -35,6 +35,7 @@ def spark_message(exc: BaseException) -> str:
     position = _POSITION.search(text)
     first = _SQLSTATE.sub("", first)
     first = _ERROR_CLASS.sub("", first).strip().rstrip(";")
+    first = re.sub(r"\.\s*(\(line \d+, pos \d+\))$", r" \1", first)
     if position and "line" not in first:
         line, pos = (position.group(1), position.group(2)) if position.group(1) else (
             position.group(3), position.group(4))

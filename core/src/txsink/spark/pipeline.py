@@ -69,15 +69,22 @@ def interrupts_as_exceptions() -> Iterator[None]:
     Without this, SIGTERM kills the driver without a summary, and Ctrl-C leaves it
     to whichever py4j call is running to fail noisily.
     """
-    def handler(signum: int, frame: object) -> None:
-        raise Interrupted(signum)
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for sig, previous in old.items():
             signal.signal(sig, previous)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _take_back_sigint() -> None:
+    """PySpark's SparkContext installs its own SIGINT handler (cancel jobs over py4j,
+    which fails when it interrupts another py4j call); use ours again."""
+    signal.signal(signal.SIGINT, _raise_interrupted)
 
 
 def prepare_environment(master: str) -> None:
@@ -190,6 +197,7 @@ def run_pipeline(
         owner = None
         try:
             spark = build_session(cfg)
+            _take_back_sigint()
             owner = _jvm_owner(spark)
             frame = build_frame(spark, cfg)
             if cfg.mode == "batch":
@@ -197,9 +205,9 @@ def run_pipeline(
             else:
                 result = _run_stream(frame, cfg, store, out, max_batches=max_batches,
                                      until_idle=until_idle, timeout_s=timeout_s, poll_s=poll_s)
-        except Interrupted as exc:  # while Spark started, or a batch write ran
-            result.signal = exc.signum
-            result.stopped_because = f"interrupted by {exc}"
+        except KeyboardInterrupt as exc:  # while Spark started, or a batch write ran
+            result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
             _committed_into(result, store, committed_before)
         except TxsinkError as exc:
             raise _with_hints(exc, cfg, log_path) from None
@@ -214,7 +222,8 @@ def run_pipeline(
     out(f"done ({result.stopped_because}): committed {span}, {result.rows} row(s) exactly "
         f"once to {target}")
     if result.signal is not None:
-        out(f"a batch still running was rolled back; the next `txsink run` replays it. "
+        out(f"a batch that was still running is rolled back and replayed by the next "
+            f"`txsink run`. "
             f"`txsink status {cfg.checkpoint}` shows the sink's state")
     if cfg.sink.backend == "files" and result.rows:
         for line in preview_files(cfg.sink.options.get("path", "")):
@@ -486,9 +495,9 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
                     break
             time.sleep(poll_s)
         _stop_between_batches(query, poll_s)
-    except Interrupted as exc:
-        result.signal = exc.signum
-        result.stopped_because = f"interrupted by {exc}"
+    except KeyboardInterrupt as exc:
+        result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
     finally:
         interrupted = result.signal is not None
         _quietly(lambda: query.stop() if query.isActive else None, interrupted=interrupted)
