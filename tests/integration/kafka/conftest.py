@@ -1,4 +1,4 @@
-"""A real Kafka-protocol broker for the Kafka backend tests (DESIGN.md section 5).
+"""A real Kafka-protocol broker for the Kafka backend tests: started by the session, no Docker.
 
 ``TXSINK_KAFKA_BOOTSTRAP`` names an external broker (a real Apache Kafka: every test
 then runs unskipped); ``TXSINK_KAFKA_TESTCONTAINERS=1`` starts ``apache/kafka`` in

@@ -1,6 +1,6 @@
 """The S3 backend: one multipart upload per participant.
 
-Protocol mapping (DESIGN.md section 4):
+Protocol mapping (docs/backends/s3.md):
 
 * ``begin_transaction``/``write``: rows are encoded as they arrive (Parquet, JSON
   Lines or CSV) and uploaded as parts of ``part_size`` bytes; the upload itself is

@@ -533,17 +533,23 @@ def _stop_between_batches(query: Any, poll_s: float, wait_s: float = 5.0) -> Non
         time.sleep(min(poll_s, 0.05))
 
 
-_TXSINK_ERROR = re.compile(r"txsink\.errors\.(?P<kind>\w+): (?P<message>.+)")
+_TXSINK_ERROR = re.compile(r"txsink\.(?:[a-z_]+\.)*(?P<kind>[A-Z]\w+): (?P<message>.+)")
+_PYTHON_ERROR = re.compile(r"^(?:[a-z_]\w*\.)*(?P<kind>[A-Z]\w*(?:Error|Exception|Fault)): "
+                           r"(?P<message>.+)")
 
 
 def _first_lines(text: str) -> str:
-    """The txsink error inside a Spark/Python traceback, else Spark's first line of it."""
+    """The txsink error inside a Spark/Python traceback, else the Python error at the
+    bottom of it, else Spark's first line."""
     found = _TXSINK_ERROR.search(text)
     if found:
         return f"{found['kind']}: {found['message'].strip()}"
     from txsink.spark.checks import spark_message
 
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()
-             and not ln.lstrip().startswith(("at ", "File ", "Traceback", "==", "+-"))]
-    causes = [ln for ln in lines if re.match(r"^[\w.$]+(Exception|Error)\b", ln)]
-    return spark_message(Exception(causes[-1] if causes else (lines[0] if lines else text)))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    python = [m for m in map(_PYTHON_ERROR.match, lines) if m]
+    if python:
+        return f"{python[-1]['kind']}: {python[-1]['message'].strip()}"
+    lines = [ln for ln in lines
+             if not ln.startswith(("at ", "File ", "Traceback", "==", "+-"))]
+    return spark_message(Exception(lines[0] if lines else text))
