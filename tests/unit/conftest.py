@@ -27,6 +27,11 @@ class Recorder:
         self.calls: list[tuple[str, Any]] = []
 
     @hookimpl
+    def txsink_coordinator_started(self, backend: str,
+                                   participant_timeout_s: float | None) -> None:
+        self.calls.append(("started", (backend, participant_timeout_s)))
+
+    @hookimpl
     def txsink_epoch_prepared(self, epoch: int) -> None:
         self.calls.append(("prepared", epoch))
 

@@ -72,7 +72,7 @@ def test_multipart_etag_matches_the_s3_rule() -> None:
 
 def test_auto_dictionary_skips_nearly_unique_columns() -> None:
     import pyarrow as pa
-    from txsink_s3.formats import dictionary_columns
+    from txsink.columnar import dictionary_columns
 
     ids = range(5000)
     batch = pa.record_batch({"id": pa.array(ids), "city": [f"c{i % 20}" for i in ids],

@@ -111,6 +111,16 @@ class Backend(abc.ABC):
             f"the {self.name} backend cannot delete what a sink wrote; to start over, keep "
             "the old output and give the pipeline a new sink_id")
 
+    def participant_timeout_s(self) -> float | None:
+        """How long the target keeps a prepared participant before aborting it itself.
+
+        ``None`` (the default) when prepared participants wait forever (PostgreSQL
+        prepared transactions, S3 uploads without a lifecycle rule). Kafka returns its
+        ``transaction.timeout.ms``: a decided epoch not committed within it is lost,
+        so metrics and ``txsink status`` show the oldest prepared participant against it.
+        """
+        return None
+
     def describe(self) -> str:
         """A one-line, secret-free description for logs and ``txsink status``."""
         return self.name

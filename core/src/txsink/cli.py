@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop once the source has no new data")
     run.add_argument("--timeout", type=float, metavar="SECONDS",
                      help="stop after SECONDS")
+    run.add_argument("--metrics-port", type=int, metavar="PORT",
+                     help="serve Prometheus metrics at http://HOST:PORT/metrics while the "
+                     "pipeline runs (needs txsink[metrics])")
+    run.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                     help="address the metrics endpoint binds to (default: 127.0.0.1)")
     run.set_defaults(func=cmd_run)
 
     validate = sub.add_parser("validate", help="check a pipeline file without running it",
@@ -196,9 +201,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"`txsink run` needs PySpark: pip install 'txsink[spark]' ({exc})"
                           ) from None
-    result = run_pipeline(cfg, max_batches=args.max_batches, until_idle=args.until_idle,
-                          timeout_s=args.timeout, pipeline_file=args.file,
-                          log_path=Path(args.spark_log) if args.spark_log else None)
+    server = None
+    if args.metrics_port is not None:
+        from txsink import metrics
+
+        # Before Spark starts: its Python workers, where the coordinator runs,
+        # inherit the metrics directory through the driver JVM's environment.
+        server = metrics.serve(args.metrics_port, args.metrics_host)
+        print(f"metrics: {server.url}", flush=True)
+    try:
+        result = run_pipeline(cfg, max_batches=args.max_batches, until_idle=args.until_idle,
+                              timeout_s=args.timeout, pipeline_file=args.file,
+                              log_path=Path(args.spark_log) if args.spark_log else None)
+    finally:
+        if server is not None:
+            server.close()
     return result.exit_status
 
 

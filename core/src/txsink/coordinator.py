@@ -136,6 +136,8 @@ class Coordinator:
         # Before recovery can abort anything as an orphan: make sure no other query
         # (another state) writes under this sink id.
         self.backend.claim_sink(self.sink_id, meta.state_id, self.store.location)
+        self.plugins.coordinator_started(self.sink_id, self.backend.name,
+                                         self.backend.participant_timeout_s())
         return self.recover(up_to_epoch=up_to_epoch) if recover else RecoveryReport()
 
     @property

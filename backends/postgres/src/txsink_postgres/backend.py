@@ -32,6 +32,7 @@ from txsink.model import Committable, TransactionContext
 from txsink.options import Options, Secret
 from txsink.redact import redact
 
+from txsink_postgres import csvcopy
 from txsink_postgres.names import TableName, like_prefix, make_gid, parse_gid
 from txsink_postgres.types import accepts, binary_dump_type, column_converter, pg_type_for
 
@@ -70,6 +71,9 @@ class _Plan:
     binary: bool
     dump_types: list[str]
     converters: list[Callable[[pa.Array[Any]], Sequence[Any]]]
+    #: Whole-batch CSV encoding, when every column's CSV text reads back exactly.
+    csv_statement: Any = None
+    csv_converters: list[Callable[[pa.Array[Any]], pa.Array[Any]]] | None = None
 
 
 class _PgTransaction(Transaction):
@@ -80,15 +84,19 @@ class _PgTransaction(Transaction):
         self.plan: _Plan | None = None
         #: The COPY in progress: one statement streams every batch of a schema.
         self.copy: Any = None
+        #: Whether that COPY reads CSV (whole batches) or rows (binary/text).
+        self.copy_csv = False
         self._copy_stack = contextlib.ExitStack()
 
     def describe(self) -> str:
         return f"{super().describe()} gid={self.gid}"
 
-    def open_copy(self, plan: _Plan) -> Any:
+    def open_copy(self, plan: _Plan, *, csv: bool) -> Any:
         cur = self._copy_stack.enter_context(self.conn.cursor())
-        self.copy = self._copy_stack.enter_context(cur.copy(plan.statement))
-        if plan.binary:
+        self.copy = self._copy_stack.enter_context(
+            cur.copy(plan.csv_statement if csv else plan.statement))
+        self.copy_csv = csv
+        if plan.binary and not csv:
             self.copy.set_types(plan.dump_types)
         return self.copy
 
@@ -189,7 +197,7 @@ class PostgresBackend(Backend):
             password_env=password_env,
             create_table=opts.bool("create_table", False),
             marker_table=marker_table,
-            copy_format=opts.choice("copy_format", ["auto", "binary", "text"], "auto"),
+            copy_format=opts.choice("copy_format", ["auto", "csv", "binary", "text"], "auto"),
             connect_timeout=opts.int("connect_timeout", 10, minimum=1, maximum=3600),
             marker_retention_epochs=opts.int("marker_retention_epochs", 1000, minimum=0),
         )
@@ -453,10 +461,24 @@ class PostgresBackend(Backend):
                     txn.end_copy()
                 txn.plan = self._plan(txn, batch.schema)
             plan = txn.plan
-            copy = txn.copy if txn.copy is not None else txn.open_copy(plan)
-            columns = [convert(batch.column(i)) for i, convert in enumerate(plan.converters)]
-            for row in zip(*columns, strict=True):
-                copy.write_row(row)
+            csv = plan.csv_converters is not None
+            copy = txn.copy if txn.copy is not None else txn.open_copy(plan, csv=csv)
+            if plan.csv_converters is not None:
+                bad = csvcopy.first_unwritable(batch)
+                if bad is not None:
+                    raise ConfigError(
+                        f"postgres backend: column {bad!r} holds a date or timestamp before "
+                        "year 1, which txsink cannot write to PostgreSQL; filter or fix those "
+                        "rows upstream", field=bad, sink_id=txn.ctx.sink_id)
+                copy.write(csvcopy.encode(batch, plan.csv_converters))
+            else:
+                columns = [convert(batch.column(i))
+                           for i, convert in enumerate(plan.converters)]
+                for row in zip(*columns, strict=True):
+                    copy.write_row(row)
+        except ConfigError:
+            txn.fail_copy()
+            raise
         except psycopg.Error as exc:
             txn.fail_copy()
             raise TxsinkError(
@@ -569,13 +591,30 @@ class PostgresBackend(Backend):
             raise ConfigError(f"postgres backend: copy_format=binary cannot write column(s) "
                               f"{', '.join(text_only)}; use copy_format=auto",
                               field="copy_format")
-        statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(
-            sql.Identifier(self.table.schema, self.table.table),
-            sql.SQL(", ").join(sql.Identifier(f.name) for f in schema),
-            sql.SQL("BINARY" if binary else "TEXT"))
-        log.debug("%s: copying %d column(s) into %s in %s format", txn.describe(),
-                  len(schema), self.table, "binary" if binary else "text")
-        return _Plan(schema, statement, binary, dump_types, converters)
+        csv_converters: list[Callable[[pa.Array[Any]], pa.Array[Any]]] | None = None
+        if self.copy_format in ("auto", "csv"):
+            found = [csvcopy.csv_converter(f.type) for f in schema]
+            if all(c is not None for c in found):
+                csv_converters = [c for c in found if c is not None]
+            elif self.copy_format == "csv":
+                inexact = [f.name for f, c in zip(schema, found, strict=True) if c is None]
+                raise ConfigError(f"postgres backend: copy_format=csv cannot write column(s) "
+                                  f"{', '.join(inexact)} exactly; use copy_format=auto",
+                                  field="copy_format")
+        if csv_converters is not None:
+            # CSV bytes are UTF-8 whatever the server's default client encoding is.
+            txn.conn.execute("SET client_encoding TO 'UTF8'")
+
+        def copy_statement(fmt: str) -> Any:
+            return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(
+                sql.Identifier(self.table.schema, self.table.table),
+                sql.SQL(", ").join(sql.Identifier(f.name) for f in schema), sql.SQL(fmt))
+
+        log.debug("%s: copying %d column(s) into %s as %s", txn.describe(), len(schema),
+                  self.table, "CSV batches" if csv_converters is not None
+                  else "binary rows" if binary else "text rows")
+        return _Plan(schema, copy_statement("BINARY" if binary else "TEXT"), binary, dump_types,
+                     converters, copy_statement("CSV"), csv_converters)
 
     def _table_columns(self, conn: psycopg.Connection[Any]) -> dict[str, tuple[str, str]] | None:
         """``{column: (typname, formatted type)}`` of the target table, or ``None``."""

@@ -17,6 +17,7 @@ inode, which the next commit recognises.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import datetime
 import decimal
@@ -33,6 +34,7 @@ from typing import IO, Any, ClassVar
 import pyarrow as pa
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
+from txsink.columnar import DICTIONARY_MODES, dictionary_columns
 from txsink.errors import (
     ConfigError,
     FatalCommitError,
@@ -83,6 +85,13 @@ ROW_GROUP_BYTES = 16 << 20
 
 
 class _FileTransaction(Transaction):
+    """One participant's in-progress file.
+
+    Parquet row groups are encoded on a helper thread (``write_table`` releases the
+    GIL) while the task thread reads the next Arrow batches from Spark; at most one
+    group is being encoded at a time, so memory stays near two row groups.
+    """
+
     def __init__(self, ctx: TransactionContext, path: Path) -> None:
         super().__init__(ctx)
         self.path = path
@@ -91,6 +100,8 @@ class _FileTransaction(Transaction):
         self.group: list[pa.RecordBatch] = []
         self.group_rows = 0
         self.group_bytes = 0
+        self._encoder: concurrent.futures.ThreadPoolExecutor | None = None
+        self._encoding: concurrent.futures.Future[None] | None = None
 
     def add_to_group(self, batch: pa.RecordBatch) -> None:
         self.group.append(batch)
@@ -101,12 +112,32 @@ class _FileTransaction(Transaction):
 
     def flush_group(self) -> None:
         if self.group:
-            self.parquet.write_table(pa.Table.from_batches(self.group))
+            table = pa.Table.from_batches(self.group)
+            self.wait_encoding()
+            if self._encoder is None:
+                self._encoder = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"txsink-parquet-{self.ctx.participant}")
+            self._encoding = self._encoder.submit(self.parquet.write_table, table)
         self.group, self.group_rows, self.group_bytes = [], 0, 0
+
+    def wait_encoding(self) -> None:
+        """Wait for the row group being encoded; its error surfaces here."""
+        pending, self._encoding = self._encoding, None
+        if pending is not None:
+            pending.result()
+
+    def stop_encoder(self) -> None:
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True)
+            self._encoder = None
 
     def close_writer(self) -> None:
         if self.parquet is not None:
-            self.flush_group()
+            try:
+                self.flush_group()
+                self.wait_encoding()
+            finally:
+                self.stop_encoder()
             self.parquet.close()
             self.parquet = None
         if self.stream is not None:
@@ -127,11 +158,13 @@ class FilesBackend(Backend):
         Capability.SURVIVES_RESTART,
     })
 
-    def __init__(self, path: str, fmt: str = "parquet", compression: str = "snappy") -> None:
+    def __init__(self, path: str, fmt: str = "parquet", compression: str = "snappy",
+                 dictionary: str = "auto") -> None:
         self.base = Path(path).absolute()
         self.format = fmt
         self.ext = _EXT[fmt]
         self.compression = compression
+        self.dictionary = dictionary
         self._meta = self.base / "_txsink"
         self._inprogress = self._meta / "inprogress"
         self._pending = self._meta / "pending"
@@ -148,8 +181,12 @@ class FilesBackend(Backend):
                 "use the s3 backend for object stores", field="path")
         fmt = opts.choice("format", list(_EXT), "parquet")
         compression = opts.choice("compression", ["snappy", "zstd", "gzip", "none"], "snappy")
+        dictionary = opts.choice("parquet_dictionary", list(DICTIONARY_MODES), "auto")
+        if fmt != "parquet" and "parquet_dictionary" in options:
+            raise ConfigError("files backend: option 'parquet_dictionary' applies to "
+                              f"format=parquet only, not {fmt}", field="parquet_dictionary")
         opts.check_unknown()
-        return cls(path, fmt, compression)
+        return cls(path, fmt, compression, dictionary)
 
     def describe(self) -> str:
         return f"files {self.format} at {self.base}"
@@ -256,8 +293,10 @@ class FilesBackend(Backend):
             if txn.parquet is None:
                 import pyarrow.parquet as pq
 
+                use_dictionary: Any = dictionary_columns(batch, self.dictionary)
                 txn.parquet = pq.ParquetWriter(txn.path, batch.schema,
-                                               compression=self.compression)  # type: ignore[arg-type]
+                                               compression=self.compression,  # type: ignore[arg-type]
+                                               use_dictionary=use_dictionary)
             txn.add_to_group(batch)
         else:
             if txn.stream is None:
@@ -296,6 +335,8 @@ class FilesBackend(Backend):
     def discard(self, txn: Transaction) -> None:
         assert isinstance(txn, _FileTransaction)
         txn.group = []  # nothing of a discarded participant is worth writing
+        with contextlib.suppress(Exception):
+            txn.wait_encoding()
         with contextlib.suppress(Exception):
             txn.close_writer()
         with contextlib.suppress(FileNotFoundError):

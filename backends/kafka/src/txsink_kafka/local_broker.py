@@ -1,0 +1,372 @@
+"""A real Apache Kafka broker on 127.0.0.1, run from Maven Central artifacts.
+
+For tests, examples and benchmarks on machines without Docker: the broker's jars
+(``org.apache.kafka:kafka_2.13`` and its runtime dependencies) are resolved once
+into the local Maven repository by ``mvn``, so later runs need no network. One
+process is both KRaft controller and broker; its log directory is on disk, so a
+restart (clean or SIGKILL) keeps every partition and the transaction state, as a
+production broker would.
+
+    with LocalKafka(workdir) as kafka:
+        bootstrap = kafka.bootstrap
+        kafka.kill()      # SIGKILL the JVM
+        kafka.start()     # same ports, same data
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: The newest 4.x release and the newest 3.9.x (the oldest line txsink supports).
+KAFKA_VERSION = "4.4.0"
+KAFKA_39_VERSION = "3.9.2"
+#: Selects the version the tests' broker runs (e.g. ``3.9.2``).
+ENV_VERSION = "TXSINK_KAFKA_VERSION"
+#: ``transaction.version`` feature level set when storage is formatted (4.x only).
+ENV_TRANSACTION_VERSION = "TXSINK_KAFKA_TRANSACTION_VERSION"
+#: Where resolved classpaths are cached (default ``~/.cache/txsink/kafka``).
+ENV_CACHE = "TXSINK_KAFKA_CACHE"
+
+#: slf4j 1.x bindings: log4j 2 for Kafka 4.x, reload4j (log4j 1) for 3.9.
+_LOG4J2_VERSION = "2.25.5"
+
+
+class BrokerUnavailable(RuntimeError):
+    """The broker could not be resolved or started here; the message says why."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get(ENV_CACHE)
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "txsink" / "kafka"
+
+
+def _pom(version: str) -> str:
+    deps = [("org.apache.kafka", "kafka_2.13", version)]
+    if version.startswith("3."):
+        deps.append(("org.slf4j", "slf4j-reload4j", "1.7.36"))
+    else:
+        deps.append(("org.apache.logging.log4j", "log4j-slf4j-impl", _LOG4J2_VERSION))
+    body = "".join(
+        f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+        f"<version>{v}</version></dependency>" for g, a, v in deps)
+    return ('<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0'
+            '</modelVersion><groupId>txsink</groupId><artifactId>kafka-broker-classpath'
+            f'</artifactId><version>{version}</version><dependencies>{body}</dependencies>'
+            '</project>\n')
+
+
+def resolve_classpath(version: str = KAFKA_VERSION, *, timeout_s: float = 600.0) -> str:
+    """The broker's classpath, resolving it with Maven on first use.
+
+    The list of jars is cached per version; it is reused while every jar is still in
+    the local Maven repository, so a second run starts without Maven or network.
+    """
+    cache = _cache_dir() / version
+    cp_file = cache / "classpath.txt"
+    if cp_file.exists():
+        classpath = cp_file.read_text().strip()
+        if classpath and all(Path(j).exists() for j in classpath.split(os.pathsep)):
+            return classpath
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise BrokerUnavailable(
+            "Apache Kafka needs Maven (`mvn`) on PATH to fetch its jars once from Maven "
+            "Central; install Maven, or name a running broker with TXSINK_KAFKA_BOOTSTRAP")
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "pom.xml").write_text(_pom(version))
+    tmp_out = cache / f"classpath.{os.getpid()}.tmp"
+    log.info("resolving Apache Kafka %s from Maven Central (first run only)", version)
+    try:
+        proc = subprocess.run(
+            [mvn, "-q", "-B", "-f", str(cache / "pom.xml"), "dependency:build-classpath",
+             f"-Dmdep.outputFile={tmp_out}"],
+            capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise BrokerUnavailable(f"resolving Apache Kafka {version} with Maven took over "
+                                f"{timeout_s:.0f}s") from exc
+    if proc.returncode != 0 or not tmp_out.exists():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise BrokerUnavailable(f"Maven could not resolve org.apache.kafka:kafka_2.13:{version}"
+                                f" (exit {proc.returncode}):\n{tail}")
+    tmp_out.replace(cp_file)
+    return cp_file.read_text().strip()
+
+
+_LOG4J2_CONFIG = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.controller.name = org.apache.kafka
+logger.controller.level = INFO
+"""
+
+_LOG4J1_CONFIG = """\
+log4j.rootLogger=INFO, file
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File={log}
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+"""
+
+
+class LocalKafka:
+    """One KRaft node (broker + controller) on 127.0.0.1, data and log under ``workdir``.
+
+    :param properties: extra ``server.properties`` entries (e.g. a short
+        ``transaction.max.timeout.ms`` for timeout tests); they override the defaults.
+    :param transaction_version: the ``transaction.version`` feature level to format
+        with (4.x; ``None`` keeps the release's default, 2 on 4.x).
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str] | None = None,
+        *,
+        version: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        transaction_version: int | None = None,
+        heap: str = "512m",
+    ) -> None:
+        self.version = version or os.environ.get(ENV_VERSION) or KAFKA_VERSION
+        tv = os.environ.get(ENV_TRANSACTION_VERSION)
+        self.transaction_version = (transaction_version if transaction_version is not None
+                                    else int(tv) if tv else None)
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir if workdir is not None
+                            else tempfile.mkdtemp(prefix="txsink-kafka-"))
+        self.port = _free_port()
+        self.controller_port = _free_port()
+        self.properties = dict(properties or {})
+        self.heap = heap
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._classpath: str | None = None
+        self._formatted = False
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's own log (server, controller, transaction coordinator)."""
+        return self.workdir / "broker.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def describe(self) -> str:
+        tv = f", transaction.version={self.transaction_version}" \
+            if self.transaction_version is not None else ""
+        return f"Apache Kafka {self.version}{tv} (local, log: {self.log_path})"
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _server_properties(self) -> dict[str, str]:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "listeners": (f"PLAINTEXT://127.0.0.1:{self.port},"
+                          f"CONTROLLER://127.0.0.1:{self.controller_port}"),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.workdir / "data"),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "3",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "3",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+        }
+        props.update(self.properties)
+        return props
+
+    def _java(self, main: str, *args: str, **kw: object) -> list[str]:
+        assert self._classpath is not None
+        java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) \
+            if os.environ.get("JAVA_HOME") else shutil.which("java")
+        if java is None:
+            raise BrokerUnavailable("Apache Kafka needs Java 17 (`java` on PATH or JAVA_HOME)")
+        return [java, f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+                f"-Dlog4j.configuration=file:{self.workdir / 'log4j.properties'}",
+                "-cp", self._classpath, main, *args]
+
+    def _format(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for name, template in (("log4j2.properties", _LOG4J2_CONFIG),
+                               ("log4j.properties", _LOG4J1_CONFIG)):
+            (self.workdir / name).write_text(template.format(log=self.log_path))
+        props = self.workdir / "server.properties"
+        props.write_text("".join(f"{k}={v}\n" for k, v in self._server_properties().items()))
+        if (self.workdir / "data" / "meta.properties").exists():
+            self._formatted = True
+            return
+        cluster = subprocess.run(self._java("kafka.tools.StorageTool", "random-uuid"),
+                                 capture_output=True, text=True, timeout=120, check=True)
+        cluster_id = cluster.stdout.strip().splitlines()[-1]
+        cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                         "-c", str(props))
+        if self.transaction_version is not None:
+            cmd += ["--feature", f"transaction.version={self.transaction_version}"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise BrokerUnavailable(f"formatting Kafka storage failed: "
+                                    f"{(done.stdout + done.stderr).strip()[-2000:]}")
+        self._formatted = True
+
+    def start(self, timeout_s: float = 90.0) -> LocalKafka:
+        """Start (or restart) the broker and wait until it serves metadata."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        if self._classpath is None:
+            self._classpath = resolve_classpath(self.version)
+        if not self._formatted:
+            self._format()
+        with open(self.workdir / "stdout.log", "ab") as out:
+            self.proc = subprocess.Popen(
+                self._java("kafka.Kafka", str(self.workdir / "server.properties")),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.workdir, start_new_session=True)
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        log.info("Apache Kafka %s up at %s (pid %s)", self.version, self.bootstrap,
+                 self.proc.pid)
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        """Block until the broker lists itself in metadata (it is then accepting work)."""
+        import confluent_kafka.admin as kadmin
+
+        deadline = time.monotonic() + timeout_s
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "log_level": 0,
+                                "logger": _QUIET}
+        admin = kadmin.AdminClient(conf)
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise BrokerUnavailable(
+                    f"Apache Kafka {self.version} exited with code {self.proc.returncode}; "
+                    f"see {self.log_path} and {self.workdir / 'stdout.log'}")
+            with contextlib.suppress(Exception):
+                md = admin.list_topics(timeout=1)
+                if md.brokers:
+                    return
+            time.sleep(0.2)
+        raise BrokerUnavailable(f"Apache Kafka {self.version} did not answer on "
+                                f"{self.bootstrap} within {timeout_s:.0f}s; see {self.log_path}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Clean shutdown (SIGTERM), SIGKILL if it does not exit in time."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("Apache Kafka pid %d ignored SIGTERM for %.0fs; killing it",
+                        proc.pid, timeout_s)
+            proc.kill()
+            proc.wait(30)
+
+    def kill(self) -> None:
+        """SIGKILL the broker JVM, as a machine crash would stop it."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        proc.wait(30)
+
+    def restart(self, *, hard: bool = False, timeout_s: float = 90.0) -> None:
+        """Stop (SIGKILL when ``hard``) and start again on the same ports and data."""
+        if hard:
+            self.kill()
+        else:
+            self.stop()
+        self.start(timeout_s)
+
+    def close(self) -> None:
+        """Stop the broker; remove the work directory if this object made it."""
+        self.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+_QUIET = logging.getLogger("txsink_kafka.local_broker.librdkafka")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m txsink_kafka.local_broker resolve|run``: fetch jars, or run a broker."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m txsink_kafka.local_broker",
+                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("command", choices=["resolve", "run"],
+                        help="resolve: fetch the jars into the local Maven repository; "
+                             "run: start a broker and keep it up until Ctrl-C")
+    parser.add_argument("--version", default=os.environ.get(ENV_VERSION, KAFKA_VERSION))
+    parser.add_argument("--workdir", help="data and log directory (default: a temporary one)")
+    args = parser.parse_args(argv)
+    if args.command == "resolve":
+        classpath = resolve_classpath(args.version)
+        print(f"Apache Kafka {args.version}: {len(classpath.split(os.pathsep))} jars ready")
+        return 0
+    kafka = LocalKafka(args.workdir, version=args.version)
+    with kafka:
+        print(f"{kafka.describe()} at {kafka.bootstrap}; Ctrl-C stops it", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while kafka.proc is not None and kafka.proc.poll() is None:
+                time.sleep(1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
