@@ -170,7 +170,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from txsink.spark.pipeline import check_pipeline
     except ImportError:
         print(f"ok (PySpark is not installed: source options and the transform SQL were not "
-              f"checked; pip install 'txsink[spark]'): {cfg.summary()}")
+              f"checked; install the spark extra, or pip install 'pyspark>=4.0'): {cfg.summary()}")
         return 0
     import tempfile
 
@@ -199,8 +199,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         from txsink.spark.pipeline import run_pipeline
     except ImportError as exc:
-        raise ConfigError(f"`txsink run` needs PySpark: pip install 'txsink[spark]' ({exc})"
-                          ) from None
+        raise ConfigError(f"`txsink run` needs PySpark: install txsink's spark extra, or "
+                          f"pip install 'pyspark>=4.0' ({exc})") from None
     server = None
     if args.metrics_port is not None:
         from txsink import metrics
