@@ -133,7 +133,8 @@ class _DriverClients:
         self.txn = TxnCoordinatorClient(conn, timeout_s=config.request_timeout_s)
         # Small request/response round trips: Nagle's delay would dominate them, and a
         # long-polling fetch would hold up the next request on the same connection.
-        common = {"socket.nagle.disable": True, "fetch.wait.max.ms": 10, **conn,
+        common = {"socket.nagle.disable": True, "fetch.wait.max.ms": 10,
+                  **cfg.with_librdkafka_log(conn),
                   "group.id": "txsink-driver", "enable.auto.commit": False,
                   "enable.partition.eof": True, "auto.offset.reset": "earliest"}
         committed = {**common, "isolation.level": "read_committed"}
@@ -144,7 +145,8 @@ class _DriverClients:
         self.committed_offsets: Consumer = Consumer(committed)
         self.uncommitted_offsets: Consumer = Consumer(uncommitted)
         # One record per batch: Tansu reports a wrong end offset after larger batches.
-        self.ends: Producer = Producer({"socket.nagle.disable": True, **conn,
+        self.ends: Producer = Producer({"socket.nagle.disable": True,
+                                        **cfg.with_librdkafka_log(conn),
                                         "enable.idempotence": True, "linger.ms": 0,
                                         "batch.num.messages": 1})
         self.scans: dict[str, _ScanState] = {}
@@ -276,7 +278,8 @@ class KafkaBackend(Backend):
         from confluent_kafka import KafkaException
 
         timeout = self.config.request_timeout_s
-        admin = kadmin.AdminClient({**self.config.connection(), "socket.timeout.ms": 10_000})
+        admin = kadmin.AdminClient(cfg.with_librdkafka_log(
+            {**self.config.connection(), "socket.timeout.ms": 10_000}))
         try:
             metadata = admin.list_topics(timeout=min(timeout, 15.0))
         except KafkaException as exc:
