@@ -348,8 +348,9 @@ def _owned_hint(exc: SinkOwnedError, cfg: PipelineConfig, target: str,
 def resume_notes(cfg: PipelineConfig, store: StateStore) -> list[str]:
     """Say that a run continues an earlier one, where, and what it replays first."""
     checkpoint = Path(cfg.checkpoint.removeprefix("file://"))
-    if "://" in cfg.checkpoint and not cfg.checkpoint.startswith("file://"):
-        return []
+    if cfg.mode != "streaming" or (
+            "://" in cfg.checkpoint and not cfg.checkpoint.startswith("file://")):
+        return []  # a batch write is one new epoch; remote checkpoints are not read here
 
     def batch_ids(sub: str) -> list[int]:
         folder = checkpoint / sub
