@@ -30,6 +30,23 @@ def default_log_path(checkpoint: str, name: str) -> Path:
     return Path(tempfile.gettempdir()) / f"txsink-{name}-spark.log"
 
 
+class _SparkRecordsToFile(logging.Filter):
+    """Sends records that py4j logs through the root logger (``logging.exception``
+    when a call is interrupted) to the log file instead of the terminal."""
+
+    _PACKAGES = (f"{os.sep}py4j{os.sep}", f"{os.sep}pyspark{os.sep}")
+
+    def __init__(self, file_handler: logging.Handler) -> None:
+        super().__init__()
+        self.file_handler = file_handler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if any(p in record.pathname for p in self._PACKAGES):
+            self.file_handler.handle(record)
+            return False
+        return True
+
+
 @contextlib.contextmanager
 def spark_output_to(path: Path) -> Iterator[TextIO]:
     """Send descriptor 2 (and Spark's Python loggers) to ``path``; yield the real stderr.
@@ -48,13 +65,15 @@ def spark_output_to(path: Path) -> Iterator[TextIO]:
     os.close(log_fd)
     # sys.stderr stays on descriptor 2: handlers Spark's Python side creates while
     # this runs (PySparkLogger adds its own) write to the log file too.
+    file_handler = logging.FileHandler(path, encoding="utf-8")
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    to_file = _SparkRecordsToFile(file_handler)
     moved: list[tuple[logging.StreamHandler[TextIO], TextIO]] = []
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
             moved.append((handler, handler.stream))
             handler.setStream(console)
-    file_handler = logging.FileHandler(path, encoding="utf-8")
-    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            handler.addFilter(to_file)
     quiet: list[tuple[logging.Logger, bool]] = []
     for name in SPARK_LOGGERS:
         logger = logging.getLogger(name)
@@ -69,6 +88,7 @@ def spark_output_to(path: Path) -> Iterator[TextIO]:
             logger.propagate = propagate
         file_handler.close()
         for handler, stream in moved:
+            handler.removeFilter(to_file)
             handler.setStream(stream)
         with contextlib.suppress(Exception):
             console.flush()
