@@ -35,11 +35,11 @@ def spark_message(exc: BaseException) -> str:
     position = _POSITION.search(text)
     first = _SQLSTATE.sub("", first)
     first = _ERROR_CLASS.sub("", first).strip().rstrip(";")
-    first = re.sub(r"\.\s*(\(line \d+, pos \d+\))$", r" \1", first)
-    if position and "line" not in first:
+    first = re.sub(r"\.?\s*\(?line \d+,? pos \d+\)?$", "", first).rstrip(" .")
+    if position:
         line, pos = (position.group(1), position.group(2)) if position.group(1) else (
             position.group(3), position.group(4))
-        first += f" (line {line}, position {pos})"
+        first += f" (line {line}, pos {pos})"
     return first
 
 
