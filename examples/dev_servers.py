@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("start", help="start the servers; Ctrl-C stops them").set_defaults(
         func=cmd_start)
-    psql = sub.add_parser("psql", help="psql connected to the local PostgreSQL")
-    psql.add_argument("psql_args", nargs=argparse.REMAINDER)
+    psql = sub.add_parser("psql", help="psql connected to the local PostgreSQL; other "
+                          "arguments go to psql")
     psql.set_defaults(func=cmd_psql)
     read = sub.add_parser("kafka-read", help="read a topic with isolation.level=read_committed")
     read.add_argument("topic", nargs="?", default=TOPIC)
@@ -192,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("s3-ls", help="list objects in the local S3 bucket")
     ls.add_argument("prefix", nargs="?", default="")
     ls.set_defaults(func=cmd_s3_ls)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "psql":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.psql_args = extra
     code: int = args.func(args)
     return code
 

@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "done, 1 error, 130/143 interrupted by SIGINT/SIGTERM.")
     run.add_argument("file", help="pipeline file (.yaml, .yml or .toml)")
     run.add_argument("--max-batches", type=_positive_int, metavar="N",
-                     help="stop after N more micro-batches of this run (a resumed run "
-                     "counts from where it resumes)")
+                     help="stop once N more micro-batches of this run completed (a resumed "
+                     "run counts from where it resumes; batches already started finish)")
     run.add_argument("--spark-log", metavar="PATH",
                      help="where Spark's own output goes (default: <checkpoint>-spark.log)")
     run.add_argument("--until-idle", action="store_true",
