@@ -103,8 +103,9 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
     finally:
         servers.terminate()
         try:
-            servers.wait(timeout=120)
+            log, _ = servers.communicate(timeout=120)  # reads and closes the pipe
         finally:
             kill_group(servers.pid)
-    assert servers.returncode == 0
+    assert servers.returncode == 0, log
+    assert "stopped" in log
     assert not (tmp_path / "out" / "dev-servers.env").exists()
