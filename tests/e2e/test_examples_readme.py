@@ -21,7 +21,11 @@ import pytest
 
 from tests.e2e.spark_harness import kill_group
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(os.environ.get("TXSINK_EXAMPLE_TESTS") != "1",
+                                 reason="starts PostgreSQL, SeaweedFS and Apache Kafka and "
+                                 "runs three Spark pipelines (minutes): runs in `tox -e "
+                                 "examples`, or with TXSINK_EXAMPLE_TESTS=1")]
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "examples" / "README.md"

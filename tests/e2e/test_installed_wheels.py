@@ -18,7 +18,11 @@ import pytest
 
 from tests.e2e.spark_harness import kill_group, read_files_output
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow,
+              pytest.mark.skipif(os.environ.get("TXSINK_EXAMPLE_TESTS") != "1",
+                                 reason="builds every wheel, installs PySpark into a fresh "
+                                 "venv and runs Spark (minutes): runs in `tox -e "
+                                 "examples`, or with TXSINK_EXAMPLE_TESTS=1")]
 
 REPO = Path(__file__).resolve().parents[2]
 
