@@ -45,3 +45,22 @@ def test_every_config_field_is_documented() -> None:
         assert f"### `{name}`" in text, name
     for word in (*SOURCE_TYPES, *FILE_FORMATS, *TRIGGERS):
         assert f"`{word}`" in text, word
+
+
+def test_nothing_in_the_repo_refers_to_notes_outside_it() -> None:
+    """Design notes kept outside the repository are not there for a reader of a clone."""
+    git = shutil.which("git")
+    if git is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    files = subprocess.run([git, "ls-files"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    outside = ("DESIGN.md", "STYLE.md", "/work/shared")
+    found = []
+    for name in files:
+        path = REPO / name
+        if path.suffix not in (".py", ".md", ".toml", ".ini", ".yaml", ".yml", ".cfg"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        found += [f"{name}: {word}" for word in outside if word in text]
+    this = Path(__file__).relative_to(REPO).as_posix()
+    assert [f for f in found if not f.startswith(this)] == []

@@ -1,4 +1,4 @@
-"""One test (or more) per row of the recovery table in DESIGN.md section 2.
+"""One test (or more) per row of the recovery table in docs/concepts.md ("Recovery").
 
 Each would fail if the coordinator stopped taking that row's action.
 """

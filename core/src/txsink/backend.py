@@ -116,6 +116,17 @@ class Backend(abc.ABC):
         when ``sink_id`` is already bound to another ``state_id``. Must be idempotent.
         """
 
+    def reset_sink(self, sink_id: str) -> list[str]:
+        """Delete everything ``sink_id`` wrote and its owner record (``txsink reset``).
+
+        Lets a user start a pipeline over after deleting its checkpoint. Returns one
+        secret-free line per thing removed. Backends whose output cannot be taken back
+        (records in a shared Kafka topic) keep the default, which refuses.
+        """
+        raise NotImplementedError(
+            f"the {self.name} backend cannot delete what a sink wrote; to start over, keep "
+            "the old output and give the pipeline a new sink_id")
+
     def participant_timeout_s(self) -> float | None:
         """How long the target keeps a prepared participant before aborting it itself.
 

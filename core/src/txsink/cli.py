@@ -8,6 +8,7 @@ Spark is imported only by ``run``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import logging
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+#: The shell's status for a process ended by SIGINT (128 + 2); SIGTERM gives 143.
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
+    except KeyboardInterrupt:
+        print("txsink: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except TxsinkError as exc:
         field = getattr(exc, "field", None)
         prefix = "config error" if isinstance(exc, ConfigError) else "error"
@@ -52,14 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Exactly-once output from PySpark pipelines (two-phase commit).")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v: info, -vv: debug)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a pipeline file on Spark",
                          description="Validate FILE, then run it on Spark and print each "
-                         "committed batch (rows, participants, commit latency).")
+                         "committed batch (rows, participants, commit latency). Exit status: 0 "
+                         "done, 1 error, 130/143 interrupted by SIGINT/SIGTERM.")
     run.add_argument("file", help="pipeline file (.yaml, .yml or .toml)")
     run.add_argument("--max-batches", type=_positive_int, metavar="N",
-                     help="stop after N micro-batches (demos, tests)")
+                     help="stop once N more micro-batches of this run completed (a resumed "
+                     "run counts from where it resumes; batches already started finish)")
+    run.add_argument("--spark-log", metavar="PATH",
+                     help="where Spark's own output goes (default: <checkpoint>-spark.log)")
     run.add_argument("--until-idle", action="store_true",
                      help="stop once the source has no new data")
     run.add_argument("--timeout", type=float, metavar="SECONDS",
@@ -73,9 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check a pipeline file without running it",
                               description="Load FILE, resolve ${ENV} references and check "
-                              "every field and the backend's options. Starts no Spark.")
+                              "every field and the backend's options; then have a local Spark "
+                              "session build the source and analyse the transform SQL (no "
+                              "query runs, nothing is written).")
     validate.add_argument("file")
+    validate.add_argument("--no-spark", action="store_true",
+                          help="skip the Spark checks (source options, transform SQL)")
     validate.set_defaults(func=cmd_validate)
+
+    reset = sub.add_parser(
+        "reset", help="start a pipeline over: delete its checkpoint, state and output",
+        description="Delete what FILE's pipeline wrote (its sink's output and owner record), "
+        "then its checkpoint with the txsink state inside. Asks first unless --yes. The "
+        "next `txsink run` starts from the beginning of the source.")
+    reset.add_argument("file")
+    reset.add_argument("--yes", action="store_true", help="do not ask")
+    reset.set_defaults(func=cmd_reset)
 
     backends = sub.add_parser("backends", help="list installed backends")
     backends.add_argument("--json", action="store_true", help="machine-readable output")
@@ -111,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("txsink")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -130,7 +163,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from txsink.config import load_pipeline
 
     cfg = load_pipeline(args.file)
+    if args.no_spark:
+        print(f"ok (Spark checks skipped): {cfg.summary()}")
+        return 0
+    try:
+        from txsink.spark.pipeline import check_pipeline
+    except ImportError:
+        print(f"ok (PySpark is not installed: source options and the transform SQL were not "
+              f"checked; install the spark extra, or pip install 'pyspark>=4.0'): {cfg.summary()}")
+        return 0
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="txsink-validate-") as tmp:
+        log_path = Path(tmp, "spark.log")
+        try:
+            columns = check_pipeline(cfg, log_path)
+        except TxsinkError:
+            raise
+        except Exception as exc:  # Spark itself failed to start
+            kept = Path(tempfile.gettempdir(), f"txsink-validate-{cfg.name}-spark.log")
+            with contextlib.suppress(OSError):
+                kept.write_bytes(log_path.read_bytes())
+            raise TxsinkError(f"Spark could not check the pipeline ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}); Spark's log: "
+                              f"{kept}. --no-spark skips these checks") from None
     print(f"ok: {cfg.summary()}")
+    print(f"output columns: {', '.join(columns)}")
     return 0
 
 
@@ -141,8 +199,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         from txsink.spark.pipeline import run_pipeline
     except ImportError as exc:
-        raise ConfigError(f"`txsink run` needs PySpark: pip install 'txsink[spark]' ({exc})"
-                          ) from None
+        raise ConfigError(f"`txsink run` needs PySpark: install txsink's spark extra, or "
+                          f"pip install 'pyspark>=4.0' ({exc})") from None
     server = None
     if args.metrics_port is not None:
         from txsink import metrics
@@ -152,15 +210,87 @@ def cmd_run(args: argparse.Namespace) -> int:
         server = metrics.serve(args.metrics_port, args.metrics_host)
         print(f"metrics: {server.url}", flush=True)
     try:
-        run_pipeline(cfg, max_batches=args.max_batches, until_idle=args.until_idle,
-                     timeout_s=args.timeout)
+        result = run_pipeline(cfg, max_batches=args.max_batches, until_idle=args.until_idle,
+                              timeout_s=args.timeout, pipeline_file=args.file,
+                              log_path=Path(args.spark_log) if args.spark_log else None)
     finally:
         if server is not None:
             server.close()
+    return result.exit_status
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    import shutil
+
+    from txsink.config import load_pipeline
+
+    cfg = load_pipeline(args.file)
+    checkpoint = cfg.checkpoint
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        raise ConfigError(f"checkpoint: txsink reset deletes local checkpoints only; delete "
+                          f"{checkpoint} yourself", field="checkpoint")
+    chk = Path(checkpoint.removeprefix("file://"))
+    plugins = get_plugins()
+    store_dir = chk / "txsink"
+    if (store_dir / "meta.json").is_file():
+        store = plugins.state_store(str(store_dir))
+        lease = store.lease_info()
+        from txsink.spark._proc import owner_alive
+
+        if lease.get("owner") and lease.get("released_at") is None and owner_alive(
+                str(lease["owner"])):
+            raise StateError(f"sink {cfg.sink.sink_id!r} is being written by a running query "
+                             f"(lease owner {lease['owner']}); stop it first",
+                             sink_id=cfg.sink.sink_id)
+    backend = plugins.create_backend(cfg.sink.backend, cfg.sink.options)
+    try:
+        target = backend.describe()
+        print(f"txsink reset deletes, for pipeline {cfg.name!r}:")
+        print(f"  the output of sink {cfg.sink.sink_id!r}: {target}")
+        print(f"  the checkpoint {chk} (Spark's offsets and the txsink state)")
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise ConfigError("not at a terminal to ask for confirmation: pass --yes",
+                                  field="--yes")
+            answer = input(f"type the sink id ({cfg.sink.sink_id}) to confirm: ")
+            if answer.strip() != cfg.sink.sink_id:
+                print("nothing deleted")
+                return EXIT_ERROR
+        try:
+            removed = backend.reset_sink(cfg.sink.sink_id)
+        except NotImplementedError as exc:
+            raise ConfigError(f"sink.backend: {exc}; nothing deleted",
+                              field="sink.backend") from None
+    finally:
+        backend.close()
+    for line in removed:
+        print(f"deleted {line}")
+        log.warning("reset: sink=%s: deleted %s", cfg.sink.sink_id, line)
+    if chk.exists():
+        shutil.rmtree(chk)
+        print(f"deleted checkpoint {chk}")
+    print(f"sink {cfg.sink.sink_id!r} starts over at the next `txsink run {args.file}`")
     return 0
 
 
 # -- backends --------------------------------------------------------------------------
+
+
+#: Each capability, in words: what it means for a user when a backend has it, or not.
+CAPABILITY_WORDS: dict[str, tuple[str, str]] = {
+    "commit-from-any-process": (
+        "the driver can finish a batch that executors wrote, also after a restart",
+        "only the process that wrote a batch can commit it"),
+    "list-prepared": (
+        "finds and rolls back leftovers of failed tasks and stopped runs by itself",
+        "cannot list leftovers: it probes for them instead"),
+    "commit-marker": (
+        "after a crash, the target itself records which batches were committed",
+        "after a crash, only txsink's state says which batches were committed"),
+    "survives-restart": (
+        "prepared batches survive a restart of the target system",
+        "a restart of the target system can lose prepared (not yet committed) batches"),
+}
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -177,11 +307,11 @@ def cmd_backends(args: argparse.Namespace) -> int:
         return 0
     if not rows:
         print("no backends installed")
-    width = max([len(r["backend"]) for r in rows] + [7])
-    pwidth = max([len(f"{r['package']} {r['version']}") for r in rows] + [7])
     for r in rows:
-        pkg = f"{r['package']} {r['version']}"
-        print(f"{r['backend']:<{width}}  {pkg:<{pwidth}}  {', '.join(r['capabilities'])}")
+        print(f"{r['backend']} (package {r['package']} {r['version']})")
+        have = set(r["capabilities"])
+        for cap, (yes, no) in CAPABILITY_WORDS.items():
+            print(f"  - {yes if cap in have else no}")
     for b in broken:
         print(f"broken plugin {b['plugin']!r} from {b['package']}: {b['error']}")
     return 0
@@ -282,7 +412,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     guarantee = DeliveryGuarantee.parse(meta.guarantee)
     print(f"guarantee: {guarantee.reader_note()}")
     if lease:
-        print(f"lease: {lease.get('owner')} (generation {lease.get('generation')})")
+        print(f"lease: {_lease_words(lease)}")
     print(f"committed up to epoch {meta.committed_watermark} (records pruned below that "
           "are committed)" if meta.committed_watermark >= 0 else "nothing committed yet")
     if records:
@@ -318,12 +448,37 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _read_lease(store: StateStore) -> dict[str, Any] | None:
-    path = Path(store.location, "lease.json")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = store.lease_info()
+    except TxsinkError:
         return None
-    return data if isinstance(data, dict) else None
+    if not data:
+        return None
+    from txsink.spark._proc import owner_alive
+
+    data = dict(data)
+    released = data.get("released_at") is not None
+    alive = None if released else owner_alive(str(data.get("owner", "")))
+    data["held"] = not released
+    data["holder_running"] = alive
+    return data
+
+
+def _lease_words(lease: dict[str, Any]) -> str:
+    """Whether a query holds the sink, in words: released, held by a live run, or stale."""
+    who = f"{lease.get('owner')}, generation {lease.get('generation')}"
+    if not lease["held"]:
+        return (f"released at {_when(lease.get('released_at'))} (the last run ended; {who}); "
+                "no query writes this sink now")
+    if lease.get("holder_running") is True:
+        return (f"held by a running query since {_when(lease.get('acquired_at'))} ({who}); "
+                "stop it before `txsink resolve`")
+    if lease.get("holder_running") is False:
+        return (f"held since {_when(lease.get('acquired_at'))} by a driver that is gone "
+                f"({who}): it stopped without releasing it (crash or kill); the next run "
+                "takes it over")
+    return (f"held since {_when(lease.get('acquired_at'))} ({who}); whether that query still "
+            "runs is unknown from here")
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -344,6 +499,20 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         if record is None and epoch <= meta.committed_watermark:
             print(f"epoch {epoch} of sink {meta.sink_id!r} is committed; nothing to do")
             return 0
+        if record is None:
+            try:
+                mine = [c for c in backend.list_prepared(meta.sink_id) if c.epoch == epoch]
+            except NotImplementedError:
+                mine = None
+            if mine == []:
+                known = sorted(store.records())
+                span = (f"epochs {known[0]}-{known[-1]}" if len(known) > 1 else
+                        f"epoch {known[0]}" if known else "no epoch records")
+                raise StateError(
+                    f"epoch {epoch} of sink {meta.sink_id!r} does not exist: the state holds "
+                    f"{span} (committed up to {meta.committed_watermark}) and no prepared "
+                    f"participant has epoch {epoch}; `txsink status {args.checkpoint}` lists "
+                    "them", sink_id=meta.sink_id, epoch=epoch)
         if args.commit:
             if record is None:
                 raise StateError(

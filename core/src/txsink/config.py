@@ -173,8 +173,8 @@ def _parse_yaml(text: str, path: Path) -> Any:
     try:
         import yaml
     except ImportError:  # pragma: no cover - the yaml extra is part of the default install
-        raise ConfigError("reading YAML pipeline files needs PyYAML: pip install 'txsink[yaml]'"
-                          ) from None
+        raise ConfigError("reading YAML pipeline files needs PyYAML (txsink's spark or yaml "
+                          "extra): pip install pyyaml") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -41,6 +41,18 @@ class BackendNotFoundError(ConfigError):
     """No installed plugin provides the requested backend (or state store)."""
 
 
+class SinkOwnedError(ConfigError):
+    """The sink id is bound to another query's pending-transaction state.
+
+    ``owner_state`` is that state's location as the target system recorded it, so
+    the CLI can tell a running second query from a state deleted with its checkpoint.
+    """
+
+    def __init__(self, message: str, *, owner_state: str | None = None, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.owner_state = owner_state
+
+
 class PluginError(TxsinkError):
     """A plugin is broken: it failed to load, or clashes with another plugin."""
 

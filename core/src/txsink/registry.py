@@ -6,6 +6,7 @@ reported with both culprits and a failed lookup lists what is installed.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from txsink.state import StateStore
 
 T = TypeVar("T")
+
+#: Backends this project ships as separate packages, for the "not installed" hint.
+KNOWN_BACKENDS = ("kafka", "postgres", "s3")
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,18 @@ class _Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             installed = ", ".join(self.names()) or "none"
+            close = difflib.get_close_matches(name, self.names(), n=1, cutoff=0.6)
+            if close:
+                hint = f"did you mean {close[0]!r}?"
+            elif self.kind == "backend" and name in KNOWN_BACKENDS:
+                hint = (f"the {name} backend comes in the package txsink-{name}: install it "
+                        "next to txsink")
+            else:
+                hint = (f"install the package that provides it (`txsink {self.kind}s` "
+                        "lists what is installed)" if self.kind == "backend" else
+                        "install the package that provides it")
             raise BackendNotFoundError(
-                f"no {self.kind} named {name!r} is installed (installed: {installed}); "
-                f"install the package that provides it, e.g. pip install txsink-{name}",
+                f"no {self.kind} named {name!r} is installed (installed: {installed}); {hint}",
                 field="backend" if self.kind == "backend" else None,
             ) from None
 

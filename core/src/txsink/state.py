@@ -226,6 +226,19 @@ class StateStore(abc.ABC):
     def get(self, epoch: int) -> EpochRecord | None:
         return self.records().get(epoch)
 
+    def release(self, lease: Lease) -> bool:
+        """Mark ``lease`` given up when its run ends, so ``txsink status`` can tell a
+        stopped query from a running (or crashed) one. False if another owner holds it.
+
+        The next owner takes a released lease like any other; a store that cannot
+        record this returns False.
+        """
+        return False
+
+    def lease_info(self) -> dict[str, Any]:
+        """The lease as stored (owner, generation, acquired_at, released_at), for display."""
+        return {}
+
 
 def new_owner_token() -> str:
     """A token unique to one coordinator run: host, pid and a random part."""
@@ -299,6 +312,11 @@ class DirectoryStateStore(StateStore):
             current = (Lease(str(data["owner"]), int(data["generation"]))
                        if "owner" in data else None)
             if current is not None and current.owner == owner:
+                if data.get("released_at") is not None:
+                    # Taken up again: keep the fenced owners, drop the release.
+                    kept = {k: v for k, v in data.items() if k != "released_at"}
+                    self._write_json(self.root / "lease.json",
+                                     {**kept, "acquired_at": time.time()})
                 return current
             fenced = [str(o) for o in data.get("fenced", [])]
             if owner in fenced:
@@ -331,6 +349,17 @@ class DirectoryStateStore(StateStore):
     def check(self, lease: Lease) -> None:
         with self._locked():
             self._check_locked(lease)
+
+    def release(self, lease: Lease) -> bool:
+        with self._locked():
+            if self._current_lease() != lease:
+                return False
+            self._write_json(self.root / "lease.json",
+                             {**self.lease_info(), "released_at": time.time()})
+            return True
+
+    def lease_info(self) -> dict[str, Any]:
+        return self._read_json(self.root / "lease.json") or {}
 
     # -- records ------------------------------------------------------------------------
 

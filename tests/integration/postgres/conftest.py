@@ -1,4 +1,4 @@
-"""A real PostgreSQL for the postgres backend tests (DESIGN.md section 5).
+"""A real PostgreSQL for the postgres backend tests: started by the session, no Docker.
 
 ``TXSINK_POSTGRES_DSN`` (a server with max_prepared_transactions > 0; its password in
 ``TXSINK_POSTGRES_PASSWORD`` or inside the DSN) is used when set; otherwise a local

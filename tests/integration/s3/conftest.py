@@ -1,4 +1,4 @@
-"""A real S3-compatible server for the S3 backend tests (DESIGN.md section 5).
+"""A real S3-compatible server for the S3 backend tests: started by the session, no Docker.
 
 ``TXSINK_S3_ENDPOINT`` names an external server (credentials from
 ``TXSINK_S3_ACCESS_KEY_ID``/``TXSINK_S3_SECRET_ACCESS_KEY`` or boto3's usual chain,

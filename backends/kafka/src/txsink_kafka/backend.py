@@ -35,6 +35,7 @@ from txsink.errors import (
     FencedError,
     ParticipantLostError,
     RetriableCommitError,
+    SinkOwnedError,
     TxsinkError,
 )
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, participant_name
@@ -143,7 +144,8 @@ class _DriverClients:
         self.txn = TxnCoordinatorClient(conn, timeout_s=config.request_timeout_s)
         # Small request/response round trips: Nagle's delay would dominate them, and a
         # long-polling fetch would hold up the next request on the same connection.
-        common = {"socket.nagle.disable": True, "fetch.wait.max.ms": 10, **conn,
+        common = {"socket.nagle.disable": True, "fetch.wait.max.ms": 10,
+                  **cfg.with_librdkafka_log(conn),
                   "group.id": "txsink-driver", "enable.auto.commit": False,
                   "enable.partition.eof": True, "auto.offset.reset": "earliest"}
         committed = {**common, "isolation.level": "read_committed"}
@@ -154,7 +156,8 @@ class _DriverClients:
         self.committed_offsets: Consumer = Consumer(committed)
         self.uncommitted_offsets: Consumer = Consumer(uncommitted)
         # One record per batch: Tansu reports a wrong end offset after larger batches.
-        self.ends: Producer = Producer({"socket.nagle.disable": True, **conn,
+        self.ends: Producer = Producer({"socket.nagle.disable": True,
+                                        **cfg.with_librdkafka_log(conn),
                                         "enable.idempotence": True, "linger.ms": 0,
                                         "batch.num.messages": 1})
         self.scans: dict[str, _ScanState] = {}
@@ -390,7 +393,7 @@ class KafkaBackend(Backend):
         errors: list[KafkaError] = []
         conf: dict[str, Any] = {**self.config.connection(), "socket.timeout.ms": 10_000,
                                 "error_cb": errors.append}
-        admin = kadmin.AdminClient(conf)
+        admin = kadmin.AdminClient(cfg.with_librdkafka_log(conf))
 
         def metadata_or_auth_error() -> Any:
             try:
@@ -1092,12 +1095,13 @@ class KafkaBackend(Backend):
         return claims
 
     def _refuse_claim(self, sink_id: str, owner_location: str, where: str) -> ConfigError:
-        return ConfigError(
+        return SinkOwnedError(
             f"kafka sink: sink id {sink_id!r} is already written by another query "
             f"(txsink state at {owner_location!r}, per {where}). Two queries with one sink "
             "id fence each other's transactions: give this query its own sink_id, or, if "
             "the other query and its checkpoint are gone for good, set the option "
-            "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id)
+            "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id,
+            owner_state=owner_location)
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         """Bind ``sink_id`` to one query's state in the claim topic, or refuse.

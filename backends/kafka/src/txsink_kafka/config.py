@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from txsink.errors import ConfigError
 from txsink.options import Options
@@ -113,6 +114,25 @@ class KafkaSinkConfig:
         keep = ("bootstrap.servers", "client.id", "security.", "sasl.", "ssl.",
                 "socket.", "broker.address.family", "reconnect.")
         return {k: v for k, v in self.producer.items() if k.startswith(keep)}
+
+
+class LibrdkafkaLog:
+    """Takes librdkafka's own log (client setting ``logger``) into Python logging at DEBUG.
+
+    Left alone, librdkafka writes every failed connection attempt to stderr (hundreds
+    of lines while a broker is down); txsink reports the failure itself in one line.
+    ``-vv`` shows these lines under the logger ``txsink_kafka.librdkafka``.
+    """
+
+    _log = logging.getLogger("txsink_kafka.librdkafka")
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        self._log.debug(msg, *args)
+
+
+def with_librdkafka_log(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``conf`` plus the setting that routes librdkafka's log through :class:`LibrdkafkaLog`."""
+    return {**conf, "logger": LibrdkafkaLog()}
 
 
 def parse(options: Mapping[str, str]) -> KafkaSinkConfig:

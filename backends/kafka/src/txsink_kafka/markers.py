@@ -9,7 +9,7 @@ single-partition-per-sink topic (``marker.topic``):
 * every participant writes a ``begin`` record **as the first record of its own
   transaction** and waits for it before writing data. It becomes visible to
   ``read_committed`` readers exactly when the participant commits, so it is the
-  participant's commit marker (DESIGN.md section 2), and its offset goes into the
+  participant's commit marker (docs/concepts.md, "Recovery"), and its offset goes into the
   committable;
 * whoever ends a participant (commit, abort, fence) appends a plain ``end`` record
   with the outcome, so a scan of the topic's tail lists participants that began and

@@ -26,6 +26,7 @@ from txsink.errors import (
     FatalCommitError,
     ParticipantLostError,
     RetriableCommitError,
+    SinkOwnedError,
     TxsinkError,
 )
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext
@@ -477,12 +478,12 @@ class PostgresBackend(Backend):
                                (sink_id,)).fetchone()
         if row is not None and row[0] != state_id:
             owner_table = f"{self.marker_table.schema}.{self.marker_table.table}_sinks"
-            raise ConfigError(
+            raise SinkOwnedError(
                 f"postgres backend: sink {sink_id!r} in {self.describe()} is already written "
                 f"by another query (txsink state at {row[1]!r}). A sink id belongs to one "
                 "query: give this query its own sink_id, or, if the old query and its "
                 f"checkpoint are gone for good, DELETE FROM {owner_table} WHERE sink_id = "
-                f"'{sink_id}'", field="sink_id", sink_id=sink_id)
+                f"'{sink_id}'", field="sink_id", sink_id=sink_id, owner_state=row[1])
 
     def _ensure_marker_table(self, conn: psycopg.Connection[Any]) -> None:
         sinks = TableName(self.marker_table.schema, self.marker_table.table + "_sinks")

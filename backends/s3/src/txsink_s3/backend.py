@@ -1,6 +1,6 @@
 """The S3 backend: one multipart upload per participant.
 
-Protocol mapping (DESIGN.md section 4):
+Protocol mapping (docs/backends/s3.md):
 
 * ``begin_transaction``/``write``: rows are encoded as they arrive (Parquet, JSON
   Lines or CSV) and uploaded as parts of ``part_size`` bytes; the upload itself is
@@ -34,6 +34,7 @@ from txsink.errors import (
     ConfigError,
     ParticipantLostError,
     RetriableCommitError,
+    SinkOwnedError,
     TxsinkError,
 )
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, validate_sink_id
@@ -498,12 +499,12 @@ class S3Backend(Backend):
                     field="sink_id", sink_id=sink_id) from None
             if owner_state == state_id:
                 return
-            raise ConfigError(
+            raise SinkOwnedError(
                 f"sink id {sink_id!r} under s3://{self.bucket}/{self.base(sink_id)}/ "
                 f"belongs to the txsink state at {owner.get('state_location')!r}, not "
                 f"{state_location!r}: two queries must not share a sink id. Use another "
                 f"sink_id, or delete the owner object {where} if that state is gone for good",
-                field="sink_id", sink_id=sink_id)
+                field="sink_id", sink_id=sink_id, owner_state=owner.get("state_location"))
         raise ConfigError(f"sink id {sink_id!r}: the owner object {where} kept appearing "
                           "and disappearing; is something deleting it?", field="sink_id",
                           sink_id=sink_id)

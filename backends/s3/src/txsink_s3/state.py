@@ -50,7 +50,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from txsink.errors import ConfigError, FencedError, StateError
-from txsink.state import STATE_FORMAT_VERSION, EpochRecord, EpochState, Lease, SinkMeta, StateStore
+from txsink.state import (
+    FENCED_OWNERS_KEPT,
+    STATE_FORMAT_VERSION,
+    EpochRecord,
+    EpochState,
+    Lease,
+    SinkMeta,
+    StateStore,
+)
 
 log = logging.getLogger(__name__)
 
@@ -354,16 +362,30 @@ class S3StateStore(StateStore):
         def change(head: dict[str, Any]) -> bool:
             current = self._lease_of(head)
             taken["previous"] = current
+            taken.pop("fenced", None)
             if current is not None and current.owner == owner:
                 taken["lease"] = current
                 return False
+            fenced = [str(o) for o in (head.get("lease") or {}).get("fenced", [])]
+            if owner in fenced:
+                taken["fenced"] = current
+                return False
+            if current is not None:
+                fenced = [*fenced, current.owner][-FENCED_OWNERS_KEPT:]
             lease = Lease(owner, (current.generation + 1) if current else 1)
             head["lease"] = {"owner": owner, "generation": lease.generation,
-                             "acquired_at": time.time()}
+                             "acquired_at": time.time(), "fenced": fenced}
             taken["lease"] = lease
             return True
 
         self._update(change, None, "take the lease")
+        if "fenced" in taken:
+            newer = taken["fenced"]
+            raise FencedError(
+                f"state {self.location}: {owner} was taken over by a newer run "
+                f"({newer.owner if newer else '?'}, generation "
+                f"{newer.generation if newer else '?'}) and must stop. Two runs of one query "
+                "must never write at once; stop the older one.")
         lease, previous = taken["lease"], taken["previous"]
         assert lease is not None
         if previous is not None and previous != lease:

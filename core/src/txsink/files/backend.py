@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -34,7 +35,13 @@ import pyarrow as pa
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.columnar import DICTIONARY_MODES, dictionary_columns
-from txsink.errors import ConfigError, FatalCommitError, ParticipantLostError, StateError
+from txsink.errors import (
+    ConfigError,
+    FatalCommitError,
+    ParticipantLostError,
+    SinkOwnedError,
+    StateError,
+)
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, parse_participant
 from txsink.options import Options
 from txsink.state import write_file_atomically
@@ -252,16 +259,39 @@ class FilesBackend(Backend):
         owner = _create_json_once(owner_file, {"state_id": state_id,
                                                "state_location": state_location})
         if owner.get("state_id") != state_id:
-            raise ConfigError(
+            raise SinkOwnedError(
                 f"files backend: sink {sink_id!r} at {self.base} is already written by "
                 f"another query (txsink state at {owner.get('state_location')!r}). A sink "
                 "id belongs to one query: give this query its own sink_id and path, or, "
                 f"if the old query and its checkpoint are gone for good, delete {owner_file}",
-                field="sink_id", sink_id=sink_id) from None
+                field="sink_id", sink_id=sink_id,
+                owner_state=owner.get("state_location")) from None
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
         """A final file of ``epoch`` exists (the directory belongs to one sink id)."""
         return any(self.base.glob(f"part-{epoch:010d}-*"))
+
+    def reset_sink(self, sink_id: str) -> list[str]:
+        marker = self._meta / "sink.json"
+        if marker.exists():
+            try:
+                owner = json.loads(marker.read_text())["sink_id"]
+            except (ValueError, KeyError, OSError) as exc:
+                raise StateError(f"{marker} is unreadable: {exc}") from exc
+            if owner != sink_id:
+                raise ConfigError(f"files backend: directory {self.base} belongs to sink "
+                                  f"{owner!r}, not {sink_id!r}; nothing deleted", field="path",
+                                  sink_id=sink_id)
+        finals = sorted(p for p in self.base.glob(f"part-*.{self.ext}") if p.is_file())
+        for path in finals:
+            path.unlink()
+        removed = [f"{len(finals)} file(s) part-*.{self.ext} in {self.base}"]
+        if self._meta.exists():
+            shutil.rmtree(self._meta)
+            removed.append(f"{self._meta} (pending files and the owner record)")
+        with contextlib.suppress(OSError):  # only if nothing else lives there
+            self.base.rmdir()
+        return removed
 
     def preflight(self, sink_id: str) -> None:
         try:

@@ -72,3 +72,25 @@ def owner_token() -> str:
 
 #: Fallback when no JVM ancestor is found: one token per process.
 _process_token: str | None = None
+
+
+def jvm_owner_token(pid: int) -> str | None:
+    """The owner token the sink's code inside the JVM ``pid`` will use (see above)."""
+    info = _stat(pid)
+    if info is None:
+        return None
+    return f"{socket.gethostname()}:jvm{pid}:{info[2]}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether the driver JVM named by an owner token still runs on this host.
+
+    None when the token names another host or is not a JVM token (the answer is
+    unknown); the start time in the token tells a reused pid from the original.
+    """
+    host, _, rest = owner.partition(":jvm")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit() or not started.isdigit():
+        return None
+    info = _stat(int(pid_text))
+    return info is not None and info[2] == int(started)

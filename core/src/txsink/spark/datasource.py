@@ -1,6 +1,6 @@
 """The ``txsink`` Spark data source: Spark's writer API mapped onto the 2PC protocol.
 
-Which process runs what (checked with PySpark 4.3, see DESIGN.md section 2):
+Which process runs what (checked with PySpark 4.3):
 
 * **planner** (driver-side Python worker, once per micro-batch, before the batch's
   tasks start): builds the writer and pickles it for the tasks. Recovery runs

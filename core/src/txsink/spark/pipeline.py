@@ -7,22 +7,27 @@ commit latency read from the coordinator's state) until a bounded mode says stop
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import os
 import re
+import shutil
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from txsink.config import SOURCE_VIEW, PipelineConfig
-from txsink.errors import ConfigError, TxsinkError
-from txsink.plugins import get_plugins
-from txsink.state import EpochRecord, EpochState, StateStore
+from txsink.backend import Backend
+from txsink.config import PipelineConfig
+from txsink.errors import ConfigError, SinkOwnedError, TxsinkError
+from txsink.plugins import Plugins, get_plugins
+from txsink.spark.console import default_log_path, spark_output_to
+from txsink.state import EpochRecord, EpochState, StateStore, new_owner_token
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,6 +45,46 @@ class RunResult:
     committed_epochs: list[int] = field(default_factory=list)
     rows: int = 0
     stopped_because: str = ""
+    #: The signal that interrupted the run (SIGINT, SIGTERM), if one did.
+    signal: int | None = None
+
+    @property
+    def exit_status(self) -> int:
+        """0, or the shell's 128 + signal number for an interrupted run (130, 143)."""
+        return 128 + self.signal if self.signal else 0
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; ``txsink run`` stops the query and prints its summary."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupts_as_exceptions() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` in the main thread.
+
+    Without this, SIGTERM kills the driver without a summary, and Ctrl-C leaves it
+    to whichever py4j call is running to fail noisily.
+    """
+    old = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _take_back_sigint() -> None:
+    """PySpark's SparkContext installs its own SIGINT handler (cancel jobs over py4j,
+    which fails when it interrupts another py4j call); use ours again."""
+    signal.signal(signal.SIGINT, _raise_interrupted)
 
 
 def prepare_environment(master: str) -> None:
@@ -80,11 +125,35 @@ def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
 
 
 def build_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
-    df = build_source(spark, cfg)
-    if not cfg.transform:
-        return df
-    df.createOrReplaceTempView(SOURCE_VIEW)
-    return spark.sql(cfg.transform)
+    """Source plus transform; Spark's complaints about either name the field at fault."""
+    from txsink.spark.checks import build_checked_frame
+
+    return build_checked_frame(spark, cfg)
+
+
+def check_pipeline(cfg: PipelineConfig, log_path: Path) -> list[str]:
+    """What ``txsink validate`` asks Spark: build the source, analyse the transform.
+
+    Runs a local session (whatever ``spark.master`` says: no cluster is needed to
+    analyse) and no query. Returns the output columns.
+    """
+    from pyspark.sql import SparkSession
+
+    prepare_environment("local[1]")
+    with spark_output_to(log_path):
+        builder = (SparkSession.builder.master("local[1]").appName(f"txsink-validate-{cfg.name}")
+                   .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR"))
+        for key, value in cfg.spark.conf.items():
+            if key.startswith("spark.sql."):
+                builder = builder.config(key, value)
+        if cfg.source.type == "files" and not cfg.source.schema:
+            builder = builder.config("spark.sql.streaming.schemaInference", "true")
+        spark = builder.getOrCreate()
+        try:
+            frame = build_frame(spark, cfg)
+            return [f"{f.name} {f.dataType.simpleString()}" for f in frame.schema.fields]
+        finally:
+            spark.stop()
 
 
 def run_pipeline(
@@ -95,8 +164,14 @@ def run_pipeline(
     timeout_s: float | None = None,
     out: Printer = print,
     poll_s: float = 0.5,
+    log_path: Path | None = None,
+    pipeline_file: str | None = None,
 ) -> RunResult:
-    """Run ``cfg`` until it ends, a bound is reached, or Ctrl-C. Preflight runs first."""
+    """Run ``cfg`` until it ends, a bound is reached, or SIGINT/SIGTERM.
+
+    Preflight and the sink-ownership check run before Spark starts. Spark's own
+    output goes to ``log_path``; errors raised here name it.
+    """
     plugins = get_plugins()
     backend = plugins.create_backend(cfg.sink.backend, cfg.sink.options)
     try:
@@ -108,27 +183,212 @@ def run_pipeline(
     finally:
         backend.close()
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
+    check_ownership(cfg, plugins, store, pipeline_file or cfg.path or "PIPELINE_FILE")
+    log_path = log_path or default_log_path(cfg.checkpoint, cfg.name)
     out(cfg.summary())
     out(f"delivery: {cfg.sink.guarantee.reader_note()}")
-    spark = build_session(cfg)
-    try:
-        frame = build_frame(spark, cfg)
-        if cfg.mode == "batch":
-            result = _run_batch(frame, cfg, store, out)
-        else:
-            result = _run_stream(frame, cfg, store, out, max_batches=max_batches,
-                                 until_idle=until_idle, timeout_s=timeout_s, poll_s=poll_s)
-    finally:
-        spark.stop()
+    for line in resume_notes(cfg, store):
+        out(line)
+    out(f"spark log: {log_path}")
+    result = RunResult()
+    committed_before = {e for e, r in store.records().items()
+                        if r.state is EpochState.COMMITTED}
+    with interrupts_as_exceptions(), spark_output_to(log_path):
+        spark = None
+        owner = None
+        try:
+            spark = build_session(cfg)
+            _take_back_sigint()
+            owner = _jvm_owner(spark)
+            frame = build_frame(spark, cfg)
+            if cfg.mode == "batch":
+                result = _run_batch(frame, cfg, store, out)
+            else:
+                result = _run_stream(frame, cfg, store, out, max_batches=max_batches,
+                                     until_idle=until_idle, timeout_s=timeout_s, poll_s=poll_s)
+        except KeyboardInterrupt as exc:  # while Spark started, or a batch write ran
+            result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
+            _committed_into(result, store, committed_before)
+        except TxsinkError as exc:
+            raise _with_hints(exc, cfg, log_path) from None
+        finally:
+            if spark is not None:
+                _quietly(spark.stop, interrupted=result.signal is not None)
+            if owner is not None:
+                _release(store, owner)
     epochs = result.committed_epochs
     span = f"epochs {epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else (
         f"epoch {epochs[0]}" if epochs else "no epoch")
     out(f"done ({result.stopped_because}): committed {span}, {result.rows} row(s) exactly "
         f"once to {target}")
+    if result.signal is not None:
+        out(f"a batch that was still running is rolled back and replayed by the next "
+            f"`txsink run`. "
+            f"`txsink status {cfg.checkpoint}` shows the sink's state")
     if cfg.sink.backend == "files" and result.rows:
         for line in preview_files(cfg.sink.options.get("path", "")):
             out(line)
     return result
+
+
+def _quietly(action: Callable[[], object], *, interrupted: bool) -> None:
+    """Run a cleanup step; after an interrupt, Spark may already be gone: say nothing."""
+    try:
+        action()
+    except (Exception, KeyboardInterrupt):
+        if not interrupted:
+            raise
+        log.debug("cleanup after interrupt failed", exc_info=True)
+
+
+def _jvm_owner(spark: SparkSession) -> str | None:
+    """The lease owner token the sink's code in this session's JVM uses."""
+    from txsink.spark._proc import OWNER_ENV, jvm_owner_token
+
+    if os.environ.get(OWNER_ENV):
+        return os.environ[OWNER_ENV]
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    return jvm_owner_token(proc.pid) if proc is not None else None
+
+
+def _release(store: StateStore, owner: str) -> None:
+    """Give the lease up at the end of a run, if this run's driver still holds it."""
+    info = store.lease_info()
+    if info.get("owner") == owner and info.get("released_at") is None:
+        from txsink.state import Lease
+
+        with contextlib.suppress(TxsinkError, OSError):
+            store.release(Lease(owner, int(info["generation"])))
+
+
+def _with_hints(exc: TxsinkError, cfg: PipelineConfig, log_path: Path) -> TxsinkError:
+    """A failure after Spark started: name Spark's log and where to look next."""
+    if isinstance(exc, ConfigError) and (exc.field or "").startswith(("transform", "source")):
+        return exc  # reported before any batch ran: the line says it all
+    message = (f"{exc} (Spark's log: {log_path}); `txsink status {cfg.checkpoint}` shows what "
+               "the failed batch left, and the next `txsink run` finishes or rolls it back")
+    clone = type(exc).__new__(type(exc))
+    clone.__dict__.update(exc.__dict__)
+    clone.args = (message,)
+    return clone
+
+
+def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
+                    pipeline_file: str) -> None:
+    """Bind the sink to this checkpoint's state before Spark starts, or say why not.
+
+    The same check runs again inside Spark; here a refusal is one line with the
+    way out that applies instead of a traceback from a Python worker.
+    """
+    from txsink.coordinator import Coordinator
+    from txsink.spark._proc import owner_alive
+
+    holder = store.lease_info()
+    if holder.get("owner") and holder.get("released_at") is None and owner_alive(
+            str(holder["owner"])):
+        raise ConfigError(
+            f"sink {cfg.sink.sink_id!r} is being written by a running query (lease "
+            f"owner {holder['owner']}); stop it before starting another run on "
+            f"{cfg.checkpoint}", field="checkpoint", sink_id=cfg.sink.sink_id)
+    meta_before = store.read_meta()
+    backend = plugins.create_backend(cfg.sink.backend, cfg.sink.options)
+    try:
+        coordinator = Coordinator(backend, store, cfg.sink.sink_id,
+                                  backend_options=cfg.sink.options, plugins=plugins,
+                                  owner=new_owner_token(), scan_orphans=False)
+        try:
+            coordinator.start(recover=False)
+        except SinkOwnedError as exc:
+            if meta_before is None:
+                _forget_new_state(store)
+            resettable = type(backend).reset_sink is not Backend.reset_sink
+            raise _owned_hint(exc, cfg, backend.describe(),
+                              pipeline_file if resettable else None,
+                              fresh=meta_before is None, here=store.location) from None
+        store.release(coordinator.lease)
+    finally:
+        backend.close()
+
+
+def _forget_new_state(store: StateStore) -> None:
+    """Remove the empty state this check created, so the next try sees the same thing."""
+    root = Path(store.location)
+    if store.records() or not (root / "meta.json").is_file():
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the checkpoint dir, if nothing else is in it
+        root.parent.rmdir()
+
+
+def _owned_hint(exc: SinkOwnedError, cfg: PipelineConfig, target: str,
+                pipeline_file: str | None, *, fresh: bool, here: str) -> ConfigError:
+    owner = exc.owner_state or "?"
+    sink = cfg.sink.sink_id
+    # The owner's state is gone, or it was at this very location and this run found
+    # no state there: the checkpoint was deleted (and the check just made a new one).
+    gone = (fresh and os.path.abspath(owner) == os.path.abspath(here)) or (
+        "://" not in owner and not Path(owner, "meta.json").exists())
+    if gone and pipeline_file is not None:
+        message = (f"sink {sink!r} ({target}) was written by an earlier run whose txsink "
+                   f"state {owner} no longer exists (its checkpoint was deleted). To start "
+                   f"over, deleting that output: txsink reset {pipeline_file}. To keep it: "
+                   "give this pipeline a new sink_id and output location")
+    elif gone:
+        message = (f"sink {sink!r} ({target}) was written by an earlier run whose txsink "
+                   f"state {owner} no longer exists (its checkpoint was deleted). The "
+                   f"{cfg.sink.backend} backend cannot delete what it wrote: give this "
+                   f"pipeline a new sink_id to start over ({exc})")
+    else:
+        message = (f"sink {sink!r} ({target}) belongs to another query, whose txsink state "
+                   f"is {owner}; a sink id belongs to one query: give this pipeline its own "
+                   "sink_id and output location (or stop using the other query's checkpoint)")
+    return ConfigError(message, field="sink.sink_id", sink_id=sink)
+
+
+def resume_notes(cfg: PipelineConfig, store: StateStore) -> list[str]:
+    """Say that a run continues an earlier one, where, and what it replays first."""
+    checkpoint = Path(cfg.checkpoint.removeprefix("file://"))
+    if cfg.mode != "streaming" or (
+            "://" in cfg.checkpoint and not cfg.checkpoint.startswith("file://")):
+        return []  # a batch write is one new epoch; remote checkpoints are not read here
+
+    def batch_ids(sub: str) -> list[int]:
+        folder = checkpoint / sub
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+    offsets, commits = batch_ids("offsets"), batch_ids("commits")
+    records = store.records()
+    if not offsets and not records:
+        return []
+    meta = store.read_meta()
+    in_doubt = sorted(e for e, r in records.items() if r.state is EpochState.DECIDED)
+    last_offset = offsets[-1] if offsets else -1
+    last_commit = commits[-1] if commits else -1
+    replay = last_offset if last_offset > last_commit else None
+    next_epoch = last_offset + 1 if replay is None else replay
+    line = f"resuming sink {cfg.sink.sink_id!r} at epoch {next_epoch} from {cfg.checkpoint}"
+    if replay is not None:
+        line += (f"; replaying epoch {replay} (planned before the last stop but not finished "
+                 "in Spark)")
+    notes = [line]
+    if in_doubt:
+        notes.append(f"epoch(s) {', '.join(map(str, in_doubt))} were decided but not fully "
+                     "committed: txsink commits them first")
+    if (meta is not None and meta.committed_watermark >= 0) or any(
+            r.state is EpochState.COMMITTED for r in records.values()):
+        notes.append("the first batch also reads what the source produced while the "
+                     "pipeline was stopped (catch-up rows): expect it to be larger")
+    return notes
+
+
+def _committed_into(result: RunResult, store: StateStore, seen: set[int]) -> None:
+    for record in _committed_since(store, seen):
+        if record.epoch not in result.committed_epochs:
+            result.committed_epochs.append(record.epoch)
+            result.rows += record.rows
 
 
 def preview_files(path: str, rows: int = 3) -> list[str]:
@@ -237,11 +497,23 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
                     break
             time.sleep(poll_s)
         _stop_between_batches(query, poll_s)
-    except KeyboardInterrupt:
-        result.stopped_because = "interrupted"
+    except KeyboardInterrupt as exc:
+        result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
     finally:
-        if query.isActive:
-            query.stop()
+        interrupted = result.signal is not None
+        _quietly(lambda: query.stop() if query.isActive else None, interrupted=interrupted)
+    if result.signal is not None:
+        # SIGTERM to the process group stops Spark's JVM too: count from the state alone.
+        for record in pending:
+            out(_epoch_line(record, progress.get(record.epoch)))
+            result.committed_epochs.append(record.epoch)
+            result.rows += record.rows
+        for record in _committed_since(store, seen):
+            out(_epoch_line(record, None))
+            result.committed_epochs.append(record.epoch)
+            result.rows += record.rows
+        return result
     error = query.exception()
     if error is not None:
         raise TxsinkError(f"the streaming query failed: {_first_lines(str(error))}")
@@ -263,13 +535,23 @@ def _stop_between_batches(query: Any, poll_s: float, wait_s: float = 5.0) -> Non
         time.sleep(min(poll_s, 0.05))
 
 
-_TXSINK_ERROR = re.compile(r"txsink\.errors\.(?P<kind>\w+): (?P<message>.+)")
+_TXSINK_ERROR = re.compile(r"txsink\.(?:[a-z_]+\.)*(?P<kind>[A-Z]\w+): (?P<message>.+)")
+_PYTHON_ERROR = re.compile(r"^(?:[a-z_]\w*\.)*(?P<kind>[A-Z]\w*(?:Error|Exception|Fault)): "
+                           r"(?P<message>.+)")
 
 
-def _first_lines(text: str, n: int = 12) -> str:
-    """The txsink error inside a Spark/Python traceback, else the first lines of it."""
+def _first_lines(text: str) -> str:
+    """The txsink error inside a Spark/Python traceback, else the Python error at the
+    bottom of it, else Spark's first line."""
     found = _TXSINK_ERROR.search(text)
     if found:
         return f"{found['kind']}: {found['message'].strip()}"
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("at ")]
-    return "\n".join(lines[:n])
+    from txsink.spark.checks import spark_message
+
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    python = [m for m in map(_PYTHON_ERROR.match, lines) if m]
+    if python:
+        return f"{python[-1]['kind']}: {python[-1]['message'].strip()}"
+    lines = [ln for ln in lines
+             if not ln.startswith(("at ", "File ", "Traceback", "==", "+-"))]
+    return spark_message(Exception(lines[0] if lines else text))

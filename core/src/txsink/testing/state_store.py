@@ -189,8 +189,10 @@ class StateStoreContract:
         assert reader.read_meta() is None
         new_store.put(new, decided(2, owner="new"))
         assert self.open(location).acquire("new") == new
-        # The old owner taking the lease back is a takeover too: generation 3.
-        assert self.open(location).acquire("old").generation == new.generation + 1
+        # An owner that was fenced stays fenced: an older run never takes the sink back.
+        with pytest.raises(FencedError):
+            self.open(location).acquire("old")
+        assert self.open(location).acquire("third").generation == new.generation + 1
 
     def test_concurrent_writers_lose_no_update(self, location: str) -> None:
         lease = self.open(location).acquire("a")

@@ -1,0 +1,102 @@
+"""Spark's errors about a pipeline file, as one line naming the field at fault.
+
+Spark finds some mistakes only once it looks at the source and the SQL: an
+option it cannot parse (``rowsPerSecond: twenty``), a syntax error or an
+unknown column in the transform. Building the source and analysing the
+transform raises them without running a query, so ``txsink validate`` and
+``txsink run`` both call :func:`build_checked_frame` and report the same line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from txsink.config import SOURCE_VIEW, PipelineConfig
+from txsink.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_ERROR_CLASS = re.compile(r"^\[(?P<cls>[A-Z0-9_.]+)\]\s*")
+_POSITION = re.compile(r"\(line (\d+), pos (\d+)\)|line (\d+),? pos (\d+)")
+_SQLSTATE = re.compile(r"\s*SQLSTATE: \w+[;.]?")
+
+
+def spark_message(exc: BaseException) -> str:
+    """The first meaningful line of a Spark error: no plan, no JVM frames, no SQLSTATE."""
+    text = str(exc)
+    java = text.find("\n: ")  # Py4JJavaError: "An error occurred while calling ...\n: <exc>"
+    if text.startswith("An error occurred while calling") and java >= 0:
+        text = text[java + 3:]
+        text = re.sub(r"^[\w.$]+(Exception|Error): ", "", text)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    position = _POSITION.search(text)
+    first = _SQLSTATE.sub("", first)
+    first = _ERROR_CLASS.sub("", first).strip().rstrip(";")
+    first = re.sub(r"\.?\s*\(?line \d+,? pos \d+\)?$", "", first).rstrip(" .")
+    if position:
+        line, pos = (position.group(1), position.group(2)) if position.group(1) else (
+            position.group(3), position.group(4))
+        first += f" (line {line}, pos {pos})"
+    return first
+
+
+def _option_field(cfg: PipelineConfig, message: str) -> str:
+    """Which ``source.options`` key the message is about: by name, else by its value."""
+    lowered = message.lower()
+    for key in cfg.source.options:
+        if re.search(rf"\b{re.escape(key.lower())}\b", lowered):
+            return f"source.options.{key}"
+    for key, value in cfg.source.options.items():
+        if value and (f'"{value}"' in message or f"'{value}'" in message):
+            return f"source.options.{key}"
+    return "source.options" if cfg.source.options else "source"
+
+
+def source_error(cfg: PipelineConfig, exc: Exception) -> ConfigError:
+    message = spark_message(exc)
+    field = _option_field(cfg, message)
+    if field in ("source.options", "source"):
+        if cfg.source.schema and ("schema" in str(exc).lower()
+                                  or "data type" in message.lower()):
+            field = "source.schema"
+        elif "data source" in message.lower() or "DATA_SOURCE_NOT_FOUND" in str(exc):
+            field = "source.format"
+    return ConfigError(f"{field}: Spark refused the source: {message}", field=field)
+
+
+def transform_error(exc: Exception) -> ConfigError:
+    return ConfigError(f"transform: Spark cannot run this SQL over the view {SOURCE_VIEW!r}: "
+                       f"{spark_message(exc)}", field="transform")
+
+
+def _is_spark_error(exc: Exception) -> bool:
+    module = type(exc).__module__
+    return module.startswith(("pyspark.", "py4j."))
+
+
+def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
+    """Build the source and analyse the transform; Spark's complaints become ConfigErrors.
+
+    Analysis is eager in Spark, so this finds parse errors, unknown columns and
+    functions, and option values the source cannot parse, without reading data.
+    """
+    from txsink.spark.pipeline import build_source
+
+    try:
+        df = build_source(spark, cfg)
+    except Exception as exc:
+        if not _is_spark_error(exc):
+            raise
+        raise source_error(cfg, exc) from None
+    if not cfg.transform:
+        return df
+    df.createOrReplaceTempView(SOURCE_VIEW)
+    try:
+        return spark.sql(cfg.transform)
+    except Exception as exc:
+        if not _is_spark_error(exc):
+            raise
+        raise transform_error(exc) from None

