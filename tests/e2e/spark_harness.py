@@ -157,9 +157,9 @@ class DriverRun:
         return self
 
 
-def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float = 240,
-               env: Mapping[str, str] | None = None) -> DriverRun:
-    """Run the driver to its end (or its death at ``faults``); never leaves a process."""
+def start_driver(spec: DriverSpec, *, faults: str | None = None,
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start the driver in the background; the caller must :func:`kill_group` its pid."""
     child_env = dict(os.environ if env is None else env)
     child_env.pop("TXSINK_FAULTS", None)
     if faults:
@@ -172,10 +172,16 @@ def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float 
         "partitions": spec.partitions, "master": spec.master, "conf": spec.conf,
         "batch_write": spec.batch_write, "select": spec.select, "source": spec.source,
     })
-    started = time.monotonic()
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, __file__, "drive", payload], env=child_env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float = 240,
+               env: Mapping[str, str] | None = None) -> DriverRun:
+    """Run the driver to its end (or its death at ``faults``); never leaves a process."""
+    started = time.monotonic()
+    proc = start_driver(spec, faults=faults, env=env)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
