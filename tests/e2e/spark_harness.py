@@ -177,6 +177,20 @@ def start_driver(spec: DriverSpec, *, faults: str | None = None,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def wait_for_pause(proc: subprocess.Popen[str], directory: Path,
+                   timeout_s: float = 480) -> None:
+    """Wait until a driver started with a ``pause`` fault (``TXSINK_FAULTS_PAUSE_DIR`` =
+    ``directory``) reached it; fail with its output if it died or never got there."""
+    deadline = time.monotonic() + timeout_s
+    while not (directory / "paused").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_group(proc.pid)
+            out, _ = proc.communicate()
+            raise AssertionError(f"the driver did not reach its pause point in {timeout_s}s "
+                                 f"(exit {proc.returncode}):\n{out[-4000:]}")
+        time.sleep(0.2)
+
+
 def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float = 240,
                env: Mapping[str, str] | None = None) -> DriverRun:
     """Run the driver to its end (or its death at ``faults``); never leaves a process."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from tests.e2e.spark_harness import (
     run_driver,
     start_driver,
     summarize,
+    wait_for_pause,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
@@ -185,11 +185,7 @@ def test_postgres_restarted_under_a_running_query(
     driver = start_driver(spec, faults="before-decide@1:pause", env=env)
     up = threading.Timer(8.0, pg.up)
     try:
-        deadline = time.monotonic() + 240
-        while not (pause / "paused").exists():
-            assert driver.poll() is None, driver.communicate()[0][-4000:]
-            assert time.monotonic() < deadline, "the query never reached epoch 1's decision"
-            time.sleep(0.2)
+        wait_for_pause(driver, pause)
         pg.down(mode="fast")
         up.start()
         (pause / "release").touch()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from tests.e2e.spark_harness import (
     run_driver,
     start_driver,
     summarize,
+    wait_for_pause,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -157,11 +157,7 @@ def test_older_run_is_fenced_once_a_newer_run_took_over(tmp_path: Path) -> None:
     old = start_driver(payload, faults="task-after-pre-commit@1:pause",
                        env=dict(os.environ, TXSINK_FAULTS_PAUSE_DIR=str(pause)))
     try:
-        deadline = time.monotonic() + 240
-        while not (pause / "paused").exists():
-            assert old.poll() is None, old.communicate()[0][-4000:]
-            assert time.monotonic() < deadline, "run A never reached the pause point"
-            time.sleep(0.2)
+        wait_for_pause(old, pause)
         # Run B: a newer run of the same query (same checkpoint) runs to the end.
         run_driver(payload).check()
         (pause / "release").touch()

@@ -215,8 +215,12 @@ class FilesBackend(Backend):
                 field="sink_id", sink_id=sink_id) from None
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
-        """A final file of ``epoch`` exists (the directory belongs to one sink id)."""
-        return any(self.base.glob(f"part-{epoch:010d}-*"))
+        """A final file of ``epoch`` exists in the directory ``sink_id`` owns."""
+        try:
+            owner = json.loads((self._meta / "sink.json").read_text()).get("sink_id")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return owner == sink_id and any(self.base.glob(f"part-{epoch:010d}-*"))
 
     def preflight(self, sink_id: str) -> None:
         try:
