@@ -157,9 +157,10 @@ class DriverRun:
         return self
 
 
-def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float = 240,
-               env: Mapping[str, str] | None = None, cwd: Path | None = None) -> DriverRun:
-    """Run the driver to its end (or its death at ``faults``); never leaves a process.
+def start_driver(spec: DriverSpec, *, faults: str | None = None,
+                 env: Mapping[str, str] | None = None,
+                 cwd: Path | None = None) -> subprocess.Popen[str]:
+    """Start the driver in the background; the caller must :func:`kill_group` its pid.
 
     ``cwd`` is the driver's working directory (default: this process's).
     """
@@ -175,10 +176,30 @@ def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float 
         "partitions": spec.partitions, "master": spec.master, "conf": spec.conf,
         "batch_write": spec.batch_write, "select": spec.select, "source": spec.source,
     })
-    started = time.monotonic()
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "drive", payload], env=child_env, cwd=cwd,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for_pause(proc: subprocess.Popen[str], directory: Path,
+                   timeout_s: float = 480) -> None:
+    """Wait until a driver started with a ``pause`` fault (``TXSINK_FAULTS_PAUSE_DIR`` =
+    ``directory``) reached it; fail with its output if it died or never got there."""
+    deadline = time.monotonic() + timeout_s
+    while not (directory / "paused").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_group(proc.pid)
+            out, _ = proc.communicate()
+            raise AssertionError(f"the driver did not reach its pause point in {timeout_s}s "
+                                 f"(exit {proc.returncode}):\n{out[-4000:]}")
+        time.sleep(0.2)
+
+
+def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float = 240,
+               env: Mapping[str, str] | None = None, cwd: Path | None = None) -> DriverRun:
+    """Run the driver to its end (or its death at ``faults``); never leaves a process."""
+    started = time.monotonic()
+    proc = start_driver(spec, faults=faults, env=env, cwd=cwd)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

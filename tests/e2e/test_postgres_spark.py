@@ -11,6 +11,7 @@ injected task failures and unreported "speculative" twins, then a batch write.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,15 @@ import pytest
 from txsink.state import DirectoryStateStore, EpochState
 from txsink_postgres import testing as pgtesting
 
-from tests.e2e.spark_harness import DriverSpec, make_input, run_driver, summarize
+from tests.e2e.spark_harness import (
+    DriverSpec,
+    kill_group,
+    make_input,
+    run_driver,
+    start_driver,
+    summarize,
+    wait_for_pause,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
@@ -158,3 +167,37 @@ def test_task_failures_and_speculative_twins_then_batch_write(
         assert summarize(got) == expected, t
         assert len(got) == len({r["id"] for r in got})
         assert prepared(pg, s) == []
+
+
+@pytest.mark.fault
+def test_postgres_restarted_under_a_running_query(
+    pg: pgtesting.LocalPostgres, tmp_path: Path
+) -> None:
+    """PostgreSQL goes away for several seconds between a batch's writes and its commit,
+    longer than the commit retries alone ride out: the run waits for it and goes on."""
+    expected = make_input(tmp_path / "in", files=3, rows_per_file=100)
+    sink = "e2e-pg-restart"
+    table = make_table(pg, "e2e_restart")
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    spec = spec_for(pg, tmp_path, sink, table, master="local[2]")
+    env = dict(env_for(pg), TXSINK_FAULTS_PAUSE_DIR=str(pause))
+    driver = start_driver(spec, faults="before-decide@1:pause", env=env)
+    up = threading.Timer(8.0, pg.up)
+    try:
+        wait_for_pause(driver, pause)
+        pg.down(mode="fast")
+        up.start()
+        (pause / "release").touch()
+        output, _ = driver.communicate(timeout=300)
+    finally:
+        (pause / "release").touch()
+        kill_group(driver.pid)
+        if up.ident is not None:
+            up.join()
+    assert driver.returncode == 0 and "TXSINK-DRIVER-DONE" in output, output[-4000:]
+    assert pg.password not in output
+    got = rows(pg, table)
+    assert summarize(got) == expected
+    assert len(got) == len({r["id"] for r in got})
+    assert prepared(pg, sink) == []

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +29,9 @@ from tests.e2e.spark_harness import (
     make_input,
     read_files_output,
     run_driver,
+    start_driver,
     summarize,
+    wait_for_pause,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -153,29 +152,12 @@ def test_older_run_is_fenced_once_a_newer_run_took_over(tmp_path: Path) -> None:
     pause = tmp_path / "pause"
     pause.mkdir()
     payload = DriverSpec(input_dir=tmp_path / "in", checkpoint=chk, sink_id="e2e-fence",
-                         options={"path": str(out), "format": "jsonl"})
+                         options={"path": str(out), "format": "jsonl"}, master="local[2]")
     # Run A stalls inside a task of batch 1, after its planner took the lease.
-    env_a = dict(os.environ, TXSINK_FAULTS="task-after-pre-commit@1:pause",
-                 TXSINK_FAULTS_PAUSE_DIR=str(pause), PYSPARK_PYTHON=sys.executable,
-                 SPARK_LOCAL_IP="127.0.0.1")
-    import json
-
-    from tests.e2e import spark_harness
-
-    old = subprocess.Popen(
-        [sys.executable, spark_harness.__file__, "drive", json.dumps({
-            "input_dir": str(payload.input_dir), "checkpoint": str(chk),
-            "sink_id": payload.sink_id, "options": payload.options, "backend": "files",
-            "partitions": 2, "master": "local[2]", "conf": {}, "batch_write": None,
-            "select": None, "source": None})],
-        env=env_a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+    old = start_driver(payload, faults="task-after-pre-commit@1:pause",
+                       env=dict(os.environ, TXSINK_FAULTS_PAUSE_DIR=str(pause)))
     try:
-        deadline = time.monotonic() + 240
-        while not (pause / "paused").exists():
-            assert old.poll() is None, old.communicate()[0][-4000:]
-            assert time.monotonic() < deadline, "run A never reached the pause point"
-            time.sleep(0.2)
+        wait_for_pause(old, pause)
         # Run B: a newer run of the same query (same checkpoint) runs to the end.
         run_driver(payload).check()
         (pause / "release").touch()

@@ -268,8 +268,12 @@ class FilesBackend(Backend):
                 owner_state=owner.get("state_location")) from None
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
-        """A final file of ``epoch`` exists (the directory belongs to one sink id)."""
-        return any(self.base.glob(f"part-{epoch:010d}-*"))
+        """A final file of ``epoch`` exists in the directory ``sink_id`` owns."""
+        try:
+            owner = json.loads((self._meta / "sink.json").read_text()).get("sink_id")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return owner == sink_id and any(self.base.glob(f"part-{epoch:010d}-*"))
 
     def reset_sink(self, sink_id: str) -> list[str]:
         marker = self._meta / "sink.json"

@@ -262,6 +262,21 @@ class BackendConformance:
         assert sorted(self.read_ids(backend, sink_id)) == list(range(100))
         assert self.open_participants(backend, sink_id) == set()
 
+    def test_holds_epoch_counts_committed_epochs_only(
+        self, backend: Backend, sink_id: str, state_dir: Path
+    ) -> None:
+        """For backends that implement ``holds_epoch``: a restored state relies on it."""
+        if type(backend).holds_epoch is Backend.holds_epoch:
+            pytest.skip(f"backend {backend.name!r} does not implement holds_epoch")
+        coord = self.coordinator(backend, state_dir, sink_id)
+        coord.start()
+        prepared = self.prepare(backend, sink_id, 4, 0, range(20))
+        assert not backend.holds_epoch(sink_id, 4)  # prepared is not committed
+        assert coord.commit_epoch(4, [prepared]) is EpochOutcome.COMMITTED
+        assert backend.holds_epoch(sink_id, 4)
+        assert not backend.holds_epoch(sink_id, 5)
+        assert not backend.holds_epoch(f"{sink_id}x", 4)
+
     def test_orphans_are_aborted(self, backend: Backend, sink_id: str, state_dir: Path) -> None:
         coord = self.coordinator(backend, state_dir, sink_id)
         coord.start()

@@ -203,6 +203,14 @@ class SqliteBackend(Backend):
                              (committable.participant,))
             conn.execute("COMMIT")
 
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        """The commit marker of some participant of ``epoch`` is recorded."""
+        with self._session() as conn:
+            names = conn.execute("SELECT participant FROM _txsink_committed WHERE sink_id = ?",
+                                 (sink_id,)).fetchall()
+        return any((ctx := parse_participant(str(name))) is not None and ctx.epoch == epoch
+                   for (name,) in names)
+
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         with self._session() as conn:
             rows: list[Any] = conn.execute(
