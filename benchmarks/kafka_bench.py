@@ -2,7 +2,7 @@
 
 One generated DataFrame (``--records`` rows of a key and a ``--value-bytes`` value,
 ``--partitions`` Spark partitions, cached before timing) is written to the same
-broker, ``--rounds`` times each and in turn, by
+broker, ``--rounds`` times each and in turn (after ``--warmup`` rounds not counted), by
 
 * Spark's built-in Kafka sink (``spark-sql-kafka-0-10``, at-least-once; its jars
   resolved once with Maven into the local repository, see ``spark_kafka_jars``);
@@ -16,7 +16,7 @@ latency (decide -> committed, p50/p95, from its state store), and the load avera
 Then it reads the sink's output back with the stream source's per-task read path
 (``read_range``) and with a plain consumer.
 
-    uv run python benchmarks/kafka_bench.py [--records 300000] [--rounds 5]
+    uv run python benchmarks/kafka_bench.py [--records 300000] [--rounds 5] [--warmup 1]
 
 Starts a local Apache Kafka (``txsink_kafka.local_broker``; ``TXSINK_KAFKA_VERSION``)
 unless ``TXSINK_KAFKA_BOOTSTRAP`` names a broker.
@@ -219,25 +219,31 @@ def run(bootstrap: str, broker: str, args: argparse.Namespace) -> None:
         seconds: dict[str, list[float]] = {name: [] for name in topics}
         commit_s: list[float] = []
         with tempfile.TemporaryDirectory(prefix="txsink-kafka-bench-") as chk:
-            for r in range(args.rounds):
+            # Warm-up rounds (JIT, Python workers, imports) are printed, not counted.
+            for r in range(-args.warmup, args.rounds):
                 # Rotate who goes first so broker warm-up and page cache favour no one.
                 order = ["spark", "txsink", "plain"]
+                took: dict[str, float] = {}
                 for name in order[r % 3:] + order[:r % 3]:
                     if name == "spark":
-                        seconds[name].append(spark_sink(df, bootstrap, topics[name]))
+                        took[name] = spark_sink(df, bootstrap, topics[name])
                     elif name == "txsink":
-                        took, commit = txsink_sink(df, bootstrap, topics[name], markers,
-                                                   Path(chk))
-                        seconds[name].append(took)
-                        commit_s.append(commit)
+                        took[name], commit = txsink_sink(df, bootstrap, topics[name], markers,
+                                                         Path(chk))
+                        if r >= 0:
+                            commit_s.append(commit)
                     else:
-                        seconds[name].append(plain_producer(bootstrap, topics[name], batches))
-                print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                    f"{n} {s[-1]:.1f}s" for n, s in seconds.items()), flush=True)
+                        took[name] = plain_producer(bootstrap, topics[name], batches)
+                if r >= 0:
+                    for name, s in took.items():
+                        seconds[name].append(s)
+                label = "warm-up" if r < 0 else f"round {r + 1}/{args.rounds}"
+                print(f"{label}: " + ", ".join(f"{n} {s:.1f}s" for n, s in took.items()),
+                      flush=True)
     finally:
         spark.stop()
     load_after = os.getloadavg()
-    expected = args.records * args.rounds
+    expected = args.records * (args.rounds + args.warmup)
     # Spark's sink is at-least-once: at least every record; txsink's: exactly, and
     # read_committed sees them all (control records take offsets too).
     assert end_offsets(bootstrap, topics["spark"], "read_uncommitted") >= expected
@@ -289,6 +295,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1, help="rounds not counted")
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--spark-kafka-version", default=None,
