@@ -16,12 +16,14 @@ production broker would.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -151,6 +153,28 @@ log4j.appender.file.File={log}
 log4j.appender.file.layout=org.apache.log4j.PatternLayout
 log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
+
+
+def _libc_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+#: Looked up here, not in the forked child: no dynamic loading between fork and exec.
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the broker's child process (Linux): SIGKILL it when the thread that started
+    it dies. A test run killed by a timeout or SIGKILL would otherwise leave the
+    broker JVM running, since it has its own session."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 #: Brokers started in this process and not closed yet, for failure reports.
@@ -295,7 +319,7 @@ class LocalKafka:
             self.proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(self.workdir / "server.properties")),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.workdir, start_new_session=True)
+                cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent)
         _STARTED[id(self)] = self
         try:
             self.wait_ready(timeout_s)
