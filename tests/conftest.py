@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Generator
 
 import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test's report names the log of every local Kafka broker still up, with
+    its last warnings: the broker's side of the story is usually there."""
+    report = yield
+    if not report.failed:
+        return report
+    local_broker = sys.modules.get("txsink_kafka.local_broker")
+    for kafka in local_broker.started_brokers() if local_broker is not None else []:
+        tail = kafka.log_tail()
+        report.sections.append((
+            f"Kafka broker log: {kafka.log_path}",
+            f"{kafka.describe()}\n"
+            + (f"last warnings and errors:\n{tail}" if tail else "no warnings or errors")))
+    return report
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

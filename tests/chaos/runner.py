@@ -8,7 +8,9 @@ Each run writes a fresh sink (``EPOCHS`` x ``PARTITIONS`` participants) through
   killed and the task retried (the prepared one becomes an orphan);
 * ``speculative-twin``: a second attempt of a task prepares too, and loses;
 * ``server-restart``: the driver is killed mid-protocol and the backend's server is
-  restarted before the pipeline resumes (prepared data must survive it).
+  restarted before the pipeline resumes (prepared data must survive it);
+* ``server-kill``: the same, but the server is SIGKILLed (for servers that can be:
+  Kafka's broker JVM); a target's server faults alternate kill, restart, kill, ...
 
 After the faults the pipeline is resumed to completion and its output compared
 with the input: record count, per-key checksum, lost and duplicated records, and
@@ -43,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EPOCHS, PARTITIONS = 5, 3
 TASK_KINDS = ("task-dies-after-prepare", "task-dies-before-prepare", "speculative-twin")
 KINDS = ("driver-kill", *TASK_KINDS, "server-restart")
+#: Table columns: the kinds drawn, and the SIGKILL variant of a server restart.
+COLUMNS = (*KINDS, "server-kill")
 
 
 @dataclass
@@ -67,25 +71,32 @@ class Report:
 
 @dataclass
 class Plan:
-    driver_faults: list[tuple[int, str, bool]]  # (epoch, point, restart the server)
+    driver_faults: list[tuple[int, str, str]]  # (epoch, point, "" | server fault kind)
     task_faults: dict[str, str]  # "epoch:partition" -> kind
 
 
-def plan_run(rng: random.Random, faults: int, can_restart: bool) -> Plan:
+def plan_run(rng: random.Random, faults: int, can_restart: bool, can_kill: bool = False,
+             server_faults: int = 0) -> Plan:
+    """``server_faults``: how many the target had before this run (kill comes first)."""
     kinds = [k for k in KINDS if can_restart or k != "server-restart"]
-    driver_faults: list[tuple[int, str, bool]] = []
+    driver_faults: list[tuple[int, str, str]] = []
     task_faults: dict[str, str] = {}
-    for _ in range(faults):
+    for n in range(faults):
         kind = rng.choice(kinds)
+        if can_kill and server_faults == 0 and n == 0:
+            kind = "server-restart"  # every run of such a target kills its server once
         epoch = rng.randrange(EPOCHS)
         if kind in TASK_KINDS:
             free = [f"{e}:{p}" for e in range(EPOCHS) for p in range(PARTITIONS)
                     if f"{e}:{p}" not in task_faults]
             task_faults[rng.choice(free)] = kind
         elif kind == "driver-kill":
-            driver_faults.append((epoch, rng.choice(POINTS), False))
+            driver_faults.append((epoch, rng.choice(POINTS), ""))
         else:  # the server goes down while participants are prepared or half committed
-            driver_faults.append((epoch, rng.choice(POINTS[:3]), True))
+            kill = can_kill and server_faults % 2 == 0
+            server_faults += 1
+            driver_faults.append((epoch, rng.choice(POINTS[:3]),
+                                  "server-kill" if kill else "server-restart"))
     driver_faults.sort(key=lambda f: (f[0], POINTS.index(f[1])))
     return Plan(driver_faults, task_faults)
 
@@ -105,7 +116,7 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
             "kind": target.kind, "task_faults": plan.task_faults}
     spec_file = workdir / f"{name}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_FAULTS")}
-    segments: list[tuple[int, str, bool] | None] = [*plan.driver_faults, None]
+    segments: list[tuple[int, str, str] | None] = [*plan.driver_faults, None]
     for i, fault in enumerate(segments):
         spec["run"] = i
         spec_file.write_text(json.dumps(spec))
@@ -116,9 +127,9 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
                               cwd=ROOT, env=run_env, capture_output=True, text=True,
                               timeout=600, check=False)
         if fault is not None and done.returncode == -signal.SIGKILL:
-            report.faults["server-restart" if fault[2] else "driver-kill"] += 1
+            report.faults[fault[2] or "driver-kill"] += 1
             if fault[2]:
-                target.restart_server()
+                target.restart_server(hard=fault[2] == "server-kill")
             continue
         if done.returncode != 0:
             report.failures.append(f"run {name} segment {i}: exit {done.returncode}: "
@@ -157,7 +168,9 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int = 4,
         report.note = target.note
         with tempfile.TemporaryDirectory(prefix=f"txsink-chaos-{name}-") as tmp:
             while sum(report.faults.values()) < faults and report.runs < faults:
-                plan = plan_run(rng, faults_per_run, target.can_restart)
+                plan = plan_run(rng, faults_per_run, target.can_restart,
+                                target.can_kill_server,
+                                report.faults["server-restart"] + report.faults["server-kill"])
                 run_once(target, plan, report, Path(tmp))
                 report.runs += 1
                 progress(f"{name}: run {report.runs}, {sum(report.faults.values())}/{faults} "
@@ -166,21 +179,23 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int = 4,
                 if report.failures:
                     break
     finally:
+        target.failed = not report.ok
         target.stop()
+        report.note = target.note
         report.seconds = time.monotonic() - started
     return report
 
 
 def table(reports: list[Report]) -> str:
-    cols = ["backend", "runs", *KINDS, "records", "lost", "duplicated", "leftovers", "seed",
+    cols = ["backend", "runs", *COLUMNS, "records", "lost", "duplicated", "leftovers", "seed",
             "result"]
     rows = []
     for r in reports:
         if r.skipped:
-            rows.append([r.backend, "-", *["-"] * len(KINDS), "-", "-", "-", "-", str(r.seed),
+            rows.append([r.backend, "-", *["-"] * len(COLUMNS), "-", "-", "-", "-", str(r.seed),
                          f"skipped: {r.skipped}"])
             continue
-        rows.append([r.backend, str(r.runs), *[str(r.faults[k]) for k in KINDS],
+        rows.append([r.backend, str(r.runs), *[str(r.faults[k]) for k in COLUMNS],
                      str(r.records), str(r.lost), str(r.duplicated), str(r.leftovers),
                      str(r.seed), ("ok" if r.ok else "FAILED") + f" ({r.seconds:.0f}s)"])
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]

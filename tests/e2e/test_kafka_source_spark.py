@@ -1,4 +1,5 @@
-"""The txsink-kafka stream source in real Spark, and Kafka -> Spark -> Kafka exactly once."""
+"""The txsink-kafka stream source in real Spark on Apache Kafka, and aborted upstream
+transactions never reaching txsink's Kafka sink."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
-def bootstrap() -> Iterator[str]:
-    with kt.broker_for_tests() as (address, _):
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("kafka-broker") / "broker.log"
+    with kt.kafka_for_tests(log, tansu_ok=False) as (address, _, _):
         yield address
 
 
@@ -105,7 +107,6 @@ def run_available_now(spark: Any, bootstrap: str, topic: str, chk: Path,
 
 def test_source_reads_committed_records_with_the_kafka_schema(
         spark: Any, bootstrap: str, tmp_path: Path) -> None:
-    caps = kt.probe_broker(bootstrap, f"at {bootstrap}")
     topic = f"src-{uuid.uuid4().hex[:6]}"
     kt.create_topic(bootstrap, topic, partitions=2)
     produce(bootstrap, topic, [(i % 2, i) for i in range(100)])
@@ -123,14 +124,7 @@ def test_source_reads_committed_records_with_the_kafka_schema(
     log = kt.scan_log(bootstrap, topic)
     committed = sorted(json.loads(r.value or b"")["id"] for r in log.records)
     assert committed == list(range(100)) and log.aborted_records == 10
-    if caps.hides_aborted:
-        assert ids == committed
-    else:
-        # Tansu 0.6 shows aborted records to read_committed consumers, librdkafka's
-        # included: the source gets the committed records and the aborted ones, each
-        # exactly once (what the log holds, markers aside).
-        assert ids == sorted(json.loads(r.value or b"")["id"] for r in log.uncommitted)
-        assert ids == [*range(100), *range(1000, 1010)]
+    assert ids == committed
     sample = next(r for r in rows if json.loads(r["value"])["id"] == 7)
     assert sample["key"] == b"7" and sample["topic"] == topic and sample["partition"] == 1
     assert sample["headers"][0]["key"] == "h" and sample["headers"][0]["value"] == b"7"
@@ -140,12 +134,8 @@ def test_source_reads_committed_records_with_the_kafka_schema(
     from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    try:
-        admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
-        added = True
-    except Exception:  # Tansu may not support CreatePartitions
-        added = False
-    more = [(i % (3 if added else 2), 200 + i) for i in range(30)]
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
+    more = [(i % 3, 200 + i) for i in range(30)]
     produce(bootstrap, topic, more)
     again = run_available_now(spark, bootstrap, topic, tmp_path / "chk",
                               includeHeaders="true")
@@ -155,13 +145,79 @@ def test_source_reads_committed_records_with_the_kafka_schema(
 def test_starting_offsets_latest_and_json(spark: Any, bootstrap: str, tmp_path: Path) -> None:
     topic = f"src-{uuid.uuid4().hex[:6]}"
     kt.create_topic(bootstrap, topic, partitions=2)
-    # (Transactional: Tansu 0.6 reports a wrong end offset after a plain multi-record
-    # batch, while a transaction ends with a one-record marker batch.)
     produce(bootstrap, topic, [(i % 2, i) for i in range(20)])
     assert run_available_now(spark, bootstrap, topic, tmp_path / "a") == []  # latest
     rows = run_available_now(spark, bootstrap, topic, tmp_path / "b",
                              startingOffsets=json.dumps({topic: {"0": 5, "1": -1}}))
     assert sorted(json.loads(r["value"])["id"] for r in rows) == [10, 12, 14, 16, 18]
+
+
+def test_aborted_upstream_transactions_never_reach_the_sink(
+        spark: Any, bootstrap: str, tmp_path: Path) -> None:
+    """One upstream transactional producer commits and aborts in turn over both
+    partitions, and leaves its last transaction open while the query runs: txsink's
+    source -> Spark -> txsink's Kafka sink must deliver the committed records once
+    each, none of the aborted ones, and the open transaction's records only after it
+    commits (the source stops at the last stable offset; it does not wait or skip)."""
+    from txsink.spark import register
+
+    register(spark)
+    upstream = f"src-up-{uuid.uuid4().hex[:6]}"
+    output = f"src-out-{uuid.uuid4().hex[:6]}"
+    kt.create_topic(bootstrap, upstream, partitions=2)
+    kt.create_topic(bootstrap, output, partitions=2)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "transactional.id": f"src-up-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    committed: list[int] = []
+    aborted: list[int] = []
+    for t in range(8):
+        ids = list(range(t * 25, t * 25 + 25))
+        producer.begin_transaction()
+        for i in ids:
+            producer.produce(upstream, json.dumps({"id": i}).encode(), str(i).encode(), i % 2)
+        producer.flush(30)
+        if t % 2:
+            producer.abort_transaction(30)
+            aborted += ids
+        else:
+            producer.commit_transaction(30)
+            committed += ids
+    late = list(range(1000, 1020))
+    producer.begin_transaction()
+    for i in late:
+        producer.produce(upstream, json.dumps({"id": i}).encode(), str(i).encode(), i % 2)
+    producer.flush(30)
+    sink_id = f"src-sink-{uuid.uuid4().hex[:6]}"
+
+    def run_query() -> None:
+        query = (spark.readStream.format("txsink-kafka")
+                 .option("kafka.bootstrap.servers", bootstrap).option("subscribe", upstream)
+                 .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "60")
+                 .load().selectExpr("key", "value")
+                 .writeStream.format("txsink").option("backend", "kafka")
+                 .option("sink_id", sink_id).option("checkpointLocation", str(tmp_path / "c"))
+                 .option("kafka.bootstrap.servers", bootstrap).option("topic", output)
+                 .option("marker.topic", f"{output}-markers")
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+
+    def output_ids() -> list[int]:
+        return sorted(json.loads(m.value())["id"] for m in kt.read_topic(bootstrap, output))
+
+    run_query()
+    # Several micro-batches (epochs) ran; the open transaction held the source back.
+    assert output_ids() == sorted(committed)
+    producer.commit_transaction(30)
+    run_query()
+    assert output_ids() == sorted(committed + late)
+    assert not set(aborted) & set(output_ids())
+    # The aborted records are in the upstream log, only their abort markers hide them.
+    log = kt.scan_log(bootstrap, upstream)
+    assert log.aborted_records == len(aborted) and not log.open_transactions
+    out_log = kt.scan_log(bootstrap, output)
+    assert not out_log.open_transactions
 
 
 def test_bad_source_options(spark: Any, bootstrap: str) -> None:

@@ -2,7 +2,8 @@
 
 By default a local Apache Kafka (``txsink_kafka.local_broker``, jars from Maven
 Central) is started once per session and stopped at the end, also when tests fail;
-its log is in the session's temporary directory. ``TXSINK_KAFKA_BOOTSTRAP`` names
+its log is in the session's temporary directory, and a failing test's report names
+it (``tests/conftest.py``). ``TXSINK_KAFKA_BOOTSTRAP`` names
 an external broker, ``TXSINK_KAFKA_TESTCONTAINERS=1`` starts ``apache/kafka`` in
 Docker, ``TXSINK_KAFKA_BROKER=tansu`` runs against Tansu. The ``broker_caps``
 fixture probes what the broker can show.
@@ -34,8 +35,13 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 
 @pytest.fixture(scope="session")
 def broker_caps(kafka_broker: Broker) -> kt.BrokerCapabilities:
+    """What the broker shows. Apache Kafka must show everything, so that no test can
+    skip for a missing capability on it; only Tansu, chosen explicitly, lacks some."""
     caps = kt.probe_broker(kafka_broker.bootstrap, kafka_broker.name)
     print(f"\nKafka broker {kafka_broker.name}: {caps}")
+    if not kt.tansu_selected():
+        assert (caps.hides_aborted, caps.hides_open, caps.describe_transactions,
+                caps.writes_markers) == (True, True, True, True), caps
     return caps
 
 

@@ -1,4 +1,4 @@
-"""The conformance kit against a live broker (Tansu locally, or TXSINK_KAFKA_BOOTSTRAP)."""
+"""The conformance kit against a live broker (Apache Kafka by default, see conftest.py)."""
 
 from __future__ import annotations
 

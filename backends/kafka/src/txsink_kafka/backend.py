@@ -501,6 +501,12 @@ class KafkaBackend(Backend):
     def _producer_error(self, txn: _KafkaTransaction, what: str, exc: BaseException) -> TxsinkError:
         from confluent_kafka import KafkaError, KafkaException
 
+        if isinstance(exc, SystemError):
+            # A fatal error (fenced) raised inside flush/poll while a Python callback
+            # was still due: confluent-kafka reports the SystemError, caused by it.
+            if not isinstance(exc.__cause__, KafkaException):
+                raise exc
+            exc = exc.__cause__
         text = self._redact(str(exc))
         ctx = txn.ctx
         if isinstance(exc, KafkaException) and exc.args:
@@ -584,7 +590,7 @@ class KafkaBackend(Backend):
             # Wait for it: data must never reach the broker before the marker does,
             # or a crash could leave an open transaction no scan can find.
             remaining = txn.producer.flush(self.config.request_timeout_s)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             raise self._producer_error(txn, "writing the marker record", exc) from None
         if remaining or txn.marker_offset < 0:
             raise TxsinkError(
@@ -646,9 +652,9 @@ class KafkaBackend(Backend):
                         producer.poll(0.05)
                         produce(topic, values[i], keys[i], **kwargs)
                     txn.topics.add(topic)
-        except KafkaException as exc:
+            producer.poll(0)
+        except (KafkaException, SystemError) as exc:
             raise self._producer_error(txn, "producing", exc) from None
-        producer.poll(0)
         txn.rows += n
 
     def _delivery_error(self, txn: _KafkaTransaction) -> TxsinkError:
@@ -681,7 +687,7 @@ class KafkaBackend(Backend):
                                       "before the flush deadline", sink_id=txn.ctx.sink_id,
                                       epoch=txn.ctx.epoch, participant=txn.ctx.participant)
             producer.poll(0)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             raise self._producer_error(txn, "flushing", exc) from None
         if txn.errors:
             raise self._delivery_error(txn)

@@ -16,12 +16,14 @@ production broker would.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -63,56 +65,70 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "txsink" / "kafka"
 
 
-def _pom(version: str) -> str:
+def _broker_artifacts(version: str) -> list[tuple[str, str, str]]:
     deps = [("org.apache.kafka", "kafka_2.13", version)]
     if version.startswith("3."):
         deps.append(("org.slf4j", "slf4j-reload4j", "1.7.36"))
     else:
         deps.append(("org.apache.logging.log4j", "log4j-slf4j-impl", _LOG4J2_VERSION))
+    return deps
+
+
+def _pom(name: str, artifacts: list[tuple[str, str, str]]) -> str:
     body = "".join(
         f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
-        f"<version>{v}</version></dependency>" for g, a, v in deps)
+        f"<version>{v}</version></dependency>" for g, a, v in artifacts)
     return ('<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0'
-            '</modelVersion><groupId>txsink</groupId><artifactId>kafka-broker-classpath'
-            f'</artifactId><version>{version}</version><dependencies>{body}</dependencies>'
+            f'</modelVersion><groupId>txsink</groupId><artifactId>{name}-classpath'
+            f'</artifactId><version>1</version><dependencies>{body}</dependencies>'
             '</project>\n')
 
 
-def resolve_classpath(version: str = KAFKA_VERSION, *, timeout_s: float = 600.0) -> str:
-    """The broker's classpath, resolving it with Maven on first use.
+def maven_classpath(name: str, artifacts: list[tuple[str, str, str]], *,
+                    timeout_s: float = 600.0) -> list[str]:
+    """The jars of ``artifacts`` (group, artifact, version) with their runtime
+    dependencies, resolving them with Maven into the local repository on first use.
 
-    The list of jars is cached per version; it is reused while every jar is still in
+    The jar list is cached under ``name``; it is reused while every jar is still in
     the local Maven repository, so a second run starts without Maven or network.
     """
-    cache = _cache_dir() / version
+    cache = _cache_dir() / name
     cp_file = cache / "classpath.txt"
     if cp_file.exists():
-        classpath = cp_file.read_text().strip()
-        if classpath and all(Path(j).exists() for j in classpath.split(os.pathsep)):
-            return classpath
+        jars = cp_file.read_text().strip().split(os.pathsep)
+        if jars and jars[0] and all(Path(j).exists() for j in jars):
+            return jars
     mvn = shutil.which("mvn")
+    coordinates = ", ".join(":".join(a) for a in artifacts)
     if mvn is None:
         raise BrokerUnavailable(
-            "Apache Kafka needs Maven (`mvn`) on PATH to fetch its jars once from Maven "
-            "Central; install Maven, or name a running broker with TXSINK_KAFKA_BOOTSTRAP")
+            f"{coordinates}: Maven (`mvn`) must be on PATH to fetch the jars once from "
+            "Maven Central; install Maven, or name a running broker with "
+            "TXSINK_KAFKA_BOOTSTRAP")
     cache.mkdir(parents=True, exist_ok=True)
-    (cache / "pom.xml").write_text(_pom(version))
+    (cache / "pom.xml").write_text(_pom(name.replace("/", "-"), artifacts))
     tmp_out = cache / f"classpath.{os.getpid()}.tmp"
-    log.info("resolving Apache Kafka %s from Maven Central (first run only)", version)
+    log.info("resolving %s from Maven Central (first run only)", coordinates)
     try:
         proc = subprocess.run(
             [mvn, "-q", "-B", "-f", str(cache / "pom.xml"), "dependency:build-classpath",
-             f"-Dmdep.outputFile={tmp_out}"],
+             "-Dmdep.includeScope=runtime", f"-Dmdep.outputFile={tmp_out}"],
             capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
-        raise BrokerUnavailable(f"resolving Apache Kafka {version} with Maven took over "
+        raise BrokerUnavailable(f"resolving {coordinates} with Maven took over "
                                 f"{timeout_s:.0f}s") from exc
     if proc.returncode != 0 or not tmp_out.exists():
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise BrokerUnavailable(f"Maven could not resolve org.apache.kafka:kafka_2.13:{version}"
-                                f" (exit {proc.returncode}):\n{tail}")
+        raise BrokerUnavailable(f"Maven could not resolve {coordinates} "
+                                f"(exit {proc.returncode}):\n{tail}")
     tmp_out.replace(cp_file)
-    return cp_file.read_text().strip()
+    return cp_file.read_text().strip().split(os.pathsep)
+
+
+def resolve_classpath(version: str = KAFKA_VERSION, *, timeout_s: float = 600.0) -> str:
+    """The broker's classpath, resolving it with Maven on first use (then cached)."""
+    return os.pathsep.join(maven_classpath(version, _broker_artifacts(version),
+                                           timeout_s=timeout_s))
 
 
 _LOG4J2_CONFIG = """\
@@ -137,6 +153,37 @@ log4j.appender.file.File={log}
 log4j.appender.file.layout=org.apache.log4j.PatternLayout
 log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
+
+
+def _libc_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+#: Looked up here, not in the forked child: no dynamic loading between fork and exec.
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the broker's child process (Linux): SIGKILL it when the thread that started
+    it dies. A test run killed by a timeout or SIGKILL would otherwise leave the
+    broker JVM running, since it has its own session."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+#: Brokers started in this process and not closed yet, for failure reports.
+_STARTED: dict[int, LocalKafka] = {}
+
+
+def started_brokers() -> list[LocalKafka]:
+    """The :class:`LocalKafka` instances this process started and has not closed."""
+    return list(_STARTED.values())
 
 
 class LocalKafka:
@@ -184,6 +231,15 @@ class LocalKafka:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` WARN/ERROR lines of the broker log (where to look first)."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        worth = [t for t in text if "] WARN " in t or "] ERROR " in t]
+        return "\n".join(worth[-lines:])
 
     def describe(self) -> str:
         tv = f", transaction.version={self.transaction_version}" \
@@ -263,7 +319,8 @@ class LocalKafka:
             self.proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(self.workdir / "server.properties")),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.workdir, start_new_session=True)
+                cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent)
+        _STARTED[id(self)] = self
         try:
             self.wait_ready(timeout_s)
         except BaseException:
@@ -327,6 +384,7 @@ class LocalKafka:
     def close(self) -> None:
         """Stop the broker; remove the work directory if this object made it."""
         self.stop()
+        _STARTED.pop(id(self), None)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

