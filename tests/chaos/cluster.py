@@ -48,6 +48,7 @@ from pathlib import Path
 from txsink.faults import ONCE_DIR_ENV, OUTLIVED, POINTS, STALL_ENV, fired
 from txsink.testing.spark_cluster import SparkStandaloneCluster
 
+from tests.chaos.runner import render
 from tests.chaos.targets import TARGETS, Target
 from tests.e2e.spark_harness import DriverSpec, make_input, run_driver
 
@@ -280,13 +281,8 @@ def table(reports: list[ClusterReport]) -> str:
         rows.append([r.target, str(r.runs), *[str(r.faults[k]) for k in KINDS],
                      str(r.records), str(r.lost), str(r.duplicated), str(r.leftovers),
                      str(r.seed), ("ok" if r.ok else "FAILED") + f" ({r.seconds:.0f}s)"])
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
-
     notes = [f"{r.target}: {n}" for r in reports for n in r.notes]
-    return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, rows), *notes])
+    return render(cols, rows, notes)
 
 
 def main(argv: list[str] | None = None) -> int:

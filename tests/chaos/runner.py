@@ -198,9 +198,17 @@ def table(reports: list[Report]) -> str:
         rows.append([r.backend, str(r.runs), *[str(r.faults[k]) for k in COLUMNS],
                      str(r.records), str(r.lost), str(r.duplicated), str(r.leftovers),
                      str(r.seed), ("ok" if r.ok else "FAILED") + f" ({r.seconds:.0f}s)"])
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
     notes = [f"{r.backend}: {r.note}" for r in reports if r.note and not r.skipped]
+    return render(cols, rows, notes)
+
+
+def render(cols: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    """A plain-text table with aligned columns, then the notes (shared by chaos modes)."""
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+
     return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, rows), *notes])
 
 

@@ -479,7 +479,6 @@ class S3StateStore(StateStore):
                          "its record kept being replaced by another writer")
 
     def _put_once(self, lease: Lease, record: EpochRecord) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
 
         digest = _digest(record)
         head, _ = self._read_head()
@@ -489,15 +488,7 @@ class S3StateStore(StateStore):
         if existing is not None and existing.get("digest") == digest:
             ref = str(existing["ref"])  # same committables: only the state changes
         else:
-            ref = self._key(f"records/{record.epoch:012d}-{uuid.uuid4().hex}.json")
-            body = json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=ref, Body=body,
-                                       ContentType="application/json", IfNoneMatch="*")
-            except (ClientError, BotoCoreError) as exc:
-                raise self._fail(f"write the record of epoch {record.epoch}", exc) from None
-            self._bodies[ref] = record
-            written = ref
+            ref = written = self._write_body(record)
         replaced: list[str] = []
 
         def change(h: dict[str, Any]) -> bool:
@@ -523,15 +514,10 @@ class S3StateStore(StateStore):
             raise
         self._delete_keys(replaced)
 
-    def put_new(self, lease: Lease, record: EpochRecord) -> bool:
-        """Link ``record`` only if the head has no entry for its epoch (the head's
-        ``If-Match`` makes the check and the link one atomic step)."""
+    def _write_body(self, record: EpochRecord) -> str:
+        """Write ``record`` to a new, never reused object; return its key."""
         from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
 
-        head, _ = self._read_head()
-        self._fence(head, lease)
-        if str(record.epoch) in (head.get("epochs", {}) if head else {}):
-            return False
         ref = self._key(f"records/{record.epoch:012d}-{uuid.uuid4().hex}.json")
         body = json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         try:
@@ -540,6 +526,17 @@ class S3StateStore(StateStore):
         except (ClientError, BotoCoreError) as exc:
             raise self._fail(f"write the record of epoch {record.epoch}", exc) from None
         self._bodies[ref] = record
+        return ref
+
+    def put_new(self, lease: Lease, record: EpochRecord) -> bool:
+        """Link ``record`` only if the head has no entry for its epoch (the head's
+        ``If-Match`` makes the check and the link one atomic step)."""
+
+        head, _ = self._read_head()
+        self._fence(head, lease)
+        if str(record.epoch) in (head.get("epochs", {}) if head else {}):
+            return False
+        ref = self._write_body(record)
         created: list[bool] = []
 
         def change(h: dict[str, Any]) -> bool:
