@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import re
 import threading
 import time
@@ -245,6 +246,24 @@ def _shared_txn_client(config: cfg.KafkaSinkConfig) -> TxnCoordinatorClient:
         return client
 
 
+def _forget_inherited_clients() -> None:
+    """In a forked child: drop the parent's clients without using or closing them.
+
+    A fork copies the clients but not kafka-python's IO threads, so a request through
+    an inherited client waits for ever (seen in the chaos driver, which forks its
+    writer tasks after its coordinator has talked to the broker); the sockets are the
+    parent's to close. The lock may have been held by another thread at the fork.
+    """
+    global _DRIVERS_LOCK
+    _DRIVERS_LOCK = threading.Lock()
+    _DRIVERS.clear()
+    _TXN_CLIENTS.clear()
+    _NO_DESCRIBE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_clients)
+
+
 def close_shared_clients() -> None:
     """Close the driver clients of this process (at exit, or between tests)."""
     with _DRIVERS_LOCK:
@@ -311,6 +330,8 @@ class KafkaBackend(Backend):
     def __init__(self, config: cfg.KafkaSinkConfig) -> None:
         self.config = config
         self._driver: _DriverClients | None = None
+        #: The process ``_driver`` belongs to: a forked child must not use it.
+        self._driver_pid = os.getpid()
         self._marker_partitions: int | None = None
 
     # -- configuration ------------------------------------------------------------------
@@ -325,7 +346,7 @@ class KafkaBackend(Backend):
         return {"trigger.interval.ms": str(interval_ms)}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "_driver": None,
+        return {"config": self.config, "_driver": None, "_driver_pid": -1,
                 "_marker_partitions": self._marker_partitions}
 
     def participant_timeout_s(self) -> float | None:
@@ -474,8 +495,9 @@ class KafkaBackend(Backend):
         commit; sharing the clients keeps connections warm and lets orphan scans
         continue where the previous one stopped instead of rereading the tail.
         """
-        if self._driver is None:
+        if self._driver is None or self._driver_pid != os.getpid():
             self._driver = _shared_driver(self.config)
+            self._driver_pid = os.getpid()
         return self._driver
 
     def close(self) -> None:
