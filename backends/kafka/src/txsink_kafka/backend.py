@@ -650,7 +650,6 @@ class KafkaBackend(Backend):
         """
         d = self.driver()
         with d.lock:
-            d.ends.flush(self.config.request_timeout_s)  # end markers this driver wrote
             for msg in _read_range(d.uncommitted, topic, partition, offset, None,
                                    self.config.request_timeout_s):
                 key = msg.key()
@@ -698,11 +697,9 @@ class KafkaBackend(Backend):
         age = self._check_age(c)
         first = self.marker_status(mtopic, mpart, moffset, tid)
         if first == MarkerStatus.VISIBLE or (
-                first in (MarkerStatus.MISSING, MarkerStatus.HIDDEN)
+                first == MarkerStatus.MISSING
                 and self._ended_as_committed(mtopic, mpart, moffset, tid, identity)):
-            # MISSING: compaction removed the begin marker. HIDDEN: Kafka writes the
-            # commit markers after answering EndTxn, so right after a commit the begin
-            # marker can still be unreadable. Either way the end marker says committed.
+            # (MISSING: compaction removed the begin marker; the end marker says committed.)
             return CommitOutcome.ALREADY_COMMITTED
         d = self.driver()
         rejected = ""
