@@ -136,11 +136,12 @@ def plain_producer(bootstrap: str, topic: str, batches: list[pa.RecordBatch]) ->
     for b in batches:
         for k, v in zip(b.column("key").to_pylist(), b.column("value").to_pylist(),
                         strict=True):
-            try:
-                producer.produce(topic, v, k)
-            except BufferError:
-                producer.poll(0.05)
-                producer.produce(topic, v, k)
+            while True:
+                try:
+                    producer.produce(topic, v, k)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    producer.poll(0.05)
         producer.poll(0)
     while producer.flush(1.0):
         pass

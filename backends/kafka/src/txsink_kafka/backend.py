@@ -525,10 +525,17 @@ class KafkaBackend(Backend):
 
         if isinstance(exc, SystemError):
             # A fatal error (fenced) raised inside flush/poll while a Python callback
-            # was still due: confluent-kafka reports the SystemError, caused by it.
-            if not isinstance(exc.__cause__, KafkaException):
-                raise exc
-            exc = exc.__cause__
+            # was still due: confluent-kafka reports a SystemError, usually caused by
+            # it; sometimes the cause is lost, and the delivery reports say what it was.
+            if isinstance(exc.__cause__, KafkaException):
+                exc = exc.__cause__
+            else:
+                assert txn.producer is not None
+                with contextlib.suppress(Exception):
+                    txn.producer.poll(0)  # the delivery reports still due
+                if not txn.errors:
+                    raise exc
+                return self._delivery_error(txn)
         text = self._redact(str(exc))
         ctx = txn.ctx
         if isinstance(exc, KafkaException) and exc.args:
