@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.spark_harness import kill_group, read_files_output
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -100,6 +101,7 @@ def test_spark_errors_name_the_field_in_validate_and_run(tmp_path: Path) -> None
     assert "output columns: id bigint, key int, amount bigint, ts string" in proc.stdout
 
 
+@long_run
 def test_crash_resume_and_interrupts_print_a_summary_and_exit_status(tmp_path: Path) -> None:
     demo = tmp_path / "demo"
     # A crash mid-epoch (the driver fails before deciding epoch 1): one line that names

@@ -33,6 +33,7 @@ from tests.e2e.spark_harness import (
     summarize,
     wait_for_pause,
 )
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -46,6 +47,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@long_run
 @pytest.mark.fault
 def test_batch_write_identity_is_committed_once_across_a_crash_and_reruns(
     tmp_path: Path,
@@ -100,6 +102,7 @@ def test_two_batch_writes_at_once_reserve_distinct_epochs(tmp_path: Path) -> Non
     assert leftover_files(out) == []
 
 
+@long_run
 @pytest.mark.fault
 def test_foreach_batch_with_write_identity_is_exactly_once(tmp_path: Path) -> None:
     expected = make_input(tmp_path / "in", files=3, rows_per_file=100)
@@ -120,6 +123,7 @@ def test_foreach_batch_with_write_identity_is_exactly_once(tmp_path: Path) -> No
     assert leftover_files(out) == []
 
 
+@long_run
 def test_deleted_checkpoint_with_kept_state_stops_instead_of_dropping_rows(
     tmp_path: Path,
 ) -> None:
