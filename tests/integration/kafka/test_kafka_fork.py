@@ -45,6 +45,8 @@ def test_a_forked_writer_does_not_wait_on_the_parents_clients(
         try:
             c = write_participant(backend, TransactionContext(sink, 1, 0), [batch])
             os.write(write, c.to_bytes())
+        except BaseException as exc:  # shown by the parent's assertion
+            os.write(write, f"child failed: {type(exc).__name__}: {exc}".encode())
         finally:
             os._exit(0)
     os.close(write)
@@ -60,6 +62,7 @@ def test_a_forked_writer_does_not_wait_on_the_parents_clients(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+    assert not data.startswith(b"child failed"), data.decode()
     prepared = Committable.from_bytes(data)
     assert prepared.epoch == 1
     # The parent commits what the child prepared, as a Spark driver would.

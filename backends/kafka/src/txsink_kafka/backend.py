@@ -252,13 +252,20 @@ def _forget_inherited_clients() -> None:
     A fork copies the clients but not kafka-python's IO threads, so a request through
     an inherited client waits for ever (seen in the chaos driver, which forks its
     writer tasks after its coordinator has talked to the broker); the sockets are the
-    parent's to close. The lock may have been held by another thread at the fork.
+    parent's to close. They are kept referenced, never destroyed: destroying a
+    librdkafka handle whose threads stayed in the parent crashes the child. The lock
+    may have been held by another thread at the fork.
     """
     global _DRIVERS_LOCK
     _DRIVERS_LOCK = threading.Lock()
+    _INHERITED.extend([*_DRIVERS.values(), *_TXN_CLIENTS.values()])
     _DRIVERS.clear()
     _TXN_CLIENTS.clear()
     _NO_DESCRIBE.clear()
+
+
+#: Clients a forked child inherited: referenced so that they are never destroyed.
+_INHERITED: list[Any] = []
 
 
 os.register_at_fork(after_in_child=_forget_inherited_clients)
