@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -319,7 +320,12 @@ class LocalKafka:
             self.proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(self.workdir / "server.properties")),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent)
+                cwd=self.workdir, start_new_session=True,
+                # Linux ties the death signal to the starting *thread*: a broker
+                # (re)started from a helper thread would die when that thread ends.
+                preexec_fn=(_die_with_parent
+                            if threading.current_thread() is threading.main_thread()
+                            else None))
         _STARTED[id(self)] = self
         try:
             self.wait_ready(timeout_s)
