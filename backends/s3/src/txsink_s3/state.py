@@ -60,6 +60,8 @@ from txsink.state import (
     StateStore,
 )
 
+from txsink_s3.backend import _error_code, _status
+
 log = logging.getLogger(__name__)
 
 SCHEMES = ("s3", "s3a")
@@ -78,28 +80,13 @@ _probed: set[tuple[str, str]] = set()
 _probe_lock = threading.Lock()
 
 
-def _status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return int(status) if status is not None else None
-    return None
-
-
-def _code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return str(response.get("Error", {}).get("Code", ""))
-    return ""
-
-
 def _conflict(exc: BaseException) -> bool:
-    return _status(exc) in _CONFLICT_STATUS or _code(exc) in (
+    return _status(exc) in _CONFLICT_STATUS or _error_code(exc) in (
         "PreconditionFailed", "ConditionalRequestConflict")
 
 
 def _missing(exc: BaseException) -> bool:
-    return _status(exc) == 404 or _code(exc) in ("NoSuchKey", "404", "NotFound")
+    return _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
 def parse_location(location: str) -> tuple[str, str, str]:
@@ -181,7 +168,7 @@ class S3StateStore(StateStore):
                                "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an "
                                "instance role for the driver", field="state_location")
         status = _status(exc)
-        if _code(exc) == "NoSuchBucket":
+        if _error_code(exc) == "NoSuchBucket":
             return ConfigError(f"state {self._where()}: bucket {self.bucket!r} does not exist; "
                                "create it first (txsink never creates buckets)",
                                field="state_location")
@@ -191,7 +178,7 @@ class S3StateStore(StateStore):
                                "s3:PutObject, s3:DeleteObject and s3:ListBucket on the prefix",
                                field="state_location")
         return StateError(f"state {self._where()}: could not {action}: "
-                          f"{type(exc).__name__}: {_code(exc) or exc}")
+                          f"{type(exc).__name__}: {_error_code(exc) or exc}")
 
     # -- the probe -----------------------------------------------------------------------
 
@@ -234,8 +221,9 @@ class S3StateStore(StateStore):
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=b"3",
                                        IfMatch=first["ETag"])
         except ClientError as exc:
-            if _status(exc) in (400, 501) or _code(exc) in ("NotImplemented",):
-                broken = f"the server rejected a conditional PUT ({_code(exc) or _status(exc)})"
+            if _status(exc) in (400, 501) or _error_code(exc) in ("NotImplemented",):
+                answer = _error_code(exc) or _status(exc)
+                broken = f"the server rejected a conditional PUT ({answer})"
             else:
                 raise self._fail("probe conditional writes", exc) from None
         except BotoCoreError as exc:
@@ -276,7 +264,7 @@ class S3StateStore(StateStore):
             if _status(exc) == 304 and self._head_cache is not None:
                 etag, cached = self._head_cache
                 return copy.deepcopy(cached), etag
-            if _missing(exc) and _code(exc) != "NoSuchBucket":
+            if _missing(exc) and _error_code(exc) != "NoSuchBucket":
                 self._head_cache = None
                 return None, None
             raise self._fail("read the state", exc) from None
