@@ -184,3 +184,48 @@ def test_second_query_with_the_same_sink_id_is_refused(tmp_path: object) -> None
         second.start()
     assert info.value.field == "sink_id"
     assert str(tmp_path / "cp1") in str(info.value)
+
+
+class _BatchingBackend(MemoryBackend):
+    """Counts commit_all calls and fails chosen participants once, retriably."""
+
+    def __init__(self, system: str, flaky: set[int]) -> None:
+        super().__init__(system)
+        self.calls: list[list[int]] = []
+        self.flaky = set(flaky)
+
+    def commit_all(self, committables):  # type: ignore[no-untyped-def]
+        self.calls.append([c.partition for c in committables])
+        results = []
+        for c in committables:
+            if c.partition in self.flaky:
+                self.flaky.discard(c.partition)
+                results.append(RetriableCommitError("flaky", sink_id=c.sink_id))
+            else:
+                results.append(self.commit(c))
+        return results
+
+
+def test_rest_of_an_epoch_goes_to_one_commit_all_and_only_failures_are_retried(
+        env: Env) -> None:
+    backend = _BatchingBackend(env.system_name, flaky={2, 4})
+    env.backend = backend
+    msgs = env.prepare_epoch(0, partitions=6)
+    assert env.coordinator().commit_epoch(0, msgs) is EpochOutcome.COMMITTED
+    # The first participant alone (a crash point sits after it), the other five
+    # together, then only the two that failed.
+    assert backend.calls == [[0], [1, 2, 3, 4, 5], [2, 4]]
+    assert env.ids() == expected_ids(range(1), 6)
+
+
+def test_commit_all_answering_the_wrong_number_of_results_is_a_plugin_error(
+        env: Env) -> None:
+    class Short(MemoryBackend):
+        def commit_all(self, committables):  # type: ignore[no-untyped-def]
+            return [self.commit(c) for c in committables][:1]
+
+    env.backend = Short(env.system_name)
+    msgs = env.prepare_epoch(0, partitions=3)
+    with pytest.raises(PluginError, match="commit_all returned 1 result"):
+        env.coordinator().commit_epoch(0, msgs)
+    assert env.store().get(0).state is EpochState.DECIDED  # type: ignore[union-attr]

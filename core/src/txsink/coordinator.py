@@ -496,44 +496,84 @@ class Coordinator:
                     sink_id=self.sink_id, epoch=epoch, participant=c.participant)
 
     def _commit_one(self, c: Committable) -> CommitOutcome:
+        result = self._commit_many([c])[0]
+        if isinstance(result, CommitError):
+            raise result
+        return result
+
+    def _commit_many(
+        self, committables: Sequence[Committable]
+    ) -> list[CommitOutcome | CommitError]:
+        """Commit ``committables`` through :meth:`Backend.commit_all`, retrying failures.
+
+        Retriable failures are retried together with bounded backoff; a
+        :class:`FatalCommitError` (or a lost participant) is final at once.
+        """
+        results: list[CommitOutcome | CommitError | None] = [None] * len(committables)
+        pending = list(range(len(committables)))
         delay = self.retry.initial_backoff_s
         secrets = self.backend.secret_values()
         for attempt in range(1, self.retry.attempts + 1):
             try:
-                return self.backend.commit(c)
-            except FatalCommitError:
-                raise
-            except Exception as exc:
-                message = redact(f"{type(exc).__name__}: {exc}", secrets)
-                if attempt == self.retry.attempts:
-                    raise RetriableCommitError(
+                answers = self.backend.commit_all([committables[i] for i in pending])
+            except Exception as exc:  # the whole call failed: every one of them did
+                answers = [exc] * len(pending)
+            if len(answers) != len(pending):
+                raise PluginError(
+                    f"backend {self.backend.name!r}: commit_all returned {len(answers)} "
+                    f"result(s) for {len(pending)} participant(s)", sink_id=self.sink_id)
+            retry: list[int] = []
+            for i, answer in zip(pending, answers, strict=True):
+                c = committables[i]
+                if isinstance(answer, CommitOutcome | FatalCommitError):
+                    results[i] = answer
+                elif attempt == self.retry.attempts:
+                    message = redact(f"{type(answer).__name__}: {answer}", secrets)
+                    results[i] = RetriableCommitError(
                         f"committing {c.describe()} failed {attempt} times; last error: "
                         f"{message}", sink_id=c.sink_id, epoch=c.epoch,
-                        participant=c.participant) from None
-                log.warning("sink=%s epoch=%d partition=%d participant=%s: commit attempt "
-                            "%d/%d failed: %s; retrying in %.2fs", c.sink_id, c.epoch,
-                            c.partition, c.participant, attempt, self.retry.attempts,
-                            message, delay)
-                self.retry.sleep(delay)
-                delay = min(delay * 2, self.retry.max_backoff_s)
-        raise AssertionError("unreachable")  # pragma: no cover
+                        participant=c.participant)
+                else:
+                    log.warning("sink=%s epoch=%d partition=%d participant=%s: commit "
+                                "attempt %d/%d failed: %s; retrying in %.2fs", c.sink_id,
+                                c.epoch, c.partition, c.participant, attempt,
+                                self.retry.attempts,
+                                redact(f"{type(answer).__name__}: {answer}", secrets), delay)
+                    retry.append(i)
+            if not retry:
+                break
+            pending = retry
+            self.retry.sleep(delay)
+            delay = min(delay * 2, self.retry.max_backoff_s)
+        done: list[CommitOutcome | CommitError] = []
+        for r in results:
+            assert r is not None
+            done.append(r)
+        return done
 
     def _finish(self, record: EpochRecord) -> None:
-        """Commit every participant of a DECIDED record, then mark it COMMITTED."""
+        """Commit every participant of a DECIDED record, then mark it COMMITTED.
+
+        The first participant is committed alone, so a crash can be injected (and
+        happen) with an epoch partly committed; the rest go to the backend in one
+        :meth:`Backend.commit_all` call.
+        """
         started = time.monotonic()
         failures: list[CommitError] = []
-        for i, c in enumerate(record.committables):
-            try:
-                outcome = self._commit_one(c)
-            except CommitError as exc:
+        first, rest = record.committables[:1], record.committables[1:]
+        results = self._commit_many(first)
+        if first and isinstance(results[0], CommitOutcome):
+            self.faults.hit(AFTER_FIRST_COMMIT, record.epoch)
+        if rest:
+            results += self._commit_many(rest)
+        for c, outcome in zip(record.committables, results, strict=True):
+            if isinstance(outcome, CommitError):
                 log.error("sink=%s epoch=%d partition=%d participant=%s: %s", c.sink_id,
-                          c.epoch, c.partition, c.participant, exc)
-                failures.append(exc)
+                          c.epoch, c.partition, c.participant, outcome)
+                failures.append(outcome)
                 continue
             log.debug("sink=%s epoch=%d partition=%d participant=%s: %s", c.sink_id, c.epoch,
                       c.partition, c.participant, outcome.value)
-            if i == 0:
-                self.faults.hit(AFTER_FIRST_COMMIT, record.epoch)
         if failures:
             names = ", ".join(str(f.participant) for f in failures)
             error_type: type[CommitError] = (
