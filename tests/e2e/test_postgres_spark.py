@@ -30,6 +30,7 @@ from tests.e2e.spark_harness import (
     summarize,
     wait_for_pause,
 )
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
@@ -89,6 +90,7 @@ def states(chk: Path) -> dict[int, EpochState]:
     return {e: r.state for e, r in DirectoryStateStore(chk / "txsink").records().items()}
 
 
+@long_run
 @pytest.mark.fault
 def test_driver_killed_at_every_point_and_postgres_restarted(
     pg: pgtesting.LocalPostgres, tmp_path: Path

@@ -25,6 +25,7 @@ from txsink.state import DirectoryStateStore, EpochState
 from txsink_s3.testing import LocalSeaweedFS, weed_binary
 
 from tests.e2e.spark_harness import DriverSpec, make_input, run_driver, summarize
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
@@ -96,6 +97,7 @@ def check_exactly_once(s3: LocalSeaweedFS, base: str, expected: Any) -> None:
     assert uploads(s3, base) == []
 
 
+@long_run
 @pytest.mark.fault
 def test_driver_killed_at_every_point_and_s3_restarted(s3: LocalSeaweedFS,
                                                        tmp_path: Path) -> None:
