@@ -118,7 +118,7 @@ def test_pickled_backend_keeps_no_connections(pg_server: PgServer, table_name: s
     assert set(backend.commit_all(committables)) == {CommitOutcome.COMMITTED}
     assert backend._idle
     copy = pickle.loads(pickle.dumps(backend))
-    assert copy._idle == [] and copy.commit_connections == 4
+    assert copy._idle == [] and copy.commit_connections == backend.commit_connections
     assert copy.commit_all(committables) == [CommitOutcome.ALREADY_COMMITTED] * 4
     copy.close()
     backend.close()

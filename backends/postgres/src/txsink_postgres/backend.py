@@ -61,6 +61,11 @@ MAX_PREPARED_HINT = (
 )
 
 
+#: Connections an epoch's ``COMMIT PREPARED``s run over (option ``commit_connections``).
+#: Each commit waits for its own WAL flush; concurrent ones share a flush (group
+#: commit), so more connections mean fewer flushes per epoch: measured at 128
+#: participants, 1 connection ~700 ms, 4 ~270 ms, 8 ~110 ms, 16 ~100 ms.
+DEFAULT_COMMIT_CONNECTIONS = 8
 #: Upper bound of option ``commit_connections``: each is a server backend process.
 MAX_COMMIT_CONNECTIONS = 32
 
@@ -150,7 +155,7 @@ class PostgresBackend(Backend):
         marker_retention_epochs: int = 1000,
         sslpassword: Secret | None = None,
         connect_retry_s: float = 30.0,
-        commit_connections: int = 4,
+        commit_connections: int = DEFAULT_COMMIT_CONNECTIONS,
     ) -> None:
         self.conninfo = conninfo
         self.commit_connections = commit_connections
@@ -233,7 +238,7 @@ class PostgresBackend(Backend):
             marker_retention_epochs=opts.int("marker_retention_epochs", 1000, minimum=0),
             sslpassword=sslpassword,
             connect_retry_s=opts.float("connect_retry_s", 30.0, minimum=0.0),
-            commit_connections=opts.int("commit_connections", 4, minimum=1,
+            commit_connections=opts.int("commit_connections", DEFAULT_COMMIT_CONNECTIONS, minimum=1,
                                         maximum=MAX_COMMIT_CONNECTIONS),
         )
         opts.check_unknown()
@@ -288,7 +293,7 @@ class PostgresBackend(Backend):
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("sslpassword", None)
         state.setdefault("connect_retry_s", 30.0)
-        state.setdefault("commit_connections", 4)
+        state.setdefault("commit_connections", DEFAULT_COMMIT_CONNECTIONS)
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._idle = []
