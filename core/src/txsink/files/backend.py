@@ -12,6 +12,13 @@ uncommitted data. Both state changes use ``link`` + ``unlink`` instead of
 ``rename``: a link never replaces an existing name, so no step can overwrite a
 committed file, and a crash between link and unlink leaves two names for one
 inode, which the next commit recognises.
+
+The coordinator commits the participants of an epoch in one :meth:`FilesBackend.commit_all`
+call: all links, one fsync of each final directory, all unlinks, one fsync of the
+pending directory, so an epoch costs two directory fsyncs however many files it
+publishes. The final names are made durable before any pending name is removed;
+a crash anywhere in between leaves each file under one or both names, and
+committing the epoch again (recovery) completes it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -403,15 +410,74 @@ class FilesBackend(Backend):
         return self._pending / pending, self.base / final
 
     def commit(self, committable: Committable) -> CommitOutcome:
+        result = self.commit_all([committable])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def commit_all(
+        self, committables: Sequence[Committable]
+    ) -> list[CommitOutcome | Exception]:
+        """Publish every pending file in four steps, whatever the number of participants:
+        link each to its final name, fsync each final directory once, unlink the
+        pending names, fsync the pending directory once.
+
+        The final names are durable before any pending name goes, so a crash at any
+        point leaves each file under its pending name, its final name, or both (one
+        inode); committing again links what is missing and drops the pending name.
+        """
+        results: list[CommitOutcome | Exception] = []
+        linked: list[tuple[int, Path]] = []  # (index in results, pending path)
+        final_dirs: dict[Path, list[int]] = {}
+        for i, c in enumerate(committables):
+            try:
+                outcome, paths = self._link(c)
+            except Exception as exc:  # handed back to the coordinator, which retries
+                results.append(exc)
+                continue
+            results.append(outcome)
+            if paths is not None:
+                pending, final = paths
+                linked.append((i, pending))
+                final_dirs.setdefault(final.parent, []).append(i)
+        failed: set[int] = set()
+        for directory, indices in final_dirs.items():
+            try:
+                _fsync_path(directory, directory=True)
+            except OSError as exc:  # the final names may not be durable: keep pending
+                for i in indices:
+                    results[i] = exc
+                failed.update(indices)
+        unlinked: list[int] = []
+        for i, pending in linked:
+            if i in failed:
+                continue
+            try:
+                with contextlib.suppress(FileNotFoundError):  # an earlier attempt did it
+                    os.unlink(pending)
+            except OSError as exc:
+                results[i] = exc
+                continue
+            unlinked.append(i)
+        if unlinked:
+            try:
+                _fsync_path(self._pending, directory=True)
+            except OSError as exc:
+                for i in unlinked:
+                    results[i] = exc
+        return results
+
+    def _link(self, committable: Committable) -> tuple[CommitOutcome, tuple[Path, Path] | None]:
+        """Give one pending file its final name; the paths when its pending name must go."""
         paths = self._paths(committable)
         if paths is None:
-            return CommitOutcome.COMMITTED
+            return CommitOutcome.COMMITTED, None
         pending, final = paths
         try:
             os.link(pending, final)
         except FileNotFoundError:
             if final.is_file() and final.stat().st_size == committable.payload.get("bytes"):
-                return CommitOutcome.ALREADY_COMMITTED
+                return CommitOutcome.ALREADY_COMMITTED, None
             raise ParticipantLostError(
                 f"files backend: {committable.describe()}: pending file {pending.name} is gone "
                 f"and {final} does not hold it; it was aborted or deleted outside txsink",
@@ -424,10 +490,7 @@ class FilesBackend(Backend):
                     "other content; refusing to overwrite committed output",
                     sink_id=committable.sink_id, epoch=committable.epoch,
                     participant=committable.participant) from None
-        os.unlink(pending)
-        _fsync_path(self.base, directory=True)
-        _fsync_path(self._pending, directory=True)
-        return CommitOutcome.COMMITTED
+        return CommitOutcome.COMMITTED, paths
 
     def abort(self, committable: Committable) -> None:
         paths = self._paths(committable)
