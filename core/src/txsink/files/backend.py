@@ -14,7 +14,7 @@ committed file, and a crash between link and unlink leaves two names for one
 inode, which the next commit recognises.
 
 The coordinator commits the participants of an epoch in one :meth:`FilesBackend.commit_all`
-call: all links, one fsync of each final directory, all unlinks, one fsync of the
+call: all links, one fsync of the output directory, all unlinks, one fsync of the
 pending directory, so an epoch costs two directory fsyncs however many files it
 publishes. The final names are made durable before any pending name is removed;
 a crash anywhere in between leaves each file under one or both names, and
@@ -280,7 +280,15 @@ class FilesBackend(Backend):
             owner = json.loads((self._meta / "sink.json").read_text()).get("sink_id")
         except (OSError, ValueError, AttributeError):
             return False
-        return owner == sink_id and any(self.base.glob(f"part-{epoch:010d}-*"))
+        if owner != sink_id:
+            return False
+        # A plain listing: the directory holds every committed file of the sink, and
+        # a pattern matched in Python per name made this grow with the epochs written.
+        prefix = f"part-{epoch:010d}-"
+        try:
+            return any(name.startswith(prefix) for name in os.listdir(self.base))
+        except FileNotFoundError:
+            return False
 
     def reset_sink(self, sink_id: str) -> list[str]:
         marker = self._meta / "sink.json"
@@ -396,7 +404,8 @@ class FilesBackend(Backend):
 
     # -- driver side --------------------------------------------------------------------
 
-    def _paths(self, c: Committable) -> tuple[Path, Path] | None:
+    def _names(self, c: Committable) -> tuple[str, str] | None:
+        """The pending and final file names of ``c`` (None: an empty participant)."""
         final = c.payload.get("final")
         if final is None:
             return None
@@ -407,7 +416,11 @@ class FilesBackend(Backend):
                 raise StateError(f"files backend: committable of {c.participant} names an "
                                  f"unsafe file {value!r}", participant=c.participant)
         assert isinstance(pending, str)
-        return self._pending / pending, self.base / final
+        return pending, final
+
+    def _paths(self, c: Committable) -> tuple[Path, Path] | None:
+        names = self._names(c)
+        return None if names is None else (self._pending / names[0], self.base / names[1])
 
     def commit(self, committable: Committable) -> CommitOutcome:
         result = self.commit_all([committable])[0]
@@ -419,39 +432,36 @@ class FilesBackend(Backend):
         self, committables: Sequence[Committable]
     ) -> list[CommitOutcome | Exception]:
         """Publish every pending file in four steps, whatever the number of participants:
-        link each to its final name, fsync each final directory once, unlink the
+        link each to its final name, fsync the output directory once, unlink the
         pending names, fsync the pending directory once.
 
         The final names are durable before any pending name goes, so a crash at any
         point leaves each file under its pending name, its final name, or both (one
         inode); committing again links what is missing and drops the pending name.
+        Paths are plain strings here: per file, pathlib cost more than the syscalls.
         """
+        pending_dir, base = os.fspath(self._pending), os.fspath(self.base)
         results: list[CommitOutcome | Exception] = []
-        linked: list[tuple[int, Path]] = []  # (index in results, pending path)
-        final_dirs: dict[Path, list[int]] = {}
-        for i, c in enumerate(committables):
+        linked: list[tuple[int, str]] = []  # (index in results, pending path)
+        for c in committables:
             try:
-                outcome, paths = self._link(c)
+                outcome, pending = self._link(c, pending_dir, base)
             except Exception as exc:  # handed back to the coordinator, which retries
                 results.append(exc)
                 continue
+            if pending is not None:
+                linked.append((len(results), pending))
             results.append(outcome)
-            if paths is not None:
-                pending, final = paths
-                linked.append((i, pending))
-                final_dirs.setdefault(final.parent, []).append(i)
-        failed: set[int] = set()
-        for directory, indices in final_dirs.items():
-            try:
-                _fsync_path(directory, directory=True)
-            except OSError as exc:  # the final names may not be durable: keep pending
-                for i in indices:
-                    results[i] = exc
-                failed.update(indices)
+        if not linked:
+            return results
+        try:
+            _fsync_path(self.base, directory=True)
+        except OSError as exc:  # the final names may not be durable: keep the pending ones
+            for i, _ in linked:
+                results[i] = exc
+            return results
         unlinked: list[int] = []
         for i, pending in linked:
-            if i in failed:
-                continue
             try:
                 with contextlib.suppress(FileNotFoundError):  # an earlier attempt did it
                     os.unlink(pending)
@@ -467,19 +477,21 @@ class FilesBackend(Backend):
                     results[i] = exc
         return results
 
-    def _link(self, committable: Committable) -> tuple[CommitOutcome, tuple[Path, Path] | None]:
-        """Give one pending file its final name; the paths when its pending name must go."""
-        paths = self._paths(committable)
-        if paths is None:
+    def _link(self, committable: Committable, pending_dir: str,
+              base: str) -> tuple[CommitOutcome, str | None]:
+        """Give one pending file its final name; its pending path when that must go."""
+        names = self._names(committable)
+        if names is None:
             return CommitOutcome.COMMITTED, None
-        pending, final = paths
+        pending, final = os.path.join(pending_dir, names[0]), os.path.join(base, names[1])
         try:
             os.link(pending, final)
         except FileNotFoundError:
-            if final.is_file() and final.stat().st_size == committable.payload.get("bytes"):
+            if (os.path.isfile(final)
+                    and os.stat(final).st_size == committable.payload.get("bytes")):
                 return CommitOutcome.ALREADY_COMMITTED, None
             raise ParticipantLostError(
-                f"files backend: {committable.describe()}: pending file {pending.name} is gone "
+                f"files backend: {committable.describe()}: pending file {names[0]} is gone "
                 f"and {final} does not hold it; it was aborted or deleted outside txsink",
                 sink_id=committable.sink_id, epoch=committable.epoch,
                 participant=committable.participant) from None
@@ -490,7 +502,7 @@ class FilesBackend(Backend):
                     "other content; refusing to overwrite committed output",
                     sink_id=committable.sink_id, epoch=committable.epoch,
                     participant=committable.participant) from None
-        return CommitOutcome.COMMITTED, paths
+        return CommitOutcome.COMMITTED, pending
 
     def abort(self, committable: Committable) -> None:
         paths = self._paths(committable)
