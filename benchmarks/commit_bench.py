@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-participants", type=int, default=8)
     ap.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = ap.parse_args(argv)
+    # Stopped with SIGTERM, still stop the local servers and remove the work dir.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     per_count = args.epochs or (4 if args.quick else 10)
     long_epochs = args.long_epochs or (150 if args.quick else 500)
     if long_epochs < 60:
