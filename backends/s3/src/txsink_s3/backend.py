@@ -706,7 +706,7 @@ class S3Backend(Backend):
             self._complete(c, only_if_absent=self._conditional_complete)
         except ClientError as exc:
             code, status = _error_code(exc), _status(exc)
-            if code in ("NotImplemented", "InvalidArgument") and self._conditional_complete:
+            if (code == "NotImplemented" or status == 501) and self._conditional_complete:
                 # A server that does not take If-None-Match here: complete as before.
                 log.info("s3 backend: %s rejects a conditional CompleteMultipartUpload "
                          "(%s); completing without it", self.endpoint_url or "AWS", code)
