@@ -269,8 +269,10 @@ class Coordinator:
         reserved = [self.store.get(e) for e, s in states.items() if s is EpochState.RESERVED]
         stale = [r for r in reserved if r is not None and r.state is EpochState.RESERVED
                  and r.owner != self.owner]
-        report.aborted_orphans = [c.participant for c in
-                                  self._abort_orphans(up_to_epoch, reclaim_stale=True)]
+        # The states listed before the re-commits serve: an epoch committed since
+        # is read as such, and its participants are no longer prepared anyway.
+        report.aborted_orphans = [c.participant for c in self._abort_orphans(
+            up_to_epoch, states, reclaim_stale=True)]
         if stale:
             for r in stale:
                 log.warning("sink=%s epoch=%d: batch write%s reserved by %s was never "

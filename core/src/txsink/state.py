@@ -421,9 +421,10 @@ class DirectoryStateStore(StateStore):
         finally:
             os.close(fd)
 
-    def _names(self) -> dict[int, list[tuple[EpochState | None, Path]]]:
-        """Every record file by epoch: (state from the name, or None for the old layout)."""
-        out: dict[int, list[tuple[EpochState | None, Path]]] = {}
+    def _names(self) -> dict[int, list[tuple[EpochState | None, str]]]:
+        """Every record file name by epoch, with the state its name gives (None for
+        the old layout). Plain strings: this runs several times per commit."""
+        out: dict[int, list[tuple[EpochState | None, str]]] = {}
         try:
             names = os.listdir(self._epochs)
         except FileNotFoundError:
@@ -432,28 +433,28 @@ class DirectoryStateStore(StateStore):
             m = _RECORD_NAME.match(name)
             if m is None:
                 continue
-            state = None if m.group(2) is None else EpochState(m.group(2))
-            out.setdefault(int(m.group(1)), []).append((state, self._epochs / name))
+            state = None if m.group(2) is None else _BY_VALUE[m.group(2)]
+            out.setdefault(int(m.group(1)), []).append((state, name))
         return out
 
-    def _current(self, names: list[tuple[EpochState | None, Path]]) -> tuple[EpochState, Path]:
+    def _current(self, names: list[tuple[EpochState | None, str]]) -> tuple[EpochState, Path]:
         """The record file that counts among the names of one epoch: the furthest
         advanced state (states only move RESERVED -> DECIDED -> COMMITTED; two names
         are left by a crash in :meth:`put`), a new-layout name before an old one."""
-        best: tuple[int, int, EpochState, Path] | None = None
-        for state, path in names:
+        best: tuple[int, int, EpochState, str] | None = None
+        for state, name in names:
             layout = 1
             if state is None:
-                data = self._read_json(path)
+                data = self._read_json(self._epochs / name)
                 if data is None:
                     continue
                 state, layout = EpochRecord.from_dict(data).state, 0
-            key = (_RANK[state], layout, state, path)
+            key = (_RANK[state], layout, state, name)
             if best is None or key[:2] > best[:2]:
                 best = key
         if best is None:
             raise FileNotFoundError
-        return best[2], best[3]
+        return best[2], self._epochs / best[3]
 
     def _read_record(self, epoch: int, state: EpochState, path: Path) -> EpochRecord | None:
         data = self._read_json(path)
@@ -480,13 +481,16 @@ class DirectoryStateStore(StateStore):
         out: dict[int, EpochState] = {}
         with self._shared():
             for epoch, names in sorted(self._names().items()):
+                if len(names) == 1 and names[0][0] is not None:
+                    out[epoch] = names[0][0]  # the usual case: one name, the state in it
+                    continue
                 with contextlib.suppress(FileNotFoundError):
                     out[epoch] = self._current(names)[0]
         return out
 
     def get(self, epoch: int) -> EpochRecord | None:
         with self._shared():
-            names = [(state, path) for state, path in
+            names = [(state, path.name) for state, path in
                      zip((*_ADVANCED_FIRST, None), self._candidates(epoch), strict=True)
                      if state is None or path.exists()]
             try:
@@ -537,8 +541,7 @@ class DirectoryStateStore(StateStore):
         """
         moved = 0
         for epoch, names in self._names().items():
-            old = [path for state, path in names if state is None]
-            if not old:
+            if all(state is not None for state, _ in names):
                 continue
             state, path = self._current(names)
             keep = self._path(epoch, state)
@@ -560,6 +563,7 @@ class DirectoryStateStore(StateStore):
 #: Record states, furthest advanced first; their rank for choosing among names.
 _ADVANCED_FIRST = (EpochState.COMMITTED, EpochState.DECIDED, EpochState.RESERVED)
 _RANK = {state: len(_ADVANCED_FIRST) - i for i, state in enumerate(_ADVANCED_FIRST)}
+_BY_VALUE = {state.value: state for state in EpochState}
 _RECORD_NAME = re.compile(r"^(\d{12})(?:\.(reserved|decided|committed))?\.json$")
 
 

@@ -284,11 +284,11 @@ class FilesBackend(Backend):
             return False
         # A plain listing: the directory holds every committed file of the sink, and
         # a pattern matched in Python per name made this grow with the epochs written.
-        prefix = f"part-{epoch:010d}-"
         try:
-            return any(name.startswith(prefix) for name in os.listdir(self.base))
+            names = os.listdir(self.base)
         except FileNotFoundError:
             return False
+        return f"\0part-{epoch:010d}-" in "\0" + "\0".join(names)
 
     def reset_sink(self, sink_id: str) -> list[str]:
         marker = self._meta / "sink.json"
