@@ -182,3 +182,23 @@ def test_status_works_from_another_directory(tmp_path: Path, monkeypatch: pytest
     data = json.loads(text)
     assert data["options"]["path"] == str(tmp_path / "rel" / "out")
     assert [p["participant"] for p in data["prepared_undecided"]] == [f"{SINK}-e0-p0-a0"]
+
+
+def test_the_run_loop_reports_each_newly_committed_epoch_once(tmp_path: Path) -> None:
+    from txsink.spark.pipeline import _committed_since
+    from txsink.state import EpochRecord
+
+    def record(epoch: int, state: EpochState) -> EpochRecord:
+        c = Committable("files", "s1", epoch, 0, 0, f"s1-e{epoch}-p0-a0", {}, rows=epoch + 1)
+        return EpochRecord(epoch, state, (c,), 1.0)
+
+    store = DirectoryStateStore(tmp_path)
+    lease = store.acquire("a")
+    store.put(lease, record(0, EpochState.COMMITTED))
+    seen = {0}
+    store.put(lease, record(1, EpochState.COMMITTED))
+    store.put(lease, record(2, EpochState.DECIDED))
+    assert [r.rows for r in _committed_since(store, seen)] == [2]
+    store.put(lease, record(2, EpochState.COMMITTED))
+    assert [r.epoch for r in _committed_since(store, seen)] == [2]
+    assert _committed_since(store, seen) == []

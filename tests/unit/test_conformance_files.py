@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from txsink.backend import Backend
+from txsink.backend import Backend, CommitOutcome
+from txsink.errors import FatalCommitError, ParticipantLostError
+from txsink.files import backend as files_backend
 from txsink.files.backend import FilesBackend
+from txsink.model import Committable, TransactionContext
 from txsink.testing.conformance import BackendConformance
+from txsink.writer import write_participant
 
 
 class TestFilesParquetConformance(BackendConformance):
@@ -73,3 +79,73 @@ def test_tampered_committable_cannot_reach_outside_the_base(tmp_path: Path, fiel
         backend.abort(bad)
     assert victim.read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "victim.txt"]
+
+
+def _prepared(backend: FilesBackend, epoch: int, partitions: int) -> list[Committable]:
+    return [write_participant(backend, TransactionContext("s", epoch, p),
+                              [pa.record_batch({"id": pa.array([p], pa.int64())})])
+            for p in range(partitions)]
+
+
+def _count_syncs(monkeypatch: pytest.MonkeyPatch, fail: Path | None = None) -> list[Path]:
+    """Record directory fsyncs of the files backend; ``fail`` makes that one fail."""
+    real = files_backend._fsync_path
+    synced: list[Path] = []
+
+    def fsync(path: Path, *, directory: bool = False) -> None:
+        if directory:
+            if path == fail:
+                raise OSError(5, "Input/output error")
+            synced.append(path)
+        real(path, directory=directory)
+
+    monkeypatch.setattr(files_backend, "_fsync_path", fsync)
+    return synced
+
+
+def test_commit_all_syncs_each_directory_once_per_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = FilesBackend(str(tmp_path / "out"))
+    committables = _prepared(backend, 0, 16)
+    synced = _count_syncs(monkeypatch)
+    assert backend.commit_all(committables) == [CommitOutcome.COMMITTED] * 16
+    assert synced == [backend.base, backend._pending]
+    assert len(list(backend.base.glob("part-*.parquet"))) == 16
+    assert backend.leftovers() == []
+    # Committing again (a retry after a crash) finds every file published.
+    assert backend.commit_all(committables) == [CommitOutcome.ALREADY_COMMITTED] * 16
+
+
+def test_commit_all_answers_per_participant_and_completes_a_half_done_commit(
+        tmp_path: Path) -> None:
+    backend = FilesBackend(str(tmp_path / "out"))
+    ok, half, lost, clash, done = _prepared(backend, 3, 5)
+    paths = {c.partition: (backend._pending / c.payload["pending"],
+                           backend.base / c.payload["final"]) for c in (half, lost, clash)}
+    os.link(*paths[half.partition])  # a crash between link and unlink
+    paths[lost.partition][0].unlink()  # deleted outside txsink
+    paths[clash.partition][1].write_bytes(b"someone else's file")
+    backend.commit(done)
+    results = backend.commit_all([ok, half, lost, clash, done])
+    assert results[0] is CommitOutcome.COMMITTED
+    assert results[1] is CommitOutcome.COMMITTED
+    assert isinstance(results[2], ParticipantLostError)
+    assert isinstance(results[3], FatalCommitError)
+    assert results[4] is CommitOutcome.ALREADY_COMMITTED
+    assert paths[clash.partition][1].read_bytes() == b"someone else's file"
+    assert [p.name for p in backend.leftovers()] == [clash.payload["pending"]]
+    assert sorted(p.name for p in backend.base.glob("part-*")) == sorted(
+        c.payload["final"] for c in (ok, half, clash, done))
+
+
+def test_commit_all_keeps_the_pending_names_until_the_final_ones_are_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = FilesBackend(str(tmp_path / "out"))
+    committables = _prepared(backend, 0, 3)
+    _count_syncs(monkeypatch, fail=backend.base)
+    results = backend.commit_all(committables)
+    assert all(isinstance(r, OSError) for r in results)
+    assert len(backend.leftovers()) == 3  # nothing unlinked: the retry can finish
+    monkeypatch.undo()
+    assert backend.commit_all(committables) == [CommitOutcome.COMMITTED] * 3
+    assert backend.leftovers() == []

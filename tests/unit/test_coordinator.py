@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from txsink.coordinator import EpochOutcome
@@ -11,8 +12,9 @@ from txsink.errors import (
     RetriableCommitError,
     StateError,
 )
+from txsink.faults import AFTER_DECIDE, FaultInjector, FaultRule, InjectedFault
 from txsink.model import Committable
-from txsink.state import EpochState
+from txsink.state import DirectoryStateStore, EpochState
 from txsink.testing.memory import MemoryBackend
 
 from .conftest import SINK, Env, expected_ids
@@ -229,3 +231,57 @@ def test_commit_all_answering_the_wrong_number_of_results_is_a_plugin_error(
     with pytest.raises(PluginError, match="commit_all returned 1 result"):
         env.coordinator().commit_epoch(0, msgs)
     assert env.store().get(0).state is EpochState.DECIDED  # type: ignore[union-attr]
+
+
+class _CountingStore(DirectoryStateStore):
+    """Counts what a coordinator reads: whole listings of bodies, and single records."""
+
+    def __init__(self, location: Path, log: list[str]) -> None:
+        super().__init__(location)
+        self.log = log
+
+    def records(self):  # type: ignore[no-untyped-def]
+        self.log.append("records")
+        return super().records()
+
+    def get(self, epoch):  # type: ignore[no-untyped-def]
+        self.log.append(f"get {epoch}")
+        return super().get(epoch)
+
+
+def test_a_streaming_commit_reads_no_other_epochs_record(env: Env) -> None:
+    """Spark builds a coordinator per epoch: with many retained epochs, starting with
+    recovery and committing one epoch must not read the bodies of the others."""
+    for epoch in range(30):
+        env.coordinator().commit_epoch(epoch, env.prepare_epoch(epoch, partitions=2))
+    reads: list[str] = []
+    coord = env.coordinator()
+    coord.store = _CountingStore(env.state_dir, reads)
+    coord.start(recover=True, up_to_epoch=29)
+    assert coord.commit_epoch(30, env.prepare_epoch(30)) is EpochOutcome.COMMITTED
+    assert reads == ["get 30"]
+    assert env.ids() == sorted(expected_ids(range(30), 2) + expected_ids(range(30, 31), 3))
+    assert env.store().states() == dict.fromkeys(range(31), EpochState.COMMITTED)
+
+
+def test_orphan_scan_reads_only_decided_and_reserved_records(env: Env) -> None:
+    # Epoch 1 was decided by a run that crashed before committing its participants.
+    env.coordinator().commit_epoch(0, env.prepare_epoch(0))
+    crashed = env.coordinator(faults=FaultInjector([FaultRule(AFTER_DECIDE, 1, "raise")]))
+    with pytest.raises(InjectedFault):
+        crashed.commit_epoch(1, env.prepare_epoch(1, partitions=2))
+    reserved = env.coordinator().reserve_epoch()
+    assert reserved == 2
+    late = env.prepare(3, 0)  # a participant above the reservation: may still be wanted
+    stale = env.prepare(0, 0, attempt=1)  # a failed attempt of a committed epoch
+    reads: list[str] = []
+    coord = env.coordinator()
+    coord.store = _CountingStore(env.state_dir, reads)
+    coord.commit_epoch(4, env.prepare_epoch(4))
+    decided = env.store().get(1)
+    assert decided is not None and decided.state is EpochState.DECIDED
+    # The decided epoch's participants are protected, the reservation bounds the
+    # scan, and below it the orphan is aborted.
+    assert set(env.system.prepared) == decided.participants | {late.participant}
+    assert stale.participant not in env.system.prepared
+    assert sorted(reads) == ["get 1", "get 4"]

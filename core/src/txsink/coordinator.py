@@ -190,14 +190,12 @@ class Coordinator:
         """The highest epoch known to be COMMITTED (records may have been pruned)."""
         meta = self.store.read_meta()
         best = meta.committed_watermark if meta else -1
-        for record in self.store.records().values():
-            if record.state is EpochState.COMMITTED:
-                best = max(best, record.epoch)
-        return best
+        committed = [e for e, s in self.store.states().items() if s is EpochState.COMMITTED]
+        return max([best, *committed])
 
     def allocate_epoch(self) -> int:
         """The next unused epoch (not reserved: see :meth:`reserve_epoch`)."""
-        known = list(self.store.records())
+        known = list(self.store.states())
         return max([self.watermark(), *known]) + 1
 
     def committed_write(self, write: WriteId) -> int | None:
@@ -256,19 +254,25 @@ class Coordinator:
         """
         lease = self.lease
         report = RecoveryReport()
-        records = self.store.records()
-        for epoch, record in sorted(records.items()):
-            if record.state is EpochState.DECIDED:
+        # The streaming writer recovers before every epoch it commits: read the
+        # states, then only the bodies of the records recovery acts on.
+        states = self.store.states()
+        for epoch, state in sorted(states.items()):
+            record = self.store.get(epoch) if state is EpochState.DECIDED else None
+            if record is not None and record.state is EpochState.DECIDED:
                 log.warning("sink=%s epoch=%d: found DECIDED but not COMMITTED; committing "
                             "its %d participant(s) again", self.sink_id, epoch,
                             len(record.committables))
                 self._finish(record)
                 report.recommitted_epochs.append(epoch)
         self.store.check(lease)
-        stale = [r for r in records.values()
-                 if r.state is EpochState.RESERVED and r.owner != self.owner]
-        report.aborted_orphans = [c.participant for c in
-                                  self._abort_orphans(up_to_epoch, reclaim_stale=True)]
+        reserved = [self.store.get(e) for e, s in states.items() if s is EpochState.RESERVED]
+        stale = [r for r in reserved if r is not None and r.state is EpochState.RESERVED
+                 and r.owner != self.owner]
+        # The states listed before the re-commits serve: an epoch committed since
+        # is read as such, and its participants are no longer prepared anyway.
+        report.aborted_orphans = [c.participant for c in self._abort_orphans(
+            up_to_epoch, states, reclaim_stale=True)]
         if stale:
             for r in stale:
                 log.warning("sink=%s epoch=%d: batch write%s reserved by %s was never "
@@ -345,11 +349,12 @@ class Coordinator:
         self.plugins.epoch_decided(self.sink_id, epoch, committables)
         self.faults.hit(AFTER_DECIDE, epoch)
         self._finish(record)
-        # One read of the state serves the orphan scan and pruning (the scan writes none).
-        records = self.store.records()
+        # One listing of the states serves the orphan scan and pruning (the scan
+        # writes none); only the records they act on are read.
+        states = self.store.states()
         if self.scan_orphans:
-            self._abort_orphans(epoch, records)
-        self._prune(records)
+            self._abort_orphans(epoch, states)
+        self._prune(states)
         return EpochOutcome.COMMITTED
 
     def record_epoch(self, epoch: int, messages: Sequence[Committable | None],
@@ -398,10 +403,10 @@ class Coordinator:
         # in the target, and Spark has not logged it yet.
         self.faults.hit(AFTER_DECIDE, epoch)
         self.plugins.epoch_committed(self.sink_id, epoch, committables, 0.0)
-        records = self.store.records()
+        states = self.store.states()
         if self.scan_orphans:
-            self._abort_orphans(epoch, records)
-        self._prune(records)
+            self._abort_orphans(epoch, states)
+        self._prune(states)
         return EpochOutcome.COMMITTED
 
     def _discard_reserved(self, epoch: int, committables: Sequence[Committable]) -> None:
@@ -635,22 +640,34 @@ class Coordinator:
         self._meta = meta
 
     def _abort_orphans(self, up_to_epoch: int | None,
-                       records: Mapping[int, EpochRecord] | None = None,
+                       states: Mapping[int, EpochState] | None = None,
                        *, reclaim_stale: bool = False) -> list[Committable]:
         """Abort prepared participants no decision holds, of epochs ``<= up_to_epoch``.
 
         Epochs reserved by batch writes still in flight bound the scan from above,
         so their writers' participants are left alone; with ``reclaim_stale`` only
-        this owner's reservations count as in flight.
+        this owner's reservations count as in flight. Only the DECIDED records (and,
+        with ``reclaim_stale``, the RESERVED ones) are read: a record that moved on
+        since ``states`` was listed still protects what it held.
         """
-        if records is None:
-            records = self.store.records()
+        if states is None:
+            states = self.store.states()
         protected: set[str] = set()
-        for record in records.values():
-            if record.state is EpochState.DECIDED:
+        live: list[int] = []
+        for epoch, state in states.items():
+            if state is EpochState.RESERVED and not reclaim_stale:
+                live.append(epoch)
+                continue
+            if state is EpochState.COMMITTED:
+                continue
+            record = self.store.get(epoch)
+            if record is None:
+                continue
+            if record.state is EpochState.RESERVED:
+                if record.owner == self.owner or not reclaim_stale:
+                    live.append(epoch)
+            else:
                 protected |= record.participants
-        live = [r.epoch for r in records.values() if r.state is EpochState.RESERVED
-                and (not reclaim_stale or r.owner == self.owner)]
         if live:
             below = min(live) - 1
             up_to_epoch = below if up_to_epoch is None else min(up_to_epoch, below)
@@ -666,8 +683,8 @@ class Coordinator:
             self.plugins.epoch_aborted(self.sink_id, epoch, cs, "orphan")
         return aborted
 
-    def _prune(self, records: Mapping[int, EpochRecord]) -> None:
-        committed = sorted(e for e, r in records.items() if r.state is EpochState.COMMITTED)
+    def _prune(self, states: Mapping[int, EpochState]) -> None:
+        committed = sorted(e for e, s in states.items() if s is EpochState.COMMITTED)
         if not committed:
             return
         meta = self.store.read_meta() or self._meta

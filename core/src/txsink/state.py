@@ -3,7 +3,9 @@
 Writing an epoch as DECIDED is the commit point of the whole epoch. The default
 store is a directory (designed to sit under a Spark checkpoint location): one JSON
 file per epoch, written to a temporary name, fsynced and renamed into place, so a
-reader sees either the old or the new record, never half of one.
+reader sees either the old or the new record, never half of one. The epoch's state
+is part of the file name, so the states of all retained epochs (what every commit
+checks) come from one directory listing without reading the records.
 
 Fencing: a coordinator acquires the store's lease, which bumps a generation number.
 Every write checks, under an exclusive file lock, that the lease still holds that
@@ -27,6 +29,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -293,9 +296,13 @@ class DirectoryStateStore(StateStore):
         finally:
             os.close(fd)
 
-    def _write_json(self, path: Path, data: Mapping[str, Any]) -> None:
-        write_file_atomically(path, json.dumps(data, sort_keys=True, indent=1).encode(),
-                              what="txsink state")
+    def _write_json(self, path: Path, data: Mapping[str, Any], *,
+                    compact: bool = False) -> None:
+        # Records are written compact: an indented dump goes through json's pure-Python
+        # encoder, which for an epoch of many participants cost more than the fsyncs.
+        text = (json.dumps(data, sort_keys=True, separators=(",", ":")) if compact
+                else json.dumps(data, sort_keys=True, indent=1))
+        write_file_atomically(path, text.encode(), what="txsink state")
 
     @staticmethod
     def _read_json(path: Path) -> dict[str, Any] | None:
@@ -328,6 +335,7 @@ class DirectoryStateStore(StateStore):
                     kept = {k: v for k, v in data.items() if k != "released_at"}
                     self._write_json(self.root / "lease.json",
                                      {**kept, "acquired_at": time.time()})
+                self._upgrade_locked()
                 return current
             fenced = [str(o) for o in data.get("fenced", [])]
             if owner in fenced:
@@ -345,6 +353,7 @@ class DirectoryStateStore(StateStore):
             if current is not None:
                 log.info("state %s: lease taken over from %s (generation %d -> %d)",
                          self.location, current.owner, current.generation, lease.generation)
+            self._upgrade_locked()
             return lease
 
     def _check_locked(self, lease: Lease) -> None:
@@ -383,42 +392,179 @@ class DirectoryStateStore(StateStore):
             self._check_locked(lease)
             self._write_json(self.root / "meta.json", meta.to_dict())
 
+    # Record files are named ``<epoch:012d>.<state>.json`` so that the state of every
+    # epoch is known from one directory listing (:meth:`states`). Releases before
+    # that named them ``<epoch:012d>.json`` (state only in the body): those are still
+    # read, and renamed to the new layout by :meth:`acquire`.
+
+    def _path(self, epoch: int, state: EpochState | None) -> Path:
+        suffix = "" if state is None else f".{state.value}"
+        return self._epochs / f"{epoch:012d}{suffix}.json"
+
+    def _candidates(self, epoch: int) -> list[Path]:
+        return [self._path(epoch, state) for state in (*_ADVANCED_FIRST, None)]
+
+    @contextlib.contextmanager
+    def _shared(self) -> Iterator[None]:
+        """Hold the lock shared while reading record names: :meth:`put` writes the new
+        name before it removes the old one, and a listing taken during that could
+        otherwise see neither. A location without a lock file has no writer yet, and
+        a read-only one (a copy being inspected) is read without the lock."""
+        try:
+            fd = os.open(self.root / ".lock", os.O_RDONLY)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+    def _names(self) -> dict[int, list[tuple[EpochState | None, str]]]:
+        """Every record file name by epoch, with the state its name gives (None for
+        the old layout). Plain strings: this runs several times per commit."""
+        out: dict[int, list[tuple[EpochState | None, str]]] = {}
+        try:
+            names = os.listdir(self._epochs)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            m = _RECORD_NAME.match(name)
+            if m is None:
+                continue
+            state = None if m.group(2) is None else _BY_VALUE[m.group(2)]
+            out.setdefault(int(m.group(1)), []).append((state, name))
+        return out
+
+    def _current(self, names: list[tuple[EpochState | None, str]]) -> tuple[EpochState, Path]:
+        """The record file that counts among the names of one epoch: the furthest
+        advanced state (states only move RESERVED -> DECIDED -> COMMITTED; two names
+        are left by a crash in :meth:`put`), a new-layout name before an old one."""
+        best: tuple[int, int, EpochState, str] | None = None
+        for state, name in names:
+            layout = 1
+            if state is None:
+                data = self._read_json(self._epochs / name)
+                if data is None:
+                    continue
+                state, layout = EpochRecord.from_dict(data).state, 0
+            key = (_RANK[state], layout, state, name)
+            if best is None or key[:2] > best[:2]:
+                best = key
+        if best is None:
+            raise FileNotFoundError
+        return best[2], self._epochs / best[3]
+
+    def _read_record(self, epoch: int, state: EpochState, path: Path) -> EpochRecord | None:
+        data = self._read_json(path)
+        if data is None:
+            return None
+        record = EpochRecord.from_dict(data)
+        if record.epoch != epoch or record.state is not state:
+            raise StateError(f"state file {path} is corrupt: it holds epoch {record.epoch} "
+                             f"{record.state.value}")
+        return record
+
     def records(self) -> dict[int, EpochRecord]:
         out: dict[int, EpochRecord] = {}
-        if not self._epochs.is_dir():
-            return out
-        for path in sorted(self._epochs.glob("*.json")):
-            data = self._read_json(path)
-            if data is not None:
-                record = EpochRecord.from_dict(data)
-                out[record.epoch] = record
+        with self._shared():
+            for epoch, names in sorted(self._names().items()):
+                with contextlib.suppress(FileNotFoundError):
+                    record = self._read_record(epoch, *self._current(names))
+                    if record is not None:
+                        out[epoch] = record
+        return out
+
+    def states(self) -> dict[int, EpochState]:
+        """From the file names alone (one directory listing), bodies unread."""
+        out: dict[int, EpochState] = {}
+        with self._shared():
+            for epoch, names in sorted(self._names().items()):
+                if len(names) == 1 and names[0][0] is not None:
+                    out[epoch] = names[0][0]  # the usual case: one name, the state in it
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    out[epoch] = self._current(names)[0]
         return out
 
     def get(self, epoch: int) -> EpochRecord | None:
-        data = self._read_json(self._epochs / f"{epoch:012d}.json")
-        return None if data is None else EpochRecord.from_dict(data)
+        with self._shared():
+            names = [(state, path.name) for state, path in
+                     zip((*_ADVANCED_FIRST, None), self._candidates(epoch), strict=True)
+                     if state is None or path.exists()]
+            try:
+                return self._read_record(epoch, *self._current(names))
+            except FileNotFoundError:
+                return None
 
     def put(self, lease: Lease, record: EpochRecord) -> None:
         with self._locked():
             self._check_locked(lease)
-            self._write_json(self._epochs / f"{record.epoch:012d}.json", record.to_dict())
+            self._put_locked(record)
+
+    def _put_locked(self, record: EpochRecord) -> None:
+        """Write the record under its new name, then drop the epoch's other names.
+
+        The removals are not synced: a name that comes back after a power loss is
+        of an earlier state, and readers take the furthest advanced one.
+        """
+        path = self._path(record.epoch, record.state)
+        self._write_json(path, record.to_dict(), compact=True)
+        for other in self._candidates(record.epoch):
+            if other != path:
+                with contextlib.suppress(FileNotFoundError):
+                    other.unlink()
 
     def put_new(self, lease: Lease, record: EpochRecord) -> bool:
         with self._locked():
             self._check_locked(lease)
-            path = self._epochs / f"{record.epoch:012d}.json"
-            if path.exists():
+            if any(p.exists() for p in self._candidates(record.epoch)):
                 return False
-            self._write_json(path, record.to_dict())
+            self._put_locked(record)
             return True
 
     def delete(self, lease: Lease, epochs: Iterable[int]) -> None:
         with self._locked():
             self._check_locked(lease)
             for epoch in epochs:
-                with contextlib.suppress(FileNotFoundError):
-                    (self._epochs / f"{epoch:012d}.json").unlink()
+                for path in self._candidates(epoch):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
             _fsync_dir(self._epochs)
+
+    def _upgrade_locked(self) -> None:
+        """Rename old-layout record files (``<epoch>.json``) to ``<epoch>.<state>.json``.
+
+        The record is linked under its new name (same bytes) before the old name
+        goes; a crash in between leaves both, which readers resolve the same way.
+        """
+        moved = 0
+        for epoch, names in self._names().items():
+            if all(state is not None for state, _ in names):
+                continue
+            state, path = self._current(names)
+            keep = self._path(epoch, state)
+            if path != keep:
+                with contextlib.suppress(FileExistsError):
+                    os.link(path, keep)
+                _fsync_dir(self._epochs)
+            for stale in self._candidates(epoch):
+                if stale != keep:
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()
+            moved += 1
+        if moved:
+            _fsync_dir(self._epochs)
+            log.info("state %s: %d epoch record(s) renamed to <epoch>.<state>.json",
+                     self.location, moved)
+
+
+#: Record states, furthest advanced first; their rank for choosing among names.
+_ADVANCED_FIRST = (EpochState.COMMITTED, EpochState.DECIDED, EpochState.RESERVED)
+_RANK = {state: len(_ADVANCED_FIRST) - i for i, state in enumerate(_ADVANCED_FIRST)}
+_BY_VALUE = {state.value: state for state in EpochState}
+_RECORD_NAME = re.compile(r"^(\d{12})(?:\.(reserved|decided|committed))?\.json$")
 
 
 def write_file_atomically(path: Path, payload: bytes, *, what: str) -> None:

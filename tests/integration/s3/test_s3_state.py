@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from txsink.errors import ConfigError, FencedError, StateError
 from txsink.plugins import get_plugins
+from txsink.state import EpochState
 from txsink.testing.state_store import StateStoreContract, decided
 from txsink_s3 import state as s3state
 from txsink_s3.state import S3StateStore, parse_location
@@ -142,3 +143,24 @@ def test_no_secret_reaches_the_state(aws_env: S3Server, prefix: str) -> None:
     for key in aws_env.keys(f"{prefix}/state/"):
         body = client.get_object(Bucket=aws_env.bucket, Key=key)["Body"].read().decode()
         assert aws_env.secret_key is None or aws_env.secret_key not in body
+
+
+def test_states_come_from_the_head_alone(s3_server: S3Server, prefix: str) -> None:
+    """The coordinator asks for states() on every commit: reading every retained
+    record object would make a commit's cost grow with the epochs kept."""
+    store = _store(s3_server, prefix)
+    lease = store.acquire("a")
+    for epoch in range(4):
+        store.put(lease, decided(epoch, partitions=2))
+    store.put(lease, decided(1, partitions=2).committed(2.0))
+    client = s3_server.client()
+    fetched: list[str] = []
+    client.meta.events.register(
+        "provide-client-params.s3.GetObject",
+        lambda params, **_: fetched.append(str(params["Key"])))  # type: ignore[no-untyped-def]
+    fresh = _store(s3_server, prefix, client)  # caches nothing yet
+    states = fresh.states()
+    assert states == {0: EpochState.DECIDED, 1: EpochState.COMMITTED,
+                      2: EpochState.DECIDED, 3: EpochState.DECIDED}
+    assert fetched == [f"{prefix}/state/head.json"]
+    assert states == {e: r.state for e, r in fresh.records().items()}

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -59,6 +60,14 @@ MAX_PREPARED_HINT = (
     "PostgreSQL (the setting needs a restart)"
 )
 
+
+#: Connections an epoch's ``COMMIT PREPARED``s run over (option ``commit_connections``).
+#: Each commit waits for its own WAL flush; concurrent ones share a flush (group
+#: commit), so more connections mean fewer flushes per epoch: measured at 128
+#: participants, 1 connection ~700 ms, 4 ~270 ms, 8 ~110 ms, 16 ~100 ms.
+DEFAULT_COMMIT_CONNECTIONS = 8
+#: Upper bound of option ``commit_connections``: each is a server backend process.
+MAX_COMMIT_CONNECTIONS = 32
 
 #: Where commit markers go unless options ``marker_schema``/``marker_table`` say otherwise.
 DEFAULT_MARKER_TABLE = TableName("txsink", "txsink_commits")
@@ -146,8 +155,10 @@ class PostgresBackend(Backend):
         marker_retention_epochs: int = 1000,
         sslpassword: Secret | None = None,
         connect_retry_s: float = 30.0,
+        commit_connections: int = DEFAULT_COMMIT_CONNECTIONS,
     ) -> None:
         self.conninfo = conninfo
+        self.commit_connections = commit_connections
         self.sslpassword = sslpassword
         self.connect_retry_s = connect_retry_s
         self.table = table
@@ -160,6 +171,9 @@ class PostgresBackend(Backend):
         self.marker_retention_epochs = marker_retention_epochs
         self._driver_conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
+        #: Idle autocommit connections that commit_all spreads COMMIT PREPARED over.
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._idle_lock = threading.Lock()
 
     # -- configuration ------------------------------------------------------------------
 
@@ -224,6 +238,8 @@ class PostgresBackend(Backend):
             marker_retention_epochs=opts.int("marker_retention_epochs", 1000, minimum=0),
             sslpassword=sslpassword,
             connect_retry_s=opts.float("connect_retry_s", 30.0, minimum=0.0),
+            commit_connections=opts.int("commit_connections", DEFAULT_COMMIT_CONNECTIONS, minimum=1,
+                                        maximum=MAX_COMMIT_CONNECTIONS),
         )
         opts.check_unknown()
         return backend
@@ -270,13 +286,18 @@ class PostgresBackend(Backend):
         state = self.__dict__.copy()
         state["_driver_conn"] = None
         state.pop("_lock", None)
+        state.pop("_idle", None)
+        state.pop("_idle_lock", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("sslpassword", None)
         state.setdefault("connect_retry_s", 30.0)
+        state.setdefault("commit_connections", DEFAULT_COMMIT_CONNECTIONS)
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._idle = []
+        self._idle_lock = threading.Lock()
 
     # -- connections --------------------------------------------------------------------
 
@@ -364,11 +385,38 @@ class PostgresBackend(Backend):
                     conn.close()
                 raise
 
+    def _borrow(self) -> psycopg.Connection[Any]:
+        """An idle commit connection, or a new one (autocommit: COMMIT PREPARED
+        cannot run inside a transaction block)."""
+        with self._idle_lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+        return self._connect(autocommit=True)
+
+    def _give_back(self, conn: psycopg.Connection[Any]) -> None:
+        """Keep ``conn`` for the next epoch if it is healthy and idle, else close it."""
+        from psycopg.pq import TransactionStatus
+
+        with self._idle_lock:
+            if (not conn.closed and conn.info.transaction_status is TransactionStatus.IDLE
+                    and len(self._idle) < self.commit_connections):
+                self._idle.append(conn)
+                return
+        with contextlib.suppress(Exception):
+            conn.close()
+
     def close(self) -> None:
         conn, self._driver_conn = self._driver_conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for extra in idle:
+            with contextlib.suppress(Exception):
+                extra.close()
 
     # -- preflight ----------------------------------------------------------------------
 
@@ -831,36 +879,167 @@ class PostgresBackend(Backend):
 
     def _commit_on(self, conn: psycopg.Connection[Any], c: Committable, gid: str,
                    xid: int) -> CommitOutcome:
+        if self._prepared_xid(conn, gid) == xid:
+            return self._commit_prepared(conn, c, gid, xid)
+        return self._settled(conn, c, gid, xid)
+
+    def _commit_prepared(self, conn: psycopg.Connection[Any], c: Committable, gid: str,
+                         xid: int) -> CommitOutcome:
+        """``COMMIT PREPARED`` of a gid seen prepared with ``xid``; if another session
+        finished it in between, the commit marker tells how."""
         import psycopg
         from psycopg import sql
 
-        if self._prepared_xid(conn, gid) == xid:
-            try:
-                conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
-                log.debug("sink=%s epoch=%d partition=%d participant=%s gid=%s: committed",
-                          c.sink_id, c.epoch, c.partition, c.participant, gid)
-                return CommitOutcome.COMMITTED
-            except psycopg.OperationalError:
+        try:
+            conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
+            log.debug("sink=%s epoch=%d partition=%d participant=%s gid=%s: committed",
+                      c.sink_id, c.epoch, c.partition, c.participant, gid)
+            return CommitOutcome.COMMITTED
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            if getattr(exc, "sqlstate", None) == _SQLSTATE_OBJECT_IN_USE:
+                raise RetriableCommitError(
+                    f"{c.describe()} gid={gid} is being finished by another session",
+                    sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
+            if getattr(exc, "sqlstate", None) != _SQLSTATE_UNDEFINED_OBJECT:
                 raise
-            except psycopg.Error as exc:
-                if getattr(exc, "sqlstate", None) == _SQLSTATE_OBJECT_IN_USE:
-                    raise RetriableCommitError(
-                        f"{c.describe()} gid={gid} is being finished by another session",
-                        sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
-                if getattr(exc, "sqlstate", None) != _SQLSTATE_UNDEFINED_OBJECT:
-                    raise
-                # Someone else finished it in between: the marker tells how.
+        return self._settled(conn, c, gid, xid)
+
+    def _settled(self, conn: psycopg.Connection[Any], c: Committable, gid: str,
+                 xid: int) -> CommitOutcome:
+        """A participant that is no longer prepared: committed if its marker is visible."""
+        from psycopg import sql
+
         marker = conn.execute(
             sql.SQL("SELECT 1 FROM {} WHERE gid = %s AND xid = %s").format(
                 sql.Identifier(self.marker_table.schema, self.marker_table.table)),
             (gid, xid)).fetchone()
         if marker is not None:
             return CommitOutcome.ALREADY_COMMITTED
-        raise ParticipantLostError(
+        raise self._lost(c, gid, xid)
+
+    def _lost(self, c: Committable, gid: str, xid: int) -> ParticipantLostError:
+        return ParticipantLostError(
             f"participant {c.participant} (gid {gid}, xid {xid}, {c.rows} row(s)) is neither "
             f"prepared nor committed in {self.describe()}: it was rolled back (by an operator, "
             f"or by an abort) and its rows are lost; the commit marker in {self.marker_table} "
             "is absent", sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+
+    def commit_all(
+        self, committables: Sequence[Committable]
+    ) -> list[CommitOutcome | Exception]:
+        """Commit an epoch's participants for a cost that hardly grows with their number.
+
+        One query finds which gids are still prepared (with the xid that wrote them)
+        and one which of the others left their commit marker; ``COMMIT PREPARED`` then
+        runs over up to ``commit_connections`` connections side by side (each commit
+        waits for its own WAL flush, so one connection would serialise the fsyncs).
+        Each participant is decided exactly as :meth:`commit` decides it.
+        """
+        import psycopg
+
+        results: list[CommitOutcome | Exception | None] = [None] * len(committables)
+        ids: dict[int, tuple[str, int]] = {}
+        for i, c in enumerate(committables):
+            try:
+                ids[i] = self._ids(c)
+            except FatalCommitError as exc:
+                results[i] = exc
+        gids = sorted({gid for gid, _ in ids.values()})
+        try:
+            with self._driver() as conn:
+                prepared = {str(g): int(x) for g, x in conn.execute(
+                    "SELECT gid, transaction::text FROM pg_prepared_xacts "
+                    "WHERE database = current_database() AND gid = ANY(%s)",
+                    (gids,)).fetchall()} if gids else {}
+                todo = [i for i, (gid, xid) in ids.items() if prepared.get(gid) == xid]
+                gone = [i for i, (gid, xid) in ids.items() if prepared.get(gid) != xid]
+                if gone:
+                    marked = self._marked(conn, [ids[i][0] for i in gone])
+                    for i in gone:
+                        gid, xid = ids[i]
+                        c = committables[i]
+                        if (gid, xid) in marked:
+                            log.debug("%s gid=%s: already committed", c.describe(), gid)
+                            results[i] = CommitOutcome.ALREADY_COMMITTED
+                        else:
+                            results[i] = self._lost(c, gid, xid)
+                workers = min(self.commit_connections, len(todo))
+                if workers <= 1:
+                    # One left (the first participant of every epoch): no extra connection.
+                    for i in todo:
+                        results[i] = self._commit_caught(conn, committables[i], *ids[i])
+                    todo = []
+        except (ConfigError, _ConnectError, psycopg.OperationalError) as exc:
+            return [r if r is not None else self._retriable(committables[i], exc)
+                    for i, r in enumerate(results)]
+        if todo:
+            chunks = [todo[k::workers] for k in range(workers)]
+            with ThreadPoolExecutor(max_workers=workers,
+                                    thread_name_prefix="txsink-pg-commit") as pool:
+                for done in pool.map(lambda chunk: self._commit_chunk(committables, ids, chunk),
+                                     chunks):
+                    for i, outcome in done:
+                        results[i] = outcome
+        final: list[CommitOutcome | Exception] = []
+        for r in results:
+            assert r is not None
+            final.append(r)
+        return final
+
+    def _marked(self, conn: psycopg.Connection[Any], gids: list[str]) -> set[tuple[str, int]]:
+        """The (gid, xid) pairs among ``gids`` whose commit marker is visible."""
+        from psycopg import sql
+
+        rows = conn.execute(
+            sql.SQL("SELECT gid, xid FROM {} WHERE gid = ANY(%s)").format(
+                sql.Identifier(self.marker_table.schema, self.marker_table.table)),
+            (sorted(set(gids)),)).fetchall()
+        return {(str(g), int(x)) for g, x in rows}
+
+    def _retriable(self, c: Committable, exc: BaseException) -> RetriableCommitError:
+        gid = c.payload.get("gid")
+        return RetriableCommitError(f"committing {c.describe()} gid={gid}: {self._clean(exc)}",
+                                    sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+
+    def _commit_caught(self, conn: psycopg.Connection[Any], c: Committable, gid: str,
+                       xid: int) -> CommitOutcome | Exception:
+        """:meth:`_commit_prepared`, its failure returned (a broken connection raises)."""
+        import psycopg
+
+        try:
+            return self._commit_prepared(conn, c, gid, xid)
+        except psycopg.OperationalError:
+            raise
+        except Exception as exc:  # handed to the coordinator
+            return exc
+
+    def _commit_chunk(self, committables: Sequence[Committable],
+                      ids: Mapping[int, tuple[str, int]],
+                      chunk: list[int]) -> list[tuple[int, CommitOutcome | Exception]]:
+        """Commit ``chunk`` one after the other on one borrowed connection.
+
+        If the connection breaks, the rest of the chunk is answered retriable: the
+        coordinator hands those to the next :meth:`commit_all`, which looks again.
+        """
+        import psycopg
+
+        done: list[tuple[int, CommitOutcome | Exception]] = []
+        try:
+            conn = self._borrow()
+        except (ConfigError, _ConnectError) as exc:
+            return [(i, self._retriable(committables[i], exc)) for i in chunk]
+        try:
+            for i in chunk:
+                done.append((i, self._commit_caught(conn, committables[i], *ids[i])))
+        except psycopg.OperationalError as exc:
+            failed = {i for i, _ in done}
+            done += [(i, self._retriable(committables[i], exc)) for i in chunk
+                     if i not in failed]
+        finally:
+            self._give_back(conn)
+        return done
 
     def abort(self, committable: Committable) -> None:
         import psycopg

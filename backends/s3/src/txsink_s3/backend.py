@@ -8,10 +8,11 @@ Protocol mapping (docs/backends/s3.md):
   Parquet row group and the parts in flight), never by the partition.
 * ``pre_commit``: uploads the last part and returns bucket, key, upload id and
   part ETags. The object is invisible until the upload is completed.
-* ``commit``: ``CompleteMultipartUpload``. Idempotent: an object already under
-  the key with the expected multipart ETag (or the participant's own token) means
-  it was committed before; an upload the server no longer knows, with no such
-  object, is a lost participant and raises :class:`ParticipantLostError`.
+* ``commit``: ``CompleteMultipartUpload``, of an epoch's participants in parallel
+  (``commit_concurrency``). Idempotent: when the server no longer knows the upload,
+  an object under the key with the expected multipart ETag (or the participant's
+  own token) means it was committed before; no such object means a lost
+  participant, raising :class:`ParticipantLostError`.
 * ``abort``: ``AbortMultipartUpload``; orphans come from ``ListMultipartUploads``
   under the sink's prefix.
 * ``epoch_committed``: writes the epoch manifest that downstream readers wait for.
@@ -58,6 +59,10 @@ MAX_PARTS = 10_000
 DEFAULT_PART_SIZE = 16 * MIB
 FORMATS = ("parquet", "jsonl", "csv")
 COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "none")
+#: CompleteMultipartUpload requests one commit_all keeps in flight (option
+#: ``commit_concurrency``): each waits on the server, not on this process.
+DEFAULT_COMMIT_CONCURRENCY = 16
+MAX_COMMIT_CONCURRENCY = 64
 MANIFEST_FORMAT = "txsink-s3-epoch-manifest"
 MANIFEST_VERSION = 1
 #: Object metadata keys (boto3 returns user metadata keys in lower case).
@@ -213,8 +218,10 @@ class S3Backend(Backend):
         connect_timeout: float = 10.0,
         read_timeout: float = 120.0,
         connect_retry_s: float = 30.0,
+        commit_concurrency: int = DEFAULT_COMMIT_CONCURRENCY,
     ) -> None:
         self.bucket = bucket
+        self.commit_concurrency = commit_concurrency
         self.connect_retry_s = connect_retry_s
         self.prefix = keys.normalize_prefix(prefix)
         self.format = fmt
@@ -234,6 +241,8 @@ class S3Backend(Backend):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._s3: Any = None
+        #: Cleared for a server that refuses If-None-Match on CompleteMultipartUpload.
+        self._conditional_complete = True
 
     # -- configuration ------------------------------------------------------------------
 
@@ -306,6 +315,8 @@ class S3Backend(Backend):
         connect_timeout = opts.float("connect_timeout", 10.0, minimum=0.1)
         read_timeout = opts.float("read_timeout", 120.0, minimum=1.0)
         connect_retry_s = opts.float("connect_retry_s", 30.0, minimum=0.0)
+        commit_concurrency = opts.int("commit_concurrency", DEFAULT_COMMIT_CONCURRENCY,
+                                      minimum=1, maximum=MAX_COMMIT_CONCURRENCY)
         opts.check_unknown()
         return cls(bucket=bucket, prefix=prefix, fmt=fmt, part_size=part_size,
                    row_group_bytes=row_group, compression=compression, dictionary=dictionary,
@@ -313,7 +324,7 @@ class S3Backend(Backend):
                    addressing_style=addressing, profile=profile, access_key_id=access_key_id,
                    secret_access_key=secret, session_token=token, max_attempts=max_attempts,
                    connect_timeout=connect_timeout, read_timeout=read_timeout,
-                   connect_retry_s=connect_retry_s)
+                   connect_retry_s=connect_retry_s, commit_concurrency=commit_concurrency)
 
     def describe(self) -> str:
         where = f" endpoint={self.endpoint_url}" if self.endpoint_url else ""
@@ -349,7 +360,9 @@ class S3Backend(Backend):
                 connect_timeout=self.connect_timeout,
                 read_timeout=self.read_timeout,
                 s3={"addressing_style": self.addressing_style},
-                max_pool_connections=max(10, self.upload_concurrency * 2),
+                # Enough for the parts in flight and for commit_all's completions.
+                max_pool_connections=max(10, self.upload_concurrency * 2,
+                                         self.commit_concurrency),
             )
             self._s3 = session.client("s3", endpoint_url=self.endpoint_url, config=config)
         return self._s3
@@ -361,6 +374,8 @@ class S3Backend(Backend):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("connect_retry_s", 30.0)
+        state.setdefault("commit_concurrency", DEFAULT_COMMIT_CONCURRENCY)
+        state.setdefault("_conditional_complete", True)
         self.__dict__.update(state)
 
     def _retrying(self, what: str, action: Callable[[], _T]) -> _T:
@@ -673,26 +688,35 @@ class S3Backend(Backend):
                     and head.get("ContentLength") == p.get("size"))
 
     def commit(self, committable: Committable) -> CommitOutcome:
+        """``CompleteMultipartUpload`` with ``If-None-Match: *``: one request when all
+        goes well.
+
+        Only when it fails does the object at the key tell what happened: no upload
+        any more (``NoSuchUpload``) or an object already there (``412``, also what a
+        server answers to completing a completed upload again) means committed before
+        if the object is this participant's, and lost if there is none.
+        """
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
 
         c = committable
         p = c.payload
         if p.get("empty"):
             return CommitOutcome.COMMITTED
-        if self._committed_object(c):
-            log.debug("%s: already committed", c.describe())
-            return CommitOutcome.ALREADY_COMMITTED
-        parts = [{"PartNumber": int(n), "ETag": str(etag)} for n, etag in p["parts"]]
         try:
-            self.client.complete_multipart_upload(
-                Bucket=p["bucket"], Key=p["key"], UploadId=p["upload_id"],
-                MultipartUpload={"Parts": parts})
+            self._complete(c, only_if_absent=self._conditional_complete)
         except ClientError as exc:
-            code = _error_code(exc)
-            if code == "NoSuchUpload" or _status(exc) == 404:
+            code, status = _error_code(exc), _status(exc)
+            if (code == "NotImplemented" or status == 501) and self._conditional_complete:
+                # A server that does not take If-None-Match here: complete as before.
+                log.info("s3 backend: %s rejects a conditional CompleteMultipartUpload "
+                         "(%s); completing without it", self.endpoint_url or "AWS", code)
+                self._conditional_complete = False
+                return self.commit(c)
+            if code == "NoSuchUpload" or status == 404:
                 # The upload is gone: completed by an earlier try whose reply was lost,
                 # or aborted (e.g. by a bucket lifecycle rule). Only the object can tell.
                 if self._committed_object(c):
+                    log.debug("%s: already committed", c.describe())
                     return CommitOutcome.ALREADY_COMMITTED
                 raise ParticipantLostError(
                     f"{c.describe()}: multipart upload {p['upload_id']} of "
@@ -700,12 +724,64 @@ class S3Backend(Backend):
                     f"expected ETag {p.get('etag')} is at that key; the participant's "
                     "data is lost (was the upload aborted by a lifecycle rule?)",
                     sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
-            raise RetriableCommitError(
-                f"{c.describe()}: completing s3://{p['bucket']}/{p['key']} failed: "
-                f"{self._redact(str(exc))}", sink_id=c.sink_id, epoch=c.epoch,
-                participant=c.participant) from None
+            if status == 412 or code == "PreconditionFailed":
+                if self._committed_object(c):
+                    log.debug("%s: already committed", c.describe())
+                    return CommitOutcome.ALREADY_COMMITTED
+                # Another object holds the key (not this participant's): it is
+                # replaced, as an unconditional completion always did.
+                return self._complete_retriable(c, only_if_absent=False)
+            raise self._commit_failed(c, exc) from None
         log.debug("%s: committed s3://%s/%s", c.describe(), p["bucket"], p["key"])
         return CommitOutcome.COMMITTED
+
+    def _complete(self, c: Committable, *, only_if_absent: bool) -> None:
+        p = c.payload
+        parts = [{"PartNumber": int(n), "ETag": str(etag)} for n, etag in p["parts"]]
+        condition = {"IfNoneMatch": "*"} if only_if_absent else {}
+        self.client.complete_multipart_upload(
+            Bucket=p["bucket"], Key=p["key"], UploadId=p["upload_id"],
+            MultipartUpload={"Parts": parts}, **condition)
+
+    def _complete_retriable(self, c: Committable, *, only_if_absent: bool) -> CommitOutcome:
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        try:
+            self._complete(c, only_if_absent=only_if_absent)
+        except ClientError as exc:
+            raise self._commit_failed(c, exc) from None
+        return CommitOutcome.COMMITTED
+
+    def _commit_failed(self, c: Committable, exc: Exception) -> RetriableCommitError:
+        p = c.payload
+        return RetriableCommitError(
+            f"{c.describe()}: completing s3://{p['bucket']}/{p['key']} failed: "
+            f"{self._redact(str(exc))}", sink_id=c.sink_id, epoch=c.epoch,
+            participant=c.participant)
+
+    def _commit_caught(self, c: Committable) -> CommitOutcome | Exception:
+        try:
+            return self.commit(c)
+        except Exception as exc:  # handed to the coordinator, which retries
+            return exc
+
+    def commit_all(
+        self, committables: Sequence[Committable]
+    ) -> list[CommitOutcome | Exception]:
+        """Complete the uploads side by side, at most ``commit_concurrency`` at once.
+
+        Each completion is a round trip spent waiting on the server, so an epoch's
+        commit costs about ``ceil(n / commit_concurrency)`` of them instead of ``n``.
+        The one boto3 client is shared: clients are thread-safe, and its connection
+        pool is sized for ``commit_concurrency`` (see :attr:`client`).
+        """
+        if len(committables) <= 1 or self.commit_concurrency <= 1:
+            return [self._commit_caught(c) for c in committables]
+        self.client  # noqa: B018 - created here, not raced for by the pool's threads
+        workers = min(self.commit_concurrency, len(committables))
+        with ThreadPoolExecutor(max_workers=workers,
+                                thread_name_prefix="txsink-s3-commit") as pool:
+            return list(pool.map(self._commit_caught, committables))
 
     def _abort_upload(self, bucket: str, key: str, upload_id: str, who: str) -> None:
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]

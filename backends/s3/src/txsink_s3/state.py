@@ -451,6 +451,18 @@ class S3StateStore(StateStore):
         return {int(e): self._record(int(e), entry)
                 for e, entry in sorted(epochs.items(), key=lambda kv: int(kv[0]))}
 
+    def states(self) -> dict[int, EpochState]:
+        """From the head's index alone: no record object is read, however many are
+        retained, so the coordinator's check on every commit stays one request."""
+        head, _ = self._read_head()
+        epochs: dict[str, Any] = head.get("epochs", {}) if head else {}
+        try:
+            return {int(e): EpochState(entry["state"])
+                    for e, entry in sorted(epochs.items(), key=lambda kv: int(kv[0]))}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"state {self.location}: malformed epoch index in "
+                             f"{self.head_key}: {exc}") from None
+
     def get(self, epoch: int) -> EpochRecord | None:
         head, _ = self._read_head()
         entry = (head.get("epochs", {}) if head else {}).get(str(epoch))

@@ -12,6 +12,13 @@ uncommitted data. Both state changes use ``link`` + ``unlink`` instead of
 ``rename``: a link never replaces an existing name, so no step can overwrite a
 committed file, and a crash between link and unlink leaves two names for one
 inode, which the next commit recognises.
+
+The coordinator commits the participants of an epoch in one :meth:`FilesBackend.commit_all`
+call: all links, one fsync of the output directory, all unlinks, one fsync of the
+pending directory, so an epoch costs two directory fsyncs however many files it
+publishes. The final names are made durable before any pending name is removed;
+a crash anywhere in between leaves each file under one or both names, and
+committing the epoch again (recovery) completes it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -273,7 +280,15 @@ class FilesBackend(Backend):
             owner = json.loads((self._meta / "sink.json").read_text()).get("sink_id")
         except (OSError, ValueError, AttributeError):
             return False
-        return owner == sink_id and any(self.base.glob(f"part-{epoch:010d}-*"))
+        if owner != sink_id:
+            return False
+        # A plain listing: the directory holds every committed file of the sink, and
+        # a pattern matched in Python per name made this grow with the epochs written.
+        try:
+            names = os.listdir(self.base)
+        except FileNotFoundError:
+            return False
+        return f"\0part-{epoch:010d}-" in "\0" + "\0".join(names)
 
     def reset_sink(self, sink_id: str) -> list[str]:
         marker = self._meta / "sink.json"
@@ -389,7 +404,8 @@ class FilesBackend(Backend):
 
     # -- driver side --------------------------------------------------------------------
 
-    def _paths(self, c: Committable) -> tuple[Path, Path] | None:
+    def _names(self, c: Committable) -> tuple[str, str] | None:
+        """The pending and final file names of ``c`` (None: an empty participant)."""
         final = c.payload.get("final")
         if final is None:
             return None
@@ -400,20 +416,82 @@ class FilesBackend(Backend):
                 raise StateError(f"files backend: committable of {c.participant} names an "
                                  f"unsafe file {value!r}", participant=c.participant)
         assert isinstance(pending, str)
-        return self._pending / pending, self.base / final
+        return pending, final
+
+    def _paths(self, c: Committable) -> tuple[Path, Path] | None:
+        names = self._names(c)
+        return None if names is None else (self._pending / names[0], self.base / names[1])
 
     def commit(self, committable: Committable) -> CommitOutcome:
-        paths = self._paths(committable)
-        if paths is None:
-            return CommitOutcome.COMMITTED
-        pending, final = paths
+        result = self.commit_all([committable])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def commit_all(
+        self, committables: Sequence[Committable]
+    ) -> list[CommitOutcome | Exception]:
+        """Publish every pending file in four steps, whatever the number of participants:
+        link each to its final name, fsync the output directory once, unlink the
+        pending names, fsync the pending directory once.
+
+        The final names are durable before any pending name goes, so a crash at any
+        point leaves each file under its pending name, its final name, or both (one
+        inode); committing again links what is missing and drops the pending name.
+        Paths are plain strings here: per file, pathlib cost more than the syscalls.
+        """
+        pending_dir, base = os.fspath(self._pending), os.fspath(self.base)
+        results: list[CommitOutcome | Exception] = []
+        linked: list[tuple[int, str]] = []  # (index in results, pending path)
+        for c in committables:
+            try:
+                outcome, pending = self._link(c, pending_dir, base)
+            except Exception as exc:  # handed back to the coordinator, which retries
+                results.append(exc)
+                continue
+            if pending is not None:
+                linked.append((len(results), pending))
+            results.append(outcome)
+        if not linked:
+            return results
+        try:
+            _fsync_path(self.base, directory=True)
+        except OSError as exc:  # the final names may not be durable: keep the pending ones
+            for i, _ in linked:
+                results[i] = exc
+            return results
+        unlinked: list[int] = []
+        for i, pending in linked:
+            try:
+                with contextlib.suppress(FileNotFoundError):  # an earlier attempt did it
+                    os.unlink(pending)
+            except OSError as exc:
+                results[i] = exc
+                continue
+            unlinked.append(i)
+        if unlinked:
+            try:
+                _fsync_path(self._pending, directory=True)
+            except OSError as exc:
+                for i in unlinked:
+                    results[i] = exc
+        return results
+
+    def _link(self, committable: Committable, pending_dir: str,
+              base: str) -> tuple[CommitOutcome, str | None]:
+        """Give one pending file its final name; its pending path when that must go."""
+        names = self._names(committable)
+        if names is None:
+            return CommitOutcome.COMMITTED, None
+        pending, final = os.path.join(pending_dir, names[0]), os.path.join(base, names[1])
         try:
             os.link(pending, final)
         except FileNotFoundError:
-            if final.is_file() and final.stat().st_size == committable.payload.get("bytes"):
-                return CommitOutcome.ALREADY_COMMITTED
+            if (os.path.isfile(final)
+                    and os.stat(final).st_size == committable.payload.get("bytes")):
+                return CommitOutcome.ALREADY_COMMITTED, None
             raise ParticipantLostError(
-                f"files backend: {committable.describe()}: pending file {pending.name} is gone "
+                f"files backend: {committable.describe()}: pending file {names[0]} is gone "
                 f"and {final} does not hold it; it was aborted or deleted outside txsink",
                 sink_id=committable.sink_id, epoch=committable.epoch,
                 participant=committable.participant) from None
@@ -424,10 +502,7 @@ class FilesBackend(Backend):
                     "other content; refusing to overwrite committed output",
                     sink_id=committable.sink_id, epoch=committable.epoch,
                     participant=committable.participant) from None
-        os.unlink(pending)
-        _fsync_path(self.base, directory=True)
-        _fsync_path(self._pending, directory=True)
-        return CommitOutcome.COMMITTED
+        return CommitOutcome.COMMITTED, pending
 
     def abort(self, committable: Committable) -> None:
         paths = self._paths(committable)

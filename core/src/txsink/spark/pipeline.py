@@ -191,8 +191,8 @@ def run_pipeline(
         out(line)
     out(f"spark log: {log_path}")
     result = RunResult()
-    committed_before = {e for e, r in store.records().items()
-                        if r.state is EpochState.COMMITTED}
+    committed_before = {e for e, state in store.states().items()
+                        if state is EpochState.COMMITTED}
     with interrupts_as_exceptions(), spark_output_to(log_path):
         spark = None
         owner = None
@@ -411,8 +411,14 @@ def preview_files(path: str, rows: int = 3) -> list[str]:
 
 
 def _committed_since(store: StateStore, seen: set[int]) -> list[EpochRecord]:
-    fresh = [r for e, r in sorted(store.records().items())
-             if r.state is EpochState.COMMITTED and e not in seen]
+    """Epochs committed since ``seen``: polled while the query runs, so only the new
+    records are read."""
+    fresh = []
+    for epoch, state in sorted(store.states().items()):
+        if state is EpochState.COMMITTED and epoch not in seen:
+            record = store.get(epoch)
+            if record is not None:
+                fresh.append(record)
     seen.update(r.epoch for r in fresh)
     return fresh
 
@@ -432,7 +438,7 @@ def _epoch_line(record: EpochRecord, progress: dict[str, Any] | None) -> str:
 
 def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
                out: Printer) -> RunResult:
-    seen = {e for e, r in store.records().items() if r.state is EpochState.COMMITTED}
+    seen = {e for e, state in store.states().items() if state is EpochState.COMMITTED}
     frame.write.format("txsink").mode("append").options(**cfg.sink_write_options()).save()
     result = RunResult(stopped_because="batch write finished")
     for record in _committed_since(store, seen):
@@ -453,7 +459,7 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
         writer = writer.trigger(once=True)
     elif trig.kind == "available_now":
         writer = writer.trigger(availableNow=True)
-    seen = {e for e, r in store.records().items() if r.state is EpochState.COMMITTED}
+    seen = {e for e, state in store.states().items() if state is EpochState.COMMITTED}
     query = writer.queryName(cfg.name.replace("-", "_")).start()
     result = RunResult()
     progress: dict[int, dict[str, Any]] = {}

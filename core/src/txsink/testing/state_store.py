@@ -156,6 +156,25 @@ class StateStoreContract:
         got = self.open(location).get(8)
         assert got is not None and got.state is EpochState.RESERVED and got.owner
 
+    def test_states_match_the_records(self, location: str) -> None:
+        """``states()`` is what the coordinator checks on every commit: each retained
+        epoch's state, as ``records()`` would give it, from any store object."""
+        store = self.open(location)
+        assert store.states() == {}
+        lease = store.acquire("a")
+        assert store.put_new(lease, EpochRecord(5, EpochState.RESERVED, (), 1.0, owner="a"))
+        store.put(lease, decided(3, partitions=2))
+        store.put(lease, decided(4))
+        store.put(lease, decided(4).committed(2.0))
+        expected = {3: EpochState.DECIDED, 4: EpochState.COMMITTED, 5: EpochState.RESERVED}
+        other = self.open(location)
+        assert other.states() == expected
+        assert {e: r.state for e, r in other.records().items()} == expected
+        store.put(lease, decided(5))
+        store.delete(lease, [3])
+        assert self.open(location).states() == {4: EpochState.COMMITTED,
+                                                5: EpochState.DECIDED}
+
     # -- fencing -------------------------------------------------------------------------
 
     def test_same_owner_gets_its_lease_back(self, location: str) -> None:
