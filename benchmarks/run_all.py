@@ -74,7 +74,7 @@ class Sizes:
 
 
 #: The full run: stable ratios, about 20 minutes on 2 shared cores.
-FULL = Sizes(kafka=1_000_000, postgres=400_000, s3=4_000_000, files=8_000_000)
+FULL = Sizes(kafka=500_000, postgres=300_000, s3=1_500_000, files=8_000_000)
 #: ``--quick``: a smoke run of a few minutes, ratios not to be quoted.
 QUICK = Sizes(kafka=100_000, postgres=50_000, s3=300_000, files=500_000)
 
@@ -523,6 +523,9 @@ def environment(stack: contextlib.ExitStack[Any], targets: list[str]) -> Env:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # Python workers unpickle files_bench._DrainSource by reference: they need this dir.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     versions = {"Python": platform.python_version(),
                 "Java": _first_line(["java", "-version"]),
                 "PySpark": pyspark.__version__}
