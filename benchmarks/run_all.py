@@ -73,8 +73,8 @@ class Sizes:
         return int(getattr(self, target))
 
 
-#: The full run: stable ratios, about 20 minutes on 2 shared cores.
-FULL = Sizes(kafka=500_000, postgres=300_000, s3=1_500_000, files=8_000_000)
+#: The full run: a write takes 5-25 s; about 20 minutes on 2 shared cores.
+FULL = Sizes(kafka=1_000_000, postgres=300_000, s3=3_000_000, files=8_000_000)
 #: ``--quick``: a smoke run of a few minutes, ratios not to be quoted.
 QUICK = Sizes(kafka=100_000, postgres=50_000, s3=300_000, files=500_000)
 
@@ -465,7 +465,8 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         "## How it was measured", "",
         f"* One Spark session, `local[2]`, bound to 127.0.0.1; every target writes one "
         f"generated DataFrame in 2 partitions, cached before timing. Each writer runs once "
-        f"as warm-up, then {rounds} times in turn (the same order each round).",
+        f"as warm-up, then {rounds} timed round(s), the writers in the same order each "
+        "round.",
         "* Kafka: `key` and a 100-byte `value` (binary) into a 2-partition topic per writer. "
         "txsink's exactly-once write commits one Kafka transaction per task through the "
         "driver's EndTxn.",
@@ -610,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: small sizes, 1 round (a few minutes)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="timed rounds per writer (default 3; 1 with --quick)")
+                        help="timed rounds per writer (default 5; 1 with --quick)")
     parser.add_argument("--only", default=",".join(TARGETS),
                         help=f"comma-separated subset of {','.join(TARGETS)}")
     parser.add_argument("--records", type=int, default=None,
@@ -627,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     if args.records:
         sizes = Sizes(*(args.records for _ in TARGETS))
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 5)
     command = "uvx --with tox-uv tox -e bench" + (" -- --quick" if args.quick else "")
     if argv is None and sys.argv[1:] and sys.argv[1:] != ["--quick"]:
         command = "uv run python benchmarks/run_all.py " + " ".join(sys.argv[1:])
