@@ -25,6 +25,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -55,7 +56,7 @@ from txsink_kafka.markers import (
 )
 from txsink_kafka.naming import (
     SinkIds,
-    acquire_pooled_id,
+    acquire_pooled_slot,
     participant_id,
     preflight_id,
 )
@@ -98,11 +99,35 @@ class _PidCapture(logging.Handler):
             self.identity = ProducerIdentity(int(match[1]), int(match[2]))
 
 
+class _WriterProducer:
+    """A writer's transactional producer, and where its callbacks report to.
+
+    librdkafka binds the delivery callback and the logger when the producer is made;
+    both go through this object, so that one producer can serve several transactions
+    in turn (at_least_once / none keep it between tasks, see :func:`_keep_producer`).
+    """
+
+    def __init__(self, key: tuple[Any, ...], transactional_id: str) -> None:
+        self.key = key
+        self.transactional_id = transactional_id
+        self.capture = _PidCapture()
+        self.producer: Producer | None = None
+        self.txn: _KafkaTransaction | None = None
+        self.marker_partition: int | None = None
+
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if self.txn is not None:
+            self.txn.on_delivery(err, msg)
+
+
 class _KafkaTransaction(Transaction):
     def __init__(self, ctx: TransactionContext, transactional_id: str) -> None:
         super().__init__(ctx)
         self.transactional_id = transactional_id
         self.producer: Producer | None = None
+        self.holder: _WriterProducer | None = None
+        #: Whether the producer came from this worker's cache (no init_transactions).
+        self.reused = False
         self.capture = _PidCapture()
         self.errors: list[str] = []
         self.fatal = False
@@ -246,6 +271,57 @@ def _shared_txn_client(config: cfg.KafkaSinkConfig) -> TxnCoordinatorClient:
         return client
 
 
+#: Producers of finished at_least_once / none tasks, idle (no open transaction), by
+#: producer settings and transactional id, least recently used first.
+_PRODUCERS: OrderedDict[tuple[Any, ...], _WriterProducer] = OrderedDict()
+_PRODUCERS_LOCK = threading.Lock()
+#: How many producers a worker keeps: one per pooled id it wrote with lately.
+MAX_KEPT_PRODUCERS = 8
+#: ``init_transactions`` (a new producer) and ``reused`` (a kept one) per process, for
+#: tests and benchmarks.
+PRODUCER_COUNTS: Counter[str] = Counter()
+
+
+def _take_producer(key: tuple[Any, ...]) -> _WriterProducer | None:
+    """This process's kept producer for ``key``, taken out so no other task uses it."""
+    with _PRODUCERS_LOCK:
+        return _PRODUCERS.pop(key, None)
+
+
+def _keep_producer(holder: _WriterProducer) -> None:
+    """Keep an idle producer for the next task; the least recently used beyond
+    :data:`MAX_KEPT_PRODUCERS` is closed."""
+    holder.txn = None
+    with _PRODUCERS_LOCK:
+        evicted = _PRODUCERS.pop(holder.key, None)
+        _PRODUCERS[holder.key] = holder
+        while len(_PRODUCERS) > MAX_KEPT_PRODUCERS:
+            _, oldest = _PRODUCERS.popitem(last=False)
+            _drop_producer(oldest)
+    if evicted is not None and evicted is not holder:  # pragma: no cover - defensive
+        _drop_producer(evicted)
+
+
+def _drop_producer(holder: _WriterProducer) -> None:
+    """Forget a producer. It holds no open transaction (or a prepared one, which
+    destroying it leaves open, as pre_commit needs)."""
+    holder.producer = None
+    holder.txn = None
+
+
+def close_kept_producers() -> None:
+    """Close the producers this process kept between tasks."""
+    with _PRODUCERS_LOCK:
+        holders = list(_PRODUCERS.values())
+        _PRODUCERS.clear()
+    for holder in holders:
+        producer = holder.producer
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.flush(1.0)
+        _drop_producer(holder)
+
+
 def _forget_inherited_clients() -> None:
     """In a forked child: drop the parent's clients without using or closing them.
 
@@ -256,11 +332,14 @@ def _forget_inherited_clients() -> None:
     librdkafka handle whose threads stayed in the parent crashes the child. The lock
     may have been held by another thread at the fork.
     """
-    global _DRIVERS_LOCK
+    global _DRIVERS_LOCK, _PRODUCERS_LOCK
     _DRIVERS_LOCK = threading.Lock()
-    _INHERITED.extend([*_DRIVERS.values(), *_TXN_CLIENTS.values()])
+    _PRODUCERS_LOCK = threading.Lock()
+    # A kept producer too: its transactional id stays the parent's.
+    _INHERITED.extend([*_DRIVERS.values(), *_TXN_CLIENTS.values(), *_PRODUCERS.values()])
     _DRIVERS.clear()
     _TXN_CLIENTS.clear()
+    _PRODUCERS.clear()
     _NO_DESCRIBE.clear()
 
 
@@ -272,7 +351,9 @@ os.register_at_fork(after_in_child=_forget_inherited_clients)
 
 
 def close_shared_clients() -> None:
-    """Close the driver clients of this process (at exit, or between tests)."""
+    """Close the driver clients and kept producers of this process (at exit, or
+    between tests)."""
+    close_kept_producers()
     with _DRIVERS_LOCK:
         drivers = list(_DRIVERS.values())
         _DRIVERS.clear()
@@ -331,7 +412,7 @@ class KafkaBackend(Backend):
          Capability.SURVIVES_RESTART})
     secret_options: ClassVar[frozenset[str]] = cfg.SECRET_OPTIONS
     payload_version: ClassVar[int] = 1
-    #: at_least_once / none: the task ends its own transaction (the default finish_in_task).
+    #: at_least_once / none: the task commits its own transaction (finish_in_task).
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
 
     def __init__(self, config: cfg.KafkaSinkConfig) -> None:
@@ -379,19 +460,20 @@ class KafkaBackend(Backend):
     def sink_ids(self, sink_id: str) -> SinkIds:
         return SinkIds(self.config.transactional_id_prefix, sink_id)
 
-    def _choose_id(self, ctx: TransactionContext) -> str:
-        """A pooled id with no open transaction, or the participant's own id.
+    def _choose_id(self, ctx: TransactionContext) -> tuple[str, TransactionInfo | None]:
+        """A pooled id with no open transaction, or the participant's own id; with
+        what the coordinator says about a pooled one.
 
         Brokers without DescribeTransactions (Kafka before 3.0, Tansu) get the
         ``participant`` naming, with a warning once per process.
         """
         if self.config.naming != "pooled":
-            return self.transactional_id(ctx)
+            return self.transactional_id(ctx), None
         key = _connection_key(self.config)
         if key not in _NO_DESCRIBE:
             try:
                 return retry_transient(
-                    lambda: acquire_pooled_id(_shared_txn_client(self.config),
+                    lambda: acquire_pooled_slot(_shared_txn_client(self.config),
                                               self.config.transactional_id_prefix, ctx,
                                               self.config.pool_size),
                     what=f"{ctx.describe()}: picking a transactional.id",
@@ -406,7 +488,7 @@ class KafkaBackend(Backend):
                 raise TxsinkError(f"{ctx.describe()}: cannot pick a pooled transactional.id: "
                                   f"{self._redact(str(exc))}", sink_id=ctx.sink_id,
                                   epoch=ctx.epoch, participant=ctx.participant) from None
-        return self.transactional_id(ctx)
+        return self.transactional_id(ctx), None
 
     def _redact(self, text: str) -> str:
         return redact(text, self.config.secrets)
@@ -564,33 +646,98 @@ class KafkaBackend(Backend):
         return TxsinkError(f"{txn.describe()}: {what} failed: {text}", sink_id=ctx.sink_id,
                            epoch=ctx.epoch, participant=ctx.participant)
 
+    def _producer_key(self, transactional_id: str) -> tuple[Any, ...]:
+        """What a kept producer must match: its cluster, settings and id."""
+        return (_connection_key(self.config), tuple(sorted(
+            (k, repr(v)) for k, v in self.config.producer.items())),
+            self.config.transaction_timeout_ms, transactional_id)
+
     def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        tid, info = self._choose_id(ctx)
+        holder = _take_producer(self._producer_key(tid))
+        if holder is not None:
+            # Still this producer's id only if nobody initialised it since (which
+            # would have bumped the epoch, fencing the kept producer).
+            if info is not None and not info.is_open and info.identity == \
+                    holder.capture.identity:
+                txn = self._begin_reused(ctx, holder)
+                if txn is not None:
+                    return txn
+                tid, _ = self._choose_id(ctx)
+            else:
+                log.debug("%s: transactional.id=%s moved on since this worker used it "
+                          "(now %s); opening a new producer", ctx.describe(), tid,
+                          info.identity if info else None)
+                _drop_producer(holder)
+        return self._begin_new(ctx, tid)
+
+    def _begin_reused(self, ctx: TransactionContext, holder: _WriterProducer
+                      ) -> _KafkaTransaction | None:
+        """Begin on a producer kept from an earlier task: no new producer, no
+        init_transactions. ``None`` (producer dropped) if it cannot go on, e.g. fenced
+        by a writer elsewhere that took the id after it was probed."""
+        from confluent_kafka import KafkaException
+
+        producer = holder.producer
+        assert producer is not None and holder.marker_partition is not None
+        txn = self._attach(_KafkaTransaction(ctx, holder.transactional_id), holder)
+        txn.reused = True
+        txn.marker_partition = holder.marker_partition
+        try:
+            producer.begin_transaction()
+            self._write_begin_marker(txn)
+        except (KafkaException, TxsinkError) as exc:
+            log.info("%s: the producer kept for transactional.id=%s cannot go on (%s); "
+                     "opening a new one", ctx.describe(), txn.transactional_id,
+                     self._redact(str(exc)))
+            with contextlib.suppress(Exception):
+                producer.abort_transaction(self.config.request_timeout_s)
+            txn.producer = None
+            _drop_producer(holder)
+            return None
+        PRODUCER_COUNTS["reused"] += 1
+        log.debug("%s: transaction open on the kept producer of transactional.id=%s",
+                  txn.describe(), txn.transactional_id)
+        return txn
+
+    @staticmethod
+    def _attach(txn: _KafkaTransaction, holder: _WriterProducer) -> _KafkaTransaction:
+        holder.txn = txn
+        txn.holder = holder
+        txn.producer = holder.producer
+        txn.capture = holder.capture
+        return txn
+
+    def _begin_new(self, ctx: TransactionContext, tid: str) -> _KafkaTransaction:
         from confluent_kafka import KafkaException, Producer
 
-        txn = _KafkaTransaction(ctx, self._choose_id(ctx))
+        holder = _WriterProducer(self._producer_key(tid), tid)
         # A private logger (not in logging's registry, so none accumulates per participant)
         # that only captures the producer id.
-        logger = logging.Logger(f"txsink_kafka.librdkafka.{txn.transactional_id}")  # noqa: LOG001
-        logger.addHandler(txn.capture)
+        logger = logging.Logger(f"txsink_kafka.librdkafka.{tid}")  # noqa: LOG001
+        logger.addHandler(holder.capture)
         conf: dict[str, Any] = {
             "queue.buffering.max.kbytes": 32768,
             "linger.ms": 20,
             **self.config.producer,
-            "transactional.id": txn.transactional_id,
+            "transactional.id": tid,
             "transaction.timeout.ms": self.config.transaction_timeout_ms,
             "debug": "eos",
             "logger": logger,
-            "on_delivery": txn.on_delivery,
+            "on_delivery": holder.on_delivery,
         }
         timeout = self.config.request_timeout_s
+        txn = _KafkaTransaction(ctx, tid)
         try:
-            producer = Producer(conf)
-            txn.producer = producer
-            txn.marker_topic = self.config.marker_topic
+            holder.producer = Producer(conf)
+            producer = holder.producer
+            self._attach(txn, holder)
             txn.marker_partition = self._marker_partition(producer, ctx.sink_id)
+            holder.marker_partition = txn.marker_partition
             retry_transient(lambda: producer.init_transactions(timeout),
                             what=f"{txn.describe()}: init_transactions",
                             bound_s=self.config.retry_bound_s, redact=self._redact)
+            PRODUCER_COUNTS["init_transactions"] += 1
             producer.begin_transaction()
         except KafkaException as exc:
             raise self._producer_error(txn, "starting the transaction", exc) from None
@@ -605,6 +752,7 @@ class KafkaBackend(Backend):
 
         ctx = txn.ctx
         assert txn.producer is not None
+        txn.marker_topic = self.config.marker_topic
         # poll() serves librdkafka's log queue, where the producer id is announced.
         deadline = time.monotonic() + 1.0
         while txn.capture.identity is None and time.monotonic() < deadline:
@@ -707,10 +855,11 @@ class KafkaBackend(Backend):
                            f"first: {first}{hint}", sink_id=ctx.sink_id, epoch=ctx.epoch,
                            participant=ctx.participant)
 
-    def pre_commit(self, txn: Transaction) -> Committable:
+    def _flush(self, txn: _KafkaTransaction) -> None:
+        """Wait until every record of ``txn`` is acknowledged; raise on any failure."""
         from confluent_kafka import KafkaException
 
-        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        assert txn.producer is not None
         producer = txn.producer
         deadline = time.monotonic() + max(self.config.request_timeout_s,
                                           self.config.transaction_timeout_ms / 2000)
@@ -727,6 +876,11 @@ class KafkaBackend(Backend):
             raise self._producer_error(txn, "flushing", exc) from None
         if txn.errors:
             raise self._delivery_error(txn)
+
+    def pre_commit(self, txn: Transaction) -> Committable:
+        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        producer = txn.producer
+        self._flush(txn)
         identity = txn.capture.identity
         if identity is None:
             raise TxsinkError(
@@ -750,18 +904,68 @@ class KafkaBackend(Backend):
                                               payload_version=self.payload_version)
         self._check_age(committable)  # a long write already eats into the timeout
         # Close without aborting: the transaction stays open for the driver's EndTxn.
+        # librdkafka cannot begin again on a producer whose transaction another
+        # process ended, so it is never kept (docs/backends/kafka.md).
         txn.producer = None
+        if txn.holder is not None:
+            _drop_producer(txn.holder)
         del producer
         log.debug("%s: prepared transactional.id=%s producer_id=%d epoch=%d rows=%d",
                   txn.describe(), txn.transactional_id, identity.producer_id,
                   identity.producer_epoch, txn.rows)
         return committable
 
+    def finish_in_task(self, txn: Transaction, guarantee: DeliveryGuarantee) -> Committable:
+        """at_least_once / none: the task commits its own transaction, with the end
+        marker in it, and keeps the producer for its worker's next task.
+
+        Not the driver's EndTxn: librdkafka can begin again only on a producer that
+        ended its last transaction itself, so keeping it saves the next task a new
+        producer and ``init_transactions``. Only pooled ids are kept (a per-participant
+        id is never used again).
+        """
+        from confluent_kafka import KafkaException
+
+        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        producer = txn.producer
+        ctx = txn.ctx
+        self._flush(txn)
+        identity = txn.capture.identity or ProducerIdentity(-1, -1)
+        # In the transaction: scans see the participant ended exactly when its data
+        # became visible (or, if the commit fails, discard() writes an aborted end).
+        key, value = Marker(END, txn.transactional_id, ctx.sink_id, ctx.epoch,
+                            ctx.partition, ctx.attempt, producer_id=identity.producer_id,
+                            producer_epoch=identity.producer_epoch,
+                            outcome=COMMITTED).encode()
+        try:
+            producer.produce(txn.marker_topic, value, key, txn.marker_partition)
+            producer.commit_transaction(self.config.request_timeout_s)
+        except (KafkaException, SystemError) as exc:
+            raise self._producer_error(txn, "committing in the task", exc) from None
+        if txn.errors:  # pragma: no cover - commit_transaction raises first
+            raise self._delivery_error(txn)
+        txn.producer = None
+        holder = txn.holder
+        if holder is not None:
+            if self._is_pooled(txn.transactional_id) and not txn.fatal:
+                _keep_producer(holder)
+            else:
+                _drop_producer(holder)
+        log.debug("%s: committed transactional.id=%s in the task (%s), %d rows",
+                  txn.describe(), txn.transactional_id, guarantee.value, txn.rows)
+        payload = {"direct": True, "transactional_id": txn.transactional_id,
+                   "producer_id": identity.producer_id,
+                   "producer_epoch": identity.producer_epoch, "topics": sorted(txn.topics)}
+        return Committable.for_context(self.name, ctx, payload, rows=txn.rows,
+                                       payload_version=self.payload_version)
+
     def discard(self, txn: Transaction) -> None:
         from confluent_kafka import KafkaException
 
         assert isinstance(txn, _KafkaTransaction)
         producer, txn.producer = txn.producer, None
+        if txn.holder is not None:
+            _drop_producer(txn.holder)  # never kept after a failure
         if producer is None:
             return
         timeout = self.config.request_timeout_s
