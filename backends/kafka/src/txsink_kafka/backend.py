@@ -56,7 +56,7 @@ from txsink_kafka.markers import (
 )
 from txsink_kafka.naming import (
     SinkIds,
-    acquire_pooled_slot,
+    acquire_pooled_id,
     participant_id,
     preflight_id,
 )
@@ -128,6 +128,8 @@ class _KafkaTransaction(Transaction):
         self.holder: _WriterProducer | None = None
         #: Whether the producer came from this worker's cache (no init_transactions).
         self.reused = False
+        #: How long begin_transaction took (id probe, producer, marker).
+        self.open_ms = 0.0
         self.capture = _PidCapture()
         self.errors: list[str] = []
         self.fatal = False
@@ -460,20 +462,19 @@ class KafkaBackend(Backend):
     def sink_ids(self, sink_id: str) -> SinkIds:
         return SinkIds(self.config.transactional_id_prefix, sink_id)
 
-    def _choose_id(self, ctx: TransactionContext) -> tuple[str, TransactionInfo | None]:
-        """A pooled id with no open transaction, or the participant's own id; with
-        what the coordinator says about a pooled one.
+    def _choose_id(self, ctx: TransactionContext) -> str:
+        """A pooled id with no open transaction, or the participant's own id.
 
         Brokers without DescribeTransactions (Kafka before 3.0, Tansu) get the
         ``participant`` naming, with a warning once per process.
         """
         if self.config.naming != "pooled":
-            return self.transactional_id(ctx), None
+            return self.transactional_id(ctx)
         key = _connection_key(self.config)
         if key not in _NO_DESCRIBE:
             try:
                 return retry_transient(
-                    lambda: acquire_pooled_slot(_shared_txn_client(self.config),
+                    lambda: acquire_pooled_id(_shared_txn_client(self.config),
                                               self.config.transactional_id_prefix, ctx,
                                               self.config.pool_size),
                     what=f"{ctx.describe()}: picking a transactional.id",
@@ -488,7 +489,7 @@ class KafkaBackend(Backend):
                 raise TxsinkError(f"{ctx.describe()}: cannot pick a pooled transactional.id: "
                                   f"{self._redact(str(exc))}", sink_id=ctx.sink_id,
                                   epoch=ctx.epoch, participant=ctx.participant) from None
-        return self.transactional_id(ctx), None
+        return self.transactional_id(ctx)
 
     def _redact(self, text: str) -> str:
         return redact(text, self.config.secrets)
@@ -598,9 +599,9 @@ class KafkaBackend(Backend):
     # -- executor side ------------------------------------------------------------------
 
     def _marker_partition(self, producer: Producer, sink_id: str) -> int:
+        md = producer.list_topics(self.config.marker_topic,
+                                  timeout=self.config.request_timeout_s)
         if self._marker_partitions is None:
-            md = producer.list_topics(self.config.marker_topic,
-                                      timeout=self.config.request_timeout_s)
             tmd = md.topics.get(self.config.marker_topic)
             if tmd is None or tmd.error is not None or not tmd.partitions:
                 raise ConfigError(f"kafka sink: marker topic {self.config.marker_topic!r} "
@@ -646,30 +647,32 @@ class KafkaBackend(Backend):
         return TxsinkError(f"{txn.describe()}: {what} failed: {text}", sink_id=ctx.sink_id,
                            epoch=ctx.epoch, participant=ctx.participant)
 
-    def _producer_key(self, transactional_id: str) -> tuple[Any, ...]:
-        """What a kept producer must match: its cluster, settings and id."""
+    def _producer_key(self, ctx: TransactionContext) -> tuple[Any, ...]:
+        """What a kept producer must match: cluster, settings, sink and partition (a
+        pooled id names both)."""
         return (_connection_key(self.config), tuple(sorted(
             (k, repr(v)) for k, v in self.config.producer.items())),
-            self.config.transaction_timeout_ms, transactional_id)
+            self.config.transaction_timeout_ms, self.config.transactional_id_prefix,
+            ctx.sink_id, ctx.partition)
 
     def begin_transaction(self, ctx: TransactionContext) -> Transaction:
-        tid, info = self._choose_id(ctx)
-        holder = _take_producer(self._producer_key(tid))
-        if holder is not None:
-            # Still this producer's id only if nobody initialised it since (which
-            # would have bumped the epoch, fencing the kept producer).
-            if info is not None and not info.is_open and info.identity == \
-                    holder.capture.identity:
+        started = time.perf_counter()
+        txn = self._open(ctx)
+        # The participant's fixed cost, kept in its committable for status and benchmarks.
+        txn.open_ms = (time.perf_counter() - started) * 1000
+        return txn
+
+    def _open(self, ctx: TransactionContext) -> _KafkaTransaction:
+        if self.config.naming == "pooled":
+            # The kept producer's slot is not probed: it has no open transaction unless
+            # another writer took the id over since, which fenced the kept producer,
+            # and its first write (the begin marker) fails; then the slot is probed.
+            holder = _take_producer(self._producer_key(ctx))
+            if holder is not None:
                 txn = self._begin_reused(ctx, holder)
                 if txn is not None:
                     return txn
-                tid, _ = self._choose_id(ctx)
-            else:
-                log.debug("%s: transactional.id=%s moved on since this worker used it "
-                          "(now %s); opening a new producer", ctx.describe(), tid,
-                          info.identity if info else None)
-                _drop_producer(holder)
-        return self._begin_new(ctx, tid)
+        return self._begin_new(ctx, self._choose_id(ctx))
 
     def _begin_reused(self, ctx: TransactionContext, holder: _WriterProducer
                       ) -> _KafkaTransaction | None:
@@ -711,7 +714,7 @@ class KafkaBackend(Backend):
     def _begin_new(self, ctx: TransactionContext, tid: str) -> _KafkaTransaction:
         from confluent_kafka import KafkaException, Producer
 
-        holder = _WriterProducer(self._producer_key(tid), tid)
+        holder = _WriterProducer(self._producer_key(ctx), tid)
         # A private logger (not in logging's registry, so none accumulates per participant)
         # that only captures the producer id.
         logger = logging.Logger(f"txsink_kafka.librdkafka.{tid}")  # noqa: LOG001
@@ -899,6 +902,7 @@ class KafkaBackend(Backend):
             "transaction_timeout_ms": self.config.transaction_timeout_ms,
             "began_at": round(txn.began_at, 3),
             "prepared_at": round(time.time(), 3),
+            "open_ms": round(txn.open_ms, 1),
         }
         committable = Committable.for_context(self.name, txn.ctx, payload, rows=txn.rows,
                                               payload_version=self.payload_version)
@@ -955,7 +959,8 @@ class KafkaBackend(Backend):
                   txn.describe(), txn.transactional_id, guarantee.value, txn.rows)
         payload = {"direct": True, "transactional_id": txn.transactional_id,
                    "producer_id": identity.producer_id,
-                   "producer_epoch": identity.producer_epoch, "topics": sorted(txn.topics)}
+                   "producer_epoch": identity.producer_epoch, "topics": sorted(txn.topics),
+                   "open_ms": round(txn.open_ms, 1), "reused_producer": txn.reused}
         return Committable.for_context(self.name, ctx, payload, rows=txn.rows,
                                        payload_version=self.payload_version)
 

@@ -96,15 +96,7 @@ class PoolExhaustedError(TxsinkError):
 
 def acquire_pooled_id(client: TxnCoordinatorClient, prefix: str, ctx: TransactionContext,
                       pool_size: int) -> str:
-    """The lowest slot of ``ctx.partition`` whose id has no open transaction."""
-    return acquire_pooled_slot(client, prefix, ctx, pool_size)[0]
-
-
-def acquire_pooled_slot(client: TxnCoordinatorClient, prefix: str, ctx: TransactionContext,
-                        pool_size: int) -> tuple[str, TransactionInfo | None]:
-    """The lowest slot of ``ctx.partition`` whose id has no open transaction, and what
-    its coordinator said about it (``None``: never used), so that a worker that kept a
-    producer for that id can tell whether the id is still its own.
+    """The lowest slot of ``ctx.partition`` whose id has no open transaction.
 
     Two attempts of one partition that probe within one round trip of each other can
     pick the same free slot; the later ``init_transactions`` then fences the earlier
@@ -122,7 +114,7 @@ def acquire_pooled_slot(client: TxnCoordinatorClient, prefix: str, ctx: Transact
                 if busy:
                     log.debug("%s: pooled ids %s are open; using %s", ctx.describe(),
                               ", ".join(busy), tid)
-                return tid, info
+                return tid
             busy[tid] = info
     raise PoolExhaustedError(
         f"{ctx.describe()}: all {pool_size} pooled transactional ids of partition "
