@@ -172,9 +172,16 @@ def test_a_second_writer_with_the_same_sink_id_is_fenced(
     first = backend.begin_transaction(ctx)
     backend.write(first, batch(range(10)))
     second = backend.begin_transaction(ctx)  # the other query's task
-    backend.write(first, batch(range(10, 20)))
-    with pytest.raises(FencedError, match="sink id"):
+    # Its first write waits for its open (in the background), which fenced the first:
+    # the first fails at its next write or at the latest when it prepares.
+    backend.write(second, batch(range(20, 30)))
+
+    def go_on() -> None:
+        backend.write(first, batch(range(10, 20)))
         backend.pre_commit(first)
+
+    with pytest.raises(FencedError, match="sink id"):
+        go_on()
     c = backend.pre_commit(second)
     assert backend.commit(c) is CommitOutcome.COMMITTED
 

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -128,8 +129,13 @@ class _KafkaTransaction(Transaction):
         self.holder: _WriterProducer | None = None
         #: Whether the producer came from this worker's cache (no init_transactions).
         self.reused = False
-        #: How long begin_transaction took (id probe, producer, marker).
+        #: The open in the background (begin_transaction) and what it raised.
+        self.opening: threading.Thread | None = None
+        self.open_error: BaseException | None = None
+        #: How long the open took (id probe, producer, marker), and how long the task
+        #: waited for it.
         self.open_ms = 0.0
+        self.open_wait_ms = 0.0
         self.capture = _PidCapture()
         self.errors: list[str] = []
         self.fatal = False
@@ -142,9 +148,30 @@ class _KafkaTransaction(Transaction):
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None and len(self.errors) < 10:
+            from confluent_kafka import KafkaError
+
             self.errors.append(f"{msg.topic()}: {err.str()}")
-            if err.fatal() or "fence" in err.str().lower():
+            # A record refused for an old producer epoch: another producer
+            # initialised the id since (its transaction was aborted by it).
+            if err.fatal() or "fence" in err.str().lower() or err.code() in (
+                    KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                    KafkaError.INVALID_PRODUCER_EPOCH):
                 self.fatal = True
+
+
+def _raised() -> BaseException:
+    """What the ``except:`` clause around it caught, as an exception.
+
+    confluent-kafka sometimes raises a bare ``KafkaError``, which is no exception class
+    (seen for a fenced producer's flush in a thread other than the main one): only a
+    bare ``except:`` catches it, and it is wrapped in a ``KafkaException`` here.
+    """
+    from confluent_kafka import KafkaException
+
+    caught = sys.exc_info()[1]
+    if isinstance(caught, BaseException):
+        return caught
+    return KafkaException(caught)
 
 
 class MarkerStatus:
@@ -666,52 +693,91 @@ class KafkaBackend(Backend):
             ctx.sink_id, ctx.partition)
 
     def begin_transaction(self, ctx: TransactionContext) -> Transaction:
-        started = time.perf_counter()
-        txn = self._open(ctx)
-        # The participant's fixed cost, kept in its committable for status and benchmarks.
-        txn.open_ms = (time.perf_counter() - started) * 1000
+        """Open the participant in a background thread; write() waits for it.
+
+        The open (slot probe, producer, init_transactions, begin marker) is 25-35 ms
+        for a new producer; in a Spark task it overlaps with the JVM handing over the
+        partition's first Arrow batch.
+        """
+        txn = _KafkaTransaction(ctx, "")
+        thread = threading.Thread(target=self._open_in_background, args=(txn,),
+                                  name=f"txsink-kafka-open-{ctx.participant}", daemon=True)
+        txn.opening = thread
+        thread.start()
         return txn
 
-    def _open(self, ctx: TransactionContext) -> _KafkaTransaction:
+    def _open_in_background(self, txn: _KafkaTransaction) -> None:
+        from confluent_kafka import KafkaException
+
+        started = time.perf_counter()
+        try:
+            self._open(txn)
+        except:  # noqa: E722 - see _raised; handed to the task's thread by _opened
+            error = _raised()
+            if isinstance(error, KafkaException):
+                error = self._producer_error(txn, "starting the transaction", error)
+            txn.open_error = error
+        finally:
+            # The participant's fixed cost, kept in its committable for status and
+            # benchmarks.
+            txn.open_ms = (time.perf_counter() - started) * 1000
+
+    def _opened(self, txn: _KafkaTransaction, *, raise_error: bool = True) -> None:
+        """Wait for the background open of ``txn``; raise what it raised."""
+        thread = txn.opening
+        if thread is not None:
+            waited = time.perf_counter()
+            thread.join()
+            txn.opening = None
+            txn.open_wait_ms = (time.perf_counter() - waited) * 1000
+        if raise_error and txn.open_error is not None:
+            raise txn.open_error
+
+    def _open(self, txn: _KafkaTransaction) -> None:
+        ctx = txn.ctx
         if self.config.naming == "pooled":
             # The kept producer's slot is not probed: it has no open transaction unless
             # another writer took the id over since, which fenced the kept producer,
             # and its first write (the begin marker) fails; then the slot is probed.
             holder = _take_producer(self._producer_key(ctx))
-            if holder is not None:
-                txn = self._begin_reused(ctx, holder)
-                if txn is not None:
-                    return txn
-        return self._begin_new(ctx, self._choose_id(ctx))
+            if holder is not None and self._begin_reused(txn, holder):
+                return
+        self._begin_new(txn, self._choose_id(ctx))
 
-    def _begin_reused(self, ctx: TransactionContext, holder: _WriterProducer
-                      ) -> _KafkaTransaction | None:
+    def _begin_reused(self, txn: _KafkaTransaction, holder: _WriterProducer) -> bool:
         """Begin on a producer kept from an earlier task: no new producer, no
-        init_transactions. ``None`` (producer dropped) if it cannot go on, e.g. fenced
-        by a writer elsewhere that took the id after it was probed."""
+        init_transactions. False (producer dropped) if it cannot go on, e.g. fenced
+        by a writer elsewhere that took the id over."""
         from confluent_kafka import KafkaException
 
         producer = holder.producer
         assert producer is not None and holder.marker_partition is not None
-        txn = self._attach(_KafkaTransaction(ctx, holder.transactional_id), holder)
+        txn.transactional_id = holder.transactional_id
+        self._attach(txn, holder)
         txn.reused = True
         txn.marker_partition = holder.marker_partition
         try:
             producer.begin_transaction()
             self._write_begin_marker(txn)
-        except (KafkaException, TxsinkError) as exc:
+        except:  # noqa: E722 - see _raised
+            exc = _raised()
+            if not isinstance(exc, (KafkaException, TxsinkError)):
+                raise
             log.info("%s: the producer kept for transactional.id=%s cannot go on (%s); "
-                     "opening a new one", ctx.describe(), txn.transactional_id,
+                     "opening a new one", txn.describe(), txn.transactional_id,
                      self._redact(str(exc)))
             with contextlib.suppress(Exception):
                 producer.abort_transaction(self.config.request_timeout_s)
-            txn.producer = None
             _drop_producer(holder)
-            return None
+            txn.producer, txn.holder, txn.reused = None, None, False
+            txn.errors.clear()
+            txn.fatal = False
+            txn.capture = _PidCapture()
+            return False
         PRODUCER_COUNTS["reused"] += 1
         log.debug("%s: transaction open on the kept producer of transactional.id=%s",
                   txn.describe(), txn.transactional_id)
-        return txn
+        return True
 
     @staticmethod
     def _attach(txn: _KafkaTransaction, holder: _WriterProducer) -> _KafkaTransaction:
@@ -721,9 +787,11 @@ class KafkaBackend(Backend):
         txn.capture = holder.capture
         return txn
 
-    def _begin_new(self, ctx: TransactionContext, tid: str) -> _KafkaTransaction:
+    def _begin_new(self, txn: _KafkaTransaction, tid: str) -> None:
         from confluent_kafka import KafkaException, Producer
 
+        ctx = txn.ctx
+        txn.transactional_id = tid
         holder = _WriterProducer(self._producer_key(ctx), tid)
         # A private logger (not in logging's registry, so none accumulates per participant)
         # that only captures the producer id.
@@ -744,7 +812,6 @@ class KafkaBackend(Backend):
             "on_delivery": holder.on_delivery,
         }
         timeout = self.config.request_timeout_s
-        txn = _KafkaTransaction(ctx, tid)
         try:
             holder.producer = Producer(conf)
             producer = holder.producer
@@ -761,7 +828,6 @@ class KafkaBackend(Backend):
         self._write_begin_marker(txn)
         log.debug("%s: transaction open as transactional.id=%s", txn.describe(),
                   txn.transactional_id)
-        return txn
 
     def _write_begin_marker(self, txn: _KafkaTransaction) -> None:
         """The first record of the transaction: its commit marker and its trace for scans."""
@@ -803,7 +869,9 @@ class KafkaBackend(Backend):
     def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
         from confluent_kafka import KafkaException
 
-        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        assert isinstance(txn, _KafkaTransaction)
+        self._opened(txn)
+        assert txn.producer is not None
         if txn.errors:
             raise self._delivery_error(txn)
         names = batch.schema.names
@@ -895,7 +963,9 @@ class KafkaBackend(Backend):
             raise self._delivery_error(txn)
 
     def pre_commit(self, txn: Transaction) -> Committable:
-        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        assert isinstance(txn, _KafkaTransaction)
+        self._opened(txn)
+        assert txn.producer is not None
         producer = txn.producer
         self._flush(txn)
         identity = txn.capture.identity
@@ -917,6 +987,7 @@ class KafkaBackend(Backend):
             "began_at": round(txn.began_at, 3),
             "prepared_at": round(time.time(), 3),
             "open_ms": round(txn.open_ms, 1),
+            "open_wait_ms": round(txn.open_wait_ms, 1),
         }
         committable = Committable.for_context(self.name, txn.ctx, payload, rows=txn.rows,
                                               payload_version=self.payload_version)
@@ -944,7 +1015,9 @@ class KafkaBackend(Backend):
         """
         from confluent_kafka import KafkaException
 
-        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        assert isinstance(txn, _KafkaTransaction)
+        self._opened(txn)
+        assert txn.producer is not None
         producer = txn.producer
         ctx = txn.ctx
         self._flush(txn)
@@ -974,7 +1047,9 @@ class KafkaBackend(Backend):
         payload = {"direct": True, "transactional_id": txn.transactional_id,
                    "producer_id": identity.producer_id,
                    "producer_epoch": identity.producer_epoch, "topics": sorted(txn.topics),
-                   "open_ms": round(txn.open_ms, 1), "reused_producer": txn.reused}
+                   "open_ms": round(txn.open_ms, 1),
+                   "open_wait_ms": round(txn.open_wait_ms, 1),
+                   "reused_producer": txn.reused}
         return Committable.for_context(self.name, ctx, payload, rows=txn.rows,
                                        payload_version=self.payload_version)
 
@@ -982,10 +1057,13 @@ class KafkaBackend(Backend):
         from confluent_kafka import KafkaException
 
         assert isinstance(txn, _KafkaTransaction)
+        self._opened(txn, raise_error=False)
         producer, txn.producer = txn.producer, None
         if txn.holder is not None:
             _drop_producer(txn.holder)  # never kept after a failure
-        if producer is None:
+        if producer is None or txn.open_error is not None:
+            # Never opened (as before, when begin_transaction raised): an open
+            # transaction it may have left is found by the orphan scans.
             return
         timeout = self.config.request_timeout_s
         try:
