@@ -6,17 +6,28 @@ broker, ``--rounds`` times each and in turn (after ``--warmup`` rounds not count
 
 * Spark's built-in Kafka sink (``spark-sql-kafka-0-10``, at-least-once; its jars
   resolved once with Maven into the local repository, see ``spark_kafka_jars``);
-* txsink's Kafka sink (``df.write.format("txsink")``, exactly-once: each write is
-  one epoch, committed by the driver through EndTxn);
+* txsink's Kafka sink (``df.write.format("txsink")``), exactly-once (each write is
+  one epoch, committed by the driver through EndTxn) and at-least-once (each task
+  commits its own transaction and keeps its producer for the next write); one sink
+  id each for all rounds, so later writes can reuse the Python workers' producers;
 * a plain confluent-kafka idempotent producer in this process (the same records,
-  collected to Arrow first; no Spark, one core).
+  collected to Arrow first; no Spark, one core);
+* a plain confluent-kafka transactional producer in this process, initialised once,
+  one transaction per round (begin, produce, commit): what exactly-once costs
+  without txsink.
 
 It prints records/s (median of the rounds), the ratios, txsink's per-epoch commit
-latency (decide -> committed, p50/p95, from its state store), and the load average.
-Then it reads the sink's output back with the stream source's per-task read path
+latency (decide -> committed, p50/p95, from its state store), the per-participant
+open cost (from the committables: how long the background open took, and how long
+the task waited for it) of the first and later writes, and the load average. Then
+it measures the open cost without Spark (one participant per epoch in this process,
+a pause between epochs as a pipeline has: begin_transaction start to the first
+batch accepted, first vs later epochs), and
+reads the sink's output back with the stream source's per-task read path
 (``read_range``) and with a plain consumer.
 
     uv run python benchmarks/kafka_bench.py [--records 300000] [--rounds 5] [--warmup 1]
+        [--json results.json]
 
 Starts a local Apache Kafka (``txsink_kafka.local_broker``; ``TXSINK_KAFKA_VERSION``)
 unless ``TXSINK_KAFKA_BOOTSTRAP`` names a broker.
@@ -25,6 +36,7 @@ unless ``TXSINK_KAFKA_BOOTSTRAP`` names a broker.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -33,14 +45,16 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
+from txsink.model import DeliveryGuarantee, TransactionContext
 from txsink.state import DirectoryStateStore
 from txsink_kafka import testing as kt
-from txsink_kafka.backend import close_shared_clients
+from txsink_kafka.backend import KafkaBackend, close_shared_clients
 from txsink_kafka.local_broker import BrokerUnavailable, LocalKafka, maven_classpath
 
 #: Spark's Kafka connector for the installed PySpark first; if Maven Central does not
@@ -106,19 +120,38 @@ def spark_sink(df: Any, bootstrap: str, topic: str) -> float:
     return time.perf_counter() - started
 
 
-def txsink_sink(df: Any, bootstrap: str, topic: str, markers: str, chk: Path
-                ) -> tuple[float, float]:
-    """Seconds for the write, and the epoch's commit latency (decided -> committed)."""
-    sink_id = f"bench-{uuid.uuid4().hex[:8]}"
+@dataclass
+class TxsinkWrite:
+    """One txsink write: seconds, commit latency (exactly-once only) and, per
+    participant, how long its open took (in the background), how long the task
+    waited for it, and whether its producer was kept."""
+
+    seconds: float
+    commit_s: float | None
+    open_ms: list[float]
+    wait_ms: list[float]
+    reused: int
+
+
+def txsink_sink(df: Any, bootstrap: str, topic: str, markers: str, chk: Path, sink_id: str,
+                guarantee: str) -> TxsinkWrite:
+    """Write ``df`` once more into ``sink_id`` (its own checkpoint under ``chk``)."""
     started = time.perf_counter()
     (df.write.format("txsink").mode("append").option("backend", "kafka")
      .option("sink_id", sink_id).option("checkpointLocation", str(chk / sink_id))
+     .option("guarantee", guarantee)
      .option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
      .option("marker.topic", markers).save())
     elapsed = time.perf_counter() - started
-    (record,) = DirectoryStateStore(chk / sink_id / "txsink").records().values()
+    records = DirectoryStateStore(chk / sink_id / "txsink").records()
+    record = records[max(records)]
     assert record.committed_at is not None
-    return elapsed, record.committed_at - record.decided_at
+    payloads = [c.payload for c in record.committables]
+    return TxsinkWrite(elapsed, record.committed_at - record.decided_at
+                       if guarantee == "exactly_once" else None,
+                       [float(p.get("open_ms", 0.0)) for p in payloads],
+                       [float(p.get("open_wait_ms", 0.0)) for p in payloads],
+                       sum(1 for p in payloads if p.get("reused_producer")))
 
 
 def plain_producer(bootstrap: str, topic: str, batches: list[pa.RecordBatch]) -> float:
@@ -148,6 +181,81 @@ def plain_producer(bootstrap: str, topic: str, batches: list[pa.RecordBatch]) ->
     elapsed = time.perf_counter() - started
     assert not errors, errors[:3]
     return elapsed
+
+
+def transactional_producer(bootstrap: str, errors: list[str]) -> Any:
+    """A plain transactional producer, initialised once, as a long-lived app keeps it."""
+
+    def on_delivery(err: object, msg: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20,
+                         "queue.buffering.max.kbytes": 32768, "on_delivery": on_delivery,
+                         "transactional.id": f"bench-plain-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(60)
+    return producer
+
+
+def plain_transactional(producer: Any, errors: list[str], topic: str,
+                        batches: list[pa.RecordBatch]) -> float:
+    """One transaction (begin, produce, commit) of every record; returns seconds."""
+    started = time.perf_counter()
+    producer.begin_transaction()
+    for b in batches:
+        for k, v in zip(b.column("key").to_pylist(), b.column("value").to_pylist(),
+                        strict=True):
+            while True:
+                try:
+                    producer.produce(topic, v, k)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.poll(0)
+    producer.commit_transaction(120)
+    elapsed = time.perf_counter() - started
+    assert not errors, errors[:3]
+    return elapsed
+
+
+def open_costs(bootstrap: str, topic: str, markers: str, guarantee: DeliveryGuarantee,
+               epochs: int, gap_s: float) -> dict[str, Any]:
+    """Per-participant open cost without Spark: one participant per epoch in this
+    process, ``gap_s`` between epochs (a pipeline's driver round and scheduling).
+
+    Open: begin_transaction start to the first batch accepted by write(); finish:
+    pre_commit + the driver's commit (exactly-once) or finish_in_task.
+    """
+    sink_id = f"bench-open-{guarantee.value}-{uuid.uuid4().hex[:6]}"
+    backend = KafkaBackend.from_options({"kafka.bootstrap.servers": bootstrap,
+                                         "topic": topic, "marker.topic": markers})
+    backend.preflight(sink_id)
+    first = pa.record_batch({"key": pa.array([b"k"] * 1000),
+                             "value": pa.array([b"v" * 100] * 1000)})
+    opened: list[float] = []
+    finished: list[float] = []
+    try:
+        for epoch in range(epochs):
+            ctx = TransactionContext(sink_id, epoch, 0)
+            started = time.perf_counter()
+            txn = backend.begin_transaction(ctx)
+            backend.write(txn, first)
+            accepted = time.perf_counter()
+            if guarantee.transactional:
+                backend.commit(backend.pre_commit(txn))
+            else:
+                backend.finish_in_task(txn, guarantee)
+            opened.append((accepted - started) * 1000)
+            finished.append((time.perf_counter() - accepted) * 1000)
+            time.sleep(gap_s)
+    finally:
+        backend.close()
+    later = opened[1:]
+    return {"first_ms": round(opened[0], 1),
+            "later_p50_ms": round(statistics.median(later), 1) if later else None,
+            "later_p95_ms": round(percentile(later, 0.95), 1) if later else None,
+            "finish_p50_ms": round(statistics.median(finished), 1),
+            "epochs": epochs, "gap_s": gap_s, "all_ms": [round(x, 1) for x in opened]}
 
 
 def end_offsets(bootstrap: str, topic: str, isolation: str) -> int:
@@ -203,55 +311,81 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(bootstrap: str, broker: str, args: argparse.Namespace) -> None:
+NAMES = {"spark": "Spark's Kafka sink (at-least-once)",
+         "txsink": "txsink Kafka sink (exactly-once)",
+         "txsink_alo": "txsink Kafka sink (at-least-once)",
+         "plain": "plain idempotent producer (1 process, no Spark)",
+         "plain_txn": "plain transactional producer (1 process, no Spark, 1 txn/write)"}
+
+
+def run(bootstrap: str, broker: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run every writer ``--rounds`` times, print the tables, return the results."""
     import pyspark
 
     coordinates, jars = spark_kafka_jars(args.spark_kafka_version or pyspark.__version__)
     load_before = os.getloadavg()
     spark = make_spark(jars, args.partitions)
+    txn_errors: list[str] = []
+    txn_producer = transactional_producer(bootstrap, txn_errors)
     try:
         df = generate(spark, args.records, args.value_bytes, args.partitions)
         batches = df.toArrow().to_batches(max_chunksize=10_000)
-        topics = {name: f"bench-{name}-{uuid.uuid4().hex[:6]}"
-                  for name in ("spark", "txsink", "plain")}
+        topics = {name: f"bench-{name}-{uuid.uuid4().hex[:6]}" for name in NAMES}
         for topic in topics.values():
             kt.create_topic(bootstrap, topic, args.partitions)
         markers = f"bench-markers-{uuid.uuid4().hex[:6]}"
+        sinks = {"txsink": f"bench-eo-{uuid.uuid4().hex[:6]}",
+                 "txsink_alo": f"bench-alo-{uuid.uuid4().hex[:6]}"}
+        guarantees = {"txsink": "exactly_once", "txsink_alo": "at_least_once"}
         seconds: dict[str, list[float]] = {name: [] for name in topics}
         commit_s: list[float] = []
+        # Per txsink writer, per write (warm-up first).
+        opens: dict[str, list[TxsinkWrite]] = {n: [] for n in sinks}
         with tempfile.TemporaryDirectory(prefix="txsink-kafka-bench-") as chk:
             # Warm-up rounds (JIT, Python workers, imports) are printed, not counted.
             for r in range(-args.warmup, args.rounds):
                 # Rotate who goes first so broker warm-up and page cache favour no one.
-                order = ["spark", "txsink", "plain"]
+                order = list(NAMES)
                 took: dict[str, float] = {}
-                for name in order[r % 3:] + order[:r % 3]:
+                for name in order[r % len(order):] + order[:r % len(order)]:
                     if name == "spark":
                         took[name] = spark_sink(df, bootstrap, topics[name])
-                    elif name == "txsink":
-                        took[name], commit = txsink_sink(df, bootstrap, topics[name], markers,
-                                                         Path(chk))
-                        if r >= 0:
-                            commit_s.append(commit)
-                    else:
+                    elif name in sinks:
+                        w = txsink_sink(df, bootstrap, topics[name], markers, Path(chk),
+                                        sinks[name], guarantees[name])
+                        took[name] = w.seconds
+                        opens[name].append(w)
+                        if r >= 0 and w.commit_s is not None:
+                            commit_s.append(w.commit_s)
+                    elif name == "plain":
                         took[name] = plain_producer(bootstrap, topics[name], batches)
+                    else:
+                        took[name] = plain_transactional(txn_producer, txn_errors,
+                                                         topics[name], batches)
                 if r >= 0:
-                    for name, s in took.items():
-                        seconds[name].append(s)
+                    for name, sec in took.items():
+                        seconds[name].append(sec)
                 label = "warm-up" if r < 0 else f"round {r + 1}/{args.rounds}"
-                print(f"{label}: " + ", ".join(f"{n} {s:.1f}s" for n, s in took.items()),
+                print(f"{label}: " + ", ".join(f"{n} {sec:.1f}s" for n, sec in took.items()),
                       flush=True)
     finally:
         spark.stop()
+        del txn_producer
+    gap = args.open_gap_ms / 1000
+    direct = {g.value: open_costs(bootstrap, topics["txsink"], markers, g, args.open_epochs,
+                                  gap)
+              for g in (DeliveryGuarantee.EXACTLY_ONCE, DeliveryGuarantee.AT_LEAST_ONCE)}
     load_after = os.getloadavg()
-    expected = args.records * (args.rounds + args.warmup)
+    writes = args.rounds + args.warmup
+    expected = args.records * writes
     # Spark's sink is at-least-once: at least every record; txsink's: exactly, and
     # read_committed sees them all (control records take offsets too).
     assert end_offsets(bootstrap, topics["spark"], "read_uncommitted") >= expected
     assert end_offsets(bootstrap, topics["plain"], "read_uncommitted") == expected
-    committed = end_offsets(bootstrap, topics["txsink"], "read_committed")
-    assert committed >= expected, (committed, expected)
-    rate = {n: args.records / statistics.median(s) for n, s in seconds.items()}
+    for name in ("txsink", "txsink_alo", "plain_txn"):
+        committed = end_offsets(bootstrap, topics[name], "read_committed")
+        assert committed >= expected, (name, committed, expected)
+    rate = {n: args.records / statistics.median(sec) for n, sec in seconds.items()}
     commits_ms = [c * 1000 for c in commit_s]
     print(f"\nbroker: {broker}; PySpark {pyspark.__version__}, Spark's sink from "
           f"{coordinates}")
@@ -259,19 +393,51 @@ def run(bootstrap: str, broker: str, args: argparse.Namespace) -> None:
           f"{args.partitions} partitions, {args.rounds} rounds (median)")
     print(f"load average (1/5/15 min): before {_load(load_before)}, after {_load(load_after)}"
           f" on {os.cpu_count()} cores")
-    print("| writer | records/s | vs Spark's Kafka sink | vs plain producer |")
-    print("|---|---:|---:|---:|")
-    names = {"spark": "Spark's Kafka sink (at-least-once)",
-             "txsink": "txsink Kafka sink (exactly-once)",
-             "plain": "plain idempotent producer (1 process, no Spark)"}
-    for n in ("spark", "txsink", "plain"):
-        print(f"| {names[n]} | {rate[n]:,.0f} | {rate[n] / rate['spark']:.2f} | "
-              f"{rate[n] / rate['plain']:.2f} |")
-    print(f"txsink / Spark's Kafka sink = {rate['txsink'] / rate['spark']:.2f} "
-          "(target >= 0.8)")
+    print("| writer | records/s | vs Spark's Kafka sink | vs plain producer | "
+          "vs plain transactional |")
+    print("|---|---:|---:|---:|---:|")
+    for n in NAMES:
+        print(f"| {NAMES[n]} | {rate[n]:,.0f} | {rate[n] / rate['spark']:.2f} | "
+              f"{rate[n] / rate['plain']:.2f} | {rate[n] / rate['plain_txn']:.2f} |")
+    ratios = {"txsink_vs_spark": rate["txsink"] / rate["spark"],
+              "txsink_vs_plain_transactional": rate["txsink"] / rate["plain_txn"],
+              "txsink_alo_vs_spark": rate["txsink_alo"] / rate["spark"],
+              "txsink_alo_vs_txsink": rate["txsink_alo"] / rate["txsink"],
+              "txsink_vs_plain": rate["txsink"] / rate["plain"]}
+    print(f"txsink / Spark's Kafka sink = {ratios['txsink_vs_spark']:.2f} (target >= 0.8)")
+    print(f"txsink / plain transactional producer = "
+          f"{ratios['txsink_vs_plain_transactional']:.2f} (target >= 0.9)")
+    print(f"txsink at-least-once / exactly-once = {ratios['txsink_alo_vs_txsink']:.2f}")
+    commit = {"p50_ms": percentile(commits_ms, 0.5), "p95_ms": percentile(commits_ms, 0.95),
+              "n": len(commits_ms)}
     print(f"txsink per-epoch commit latency (decided -> committed): p50 "
-          f"{percentile(commits_ms, 0.5):.0f} ms, p95 {percentile(commits_ms, 0.95):.0f} ms "
-          f"(n={len(commits_ms)})")
+          f"{commit['p50_ms']:.0f} ms, p95 {commit['p95_ms']:.0f} ms (n={commit['n']})")
+    spark_open: dict[str, Any] = {}
+    for name, per_write in opens.items():
+        first = per_write[0]
+        later = [ms for w in per_write[1:] for ms in w.open_ms]
+        waited = [ms for w in per_write[1:] for ms in w.wait_ms]
+        reused = sum(w.reused for w in per_write[1:])
+        spark_open[guarantees[name]] = {
+            "first_write_open_ms": [round(x, 1) for x in first.open_ms],
+            "first_write_wait_ms": [round(x, 1) for x in first.wait_ms],
+            "later_open_p50_ms": round(statistics.median(later), 1) if later else None,
+            "later_open_p95_ms": round(percentile(later, 0.95), 1) if later else None,
+            "later_wait_p50_ms": round(statistics.median(waited), 1) if waited else None,
+            "later_wait_p95_ms": round(percentile(waited, 0.95), 1) if waited else None,
+            "later_participants": len(later), "later_reused_producers": reused}
+        o = spark_open[guarantees[name]]
+        print(f"txsink {guarantees[name]} in Spark, per participant: open (background) "
+              f"first write {', '.join(f'{x:.0f}' for x in first.open_ms)} ms, later p50 "
+              f"{o['later_open_p50_ms']} / p95 {o['later_open_p95_ms']} ms; the task "
+              f"waited for it: first {', '.join(f'{x:.0f}' for x in first.wait_ms)} ms, "
+              f"later p50 {o['later_wait_p50_ms']} / p95 {o['later_wait_p95_ms']} ms "
+              f"({reused} of {len(later)} later participants on a kept producer)")
+    for g, o in direct.items():
+        print(f"txsink {g} without Spark ({o['epochs']} epochs, {args.open_gap_ms} ms apart), "
+              f"begin_transaction start -> first batch accepted: first {o['first_ms']} ms, "
+              f"later p50 {o['later_p50_ms']} ms, p95 {o['later_p95_ms']} ms "
+              f"(target <= 10 ms); finish p50 {o['finish_p50_ms']} ms")
     partition = 0
     reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
                        "isolation.level": "read_committed"})
@@ -286,6 +452,19 @@ def run(bootstrap: str, broker: str, args: argparse.Namespace) -> None:
     print(f"read back one partition ({plain_n:,} records): plain consumer "
           f"{plain_n / plain_s:,.0f} records/s, txsink source read_range "
           f"{source_n / source_s:,.0f} records/s (ratio {plain_s / source_s:.2f})")
+    return {
+        "benchmark": "kafka", "broker": broker, "pyspark": pyspark.__version__,
+        "spark_kafka": coordinates, "records": args.records,
+        "value_bytes": args.value_bytes, "partitions": args.partitions,
+        "rounds": args.rounds, "warmup": args.warmup, "cores": os.cpu_count(),
+        "load_average": {"before": list(load_before), "after": list(load_after)},
+        "writers": {n: {"label": NAMES[n], "records_per_s": rate[n], "seconds": seconds[n]}
+                    for n in NAMES},
+        "ratios": ratios, "commit_latency": commit,
+        "open_cost": {"spark": spark_open, "direct": direct},
+        "read_back": {"records": plain_n, "plain_consumer_records_per_s": plain_n / plain_s,
+                      "source_read_range_records_per_s": source_n / source_s},
+    }
 
 
 def _load(avg: tuple[float, float, float]) -> str:
@@ -299,23 +478,32 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="rounds not counted")
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--open-epochs", type=int, default=8,
+                        help="epochs of the open-cost measurement without Spark")
+    parser.add_argument("--open-gap-ms", type=int, default=100,
+                        help="pause between those epochs (a pipeline's driver round)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write the results as JSON to PATH")
     parser.add_argument("--spark-kafka-version", default=None,
                         help="spark-sql-kafka-0-10_2.13 release (default: PySpark's, "
                              f"else {SPARK_KAFKA_FALLBACK})")
     args = parser.parse_args()
     external = os.environ.get(kt.ENV_BOOTSTRAP)
     if external:
-        run(external, f"external at {external}", args)
-        return
-    workdir = Path(tempfile.mkdtemp(prefix="txsink-kafka-bench-broker-"))
-    kafka = LocalKafka(workdir, heap="1g")
-    try:
-        kafka.start()
-        run(kafka.bootstrap, kafka.describe(), args)
-    finally:
-        close_shared_clients()
-        kafka.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        results = run(external, f"external at {external}", args)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="txsink-kafka-bench-broker-"))
+        kafka = LocalKafka(workdir, heap="1g")
+        try:
+            kafka.start()
+            results = run(kafka.bootstrap, kafka.describe(), args)
+        finally:
+            close_shared_clients()
+            kafka.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        print(f"results written to {args.json}")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ from test_kafka_conformance import broker_open_participants
 from txsink.backend import CommitOutcome
 from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.errors import ConfigError, FencedError, ParticipantLostError
-from txsink.model import Committable, TransactionContext
+from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 from txsink.plugins import build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
+from txsink_kafka import backend as kb
 from txsink_kafka import testing as kt
 from txsink_kafka.backend import KafkaBackend
 
@@ -152,8 +153,6 @@ def test_orphan_scan_of_a_new_process_finds_old_participants(
     c = prepare(first, sink_id, 4, 2, range(5), attempt=3)
     fresh = KafkaBackend(first.config)
     fresh._driver = None
-    from txsink_kafka import backend as kb
-
     kb.close_shared_clients()  # forget every cursor, as a restarted driver would
     aborted = fresh.abort_orphans(sink_id, protected=set(), up_to_epoch=None)
     assert [a.participant for a in aborted] == [c.participant]
@@ -173,9 +172,16 @@ def test_a_second_writer_with_the_same_sink_id_is_fenced(
     first = backend.begin_transaction(ctx)
     backend.write(first, batch(range(10)))
     second = backend.begin_transaction(ctx)  # the other query's task
-    backend.write(first, batch(range(10, 20)))
-    with pytest.raises(FencedError, match="sink id"):
+    # Its first write waits for its open (in the background), which fenced the first:
+    # the first fails at its next write or at the latest when it prepares.
+    backend.write(second, batch(range(20, 30)))
+
+    def go_on() -> None:
+        backend.write(first, batch(range(10, 20)))
         backend.pre_commit(first)
+
+    with pytest.raises(FencedError, match="sink id"):
+        go_on()
     c = backend.pre_commit(second)
     assert backend.commit(c) is CommitOutcome.COMMITTED
 
@@ -359,3 +365,79 @@ def test_a_reused_participant_name_is_tracked_per_producer_epoch(
     # Tansu 0.6 holds the last stable offset at the log start while any transaction
     # is open on the partition.)
     assert backend.commit(old) is CommitOutcome.ALREADY_COMMITTED
+
+
+def _until_ended(backend: KafkaBackend, tid: str) -> None:
+    """Wait until the coordinator shows ``tid``'s last transaction complete, as it is
+    by the time a pipeline's next epoch starts (its end markers take a few ms)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        info = backend.driver().txn.describe_transactions([tid]).get(tid)
+        if info is not None and not info.is_open:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{tid} still open")
+
+
+def test_at_least_once_tasks_of_a_worker_reuse_its_producer(
+        backend: KafkaBackend, sink_id: str, topic: str,
+        broker_caps: kt.BrokerCapabilities) -> None:
+    """at_least_once: one init_transactions for the worker's pooled id, then each
+    task only begins a transaction on the kept producer; every row arrives once."""
+    kb.close_kept_producers()
+    before = dict(kb.PRODUCER_COUNTS)
+    done = []
+    for epoch in range(3):
+        ctx = TransactionContext(sink_id, epoch, 0)
+        ids = range(epoch * 100, epoch * 100 + 100)
+        done.append(write_participant(backend, ctx, [batch(ids)],
+                                      DeliveryGuarantee.AT_LEAST_ONCE))
+        _until_ended(backend, str(done[-1].payload["transactional_id"]))
+    counts = {k: kb.PRODUCER_COUNTS[k] - before.get(k, 0)
+              for k in ("init_transactions", "reused")}
+    assert counts == {"init_transactions": 1, "reused": 2}
+    # One pooled id, one producer id and epoch: the same producer throughout.
+    used = {(c.payload["transactional_id"], c.payload["producer_id"],
+             c.payload["producer_epoch"]) for c in done}
+    assert used == {(f"{backend.config.transactional_id_prefix}-{sink_id}-p0-t0",
+                     done[0].payload["producer_id"], done[0].payload["producer_epoch"])}
+    assert committed_keys(broker_caps, backend.config.bootstrap, topic) == list(range(300))
+    # Each task's end marker went out with its data: no participant looks open.
+    assert backend.open_markers(sink_id) == {}
+    assert backend.list_prepared(sink_id) == []
+    assert broker_open_participants(backend, sink_id) == set()
+
+
+def test_a_kept_producer_whose_id_was_taken_over_is_replaced(
+        backend: KafkaBackend, sink_id: str, topic: str,
+        broker_caps: kt.BrokerCapabilities) -> None:
+    """Another writer initialised the id (bumping its epoch) after this worker kept a
+    producer for it: the next task notices and opens a new producer, not a fenced one."""
+    kb.close_kept_producers()
+    first = write_participant(backend, TransactionContext(sink_id, 0, 0), [batch(range(10))],
+                              DeliveryGuarantee.AT_LEAST_ONCE)
+    tid = str(first.payload["transactional_id"])
+    _until_ended(backend, tid)
+    backend.driver().txn.init_producer_id(tid, backend.config.transaction_timeout_ms)
+    before = dict(kb.PRODUCER_COUNTS)
+    second = write_participant(backend, TransactionContext(sink_id, 1, 0),
+                               [batch(range(10, 20))], DeliveryGuarantee.AT_LEAST_ONCE)
+    assert kb.PRODUCER_COUNTS["init_transactions"] - before.get("init_transactions", 0) == 1
+    assert kb.PRODUCER_COUNTS["reused"] == before.get("reused", 0)
+    assert second.payload["producer_epoch"] != first.payload["producer_epoch"] or \
+        second.payload["producer_id"] != first.payload["producer_id"]
+    assert committed_keys(broker_caps, backend.config.bootstrap, topic) == list(range(20))
+    assert backend.list_prepared(sink_id) == []
+
+
+def test_exactly_once_never_keeps_a_producer(backend: KafkaBackend, sink_id: str) -> None:
+    """A prepared producer's transaction is ended by the driver, after which librdkafka
+    refuses to begin on it: exactly_once opens a producer per participant."""
+    kb.close_kept_producers()
+    before = kb.PRODUCER_COUNTS["init_transactions"]
+    for epoch in range(2):
+        c = prepare(backend, sink_id, epoch, 0, range(epoch * 10, epoch * 10 + 10))
+        assert backend.commit(c) is CommitOutcome.COMMITTED
+        _until_ended(backend, str(c.payload["transactional_id"]))
+    assert kb.PRODUCER_COUNTS["init_transactions"] - before == 2
+    assert not kb._PRODUCERS

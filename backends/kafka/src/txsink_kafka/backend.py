@@ -23,8 +23,10 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -98,11 +100,42 @@ class _PidCapture(logging.Handler):
             self.identity = ProducerIdentity(int(match[1]), int(match[2]))
 
 
+class _WriterProducer:
+    """A writer's transactional producer, and where its callbacks report to.
+
+    librdkafka binds the delivery callback and the logger when the producer is made;
+    both go through this object, so that one producer can serve several transactions
+    in turn (at_least_once / none keep it between tasks, see :func:`_keep_producer`).
+    """
+
+    def __init__(self, key: tuple[Any, ...], transactional_id: str) -> None:
+        self.key = key
+        self.transactional_id = transactional_id
+        self.capture = _PidCapture()
+        self.producer: Producer | None = None
+        self.txn: _KafkaTransaction | None = None
+        self.marker_partition: int | None = None
+
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if self.txn is not None:
+            self.txn.on_delivery(err, msg)
+
+
 class _KafkaTransaction(Transaction):
     def __init__(self, ctx: TransactionContext, transactional_id: str) -> None:
         super().__init__(ctx)
         self.transactional_id = transactional_id
         self.producer: Producer | None = None
+        self.holder: _WriterProducer | None = None
+        #: Whether the producer came from this worker's cache (no init_transactions).
+        self.reused = False
+        #: The open in the background (begin_transaction) and what it raised.
+        self.opening: threading.Thread | None = None
+        self.open_error: BaseException | None = None
+        #: How long the open took (id probe, producer, marker), and how long the task
+        #: waited for it.
+        self.open_ms = 0.0
+        self.open_wait_ms = 0.0
         self.capture = _PidCapture()
         self.errors: list[str] = []
         self.fatal = False
@@ -115,9 +148,30 @@ class _KafkaTransaction(Transaction):
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None and len(self.errors) < 10:
+            from confluent_kafka import KafkaError
+
             self.errors.append(f"{msg.topic()}: {err.str()}")
-            if err.fatal() or "fence" in err.str().lower():
+            # A record refused for an old producer epoch: another producer
+            # initialised the id since (its transaction was aborted by it).
+            if err.fatal() or "fence" in err.str().lower() or err.code() in (
+                    KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                    KafkaError.INVALID_PRODUCER_EPOCH):
                 self.fatal = True
+
+
+def _raised() -> BaseException:
+    """What the ``except:`` clause around it caught, as an exception.
+
+    confluent-kafka sometimes raises a bare ``KafkaError``, which is no exception class
+    (seen for a fenced producer's flush in a thread other than the main one): only a
+    bare ``except:`` catches it, and it is wrapped in a ``KafkaException`` here.
+    """
+    from confluent_kafka import KafkaException
+
+    caught = sys.exc_info()[1]
+    if isinstance(caught, BaseException):
+        return caught
+    return KafkaException(caught)
 
 
 class MarkerStatus:
@@ -246,6 +300,57 @@ def _shared_txn_client(config: cfg.KafkaSinkConfig) -> TxnCoordinatorClient:
         return client
 
 
+#: Producers of finished at_least_once / none tasks, idle (no open transaction), by
+#: producer settings and transactional id, least recently used first.
+_PRODUCERS: OrderedDict[tuple[Any, ...], _WriterProducer] = OrderedDict()
+_PRODUCERS_LOCK = threading.Lock()
+#: How many producers a worker keeps: one per pooled id it wrote with lately.
+MAX_KEPT_PRODUCERS = 8
+#: ``init_transactions`` (a new producer) and ``reused`` (a kept one) per process, for
+#: tests and benchmarks.
+PRODUCER_COUNTS: Counter[str] = Counter()
+
+
+def _take_producer(key: tuple[Any, ...]) -> _WriterProducer | None:
+    """This process's kept producer for ``key``, taken out so no other task uses it."""
+    with _PRODUCERS_LOCK:
+        return _PRODUCERS.pop(key, None)
+
+
+def _keep_producer(holder: _WriterProducer) -> None:
+    """Keep an idle producer for the next task; the least recently used beyond
+    :data:`MAX_KEPT_PRODUCERS` is closed."""
+    holder.txn = None
+    with _PRODUCERS_LOCK:
+        evicted = _PRODUCERS.pop(holder.key, None)
+        _PRODUCERS[holder.key] = holder
+        while len(_PRODUCERS) > MAX_KEPT_PRODUCERS:
+            _, oldest = _PRODUCERS.popitem(last=False)
+            _drop_producer(oldest)
+    if evicted is not None and evicted is not holder:  # pragma: no cover - defensive
+        _drop_producer(evicted)
+
+
+def _drop_producer(holder: _WriterProducer) -> None:
+    """Forget a producer. It holds no open transaction (or a prepared one, which
+    destroying it leaves open, as pre_commit needs)."""
+    holder.producer = None
+    holder.txn = None
+
+
+def close_kept_producers() -> None:
+    """Close the producers this process kept between tasks."""
+    with _PRODUCERS_LOCK:
+        holders = list(_PRODUCERS.values())
+        _PRODUCERS.clear()
+    for holder in holders:
+        producer = holder.producer
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.flush(1.0)
+        _drop_producer(holder)
+
+
 def _forget_inherited_clients() -> None:
     """In a forked child: drop the parent's clients without using or closing them.
 
@@ -256,11 +361,14 @@ def _forget_inherited_clients() -> None:
     librdkafka handle whose threads stayed in the parent crashes the child. The lock
     may have been held by another thread at the fork.
     """
-    global _DRIVERS_LOCK
+    global _DRIVERS_LOCK, _PRODUCERS_LOCK
     _DRIVERS_LOCK = threading.Lock()
-    _INHERITED.extend([*_DRIVERS.values(), *_TXN_CLIENTS.values()])
+    _PRODUCERS_LOCK = threading.Lock()
+    # A kept producer too: its transactional id stays the parent's.
+    _INHERITED.extend([*_DRIVERS.values(), *_TXN_CLIENTS.values(), *_PRODUCERS.values()])
     _DRIVERS.clear()
     _TXN_CLIENTS.clear()
+    _PRODUCERS.clear()
     _NO_DESCRIBE.clear()
 
 
@@ -272,7 +380,9 @@ os.register_at_fork(after_in_child=_forget_inherited_clients)
 
 
 def close_shared_clients() -> None:
-    """Close the driver clients of this process (at exit, or between tests)."""
+    """Close the driver clients and kept producers of this process (at exit, or
+    between tests)."""
+    close_kept_producers()
     with _DRIVERS_LOCK:
         drivers = list(_DRIVERS.values())
         _DRIVERS.clear()
@@ -331,7 +441,7 @@ class KafkaBackend(Backend):
          Capability.SURVIVES_RESTART})
     secret_options: ClassVar[frozenset[str]] = cfg.SECRET_OPTIONS
     payload_version: ClassVar[int] = 1
-    #: at_least_once / none: the task ends its own transaction (the default finish_in_task).
+    #: at_least_once / none: the task commits its own transaction (finish_in_task).
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
 
     def __init__(self, config: cfg.KafkaSinkConfig) -> None:
@@ -516,9 +626,19 @@ class KafkaBackend(Backend):
     # -- executor side ------------------------------------------------------------------
 
     def _marker_partition(self, producer: Producer, sink_id: str) -> int:
-        if self._marker_partitions is None:
+        """The sink's marker partition, from metadata requests of the new producer.
+
+        Asked even when the partition count is known, twice: librdkafka drops the
+        bootstrap connection once the first answer names the cluster's brokers, and
+        the second request waits until it is connected to one of those. A transaction
+        coordinator lookup that finds no broker up is retried by a fixed 500 ms timer
+        only, so without this about half of all opens took ~530 ms instead of ~60 ms
+        (measured on Apache Kafka 4.4, librdkafka 2.16; docs/backends/kafka.md).
+        """
+        for _ in range(2):
             md = producer.list_topics(self.config.marker_topic,
                                       timeout=self.config.request_timeout_s)
+        if self._marker_partitions is None:
             tmd = md.topics.get(self.config.marker_topic)
             if tmd is None or tmd.error is not None or not tmd.partitions:
                 raise ConfigError(f"kafka sink: marker topic {self.config.marker_topic!r} "
@@ -564,40 +684,150 @@ class KafkaBackend(Backend):
         return TxsinkError(f"{txn.describe()}: {what} failed: {text}", sink_id=ctx.sink_id,
                            epoch=ctx.epoch, participant=ctx.participant)
 
+    def _producer_key(self, ctx: TransactionContext) -> tuple[Any, ...]:
+        """What a kept producer must match: cluster, settings, sink and partition (a
+        pooled id names both)."""
+        return (_connection_key(self.config), tuple(sorted(
+            (k, repr(v)) for k, v in self.config.producer.items())),
+            self.config.transaction_timeout_ms, self.config.transactional_id_prefix,
+            ctx.sink_id, ctx.partition)
+
     def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        """Open the participant in a background thread; write() waits for it.
+
+        The open (slot probe, producer, init_transactions, begin marker) is 25-35 ms
+        for a new producer; in a Spark task it overlaps with the JVM handing over the
+        partition's first Arrow batch.
+        """
+        txn = _KafkaTransaction(ctx, "")
+        thread = threading.Thread(target=self._open_in_background, args=(txn,),
+                                  name=f"txsink-kafka-open-{ctx.participant}", daemon=True)
+        txn.opening = thread
+        thread.start()
+        return txn
+
+    def _open_in_background(self, txn: _KafkaTransaction) -> None:
+        from confluent_kafka import KafkaException
+
+        started = time.perf_counter()
+        try:
+            self._open(txn)
+        except:  # noqa: E722 - see _raised; handed to the task's thread by _opened
+            error = _raised()
+            if isinstance(error, KafkaException):
+                error = self._producer_error(txn, "starting the transaction", error)
+            txn.open_error = error
+        finally:
+            # The participant's fixed cost, kept in its committable for status and
+            # benchmarks.
+            txn.open_ms = (time.perf_counter() - started) * 1000
+
+    def _opened(self, txn: _KafkaTransaction, *, raise_error: bool = True) -> None:
+        """Wait for the background open of ``txn``; raise what it raised."""
+        thread = txn.opening
+        if thread is not None:
+            waited = time.perf_counter()
+            thread.join()
+            txn.opening = None
+            txn.open_wait_ms = (time.perf_counter() - waited) * 1000
+        if raise_error and txn.open_error is not None:
+            raise txn.open_error
+
+    def _open(self, txn: _KafkaTransaction) -> None:
+        ctx = txn.ctx
+        if self.config.naming == "pooled":
+            # The kept producer's slot is not probed: it has no open transaction unless
+            # another writer took the id over since, which fenced the kept producer,
+            # and its first write (the begin marker) fails; then the slot is probed.
+            holder = _take_producer(self._producer_key(ctx))
+            if holder is not None and self._begin_reused(txn, holder):
+                return
+        self._begin_new(txn, self._choose_id(ctx))
+
+    def _begin_reused(self, txn: _KafkaTransaction, holder: _WriterProducer) -> bool:
+        """Begin on a producer kept from an earlier task: no new producer, no
+        init_transactions. False (producer dropped) if it cannot go on, e.g. fenced
+        by a writer elsewhere that took the id over."""
+        from confluent_kafka import KafkaException
+
+        producer = holder.producer
+        assert producer is not None and holder.marker_partition is not None
+        txn.transactional_id = holder.transactional_id
+        self._attach(txn, holder)
+        txn.reused = True
+        txn.marker_partition = holder.marker_partition
+        try:
+            producer.begin_transaction()
+            self._write_begin_marker(txn)
+        except:  # noqa: E722 - see _raised
+            exc = _raised()
+            if not isinstance(exc, (KafkaException, TxsinkError)):
+                raise
+            log.info("%s: the producer kept for transactional.id=%s cannot go on (%s); "
+                     "opening a new one", txn.describe(), txn.transactional_id,
+                     self._redact(str(exc)))
+            with contextlib.suppress(Exception):
+                producer.abort_transaction(self.config.request_timeout_s)
+            _drop_producer(holder)
+            txn.producer, txn.holder, txn.reused = None, None, False
+            txn.errors.clear()
+            txn.fatal = False
+            txn.capture = _PidCapture()
+            return False
+        PRODUCER_COUNTS["reused"] += 1
+        log.debug("%s: transaction open on the kept producer of transactional.id=%s",
+                  txn.describe(), txn.transactional_id)
+        return True
+
+    @staticmethod
+    def _attach(txn: _KafkaTransaction, holder: _WriterProducer) -> _KafkaTransaction:
+        holder.txn = txn
+        txn.holder = holder
+        txn.producer = holder.producer
+        txn.capture = holder.capture
+        return txn
+
+    def _begin_new(self, txn: _KafkaTransaction, tid: str) -> None:
         from confluent_kafka import KafkaException, Producer
 
-        txn = _KafkaTransaction(ctx, self._choose_id(ctx))
+        ctx = txn.ctx
+        txn.transactional_id = tid
+        holder = _WriterProducer(self._producer_key(ctx), tid)
         # A private logger (not in logging's registry, so none accumulates per participant)
         # that only captures the producer id.
-        logger = logging.Logger(f"txsink_kafka.librdkafka.{txn.transactional_id}")  # noqa: LOG001
-        logger.addHandler(txn.capture)
+        logger = logging.Logger(f"txsink_kafka.librdkafka.{tid}")  # noqa: LOG001
+        logger.addHandler(holder.capture)
         conf: dict[str, Any] = {
             "queue.buffering.max.kbytes": 32768,
             "linger.ms": 20,
+            # librdkafka holds back a connection to a broker the metadata named for
+            # half of this (default 100 ms): ~50 ms of every new producer's open.
+            # Reconnects after failures still back off exponentially.
+            "reconnect.backoff.ms": 20,
             **self.config.producer,
-            "transactional.id": txn.transactional_id,
+            "transactional.id": tid,
             "transaction.timeout.ms": self.config.transaction_timeout_ms,
             "debug": "eos",
             "logger": logger,
-            "on_delivery": txn.on_delivery,
+            "on_delivery": holder.on_delivery,
         }
         timeout = self.config.request_timeout_s
         try:
-            producer = Producer(conf)
-            txn.producer = producer
-            txn.marker_topic = self.config.marker_topic
+            holder.producer = Producer(conf)
+            producer = holder.producer
+            self._attach(txn, holder)
             txn.marker_partition = self._marker_partition(producer, ctx.sink_id)
+            holder.marker_partition = txn.marker_partition
             retry_transient(lambda: producer.init_transactions(timeout),
                             what=f"{txn.describe()}: init_transactions",
                             bound_s=self.config.retry_bound_s, redact=self._redact)
+            PRODUCER_COUNTS["init_transactions"] += 1
             producer.begin_transaction()
         except KafkaException as exc:
             raise self._producer_error(txn, "starting the transaction", exc) from None
         self._write_begin_marker(txn)
         log.debug("%s: transaction open as transactional.id=%s", txn.describe(),
                   txn.transactional_id)
-        return txn
 
     def _write_begin_marker(self, txn: _KafkaTransaction) -> None:
         """The first record of the transaction: its commit marker and its trace for scans."""
@@ -605,6 +835,7 @@ class KafkaBackend(Backend):
 
         ctx = txn.ctx
         assert txn.producer is not None
+        txn.marker_topic = self.config.marker_topic
         # poll() serves librdkafka's log queue, where the producer id is announced.
         deadline = time.monotonic() + 1.0
         while txn.capture.identity is None and time.monotonic() < deadline:
@@ -638,7 +869,9 @@ class KafkaBackend(Backend):
     def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
         from confluent_kafka import KafkaException
 
-        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        assert isinstance(txn, _KafkaTransaction)
+        self._opened(txn)
+        assert txn.producer is not None
         if txn.errors:
             raise self._delivery_error(txn)
         names = batch.schema.names
@@ -707,10 +940,11 @@ class KafkaBackend(Backend):
                            f"first: {first}{hint}", sink_id=ctx.sink_id, epoch=ctx.epoch,
                            participant=ctx.participant)
 
-    def pre_commit(self, txn: Transaction) -> Committable:
+    def _flush(self, txn: _KafkaTransaction) -> None:
+        """Wait until every record of ``txn`` is acknowledged; raise on any failure."""
         from confluent_kafka import KafkaException
 
-        assert isinstance(txn, _KafkaTransaction) and txn.producer is not None
+        assert txn.producer is not None
         producer = txn.producer
         deadline = time.monotonic() + max(self.config.request_timeout_s,
                                           self.config.transaction_timeout_ms / 2000)
@@ -727,6 +961,13 @@ class KafkaBackend(Backend):
             raise self._producer_error(txn, "flushing", exc) from None
         if txn.errors:
             raise self._delivery_error(txn)
+
+    def pre_commit(self, txn: Transaction) -> Committable:
+        assert isinstance(txn, _KafkaTransaction)
+        self._opened(txn)
+        assert txn.producer is not None
+        producer = txn.producer
+        self._flush(txn)
         identity = txn.capture.identity
         if identity is None:
             raise TxsinkError(
@@ -745,24 +986,84 @@ class KafkaBackend(Backend):
             "transaction_timeout_ms": self.config.transaction_timeout_ms,
             "began_at": round(txn.began_at, 3),
             "prepared_at": round(time.time(), 3),
+            "open_ms": round(txn.open_ms, 1),
+            "open_wait_ms": round(txn.open_wait_ms, 1),
         }
         committable = Committable.for_context(self.name, txn.ctx, payload, rows=txn.rows,
                                               payload_version=self.payload_version)
         self._check_age(committable)  # a long write already eats into the timeout
         # Close without aborting: the transaction stays open for the driver's EndTxn.
+        # librdkafka cannot begin again on a producer whose transaction another
+        # process ended, so it is never kept (docs/backends/kafka.md).
         txn.producer = None
+        if txn.holder is not None:
+            _drop_producer(txn.holder)
         del producer
         log.debug("%s: prepared transactional.id=%s producer_id=%d epoch=%d rows=%d",
                   txn.describe(), txn.transactional_id, identity.producer_id,
                   identity.producer_epoch, txn.rows)
         return committable
 
+    def finish_in_task(self, txn: Transaction, guarantee: DeliveryGuarantee) -> Committable:
+        """at_least_once / none: the task commits its own transaction, with the end
+        marker in it, and keeps the producer for its worker's next task.
+
+        Not the driver's EndTxn: librdkafka can begin again only on a producer that
+        ended its last transaction itself, so keeping it saves the next task a new
+        producer and ``init_transactions``. Only pooled ids are kept (a per-participant
+        id is never used again).
+        """
+        from confluent_kafka import KafkaException
+
+        assert isinstance(txn, _KafkaTransaction)
+        self._opened(txn)
+        assert txn.producer is not None
+        producer = txn.producer
+        ctx = txn.ctx
+        self._flush(txn)
+        identity = txn.capture.identity or ProducerIdentity(-1, -1)
+        # In the transaction: scans see the participant ended exactly when its data
+        # became visible (or, if the commit fails, discard() writes an aborted end).
+        key, value = Marker(END, txn.transactional_id, ctx.sink_id, ctx.epoch,
+                            ctx.partition, ctx.attempt, producer_id=identity.producer_id,
+                            producer_epoch=identity.producer_epoch,
+                            outcome=COMMITTED).encode()
+        try:
+            producer.produce(txn.marker_topic, value, key, txn.marker_partition)
+            producer.commit_transaction(self.config.request_timeout_s)
+        except (KafkaException, SystemError) as exc:
+            raise self._producer_error(txn, "committing in the task", exc) from None
+        if txn.errors:  # pragma: no cover - commit_transaction raises first
+            raise self._delivery_error(txn)
+        txn.producer = None
+        holder = txn.holder
+        if holder is not None:
+            if self._is_pooled(txn.transactional_id) and not txn.fatal:
+                _keep_producer(holder)
+            else:
+                _drop_producer(holder)
+        log.debug("%s: committed transactional.id=%s in the task (%s), %d rows",
+                  txn.describe(), txn.transactional_id, guarantee.value, txn.rows)
+        payload = {"direct": True, "transactional_id": txn.transactional_id,
+                   "producer_id": identity.producer_id,
+                   "producer_epoch": identity.producer_epoch, "topics": sorted(txn.topics),
+                   "open_ms": round(txn.open_ms, 1),
+                   "open_wait_ms": round(txn.open_wait_ms, 1),
+                   "reused_producer": txn.reused}
+        return Committable.for_context(self.name, ctx, payload, rows=txn.rows,
+                                       payload_version=self.payload_version)
+
     def discard(self, txn: Transaction) -> None:
         from confluent_kafka import KafkaException
 
         assert isinstance(txn, _KafkaTransaction)
+        self._opened(txn, raise_error=False)
         producer, txn.producer = txn.producer, None
-        if producer is None:
+        if txn.holder is not None:
+            _drop_producer(txn.holder)  # never kept after a failure
+        if producer is None or txn.open_error is not None:
+            # Never opened (as before, when begin_transaction raised): an open
+            # transaction it may have left is found by the orphan scans.
             return
         timeout = self.config.request_timeout_s
         try:
