@@ -413,15 +413,15 @@ def git_state() -> str:
     return f"{rev}{' (with uncommitted changes)' if dirty else ' (clean)'}"
 
 
-def commit_bench(out: Path) -> tuple[list[dict[str, Any]] | None, str]:
+def commit_bench(out: Path, quick: bool) -> tuple[list[dict[str, Any]] | None, str]:
     """Run benchmarks/commit_bench.py if present; (rows, note)."""
     script = HERE / "commit_bench.py"
     if not script.exists():
         return None, "benchmarks/commit_bench.py does not exist (yet): section skipped"
     print("\n== commit latency (benchmarks/commit_bench.py) ==", flush=True)
     try:
-        done = subprocess.run([sys.executable, str(script), "--json", str(out)],
-                              timeout=1200, check=False)
+        done = subprocess.run([sys.executable, str(script), "--json", str(out),
+                               *(["--quick"] if quick else [])], timeout=1200, check=False)
     except subprocess.TimeoutExpired:
         return None, "benchmarks/commit_bench.py took over 20 minutes: section skipped"
     if done.returncode != 0 or not out.exists():
@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     commit: tuple[list[dict[str, Any]] | None, str] = (None, "skipped (--no-commit-bench)")
     if not args.no_commit_bench:
         with tempfile.TemporaryDirectory() as tmp:
-            commit = commit_bench(Path(tmp) / "commit.json")
+            commit = commit_bench(Path(tmp) / "commit.json", args.quick)
         print(commit[1], flush=True)
     minutes = (time.monotonic() - started) / 60
     info["duration of the run"] = f"{minutes:.1f} min"
