@@ -694,6 +694,11 @@ class Coordinator:
             meta = dataclasses.replace(meta, committed_watermark=top)
             self.store.write_meta(self.lease, meta)
             self._meta = meta
-        old = committed[: max(0, len(committed) - self.retain_epochs)]
-        if old:
-            self.store.delete(self.lease, old)
+        # Prune in steps of a tenth of the retained epochs, not one record per commit:
+        # each delete is a locked, synced change of the store, and one per epoch made
+        # every commit after the first ``retain_epochs`` slower than the ones before.
+        slack = self.retain_epochs // 10
+        if len(committed) <= self.retain_epochs + slack:
+            return
+        old = committed[: len(committed) - self.retain_epochs]
+        self.store.delete(self.lease, old)
