@@ -160,11 +160,16 @@ def test_orphan_scan_of_a_new_process_finds_old_participants(
     fresh.close()
 
 
+@pytest.mark.parametrize("pause_s", [0.0, 1.0], ids=["at-once", "after-a-pause"])
 def test_a_second_writer_with_the_same_sink_id_is_fenced(
-        options: dict[str, str], sink_id: str) -> None:
+        options: dict[str, str], sink_id: str, pause_s: float) -> None:
     """Two queries with one sink id derive the same transactional ids: the first
     writer is fenced and fails with an error that names the likely cause. (Pooled
-    ids are probed, so there the second writer takes a free slot instead.)"""
+    ids are probed, so there the second writer takes a free slot instead.)
+
+    Right after the fence librdkafka's produce() answers only "Local: Fatal error",
+    and the cause comes from the next poll as a bare KafkaError; after a pause the
+    cause is raised by the first call. Either way it must be a FencedError."""
     backend = get_plugins().create_backend(
         "kafka", {**options, "transactional.id.naming": "participant"})
     assert isinstance(backend, KafkaBackend)
@@ -175,6 +180,8 @@ def test_a_second_writer_with_the_same_sink_id_is_fenced(
     # Its first write waits for its open (in the background), which fenced the first:
     # the first fails at its next write or at the latest when it prepares.
     backend.write(second, batch(range(20, 30)))
+
+    time.sleep(pause_s)
 
     def go_on() -> None:
         backend.write(first, batch(range(10, 20)))

@@ -647,9 +647,15 @@ class KafkaBackend(Backend):
             self._marker_partitions = len(tmd.partitions)
         return marker_partition(sink_id, self._marker_partitions)
 
-    def _producer_error(self, txn: _KafkaTransaction, what: str, exc: BaseException) -> TxsinkError:
+    def _producer_error(self, txn: _KafkaTransaction, what: str,
+                        exc: BaseException) -> BaseException:
+        """What to raise for ``exc``, raised by a producer call of ``txn`` while ``what``:
+        a Kafka error becomes a TxsinkError naming the participant (FencedError if
+        another producer took the id over); anything else is raised as it is."""
         from confluent_kafka import KafkaError, KafkaException
 
+        if not isinstance(exc, (KafkaException, SystemError)):
+            return exc
         if isinstance(exc, SystemError):
             # A fatal error (fenced) raised inside flush/poll while a Python callback
             # was still due: confluent-kafka reports a SystemError, usually caused by
@@ -667,6 +673,22 @@ class KafkaBackend(Backend):
         ctx = txn.ctx
         if isinstance(exc, KafkaException) and exc.args:
             err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError._FATAL and (
+                    txn.producer is not None):
+                # "Local: Fatal error" says only that the producer is in the fatal
+                # state. confluent-kafka raises the cause from the next poll (instead of
+                # calling error_cb), and the delivery reports due may say it too.
+                try:
+                    txn.producer.poll(0)
+                except:  # noqa: E722 - see _raised
+                    cause = _raised()
+                    if not isinstance(cause, KafkaException):
+                        raise
+                    fatal = cause.args[0] if cause.args else None
+                    if isinstance(fatal, KafkaError) and fatal.code() != KafkaError._FATAL:
+                        return self._producer_error(txn, what, cause)
+                if txn.fatal:
+                    return self._delivery_error(txn)
             if isinstance(err, KafkaError) and err.code() in (
                     KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                     KafkaError.INVALID_PRODUCER_EPOCH):
@@ -788,7 +810,7 @@ class KafkaBackend(Backend):
         return txn
 
     def _begin_new(self, txn: _KafkaTransaction, tid: str) -> None:
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import Producer
 
         ctx = txn.ctx
         txn.transactional_id = tid
@@ -823,15 +845,14 @@ class KafkaBackend(Backend):
                             bound_s=self.config.retry_bound_s, redact=self._redact)
             PRODUCER_COUNTS["init_transactions"] += 1
             producer.begin_transaction()
-        except KafkaException as exc:
-            raise self._producer_error(txn, "starting the transaction", exc) from None
+        except:  # noqa: E722 - see _raised
+            raise self._producer_error(txn, "starting the transaction", _raised()) from None
         self._write_begin_marker(txn)
         log.debug("%s: transaction open as transactional.id=%s", txn.describe(),
                   txn.transactional_id)
 
     def _write_begin_marker(self, txn: _KafkaTransaction) -> None:
         """The first record of the transaction: its commit marker and its trace for scans."""
-        from confluent_kafka import KafkaException
 
         ctx = txn.ctx
         assert txn.producer is not None
@@ -857,8 +878,8 @@ class KafkaBackend(Backend):
             # Wait for it: data must never reach the broker before the marker does,
             # or a crash could leave an open transaction no scan can find.
             remaining = txn.producer.flush(self.config.request_timeout_s)
-        except (KafkaException, SystemError) as exc:
-            raise self._producer_error(txn, "writing the marker record", exc) from None
+        except:  # noqa: E722 - see _raised
+            raise self._producer_error(txn, "writing the marker record", _raised()) from None
         if remaining or txn.marker_offset < 0:
             raise TxsinkError(
                 f"{txn.describe()}: the marker record to {txn.marker_topic!r} was not "
@@ -867,7 +888,6 @@ class KafkaBackend(Backend):
                 sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant)
 
     def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
-        from confluent_kafka import KafkaException
 
         assert isinstance(txn, _KafkaTransaction)
         self._opened(txn)
@@ -922,8 +942,8 @@ class KafkaBackend(Backend):
                         produce(topic, values[i], keys[i], **kwargs)
                     txn.topics.add(topic)
             producer.poll(0)
-        except (KafkaException, SystemError) as exc:
-            raise self._producer_error(txn, "producing", exc) from None
+        except:  # noqa: E722 - see _raised
+            raise self._producer_error(txn, "producing", _raised()) from None
         txn.rows += n
 
     def _delivery_error(self, txn: _KafkaTransaction) -> TxsinkError:
@@ -942,7 +962,6 @@ class KafkaBackend(Backend):
 
     def _flush(self, txn: _KafkaTransaction) -> None:
         """Wait until every record of ``txn`` is acknowledged; raise on any failure."""
-        from confluent_kafka import KafkaException
 
         assert txn.producer is not None
         producer = txn.producer
@@ -957,8 +976,8 @@ class KafkaBackend(Backend):
                                       "before the flush deadline", sink_id=txn.ctx.sink_id,
                                       epoch=txn.ctx.epoch, participant=txn.ctx.participant)
             producer.poll(0)
-        except (KafkaException, SystemError) as exc:
-            raise self._producer_error(txn, "flushing", exc) from None
+        except:  # noqa: E722 - see _raised
+            raise self._producer_error(txn, "flushing", _raised()) from None
         if txn.errors:
             raise self._delivery_error(txn)
 
@@ -1013,7 +1032,6 @@ class KafkaBackend(Backend):
         producer and ``init_transactions``. Only pooled ids are kept (a per-participant
         id is never used again).
         """
-        from confluent_kafka import KafkaException
 
         assert isinstance(txn, _KafkaTransaction)
         self._opened(txn)
@@ -1031,8 +1049,8 @@ class KafkaBackend(Backend):
         try:
             producer.produce(txn.marker_topic, value, key, txn.marker_partition)
             producer.commit_transaction(self.config.request_timeout_s)
-        except (KafkaException, SystemError) as exc:
-            raise self._producer_error(txn, "committing in the task", exc) from None
+        except:  # noqa: E722 - see _raised
+            raise self._producer_error(txn, "committing in the task", _raised()) from None
         if txn.errors:  # pragma: no cover - commit_transaction raises first
             raise self._delivery_error(txn)
         txn.producer = None
@@ -1079,7 +1097,10 @@ class KafkaBackend(Backend):
                                 outcome=ABORTED).encode()
             producer.produce(txn.marker_topic, value, key, txn.marker_partition)
             producer.commit_transaction(timeout)
-        except KafkaException as exc:
+        except:  # noqa: E722 - see _raised
+            exc = _raised()
+            if not isinstance(exc, KafkaException):
+                raise
             log.warning("%s: discarding transactional.id=%s failed: %s; orphan cleanup "
                         "will fence it", txn.describe(), txn.transactional_id,
                         self._redact(str(exc)))
