@@ -15,9 +15,13 @@ timing:
 
 Each writer runs once as warm-up, then ``--rounds`` times in turn (the timing loop and
 the per-round ratios are ``files_bench.compare``); records/s is the median. It prints
-progress as it goes, then writes ``docs/performance.md`` (machine, versions, date, the
-table) and ``docs/performance.png`` (ratios vs the Spark built-in). If
-``benchmarks/commit_bench.py`` exists its commit-latency table is included.
+progress as it goes. Then it runs the benchmarks that measure the other targets of
+the performance issue against baselines of their own, each in a subprocess with
+``--json``: ``commit_bench.py`` (driver commit latency vs participants and epochs),
+``kafka_bench.py`` (a plain transactional producer, the per-participant open cost)
+and ``postgres_bench.py`` (vectorised vs per-row COPY). Last it writes
+``docs/performance.md`` (machine, versions, date, the tables, every target with its
+measured value) and ``docs/performance.png`` (ratios vs the Spark built-in).
 
     uv run python benchmarks/run_all.py [--quick] [--rounds N] [--only kafka,files]
     uvx --with tox-uv tox -e bench -- [--quick]
@@ -413,27 +417,123 @@ def git_state() -> str:
     return f"{rev}{' (with uncommitted changes)' if dirty else ' (clean)'}"
 
 
-def commit_bench(out: Path, quick: bool) -> tuple[list[dict[str, Any]] | None, str]:
-    """Run benchmarks/commit_bench.py if present; (rows, note)."""
-    script = HERE / "commit_bench.py"
+def sub_bench(script_name: str, args: list[str], out: Path,
+              timeout_s: int = 1200) -> tuple[Any, str]:
+    """Run a sibling benchmark script with ``--json out``; (its JSON or None, note)."""
+    script = HERE / script_name
+    where = f"benchmarks/{script_name}"
     if not script.exists():
-        return None, "benchmarks/commit_bench.py does not exist (yet): section skipped"
-    print("\n== commit latency (benchmarks/commit_bench.py) ==", flush=True)
+        return None, f"{where} does not exist (yet): section skipped"
+    print(f"\n== {where} {' '.join(args)} ==", flush=True)
     try:
-        done = subprocess.run([sys.executable, str(script), "--json", str(out),
-                               *(["--quick"] if quick else [])], timeout=1200, check=False)
+        done = subprocess.run([sys.executable, str(script), "--json", str(out), *args],
+                              timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        return None, "benchmarks/commit_bench.py took over 20 minutes: section skipped"
+        return None, f"{where} took over {timeout_s // 60} minutes: section skipped"
     if done.returncode != 0 or not out.exists():
-        return None, f"benchmarks/commit_bench.py failed (exit {done.returncode})"
-    rows = json.loads(out.read_text())
-    return rows, "from `benchmarks/commit_bench.py --json` in the same run"
+        return None, f"{where} failed (exit {done.returncode})"
+    return json.loads(out.read_text()), f"from `{where} --json` in the same run"
+
+
+def commit_bench(out: Path, quick: bool) -> tuple[list[dict[str, Any]] | None, str]:
+    """Driver commit latency per epoch vs participants and vs epochs; (rows, note)."""
+    rows, note = sub_bench("commit_bench.py", ["--quick"] if quick else [], out)
+    return rows, note
+
+
+#: Sizes of the benchmarks without Spark's built-in sinks: (full, quick).
+KAFKA_BENCH = (["--records", "300000", "--rounds", "5"],
+               ["--records", "50000", "--rounds", "1", "--open-epochs", "4"])
+POSTGRES_BENCH = (["--epochs", "10", "--rows", "100000"], ["--epochs", "3", "--rows", "20000"])
+
+
+@dataclass
+class Target:
+    """One target of the performance issue, its measured value and whether it holds."""
+
+    item: str
+    measure: str
+    value: float | None
+    goal: float
+    higher_is_better: bool
+    unit: str = ""
+    source: str = ""
+
+    def met(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value >= self.goal if self.higher_is_better else self.value <= self.goal
+
+    def row(self) -> str:
+        sign = "≥" if self.higher_is_better else "≤"
+        value = "not measured" if self.value is None else f"{self.value:,.2f}{self.unit}"
+        met = {True: "yes", False: "**no**", None: "-"}[self.met()]
+        return (f"| {self.item} | {self.measure} | {value} | {sign} {self.goal:g}{self.unit} "
+                f"| {met} | {self.source} |")
+
+
+TARGETS_HEAD = ("| item | measure | value | target | met | from |\n"
+                "|---|---|---:|---|---|---|")
+
+
+def targets_of(results: dict[str, list[Writer]], commit: list[dict[str, Any]] | None,
+            kafka: dict[str, Any] | None, postgres: dict[str, Any] | None) -> list[Target]:
+    """Every target of the performance issue, from this run's measurements."""
+    out: list[Target] = []
+    for target, writers in results.items():
+        for w in writers:
+            if w.key != "txsink":
+                continue
+            out.append(Target("5. yardsticks", f"{TITLES[target]}: txsink exactly-once / "
+                              "Spark built-in (at-least-once)", w.vs_builtin,
+                              TARGET_RATIO[target], True, source="run_all (Spark)"))
+            if target == "files":
+                out.append(Target("1. files encoding", "files: txsink exactly-once / no-op "
+                                  "Arrow Python writer", w.vs_noop, NOOP_TARGET, True,
+                                  source="run_all (Spark)"))
+    for row in commit or []:
+        backend, n, epoch = row.get("backend"), row.get("participants"), row.get("epoch")
+        if epoch is None and n == 128:
+            out.append(Target("2. commit cost", f"{backend}: commit p50 per epoch, 128 "
+                              "participants", float(row["p50_ms"]),
+                              200.0 if backend == "s3" else 50.0, False, " ms",
+                              "commit_bench"))
+    for backend in dict.fromkeys(r.get("backend") for r in commit or []):
+        windows = [r for r in commit or [] if r.get("backend") == backend and r.get("epoch")]
+        if len(windows) == 2:
+            early, late = windows
+            out.append(Target("2. commit cost", f"{backend}: commit p50 epochs {late['epoch']}"
+                              f" / epochs {early['epoch']} (8 participants)",
+                              float(late["p50_ms"]) / float(early["p50_ms"]), 1.2, False,
+                              source="commit_bench"))
+    if postgres is not None:
+        ratios = postgres.get("ratios", {})
+        out.append(Target("3. PostgreSQL COPY", "txsink vectorised (CSV) COPY / per-row "
+                          "binary COPY", ratios.get("txsink_vs_txsink_rows"), 2.0, True,
+                          source="postgres_bench"))
+    if kafka is not None:
+        out.append(Target("4. Kafka fixed cost", "txsink exactly-once / plain transactional "
+                          "producer (no Spark)",
+                          kafka.get("ratios", {}).get("txsink_vs_plain_transactional"), 0.9,
+                          True, source="kafka_bench"))
+        opens = kafka.get("open_cost", {})
+        for guarantee, o in opens.get("direct", {}).items():
+            out.append(Target("4. Kafka fixed cost", f"{guarantee}: open cost per participant "
+                              "after the first epoch, p50 (begin_transaction to the first "
+                              "batch accepted, no Spark)", o.get("later_p50_ms"), 10.0, False,
+                              " ms", "kafka_bench"))
+        for guarantee, o in opens.get("spark", {}).items():
+            out.append(Target("4. Kafka fixed cost", f"{guarantee}: how long a Spark task "
+                              "waited for its participant's open after the first write, p50",
+                              o.get("later_wait_p50_ms"), 10.0, False, " ms", "kafka_bench"))
+    return sorted(out, key=lambda t: t.item)
 
 
 def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds: int,
               info: dict[str, str], versions: dict[str, str], loads: list[float],
               commit: tuple[list[dict[str, Any]] | None, str], quick: bool,
-              command: str) -> None:
+              command: str, goals: list[Target],
+              libs: dict[str, tuple[dict[str, Any] | None, str]]) -> None:
     lines = ["# Performance", ""]
     if quick:
         lines += ["!!! warning", "    A `--quick` smoke run: sizes too small for stable "
@@ -494,6 +594,43 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         lines.append(f"| load average (1 min) during the timed writes | min {min(loads):.1f}, "
                      f"median {statistics.median(loads):.1f}, max {max(loads):.1f} "
                      f"(the machine is shared; {os.cpu_count()} cores) |")
+    lines += ["", "## Every target of the performance issue", "",
+              "The Spark rows repeat the table above; the others come from the benchmarks "
+              "this command runs after it (without Spark's built-in sinks), each against a "
+              "baseline measured in that same benchmark.", "", TARGETS_HEAD]
+    lines += [g.row() for g in goals]
+    for name, (data, note) in libs.items():
+        if data is None:
+            lines += ["", f"{name}: not measured in this run: {note}."]
+    kafka = libs.get("kafka_bench", (None, ""))[0]
+    if kafka is not None:
+        lines += ["", "### Kafka against plain producers (`benchmarks/kafka_bench.py`)", "",
+                  "Its own broker and Spark session; "
+                  f"{kafka['records']:,} records of {kafka['value_bytes']} B per write, "
+                  f"{kafka['partitions']} partitions, median of {kafka['rounds']} round(s); "
+                  "the plain producers run in one process, without Spark, on the same "
+                  "records collected to Arrow first.", "",
+                  "| writer | records/s | vs Spark's Kafka sink |", "|---|---:|---:|"]
+        spark_rate = kafka["writers"]["spark"]["records_per_s"]
+        for w in kafka["writers"].values():
+            lines.append(f"| {w['label']} | {w['records_per_s']:,.0f} | "
+                         f"{w['records_per_s'] / spark_rate:.2f} |")
+        commit_ms = kafka.get("commit_latency", {})
+        lines += ["", f"Per-epoch commit latency (decided to committed): p50 "
+                  f"{commit_ms.get('p50_ms', float('nan')):.0f} ms, p95 "
+                  f"{commit_ms.get('p95_ms', float('nan')):.0f} ms."]
+    pg = libs.get("postgres_bench", (None, ""))[0]
+    if pg is not None:
+        rates = pg["rows_per_s"]
+        lines += ["", "### PostgreSQL without Spark (`benchmarks/postgres_bench.py`)", "",
+                  f"{pg['epochs']} epochs of {pg['rows_per_epoch']:,} rows (`bigint, text, "
+                  "double precision, timestamptz`), fsync on, the three writers alternating "
+                  "per epoch.", "", "| writer | rows/s |", "|---|---:|",
+                  f"| plain autocommit binary COPY, row by row | {rates['plain_copy']:,.0f} |",
+                  f"| txsink, `copy_format=auto` (Arrow batches as CSV) | "
+                  f"{rates['txsink']:,.0f} |",
+                  f"| txsink, `copy_format=binary` (row by row) | "
+                  f"{rates['txsink_rows']:,.0f} |"]
     rows, note = commit
     lines += ["", "## Commit latency", ""]
     if rows:
@@ -501,7 +638,8 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
                   "| backend | participants | epoch | p50 ms | p95 ms |",
                   "|---|---:|---:|---:|---:|"]
         for r in rows:
-            lines.append(f"| {r.get('backend')} | {r.get('participants')} | {r.get('epoch')} "
+            lines.append(f"| {r.get('backend')} | {r.get('participants')} "
+                         f"| {r.get('epoch') or 'all'} "
                          f"| {float(r.get('p50_ms', 'nan')):.1f} "
                          f"| {float(r.get('p95_ms', 'nan')):.1f} |")
     else:
@@ -620,6 +758,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where performance.md and performance.png go")
     parser.add_argument("--no-commit-bench", action="store_true",
                         help="skip benchmarks/commit_bench.py even if it exists")
+    parser.add_argument("--no-library-benches", action="store_true",
+                        help="skip kafka_bench.py and postgres_bench.py (the targets "
+                             "measured without Spark's built-in sinks)")
     args = parser.parse_args(argv)
     targets = [t for t in args.only.split(",") if t]
     unknown = set(targets) - set(TARGETS)
@@ -644,20 +785,33 @@ def main(argv: list[str] | None = None) -> int:
             results[target] = run_target(env, target, sizes.of(target), rounds)
     loads = [x for ws in results.values() for w in ws for x in w.cpu_load]
     commit: tuple[list[dict[str, Any]] | None, str] = (None, "skipped (--no-commit-bench)")
-    if not args.no_commit_bench:
-        with tempfile.TemporaryDirectory() as tmp:
+    libs: dict[str, tuple[dict[str, Any] | None, str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.no_commit_bench:
             commit = commit_bench(Path(tmp) / "commit.json", args.quick)
-        print(commit[1], flush=True)
+            print(commit[1], flush=True)
+        if "kafka" in targets and not args.no_library_benches:
+            libs["kafka_bench"] = sub_bench("kafka_bench.py", KAFKA_BENCH[args.quick],
+                                            Path(tmp) / "kafka.json")
+        if "postgres" in targets and not args.no_library_benches:
+            libs["postgres_bench"] = sub_bench("postgres_bench.py",
+                                               POSTGRES_BENCH[args.quick],
+                                               Path(tmp) / "postgres.json")
+    goals = targets_of(results, commit[0], libs.get("kafka_bench", (None, ""))[0],
+                       libs.get("postgres_bench", (None, ""))[0])
     minutes = (time.monotonic() - started) / 60
     info["duration of the run"] = f"{minutes:.1f} min"
     print(f"\n{TABLE_HEAD}")
     for target, writers in results.items():
         print(markdown_rows(writers, sizes.of(target)))
+    print(f"\n{TARGETS_HEAD}")
+    for g in goals:
+        print(g.row())
     args.out_dir.mkdir(parents=True, exist_ok=True)
     chart(results, args.out_dir / "performance.png",
           f"{date}, {os.cpu_count()} cores, {'quick run' if args.quick else f'{rounds} rounds'}")
     write_doc(args.out_dir / "performance.md", results, sizes, rounds, info,
-              env.versions, loads, commit, args.quick, command)
+              env.versions, loads, commit, args.quick, command, goals, libs)
     print(f"\nwrote {args.out_dir / 'performance.md'} and performance.png "
           f"({minutes:.1f} min)")
     return 0
