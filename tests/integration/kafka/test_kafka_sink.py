@@ -15,7 +15,12 @@ from conftest import Broker
 from test_kafka_conformance import broker_open_participants
 from txsink.backend import CommitOutcome
 from txsink.coordinator import Coordinator, EpochOutcome
-from txsink.errors import ConfigError, FencedError, ParticipantLostError
+from txsink.errors import (
+    ConfigError,
+    FencedError,
+    ParticipantLostError,
+    RetriableCommitError,
+)
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 from txsink.plugins import build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
@@ -23,6 +28,7 @@ from txsink.writer import write_participant
 from txsink_kafka import backend as kb
 from txsink_kafka import testing as kt
 from txsink_kafka.backend import KafkaBackend
+from txsink_kafka.txn_protocol import EndTxnResult
 
 pytestmark = pytest.mark.integration
 
@@ -191,6 +197,37 @@ def test_a_second_writer_with_the_same_sink_id_is_fenced(
         go_on()
     c = backend.pre_commit(second)
     assert backend.commit(c) is CommitOutcome.COMMITTED
+
+
+def test_commit_is_reported_only_once_the_markers_reached_every_partition(
+        options: dict[str, str], sink_id: str, topic: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka answers EndTxn before it writes the commit markers, and a broker restarting
+    then has dropped them (chaos, 2026-11): the transaction stayed open in the
+    partitions and a later InitProducerId of the pooled id aborted it, after the
+    participant had been reported committed. Here the coordinator "accepts" the commit
+    without sending it: commit() must not say committed, nor write a committed end
+    marker, until the transaction is closed on the marker and data partitions."""
+    backend = get_plugins().create_backend("kafka", {**options, "request.timeout.s": "2"})
+    assert isinstance(backend, KafkaBackend)
+    backend.preflight(sink_id)
+    try:
+        c = prepare(backend, sink_id, 0, 0, range(10))
+        txn = backend.driver().txn
+        real_end_txn = txn.end_txn
+        monkeypatch.setattr(txn, "end_txn", lambda *a, **k: EndTxnResult.OK)
+        with pytest.raises(RetriableCommitError, match=r"still open on .*\[0\]") as err:
+            backend.commit(c)
+        assert topic in str(err.value) and backend.config.marker_topic in str(err.value)
+        tid, identity, (mtopic, mpart, moffset) = backend._payload(c)
+        assert not backend._ended_as_committed(mtopic, mpart, moffset, tid, identity)
+        assert kt.read_topic(backend.config.bootstrap, topic) == []  # open: nothing yet
+        monkeypatch.setattr(txn, "end_txn", real_end_txn)
+        assert backend.commit(c) is CommitOutcome.COMMITTED
+        assert keys(backend.config.bootstrap, topic) == list(range(10))
+        assert backend._ended_as_committed(mtopic, mpart, moffset, tid, identity)
+    finally:
+        backend.close()
 
 
 def test_fenced_participant_is_reported_as_lost_not_committed(

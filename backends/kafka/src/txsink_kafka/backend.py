@@ -1217,6 +1217,16 @@ class KafkaBackend(Backend):
             raise error(f"{c.describe()}: {self._redact(str(exc))}", sink_id=c.sink_id,
                         epoch=c.epoch, participant=c.participant) from None
         if result is EndTxnResult.OK:
+            pending = self._markers_pending(c, identity, mtopic, mpart)
+            if pending:
+                raise RetriableCommitError(
+                    f"{c.describe()}: the transaction coordinator accepted the commit of "
+                    f"transactional.id {tid!r}, but the transaction is still open on "
+                    f"{', '.join(pending)} after {self.config.request_timeout_s:.0f}s (the "
+                    "broker writes its commit markers after answering); the epoch stays "
+                    "decided and the commit is retried. If it stays open it is a hanging "
+                    "transaction: `txsink status` shows it",
+                    sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
             self._write_end(c, tid, mtopic, mpart, COMMITTED)
             log.debug("%s: committed transactional.id=%s", c.describe(), tid)
             return CommitOutcome.COMMITTED
@@ -1249,6 +1259,39 @@ class KafkaBackend(Backend):
             f"aborted, not committed: {why}. EndTxn: {rejected}. Those rows are not in the "
             "output; replay the epoch from the source to restore them",
             sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+
+    def _markers_pending(self, c: Committable, identity: ProducerIdentity, mtopic: str,
+                         mpart: int) -> list[str]:
+        """Partitions where the transaction of ``c`` is still open after EndTxn(commit)
+        was accepted; waits up to ``request.timeout`` for none to be left.
+
+        Kafka answers EndTxn before it writes the commit markers into the partitions, and
+        a broker restarting at that moment has been seen to give up on them (it took its
+        own partitions for deleted): the transaction then stays open there, and the next
+        InitProducerId of the id aborts it. Only once the markers are in is the end
+        marker written and the participant reported committed, so a committed end marker
+        always means the data was committed. DescribeProducers (KIP-664) is asked per
+        partition; a broker that cannot answer it is not waited for.
+        """
+        d = self.driver()
+        timeout = self.config.request_timeout_s
+        partitions = [(mtopic, mpart)]
+        with d.lock:
+            for topic in c.payload.get("topics") or []:
+                md = d.committed_offsets.list_topics(str(topic), timeout=timeout)
+                tmd = md.topics.get(str(topic))
+                if tmd is not None and tmd.error is None:
+                    partitions += [(str(topic), p) for p in sorted(tmd.partitions)]
+        deadline = time.monotonic() + timeout
+        pause = 0.002
+        while True:
+            starts = d.txn.open_transaction_starts(partitions)
+            pending = [f"{t}[{p}]" for (t, p), producers in sorted(starts.items())
+                       if identity.producer_id in producers]
+            if not pending or time.monotonic() > deadline:
+                return pending
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
     def abort(self, committable: Committable) -> None:
         retry_transient(lambda: self._abort_once(committable),
