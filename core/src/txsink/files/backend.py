@@ -215,6 +215,8 @@ class FilesBackend(Backend):
         self._meta = self.base / "_txsink"
         self._inprogress = self._meta / "inprogress"
         self._pending = self._meta / "pending"
+        #: One empty file per committed epoch, for :meth:`holds_epoch`.
+        self._epochs = self._meta / "epochs"
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> FilesBackend:
@@ -282,13 +284,54 @@ class FilesBackend(Backend):
             return False
         if owner != sink_id:
             return False
-        # A plain listing: the directory holds every committed file of the sink, and
-        # a pattern matched in Python per name made this grow with the epochs written.
+        # commit_all marks each epoch it publishes: one stat, however many files the
+        # directory holds (a listing cost 0.1 ms at 200 files, 1.8 ms at 4,000).
+        if os.path.exists(os.path.join(self._epochs, f"{epoch:010d}")):
+            return True
+        since = self._epochs_since()
+        if since is not None and epoch >= since:
+            # No marker: not published, unless a commit stopped between the final
+            # names' sync and the marker's; then a pending file of the epoch also has
+            # its final name.
+            try:
+                pending = os.listdir(self._pending)
+            except FileNotFoundError:
+                return False
+            for name in pending:
+                ctx = parse_participant(name.rsplit(".", 1)[0])
+                if ctx is not None and ctx.sink_id == sink_id and ctx.epoch == epoch and (
+                        os.path.exists(os.path.join(
+                            self.base, final_name(epoch, ctx.partition, self.ext)))):
+                    return True
+            return False
+        # Epochs published before the markers existed (an older txsink): a listing.
         try:
             names = os.listdir(self.base)
         except FileNotFoundError:
             return False
         return f"\0part-{epoch:010d}-" in "\0" + "\0".join(names)
+
+    def _epochs_since(self) -> int | None:
+        """The first epoch committed with an epoch marker (later ones all have one)."""
+        try:
+            return int(json.loads((self._epochs / "since.json").read_text())["since"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _mark_epochs(self, epochs: set[int]) -> bool:
+        """Create the epoch markers of ``epochs``; True if one was new (its directory
+        then needs an fsync). The first call records the epoch markers start at."""
+        if not self._epochs.is_dir():
+            self._epochs.mkdir(exist_ok=True)
+            _fsync_path(self._meta, directory=True)
+        _create_json_once(self._epochs / "since.json", {"since": str(min(epochs))})
+        created = False
+        for epoch in epochs:
+            path = os.path.join(self._epochs, f"{epoch:010d}")
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                created = True
+        return created
 
     def reset_sink(self, sink_id: str) -> list[str]:
         marker = self._meta / "sink.json"
@@ -443,6 +486,7 @@ class FilesBackend(Backend):
         pending_dir, base = os.fspath(self._pending), os.fspath(self.base)
         results: list[CommitOutcome | Exception] = []
         linked: list[tuple[int, str]] = []  # (index in results, pending path)
+        published: set[int] = set()  # epochs with a file now under its final name
         for c in committables:
             try:
                 outcome, pending = self._link(c, pending_dir, base)
@@ -451,12 +495,18 @@ class FilesBackend(Backend):
                 continue
             if pending is not None:
                 linked.append((len(results), pending))
+            if c.payload.get("final") is not None:
+                published.add(c.epoch)
             results.append(outcome)
         if not linked:
             return results
         try:
             _fsync_path(self.base, directory=True)
-        except OSError as exc:  # the final names may not be durable: keep the pending ones
+            # The epoch markers are durable before any pending name goes (holds_epoch
+            # lists the directory while an epoch has pending names and no marker).
+            if self._mark_epochs(published):
+                _fsync_path(self._epochs, directory=True)
+        except (OSError, StateError) as exc:  # not durable yet: keep the pending names
             for i, _ in linked:
                 results[i] = exc
             return results
