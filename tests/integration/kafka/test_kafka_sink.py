@@ -28,7 +28,7 @@ from txsink.writer import write_participant
 from txsink_kafka import backend as kb
 from txsink_kafka import testing as kt
 from txsink_kafka.backend import KafkaBackend
-from txsink_kafka.txn_protocol import EndTxnResult
+from txsink_kafka.txn_protocol import EndTxnResult, TxnProtocolError, UnsupportedByBrokerError
 
 pytestmark = pytest.mark.integration
 
@@ -226,6 +226,37 @@ def test_commit_is_reported_only_once_the_markers_reached_every_partition(
         assert backend.commit(c) is CommitOutcome.COMMITTED
         assert keys(backend.config.bootstrap, topic) == list(range(10))
         assert backend._ended_as_committed(mtopic, mpart, moffset, tid, identity)
+    finally:
+        backend.close()
+
+
+def test_commit_markers_unconfirmed_while_the_broker_does_not_answer(
+        options: dict[str, str], sink_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DescribeProducers that fails (a broker restarting) is no confirmation; one the
+    broker cannot answer at all (older than 2.8, no READ on the topic) is not waited for."""
+    backend = get_plugins().create_backend("kafka", {**options, "request.timeout.s": "1"})
+    assert isinstance(backend, KafkaBackend)
+    backend.preflight(sink_id)
+    try:
+        txn = backend.driver().txn
+
+        def restarting(partitions: list[tuple[str, int]]) -> None:
+            raise TxnProtocolError("DescribeProducers failed: NodeNotReadyError")
+
+        monkeypatch.setattr(txn, "transaction_starts", restarting)
+        c = prepare(backend, sink_id, 0, 0, range(5))
+        with pytest.raises(RetriableCommitError, match="not confirmed"):
+            backend.commit(c)
+
+        def unsupported(partitions: list[tuple[str, int]]) -> None:
+            raise UnsupportedByBrokerError("DescribeProducers is not answered")
+
+        monkeypatch.setattr(txn, "transaction_starts", unsupported)
+        later = prepare(backend, sink_id, 1, 0, range(5, 10))
+        assert backend.commit(later) is CommitOutcome.COMMITTED
+        # The first one's EndTxn went through: its retry finds it committed.
+        assert backend.commit(c) in (CommitOutcome.COMMITTED, CommitOutcome.ALREADY_COMMITTED)
+        assert keys(backend.config.bootstrap, backend.config.topic or "") == list(range(10))
     finally:
         backend.close()
 

@@ -888,7 +888,6 @@ class KafkaBackend(Backend):
                 sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant)
 
     def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
-
         assert isinstance(txn, _KafkaTransaction)
         self._opened(txn)
         assert txn.producer is not None
@@ -1271,7 +1270,8 @@ class KafkaBackend(Backend):
         InitProducerId of the id aborts it. Only once the markers are in is the end
         marker written and the participant reported committed, so a committed end marker
         always means the data was committed. DescribeProducers (KIP-664) is asked per
-        partition; a broker that cannot answer it is not waited for.
+        partition; a broker that cannot answer it at all (before Kafka 2.8, or no READ
+        on the topics) is not waited for, one that does not answer now (restarting) is.
         """
         d = self.driver()
         timeout = self.config.request_timeout_s
@@ -1285,9 +1285,17 @@ class KafkaBackend(Backend):
         deadline = time.monotonic() + timeout
         pause = 0.002
         while True:
-            starts = d.txn.open_transaction_starts(partitions)
-            pending = [f"{t}[{p}]" for (t, p), producers in sorted(starts.items())
-                       if identity.producer_id in producers]
+            try:
+                starts = d.txn.transaction_starts(partitions)
+                pending = [f"{t}[{p}]" for (t, p), producers in sorted(starts.items())
+                           if identity.producer_id in producers]
+            except UnsupportedByBrokerError as exc:
+                log.debug("%s: cannot check that the commit markers arrived: %s",
+                          c.describe(), exc)
+                return []
+            except TxnProtocolError as exc:  # a broker restarting: not known yet
+                pending = [f"{t}[{p}]" for t, p in partitions]
+                pending[-1] += f" (not confirmed: {self._redact(str(exc))})"
             if not pending or time.monotonic() > deadline:
                 return pending
             time.sleep(pause)

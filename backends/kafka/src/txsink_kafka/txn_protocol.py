@@ -454,17 +454,40 @@ class TxnCoordinatorClient:
                                 ) -> dict[tuple[str, int], dict[int, int]]:
         """Per partition: producer id -> first offset of its open transaction there.
 
-        DescribeProducers (KIP-664), asked of each partition's leader; partitions the
-        broker cannot describe are left out.
+        DescribeProducers (KIP-664), asked of each partition's leader; where the broker
+        cannot answer, nothing (see :meth:`transaction_starts` for the strict form).
         """
+        try:
+            return self.transaction_starts(partitions)
+        except TxnProtocolError as exc:
+            log.debug("DescribeProducers failed: %s", exc)
+            return {}
+
+    def transaction_starts(self, partitions: list[tuple[str, int]]
+                           ) -> dict[tuple[str, int], dict[int, int]]:
+        """:meth:`open_transaction_starts` that says why it has no answer.
+
+        Raises :class:`UnsupportedByBrokerError` where the broker has no such request
+        (before Kafka 2.8) or the principal may not ask it (no READ on the topic), and a
+        retriable :class:`TxnProtocolError` otherwise (a broker restarting, a leader
+        moving).
+        """
+        from kafka.errors import (  # type: ignore[import-untyped]
+            AuthorizationError,
+            UnsupportedVersionError,
+        )
         from kafka.structs import TopicPartition  # type: ignore[import-untyped]
 
         try:
             states = self._admin.describe_producers(
                 [TopicPartition(t, p) for t, p in partitions])
+        except (UnsupportedVersionError, AuthorizationError) as exc:
+            raise UnsupportedByBrokerError(
+                f"DescribeProducers is not answered: {type(exc).__name__}: {exc}",
+                retriable=False) from None
         except Exception as exc:
-            log.debug("DescribeProducers failed: %s: %s", type(exc).__name__, exc)
-            return {}
+            raise TxnProtocolError(f"DescribeProducers failed: {type(exc).__name__}: "
+                                   f"{exc}") from None
         return {(str(tp.topic), int(tp.partition)): {
             int(p.producer_id): int(p.current_transaction_start_offset)
             for p in state.active_producers if int(p.current_transaction_start_offset) >= 0}
