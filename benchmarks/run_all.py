@@ -521,12 +521,24 @@ def miss_notes(goals: list[Target], results: dict[str, list[Writer]],
             "docs/backends/s3.md, *Commit cost per epoch*).")
     if any(m.startswith("files: commit p50 epochs") for m in missed):
         notes.append(
-            "* files over 500 epochs: the part of a commit that grows with the epochs is "
-            "`holds_epoch` (asked before every new epoch, for restored checkpoints), a "
-            "listing of the output directory, which gains a file per participant per epoch "
-            "(4,000 by epoch 500); in a profile of this benchmark it took 0.12 ms per commit "
-            "at epochs 10-30 and 1.8 ms at epochs 480-500. The state's listing and records "
-            "grow only until the retained epochs (100) are reached.")
+            "* files over 500 epochs: the output directory, which gains a file per "
+            "participant per epoch, is no longer listed per commit (`holds_epoch` looks "
+            "for the epoch's marker; the listing took 0.12 ms at epochs 10-30 and 1.8 ms "
+            "at 480-500). What still differs between the two windows: the state's "
+            "listing holds 10-30 records early and the 100 retained ones late, and every "
+            "fsync of the run gets slower as the filesystem fills: in a profile of this "
+            "benchmark, writing the state's meta file (the same small write and fsync "
+            "each epoch) took 0.97 ms at epochs 10-30 and 1.48 ms at 480-500. The ratio "
+            "varies from run to run (1.11 in a run of `commit_bench.py --only files` "
+            "alone on the same machine).")
+    reuse = (kafka or {}).get("open_cost", {}).get("spark", {}).get("at_least_once", {})
+    if any(m.startswith("at_least_once: how long a Spark task") for m in missed) and reuse:
+        notes.append(
+            f"* Kafka at-least-once in Spark: a Python worker reuses its producer only when "
+            f"Spark hands it a task of the same partition again (Spark does not pin "
+            f"partitions to workers); in this run {reuse.get('later_reused_producers')} of "
+            f"{reuse.get('later_participants')} later participants found one, and the "
+            "others opened a new producer.")
     return notes
 
 
