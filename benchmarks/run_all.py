@@ -511,8 +511,8 @@ def miss_notes(goals: list[Target], results: dict[str, list[Writer]],
             "can neither begin another transaction on that producer nor initialise it twice "
             "(and initialising the id early would abort the prepared transaction), so every "
             "participant pays a new producer, `init_transactions` and its begin marker "
-            "(see docs/backends/kafka.md). Under at-least-once the worker keeps its producer "
-            "and the target is met.")
+            "(see docs/backends/kafka.md). An at-least-once worker keeps its producer "
+            "between tasks instead: its rows in the table above.")
     if any(m.startswith("s3: commit p50 per epoch") for m in missed):
         notes.append(
             "* S3 at 128 participants: each participant is one `CompleteMultipartUpload`; the "
