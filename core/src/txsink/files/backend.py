@@ -502,8 +502,8 @@ class FilesBackend(Backend):
             return results
         try:
             _fsync_path(self.base, directory=True)
-            # The epoch markers are durable before any pending name goes (holds_epoch
-            # lists the directory while an epoch has pending names and no marker).
+            # The epoch markers are durable before any pending name goes: an epoch
+            # with pending names and no marker is checked through those names.
             if self._mark_epochs(published):
                 _fsync_path(self._epochs, directory=True)
         except (OSError, StateError) as exc:  # not durable yet: keep the pending names
