@@ -20,7 +20,7 @@ from txsink.coordinator import Coordinator
 from txsink.files.backend import FilesBackend
 from txsink.model import TransactionContext
 from txsink.spark import _proc
-from txsink.state import DirectoryStateStore
+from txsink.state import DirectoryStateStore, new_owner_token
 from txsink.writer import write_participant
 
 SINK = "first-hour"
@@ -52,6 +52,8 @@ def _earlier_run(tmp_path: Path, epochs: int = 2) -> FilesBackend:
         batch = pa.RecordBatch.from_pylist([{"id": epoch}])
         committable = write_participant(backend, TransactionContext(SINK, epoch, 0, 0), [batch])
         coordinator.commit_epoch(epoch, [committable])
+    # A run that ended gives its lease up (what `txsink run` does on its way out).
+    assert coordinator.store.release(coordinator.lease)
     return backend
 
 
@@ -170,11 +172,13 @@ def test_resolve_an_epoch_that_does_not_exist_is_an_error(tmp_path: Path) -> Non
 def test_status_says_whether_the_lease_is_held_or_released(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     store = DirectoryStateStore(tmp_path / "chk" / "txsink")
-    # The coordinator above ran in this process, which is alive, but its token is no
-    # JVM token: whether it runs cannot be told from the token.
+    # A coordinator of this process, which is alive, but its token is no JVM token:
+    # its pid could have been reused, so whether it runs cannot be told.
+    store.acquire(new_owner_token())
     proc = txsink("status", str(tmp_path / "chk"), "--json")
     lease = json.loads(proc.stdout)["lease"]
     assert lease["held"] is True
+    assert lease["holder_running"] is None
     # A driver JVM that is gone: held by a dead owner.
     dead = f"{socket.gethostname()}:jvm999999:12345"
     gone = store.acquire(dead)

@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
         "next `txsink run` starts from the beginning of the source.")
     reset.add_argument("file")
     reset.add_argument("--yes", action="store_true", help="do not ask")
+    reset.add_argument("--force", action="store_true",
+                       help="delete even though the sink's lease is held by a query whose "
+                       "liveness cannot be checked from here (another host); only once you "
+                       "know that query is stopped")
     reset.set_defaults(func=cmd_reset)
 
     backends = sub.add_parser("backends", help="list installed backends")
@@ -219,6 +223,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_status
 
 
+def _refuse_reset_under_a_holder(lease: dict[str, Any], sink_id: str,
+                                 args: argparse.Namespace) -> None:
+    """Never delete a sink's output under a query that may still write it.
+
+    Only a released lease or a holder proven gone (its process ended on this host)
+    lets ``reset`` go on by itself; a holder on another host, or one whose liveness
+    cannot be told, needs the operator's ``--force`` after checking it is stopped.
+    """
+    from txsink.spark._proc import lease_holder
+
+    holder = lease_holder(lease)
+    if holder == "running":
+        raise StateError(f"sink {sink_id!r} is being written by a running query (lease owner "
+                         f"{lease['owner']}, on this host); stop it first; nothing deleted",
+                         sink_id=sink_id)
+    if holder == "unknown" and not args.force:
+        raise StateError(
+            f"sink {sink_id!r} is held by {lease['owner']} (generation "
+            f"{lease.get('generation')}, since {_when(lease.get('acquired_at'))}), and "
+            "whether that query still runs cannot be told from this host (another host, "
+            "a container, or a pid that may be reused); nothing deleted. Stop that query; "
+            f"once you know it is stopped, `txsink reset {args.file} --force` deletes anyway",
+            sink_id=sink_id)
+    if holder == "unknown":
+        log.warning("reset: sink=%s: --force: deleting although the lease holder %s may "
+                    "still run", sink_id, lease["owner"])
+
+
 def cmd_reset(args: argparse.Namespace) -> int:
     import shutil
 
@@ -233,15 +265,8 @@ def cmd_reset(args: argparse.Namespace) -> int:
     plugins = get_plugins()
     store_dir = chk / "txsink"
     if (store_dir / "meta.json").is_file():
-        store = plugins.state_store(str(store_dir))
-        lease = store.lease_info()
-        from txsink.spark._proc import owner_alive
-
-        if lease.get("owner") and lease.get("released_at") is None and owner_alive(
-                str(lease["owner"])):
-            raise StateError(f"sink {cfg.sink.sink_id!r} is being written by a running query "
-                             f"(lease owner {lease['owner']}); stop it first",
-                             sink_id=cfg.sink.sink_id)
+        _refuse_reset_under_a_holder(plugins.state_store(str(store_dir)).lease_info(),
+                                     cfg.sink.sink_id, args)
     backend = plugins.create_backend(cfg.sink.backend, cfg.sink.options)
     try:
         target = backend.describe()

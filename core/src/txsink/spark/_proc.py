@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
+from typing import Any
 
 from txsink.state import new_owner_token
 
@@ -23,6 +25,12 @@ OWNER_ENV = "TXSINK_OWNER"
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """``(comm, ppid, starttime)`` of ``pid`` from ``/proc``, or None off Linux."""
+    info = _stat_full(pid)
+    return None if info is None else info[:3]
+
+
+def _stat_full(pid: int) -> tuple[str, int, int, str] | None:
+    """``(comm, ppid, starttime, state)`` of ``pid`` from ``/proc``, or None."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -35,7 +43,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     comm = text[start + 1 : end]
     fields = text[end + 2 :].split()
     try:
-        return comm, int(fields[1]), int(fields[19])
+        return comm, int(fields[1]), int(fields[19]), fields[0]
     except (IndexError, ValueError):
         return None
 
@@ -82,15 +90,46 @@ def jvm_owner_token(pid: int) -> str | None:
     return f"{socket.gethostname()}:jvm{pid}:{info[2]}"
 
 
-def owner_alive(owner: str) -> bool | None:
-    """Whether the driver JVM named by an owner token still runs on this host.
+#: ``/proc/<pid>/stat`` states of a process that has ended: zombie (exited, not yet
+#: reaped by its parent) and dead. A SIGKILLed driver stays a zombie until its parent
+#: waits for it, which a container's PID 1 may never do.
+_ENDED_STATES = frozenset({"Z", "X", "x"})
 
-    None when the token names another host or is not a JVM token (the answer is
-    unknown); the start time in the token tells a reused pid from the original.
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether the process named by an owner token still runs on this host.
+
+    Driver JVM tokens (``host:jvmPID:START``) are exact: the start time tells a reused
+    pid from the original, and a zombie (killed, not yet reaped) is dead — it can never
+    write again. Plain process tokens (``host:PID:RANDOM``, coordinators outside Spark)
+    are dead when their pid is gone or a zombie; a live pid may be a reuse, so that
+    answer is None. None too for a token of another host: nothing here can tell.
     """
-    host, _, rest = owner.partition(":jvm")
-    pid_text, _, started = rest.partition(":")
-    if host != socket.gethostname() or not pid_text.isdigit() or not started.isdigit():
+    host, sep, rest = owner.partition(":jvm")
+    if sep:
+        pid_text, _, started = rest.partition(":")
+        if host != socket.gethostname() or not pid_text.isdigit() or not started.isdigit():
+            return None
+        info = _stat_full(int(pid_text))
+        return (info is not None and info[2] == int(started)
+                and info[3] not in _ENDED_STATES)
+    parts = owner.split(":")
+    if len(parts) != 3 or parts[0] != os.uname().nodename or not parts[1].isdigit():
         return None
-    info = _stat(int(pid_text))
-    return info is not None and info[2] == int(started)
+    info = _stat_full(int(parts[1]))
+    if info is None or info[3] in _ENDED_STATES:
+        return False
+    return None
+
+
+def lease_holder(lease: Mapping[str, Any]) -> str:
+    """Who holds a state's lease, as one of ``free``, ``running``, ``gone``, ``unknown``.
+
+    ``free``: never taken, or released by a run that ended. ``running``: a live process
+    on this host. ``gone``: its process ended (a crash, a kill, a zombie). ``unknown``:
+    another host's driver, or a pid that may have been reused.
+    """
+    if not lease.get("owner") or lease.get("released_at") is not None:
+        return "free"
+    alive = owner_alive(str(lease["owner"]))
+    return "running" if alive else "gone" if alive is False else "unknown"
