@@ -112,7 +112,10 @@ class DriverSpec:
     """What one driver subprocess runs."""
 
     input_dir: Path
-    checkpoint: Path
+    #: The query's checkpoint, given as the ``checkpointLocation`` option; None to
+    #: leave it to ``spark.sql.streaming.checkpointLocation`` (in ``conf``) and the
+    #: query's name (``query_name``), as a session-wide setting does.
+    checkpoint: Path | None
     sink_id: str
     options: dict[str, str] = field(default_factory=dict)
     backend: str = "files"
@@ -129,6 +132,8 @@ class DriverSpec:
     #: {...}, "register": "module:function"}`` (the function registers the format
     #: with the session, for Python data sources).
     source: dict[str, Any] | None = None
+    #: ``queryName`` of the stream (names its checkpoint under a session-wide location).
+    query_name: str | None = None
 
 
 @dataclass
@@ -171,7 +176,9 @@ def start_driver(spec: DriverSpec, *, faults: str | None = None,
     child_env.setdefault("PYSPARK_PYTHON", sys.executable)
     child_env["SPARK_LOCAL_IP"] = "127.0.0.1"
     payload = json.dumps({
-        "input_dir": str(spec.input_dir), "checkpoint": str(spec.checkpoint),
+        "input_dir": str(spec.input_dir),
+        "checkpoint": None if spec.checkpoint is None else str(spec.checkpoint),
+        "query_name": spec.query_name,
         "sink_id": spec.sink_id, "options": spec.options, "backend": spec.backend,
         "partitions": spec.partitions, "master": spec.master, "conf": spec.conf,
         "batch_write": spec.batch_write, "select": spec.select, "source": spec.source,
@@ -256,11 +263,13 @@ def _drive(spec: dict[str, Any]) -> None:
                  .json(spec["input_dir"]).repartition(spec["partitions"]))
     if spec.get("select"):
         frame = frame.selectExpr(*spec["select"])
-    query = (frame.writeStream.format("txsink")
-             .option("backend", spec["backend"]).option("sink_id", spec["sink_id"])
-             .option("checkpointLocation", spec["checkpoint"])
-             .options(**spec["options"])
-             .trigger(availableNow=True).start())
+    writer = (frame.writeStream.format("txsink")
+              .option("backend", spec["backend"]).option("sink_id", spec["sink_id"]))
+    if spec.get("checkpoint") is not None:
+        writer = writer.option("checkpointLocation", spec["checkpoint"])
+    if spec.get("query_name"):
+        writer = writer.queryName(spec["query_name"])
+    query = writer.options(**spec["options"]).trigger(availableNow=True).start()
     query.awaitTermination()
     batches = [p["batchId"] for p in query.recentProgress]
     if spec.get("batch_write"):

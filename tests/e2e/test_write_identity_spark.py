@@ -149,6 +149,64 @@ def test_deleted_checkpoint_with_kept_state_stops_instead_of_dropping_rows(
     assert leftover_files(out) == []
 
 
+@long_run
+def test_foreach_batch_after_a_checkpoint_reset_stops_instead_of_dropping_rows(
+    tmp_path: Path,
+) -> None:
+    """Operations hole 1: txnAppId + txnVersion=batch_id in foreachBatch, then the
+    stream's checkpoint is deleted. Spark numbers batches from 0 again; each new batch
+    used to be skipped as "already committed" and the run ended OK with nothing
+    written."""
+    expected = make_input(tmp_path / "in", files=3, rows_per_file=100)
+    out, state = tmp_path / "out", tmp_path / "sink-chk"
+    spec = {"mode": "foreach", "input_dir": str(tmp_path / "in"), "sink_id": "e2e-reset",
+            "checkpoint": str(tmp_path / "stream-chk"), "state": str(state),
+            "app_id": "orders-stream", "options": {"path": str(out), "format": "jsonl"}}
+    run = run_batch_driver(spec, env=_env())
+    assert "TXSINK-DRIVER-DONE" in run.output, run.output[-4000:]
+    assert summarize(read_files_output(out)) == expected
+
+    shutil.rmtree(tmp_path / "stream-chk")
+    (tmp_path / "in2").mkdir()
+    for f in sorted((tmp_path / "in").iterdir())[:2]:  # new rows: ids shifted by 10,000
+        lines = [line.replace('{"id": ', '{"id": 1000', 1)
+                 for line in f.read_text().splitlines()]
+        (tmp_path / "in2" / f.name).write_text("\n".join(lines) + "\n")
+    run = run_batch_driver({**spec, "input_dir": str(tmp_path / "in2")}, env=_env())
+    assert "TXSINK-DRIVER-DONE" not in run.output, run.output[-4000:]
+    assert "the stream's checkpoint was deleted or replaced" in run.output, run.output[-4000:]
+    assert "Nothing of this batch was written" in run.output
+    # Exact: the first run's rows, once; nothing of the refused batch half-written.
+    rows = read_files_output(out)
+    assert summarize(rows) == expected
+    assert leftover_files(out) == []
+
+
+@long_run
+def test_a_reset_checkpoint_named_by_the_session_setting_is_refused(tmp_path: Path) -> None:
+    """Operations hole 3: the query id came from ``<checkpointLocation>/metadata`` on a
+    local path only. Here the checkpoint comes from ``spark.sql.streaming.checkpointLocation``
+    (no option reaches the sink): the id now comes from the running query itself."""
+    make_input(tmp_path / "in", files=2, rows_per_file=100)
+    out, state, chk_root = tmp_path / "out", tmp_path / "state", tmp_path / "chk-root"
+    spec = DriverSpec(input_dir=tmp_path / "in", checkpoint=None, sink_id="e2e-conf",
+                      query_name="orders",
+                      conf={"spark.sql.streaming.checkpointLocation": str(chk_root)},
+                      options={"path": str(out), "format": "jsonl",
+                               "state_location": str(state)})
+    run_driver(spec).check()
+    assert (chk_root / "orders" / "metadata").is_file()
+    before = len(read_files_output(out))
+    assert before == 200
+    shutil.rmtree(chk_root)
+    make_input(tmp_path / "in2", files=2, rows_per_file=50)
+    run = run_driver(DriverSpec(**{**spec.__dict__, "input_dir": tmp_path / "in2"}))
+    assert run.returncode != 0
+    assert "checkpoint was deleted or replaced" in run.output, run.output[-4000:]
+    assert len(read_files_output(out)) == before
+    assert leftover_files(out) == []
+
+
 @pytest.mark.fault
 def test_older_run_is_fenced_once_a_newer_run_took_over(tmp_path: Path) -> None:
     expected = make_input(tmp_path / "in", files=3, rows_per_file=100)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from txsink.coordinator import EpochOutcome
+from txsink.coordinator import Coordinator, EpochOutcome, RetryPolicy
 from txsink.errors import FencedError, StateError
-from txsink.state import EpochState, WriteId
+from txsink.faults import FaultInjector
+from txsink.model import DeliveryGuarantee
+from txsink.state import DirectoryStateStore, EpochState, Lease, SinkMeta, WriteId
 
-from .conftest import Env, expected_ids
+from .conftest import SINK, Env, expected_ids
 
 
 def test_concurrent_batch_writes_reserve_distinct_epochs_and_both_commit(env: Env) -> None:
@@ -93,3 +95,77 @@ def test_epoch_the_target_holds_is_not_written_twice(env: Env) -> None:
     assert env.ids() == expected_ids(range(1), 3)
     assert env.system.prepared == {}
     assert all(r.state is EpochState.COMMITTED for r in env.store().records().values())
+
+
+def test_foreach_batch_versions_of_another_query_are_refused_not_skipped(env: Env) -> None:
+    """Operations hole 1: a reset stream checkpoint restarts batch ids at 0. Versions of
+    one txnAppId count within the query that wrote them; a new query's batch 0 must
+    not be taken for the old batch 0 (and silently skipped)."""
+    coord = env.coordinator(owner="d")
+    coord.start()
+    for version in range(3):
+        epoch = coord.reserve_epoch(WriteId("orders", version))
+        assert coord.commit_epoch(epoch, env.prepare_epoch(epoch),
+                                  write_query="q-old") is EpochOutcome.COMMITTED
+    assert coord.write_query("orders") == "q-old"
+    before = env.ids()
+    # The same query replays batch 2: skipped as committed (same query, same version).
+    coord.check_write_query(WriteId("orders", 2, "q-old"))
+    # The checkpoint was reset: the new query's batch 0 looks committed by number only.
+    assert coord.committed_write(WriteId("orders", 0)) == 2
+    with pytest.raises(StateError, match="deleted or replaced") as err:
+        coord.check_write_query(WriteId("orders", 0, "q-new"))
+    assert "q-old" in str(err.value) and "new txnAppId" in str(err.value)
+    # A version above the old ones from the new query is refused as well, and its
+    # prepared participants are rolled back: nothing half-written stays behind.
+    epoch = coord.reserve_epoch(WriteId("orders", 7))
+    msgs = env.prepare_epoch(epoch)
+    with pytest.raises(StateError, match="Nothing of this batch was written"):
+        coord.commit_epoch(epoch, msgs, write_query="q-new")
+    assert env.system.prepared == {}
+    assert env.ids() == before
+    assert epoch not in env.store().records()
+    # The same under at_least_once, where the tasks' rows are visible already: loud.
+    epoch = coord.reserve_epoch(WriteId("orders", 8))
+    with pytest.raises(StateError, match="deleted or replaced"):
+        coord.record_epoch(epoch, [], DeliveryGuarantee.AT_LEAST_ONCE, write_query="q-new")
+    # Pruned records do not forget which query wrote the versions.
+    coord.store.delete(coord.lease, list(env.store().records()))
+    assert coord.write_query("orders") == "q-old"
+    # Writes no stream drives (a batch job) are not bound to any query.
+    coord.check_write_query(WriteId("orders", 9))
+
+
+def test_a_committed_version_survives_a_crash_before_it_is_remembered_and_pruning(
+    env: Env,
+) -> None:
+    """Operations suspicion: a crash between marking an epoch COMMITTED and recording
+    its write version, then pruning, let the version be written again."""
+    class CrashOnMeta(DirectoryStateStore):
+        armed = False
+
+        def write_meta(self, lease: Lease, meta: SinkMeta) -> None:
+            if CrashOnMeta.armed:
+                CrashOnMeta.armed = False
+                raise RuntimeError("driver killed")
+            super().write_meta(lease, meta)
+
+    store = CrashOnMeta(env.state_dir)
+    coord = Coordinator(env.backend, store, SINK, plugins=env.plugins, faults=FaultInjector(),
+                        retain_epochs=2, retry=RetryPolicy(attempts=1, sleep=lambda s: None))
+    coord.start()
+    epoch = coord.reserve_epoch(WriteId("nightly", 1))
+    msgs = env.prepare_epoch(epoch)
+    CrashOnMeta.armed = True
+    with pytest.raises(RuntimeError, match="driver killed"):
+        coord.commit_epoch(epoch, msgs)
+    # The next run recovers, then runs on long enough to prune the old records.
+    coord = Coordinator(env.backend, store, SINK, plugins=env.plugins, faults=FaultInjector(),
+                        retain_epochs=2, owner="next")
+    coord.start()
+    for _ in range(6):
+        e = coord.reserve_epoch()
+        coord.commit_epoch(e, env.prepare_epoch(e))
+    assert epoch not in store.records()  # pruned
+    assert coord.committed_write(WriteId("nightly", 1)) == 1
+    assert env.ids().count(epoch * 1_000_000) == 1

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from txsink.backend import Backend, CommitOutcome
 from txsink.errors import (
+    CheckpointChangedError,
     CommitError,
     ConfigError,
     FatalCommitError,
@@ -148,7 +149,7 @@ class Coordinator:
                 sink_id=self.sink_id,
             )
         if meta is not None and query_id and meta.query_id and meta.query_id != query_id:
-            raise StateError(
+            raise CheckpointChangedError(
                 f"sink {self.sink_id!r}: the txsink state at {self.store.location} belongs to "
                 f"the Spark query {meta.query_id}, but the checkpoint now belongs to query "
                 f"{query_id}: the checkpoint was deleted or replaced while the state was "
@@ -207,6 +208,43 @@ class Coordinator:
                     and record.write.app_id == write.app_id):
                 best = max(best, record.write.version)
         return best if best >= write.version else None
+
+    def write_query(self, app_id: str) -> str | None:
+        """The streaming query that drove the committed versions of ``app_id``, if any."""
+        meta = self.store.read_meta()
+        query = meta.write_queries.get(app_id) if meta else None
+        if query is None:
+            best = -1
+            for record in self.store.records().values():
+                w = record.write
+                if (record.state is EpochState.COMMITTED and w is not None
+                        and w.app_id == app_id and w.query_id and w.version > best):
+                    best, query = w.version, w.query_id
+        return query
+
+    def check_write_query(self, write: WriteId) -> None:
+        """Refuse a ``foreachBatch`` write whose versions count in another query.
+
+        Spark numbers a stream's batches from 0 again when its checkpoint is deleted
+        or replaced; with ``txnVersion=batch_id`` every new batch would look committed
+        and be dropped. The query id (kept in the checkpoint) tells the two apart.
+        """
+        if write.query_id is None:
+            return
+        before = self.write_query(write.app_id)
+        if before is None or before == write.query_id:
+            return
+        meta = self.store.read_meta()
+        best = meta.writes.get(write.app_id, -1) if meta else -1
+        raise CheckpointChangedError(
+            f"sink={self.sink_id}: batch write {write} is driven by the streaming query "
+            f"{write.query_id}, but the versions of txnAppId {write.app_id!r} (committed up "
+            f"to {best}) were written by the query {before}: the stream's checkpoint was "
+            "deleted or replaced, and Spark numbers its batches from 0 again, so each new "
+            "batch would be taken for one already written and dropped. Nothing of this "
+            "batch was written. Restore the stream's checkpoint, or give the writes a new "
+            "txnAppId (one per query, e.g. derived from the checkpoint's name)",
+            sink_id=self.sink_id)
 
     def reserve_epoch(self, write: WriteId | None = None) -> int:
         """Reserve a fresh epoch for one batch write; concurrent writes get distinct ones.
@@ -289,9 +327,15 @@ class Coordinator:
     # -- the protocol -------------------------------------------------------------------
 
     def commit_epoch(
-        self, epoch: int, messages: Sequence[Committable | None]
+        self, epoch: int, messages: Sequence[Committable | None], *,
+        write_query: str | None = None,
     ) -> EpochOutcome:
-        """Decide and commit ``epoch`` given every writer's committable."""
+        """Decide and commit ``epoch`` given every writer's committable.
+
+        :param write_query: the streaming query driving a batch write (``foreachBatch``):
+            bound to the write's identity, and checked against the query that wrote
+            its earlier versions (:meth:`check_write_query`).
+        """
         lease = self.lease
         committables = self._validate(epoch, messages)
         record = self.store.get(epoch)
@@ -306,6 +350,13 @@ class Coordinator:
                     "were aborted and nothing was committed", sink_id=self.sink_id,
                     epoch=epoch)
             write = record.write
+            if write is not None and write_query is not None:
+                write = dataclasses.replace(write, query_id=write_query)
+                try:
+                    self.check_write_query(write)
+                except StateError:
+                    self._discard_reserved(epoch, committables)
+                    raise
             if write is not None:
                 rival = self._rival(epoch, write)
                 if rival is not None:
@@ -358,7 +409,8 @@ class Coordinator:
         return EpochOutcome.COMMITTED
 
     def record_epoch(self, epoch: int, messages: Sequence[Committable | None],
-                     guarantee: DeliveryGuarantee) -> EpochOutcome:
+                     guarantee: DeliveryGuarantee, *,
+                     write_query: str | None = None) -> EpochOutcome:
         """Record an epoch whose tasks committed their own participants.
 
         Under ``at_least_once`` and ``none`` there is no decision to make: the data is
@@ -381,6 +433,9 @@ class Coordinator:
                         missing, guarantee.value)
         record = self.store.get(epoch)
         write = record.write if record is not None else None
+        if write is not None and write_query is not None:
+            write = dataclasses.replace(write, query_id=write_query)
+            self.check_write_query(write)  # its tasks' rows are visible already: say so
         if record is not None and record.state is EpochState.DECIDED:
             # An exactly-once run crashed after deciding this epoch: finish it first.
             self._finish(record)
@@ -393,10 +448,10 @@ class Coordinator:
                         self.sink_id, epoch, guarantee.value, rows)
             return EpochOutcome.REPLAYED
         now = time.time()
+        if write is not None:
+            self._remember_write(write)  # before the record can be pruned (see _finish)
         self.store.put(lease, EpochRecord(epoch, EpochState.COMMITTED, tuple(committables),
                                           now, now, write))
-        if write is not None:
-            self._remember_write(write)
         log.info("sink=%s epoch=%d written by its tasks (%s): %d participant(s), %d row(s)",
                  self.sink_id, epoch, guarantee.value, len(committables), rows)
         # The same crash point as after an exactly-once decision: the epoch is durable
@@ -595,9 +650,11 @@ class Coordinator:
             ) from failures[0]
         self.backend.epoch_committed(self.sink_id, record.epoch, record.committables)
         self.faults.hit(BEFORE_MARK_COMMITTED, record.epoch)
-        self.store.put(self.lease, record.committed())
         if record.write is not None:
+            # Before the record turns COMMITTED, and so can be pruned: once pruned, the
+            # metadata is all that says this version was written.
             self._remember_write(record.write)
+        self.store.put(self.lease, record.committed())
         duration = time.monotonic() - started
         log.info("sink=%s epoch=%d committed: %d participant(s), %d row(s) in %.3fs",
                  self.sink_id, record.epoch, len(record.committables), record.rows, duration)
@@ -633,9 +690,17 @@ class Coordinator:
         """Keep the committed version of a write identity after its record is pruned."""
         meta = self.store.read_meta() or self._meta
         assert meta is not None
-        if meta.writes.get(write.app_id, -1) >= write.version:
+        query_known = write.query_id is None or (
+            meta.write_queries.get(write.app_id) == write.query_id)
+        if meta.writes.get(write.app_id, -1) >= write.version and query_known:
             return
-        meta = dataclasses.replace(meta, writes={**meta.writes, write.app_id: write.version})
+        queries = dict(meta.write_queries)
+        if write.query_id is not None:
+            queries[write.app_id] = write.query_id
+        meta = dataclasses.replace(
+            meta, writes={**meta.writes,
+                          write.app_id: max(write.version, meta.writes.get(write.app_id, -1))},
+            write_queries=queries)
         self.store.write_meta(self.lease, meta)
         self._meta = meta
 

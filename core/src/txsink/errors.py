@@ -83,3 +83,11 @@ class FencedError(TxsinkError):
 
 class StateError(TxsinkError):
     """The pending-transaction state is unreadable or inconsistent."""
+
+
+class CheckpointChangedError(StateError):
+    """The engine's checkpoint is not the one this state was written with.
+
+    A deleted or replaced Spark checkpoint numbers batches from 0 again; taken for
+    replays, its new batches would be dropped. Nothing of the refused batch is written.
+    """

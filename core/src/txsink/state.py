@@ -69,9 +69,25 @@ class WriteId:
 
     app_id: str
     version: int
+    #: The streaming query whose ``foreachBatch`` made this write (Spark's query id),
+    #: None for a write no stream drove. Versions of one ``app_id`` count within one
+    #: query: a reset checkpoint starts a new query whose batch ids restart at 0.
+    query_id: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.app_id}@{self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"app_id": self.app_id, "version": self.version}
+        if self.query_id is not None:
+            data["query_id"] = self.query_id
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WriteId:
+        query = data.get("query_id")
+        return cls(str(data["app_id"]), int(data["version"]),
+                   None if query is None else str(query))
 
 
 @dataclass(frozen=True)
@@ -108,7 +124,7 @@ class EpochRecord:
             "committables": [c.to_dict() for c in self.committables],
         }
         if self.write is not None:
-            data["write"] = {"app_id": self.write.app_id, "version": self.write.version}
+            data["write"] = self.write.to_dict()
         if self.owner is not None:
             data["owner"] = self.owner
         return data
@@ -125,8 +141,7 @@ class EpochRecord:
                 decided_at=float(data["decided_at"]),
                 committed_at=None if data.get("committed_at") is None
                 else float(data["committed_at"]),
-                write=None if data.get("write") is None
-                else WriteId(str(data["write"]["app_id"]), int(data["write"]["version"])),
+                write=None if data.get("write") is None else WriteId.from_dict(data["write"]),
                 owner=None if data.get("owner") is None else str(data["owner"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -153,6 +168,9 @@ class SinkMeta:
     writes: Mapping[str, int] = field(default_factory=dict)
     #: The delivery guarantee of the last run (``exactly_once`` unless chosen).
     guarantee: str = "exactly_once"
+    #: The streaming query that drove the committed versions of each ``app_id``
+    #: (``foreachBatch`` writes): versions from another query are not comparable.
+    write_queries: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -165,6 +183,8 @@ class SinkMeta:
             data["writes"] = dict(self.writes)
         if self.guarantee != "exactly_once":
             data["guarantee"] = self.guarantee
+        if self.write_queries:
+            data["write_queries"] = dict(self.write_queries)
         return data
 
     @classmethod
@@ -174,7 +194,9 @@ class SinkMeta:
                        int(data.get("committed_watermark", -1)), str(data["state_id"]),
                        None if data.get("query_id") is None else str(data["query_id"]),
                        {str(k): int(v) for k, v in dict(data.get("writes", {})).items()},
-                       str(data.get("guarantee", "exactly_once")))
+                       str(data.get("guarantee", "exactly_once")),
+                       {str(k): str(v) for k, v in
+                        dict(data.get("write_queries", {})).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 

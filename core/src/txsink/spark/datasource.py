@@ -29,6 +29,7 @@ exactly once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ from pyspark.sql.datasource import (
 from txsink import faults as fault_points
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome
-from txsink.errors import ConfigError, StateError
+from txsink.errors import CheckpointChangedError, ConfigError, StateError
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, validate_sink_id
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_token
@@ -70,6 +71,11 @@ log = logging.getLogger(__name__)
 FORMAT = "txsink"
 #: Task local property Spark's micro-batch engine sets to the batch id.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+#: Task local property Spark's stream execution sets to the query's id, which lives in
+#: the query's checkpoint (whatever its scheme): a deleted or replaced checkpoint gives
+#: a new one. Also set for the jobs of ``foreachBatch``, so it names the stream that
+#: drives a batch write.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Options that belong to txsink itself; every other option goes to the backend.
 #: (``queryname`` is added by Spark's ``DataStreamWriter.queryName``.)
 RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location",
@@ -179,13 +185,38 @@ def _write_id(opts: Mapping[str, str], sink_id: str) -> WriteId | None:
 
 
 class TxsinkCommitMessage(WriterCommitMessage):
-    """Carries one serialized :class:`~txsink.model.Committable` from a task to the driver."""
+    """Carries one serialized :class:`~txsink.model.Committable` from a task to the driver,
+    with the id of the streaming query the task ran for (None outside a stream)."""
 
-    def __init__(self, committable: bytes) -> None:
+    def __init__(self, committable: bytes, query_id: str | None = None) -> None:
         self.committable = committable
+        self.query_id = query_id
 
     def __repr__(self) -> str:
         return f"TxsinkCommitMessage({len(self.committable)} bytes)"
+
+
+def driving_query(messages: Sequence[WriterCommitMessage | None]) -> str | None:
+    """The streaming query the tasks of one write ran for, as they report it.
+
+    Read from the running query itself, so it holds for every checkpoint scheme
+    (local, HDFS, S3, ...) and for checkpoints given by
+    ``spark.sql.streaming.checkpointLocation``.
+    """
+    ids = {getattr(m, "query_id", None) for m in messages if m is not None}
+    ids.discard(None)
+    if len(ids) > 1:
+        raise StateError(f"txsink: the tasks of one write report different streaming queries "
+                         f"({', '.join(sorted(str(i) for i in ids))}); nothing was committed")
+    return next(iter(ids), None)
+
+
+def _task_query_id() -> str | None:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    value = tc.getLocalProperty(QUERY_ID_PROPERTY) if tc is not None else None
+    return str(value) if value else None
 
 
 def decode_messages(messages: Sequence[WriterCommitMessage | None]) -> list[Committable | None]:
@@ -261,7 +292,7 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
             injector.hit(fault_points.TASK_AFTER_PRE_COMMIT, epoch)
     finally:
         backend.close()
-    return TxsinkCommitMessage(committable.to_bytes())
+    return TxsinkCommitMessage(committable.to_bytes(), _task_query_id())
 
 
 class _Finisher:
@@ -271,7 +302,8 @@ class _Finisher:
     owner: str
 
     def _run(self, action: str, epoch: int, messages: Sequence[WriterCommitMessage | None],
-             *, recover_below: bool = False, query_id: str | None = None) -> EpochOutcome | None:
+             *, recover_below: bool = False, query_id: str | None = None,
+             write_query: str | None = None) -> EpochOutcome | None:
         committables = decode_messages(messages)
         backend = self.settings.create_backend()
         try:
@@ -281,12 +313,18 @@ class _Finisher:
             if action == "commit":
                 # Normally the planner already recovered; doing it again is cheap and
                 # keeps the output right even if the planner hook never ran.
-                coordinator.start(recover=recover_below, up_to_epoch=epoch - 1,
-                                  query_id=query_id)
+                try:
+                    coordinator.start(recover=recover_below, up_to_epoch=epoch - 1,
+                                      query_id=query_id)
+                except CheckpointChangedError:
+                    _discard(backend, epoch, committables)
+                    raise
                 guarantee = self.settings.guarantee
-                outcome = (coordinator.commit_epoch(epoch, committables)
+                outcome = (coordinator.commit_epoch(epoch, committables,
+                                                    write_query=write_query)
                            if guarantee.transactional
-                           else coordinator.record_epoch(epoch, committables, guarantee))
+                           else coordinator.record_epoch(epoch, committables, guarantee,
+                                                         write_query=write_query))
                 log.info("sink=%s epoch=%d: %s", self.settings.sink_id, epoch, outcome.value)
                 return outcome
             coordinator.start(recover=False, query_id=query_id)
@@ -306,6 +344,19 @@ class _Finisher:
             return None
         finally:
             backend.close()
+
+
+def _discard(backend: Backend, epoch: int, committables: Sequence[Committable | None]) -> None:
+    """Roll back a refused batch's participants: no decision names them, and leaving
+    them prepared would hold them until a start with the right checkpoint."""
+    done = [c for c in committables if c is not None]
+    for c in done:
+        backend.abort(c)
+    if done:
+        log.warning("sink=%s epoch=%d: the checkpoint does not belong to this sink's state; "
+                    "this batch's %d participant(s) (%d row(s)) were rolled back, nothing "
+                    "of it is written", done[0].sink_id, epoch, len(done),
+                    sum(c.rows for c in done))
 
 
 class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
@@ -345,10 +396,11 @@ class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._run("commit", batchId, messages, recover_below=True,
-                  query_id=self.settings.query_id())
+                  query_id=driving_query(messages) or self.settings.query_id())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._run("abort", batchId, messages, query_id=self.settings.query_id())
+        self._run("abort", batchId, messages,
+                  query_id=driving_query(messages) or self.settings.query_id())
 
 
 class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
@@ -384,13 +436,22 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
 
     def write(self, iterator: Iterator[Any]) -> TxsinkCommitMessage:
         if self.skip:
-            return TxsinkCommitMessage(b"")
+            return TxsinkCommitMessage(b"", _task_query_id())
         return _write_task(self.settings, self.epoch, iterator, arrow=True)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        query = driving_query(messages) if self.settings.write is not None else None
         if self.skip:
+            if query is not None and self.settings.write is not None:
+                # Skipped as committed: only if the versions count in this same stream.
+                backend = self.settings.create_backend()
+                try:
+                    self.settings.coordinator(backend, self.owner).check_write_query(
+                        dataclasses.replace(self.settings.write, query_id=query))
+                finally:
+                    backend.close()
             return
-        outcome = self._run("commit", self.epoch, messages)
+        outcome = self._run("commit", self.epoch, messages, write_query=query)
         if outcome is not EpochOutcome.COMMITTED:
             raise StateError(
                 f"sink={self.settings.sink_id} epoch={self.epoch}: the batch write's epoch "
