@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -284,4 +285,58 @@ def test_orphan_scan_reads_only_decided_and_reserved_records(env: Env) -> None:
     # scan, and below it the orphan is aborted.
     assert set(env.system.prepared) == decided.participants | {late.participant}
     assert stale.participant not in env.system.prepared
-    assert sorted(reads) == ["get 1", "get 4"]
+    # Committed records are read only for epochs with a participant prepared in the
+    # target (here the stale attempt of epoch 0): whether their decision names it
+    # decides between rolling it forward and aborting it.
+    assert sorted(reads) == ["get 0", "get 1", "get 4"]
+
+
+@pytest.mark.parametrize("pruned", [False, True], ids=["retained", "pruned"])
+def test_a_failover_to_a_standby_rolls_a_committed_epoch_forward(
+    env: Env, caplog: pytest.LogCaptureFixture, pruned: bool
+) -> None:
+    """Operations hole 2: the target fails over to a standby that holds a committed
+    epoch's PREPAREs but not its COMMITs. Those participants are named by a decision:
+    the next start commits them, it never aborts them (it did, as "orphans")."""
+    coord = env.coordinator(retain_epochs=2)
+    coord.start()
+    coord.commit_epoch(0, env.prepare_epoch(0))
+    msgs = env.prepare_epoch(1)
+    stale = env.prepare(1, 0, attempt=7)  # a failed attempt: an orphan, aborted anyway
+    standby = env.system.snapshot()  # replicated up to the PREPAREs of epoch 1
+    assert coord.commit_epoch(1, msgs) is EpochOutcome.COMMITTED
+    for epoch in range(2, 8 if pruned else 3):
+        coord.commit_epoch(epoch, env.prepare_epoch(epoch))
+    records = env.store().records()
+    assert (1 in records) is not pruned
+    committed_after = [r for r in env.system.output if not r[0].startswith(f"{SINK}-e0-")
+                       and not r[0].startswith(f"{SINK}-e1-")]
+    env.system.restore(standby)  # the failover: epoch 1's COMMITs and everything after lost
+    assert {n for n in env.system.prepared} == {c.participant for c in msgs} | {
+        stale.participant}
+    report = env.coordinator(owner="next-run", retain_epochs=2).start()
+    assert report.aborted_orphans == [stale.participant]
+    assert env.system.prepared == {}
+    # Epochs 0 and 1 are visible exactly once; later ones were lost with the old primary
+    # (nothing txsink can bring back: they were not prepared on the standby).
+    assert env.ids() == expected_ids(range(2), 3)
+    assert committed_after  # there were later epochs the standby never saw
+    assert "rolled forward" in caplog.text
+    assert all(r.levelname == "WARNING" for r in caplog.records if "rolled forward" in r.message)
+
+
+def test_archived_names_expire_after_their_retention(env: Env) -> None:
+    from txsink.decisions import ARCHIVE_CHUNK, expired_chunks
+
+    store = env.store()
+    coord = env.coordinator(retain_epochs=10, archive_retention_s=3600)
+    coord.start()
+    old = time.time() - 7200
+    for chunk in (0, 1, 2):
+        store.merge_archive(coord.lease, chunk, {
+            str(chunk * ARCHIVE_CHUNK): {"at": old if chunk < 2 else time.time(),
+                                         "names": [[0, 0]]}})
+    assert store.archive_chunks() == [0, 1, 2]
+    assert expired_chunks(store, 3600) == [0, 1]
+    # The newest chunk is kept whatever its age: it may still be filling.
+    assert expired_chunks(store, 1) == [0, 1]

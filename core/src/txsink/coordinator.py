@@ -19,6 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from txsink.backend import Backend, CommitOutcome
+from txsink.decisions import (
+    ARCHIVE_CHUNK,
+    DEFAULT_ARCHIVE_RETENTION_S,
+    DecisionNames,
+    archive_records,
+    expired_chunks,
+)
 from txsink.errors import (
     CheckpointChangedError,
     CommitError,
@@ -105,8 +112,10 @@ class Coordinator:
         scan_orphans: bool = True,
         faults: FaultInjector | None = None,
         guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE,
+        archive_retention_s: float = DEFAULT_ARCHIVE_RETENTION_S,
     ) -> None:
         self.guarantee = guarantee
+        self.archive_retention_s = archive_retention_s
         self.backend = backend
         self.store = store
         self.sink_id = validate_sink_id(sink_id)
@@ -738,7 +747,10 @@ class Coordinator:
             up_to_epoch = below if up_to_epoch is None else min(up_to_epoch, below)
             if up_to_epoch < 0:
                 return []
-        aborted = self.backend.abort_orphans(self.sink_id, protected, up_to_epoch)
+        names = DecisionNames(self.sink_id, self.store, states, protected)
+        aborted = self.backend.abort_orphans(self.sink_id, names, up_to_epoch)
+        if names.roll_forward:
+            self._roll_forward(names.roll_forward)
         by_epoch: dict[int, list[Committable]] = {}
         for c in aborted:
             by_epoch.setdefault(c.epoch, []).append(c)
@@ -747,6 +759,48 @@ class Coordinator:
                      epoch, len(cs), ", ".join(c.participant for c in cs))
             self.plugins.epoch_aborted(self.sink_id, epoch, cs, "orphan")
         return aborted
+
+    def _roll_forward(self, found: Mapping[str, Committable | None]) -> None:
+        """Commit prepared participants that a COMMITTED decision names.
+
+        The target was failed over to a standby, or restored from a backup, that holds
+        their PREPARE but not their COMMIT: the decision stands, so they are committed,
+        never aborted. A pruned epoch's committable is rebuilt from the target's own
+        listing; one that cannot be committed stops with an error naming it.
+        """
+        committables = [c for c in found.values() if c is not None]
+        named = {n for n, c in found.items() if c is None}
+        if named:
+            try:
+                listed = {c.participant: c for c in self.backend.list_prepared(self.sink_id)}
+            except NotImplementedError:
+                listed = {}
+            committables += [listed[n] for n in sorted(named) if n in listed]
+            if len(committables) < len(found):
+                missing = sorted(n for n in named if n not in listed)
+                raise FatalCommitError(
+                    f"sink={self.sink_id}: participant(s) {', '.join(missing)} of committed "
+                    f"epochs are prepared in {self.backend.describe()} again (failed over or "
+                    "restored?), but the backend cannot rebuild their committables to "
+                    "commit them; nothing was aborted. Commit them in the target by hand",
+                    sink_id=self.sink_id, participant=missing[0])
+        results = self._commit_many(committables)
+        failures = [r for r in results if isinstance(r, CommitError)]
+        for c, r in zip(committables, results, strict=True):
+            if not isinstance(r, CommitError):
+                log.warning(
+                    "sink=%s epoch=%d partition=%d participant=%s: prepared again although "
+                    "its epoch is COMMITTED (%s was failed over to a standby, or restored "
+                    "from a backup taken before this commit reached it); committed it "
+                    "again (rolled forward), its rows are visible once", c.sink_id, c.epoch,
+                    c.partition, c.participant, self.backend.describe())
+        if failures:
+            raise type(failures[0])(
+                f"sink={self.sink_id}: {len(failures)} participant(s) of committed epochs, "
+                "prepared again after a failover or restore, could not be committed; they "
+                f"stay prepared and the next start tries again. First error: {failures[0]}",
+                sink_id=self.sink_id, epoch=failures[0].epoch,
+                participant=failures[0].participant) from failures[0]
 
     def _prune(self, states: Mapping[int, EpochState]) -> None:
         committed = sorted(e for e, s in states.items() if s is EpochState.COMMITTED)
@@ -766,4 +820,15 @@ class Coordinator:
         if len(committed) <= self.retain_epochs + slack:
             return
         old = committed[: len(committed) - self.retain_epochs]
+        if self.store.supports_archive:
+            # The names outlive the records: a restore can bring their participants back.
+            records = [r for r in (self.store.get(e) for e in old) if r is not None]
+            archive_records(self.store, self.lease, records)
         self.store.delete(self.lease, old)
+        if self.store.supports_archive and old[-1] // ARCHIVE_CHUNK > (
+                old[0] - 1) // ARCHIVE_CHUNK:
+            # A new chunk was started: drop the ones past their retention (once per
+            # thousand epochs).
+            expired = expired_chunks(self.store, self.archive_retention_s)
+            if expired:
+                self.store.delete_archive(self.lease, expired)

@@ -262,6 +262,38 @@ class StateStore(abc.ABC):
         """
         return {epoch: record.state for epoch, record in self.records().items()}
 
+    # -- the archive of decided participant names ---------------------------------------
+    #
+    # A pruned record takes its committables with it, but a target failed over to a
+    # standby (or restored from a backup) can bring back, prepared, a participant whose
+    # COMMIT was lost with the old primary. Only a decision's list of names tells such a
+    # participant (roll it forward) from a failed attempt's leftover (abort it). The
+    # coordinator keeps those names for pruned epochs in chunks of ARCHIVE_CHUNK epochs:
+    # ``{"epochs": {"<epoch>": {"at": decided_at, "names": [[partition, attempt], ...]}}}``.
+    # A store that does not implement these keeps nothing, and says so at start.
+
+    supports_archive: bool = False
+
+    def archive_chunks(self) -> list[int]:
+        """The numbers of the archive chunks present, ascending."""
+        return []
+
+    def read_archive(self, chunk: int) -> dict[str, Any] | None:
+        """Archive chunk ``chunk`` as written, or None."""
+        return None
+
+    def merge_archive(self, lease: Lease, chunk: int, epochs: Mapping[str, Any]) -> None:
+        """Add ``epochs`` (``{"<epoch>": {...}}``) to chunk ``chunk``, creating it if needed.
+
+        Fenced like every write, and atomic against a concurrent merge of the same chunk:
+        names once archived are never lost.
+        """
+        raise NotImplementedError(f"state store {type(self).__name__} keeps no archive")
+
+    def delete_archive(self, lease: Lease, chunks: Iterable[int]) -> None:
+        """Drop archive chunks past their retention."""
+        raise NotImplementedError(f"state store {type(self).__name__} keeps no archive")
+
     def release(self, lease: Lease) -> bool:
         """Mark ``lease`` given up when its run ends, so ``txsink status`` can tell a
         stopped query from a running (or crashed) one. False if another owner holds it.
@@ -413,6 +445,39 @@ class DirectoryStateStore(StateStore):
         with self._locked():
             self._check_locked(lease)
             self._write_json(self.root / "meta.json", meta.to_dict())
+
+    # -- archive ------------------------------------------------------------------------
+
+    supports_archive = True
+
+    def _archive_path(self, chunk: int) -> Path:
+        return self.root / "archive" / f"{chunk:08d}.json"
+
+    def archive_chunks(self) -> list[int]:
+        try:
+            names = os.listdir(self.root / "archive")
+        except FileNotFoundError:
+            return []
+        return sorted(int(n[:-5]) for n in names if _ARCHIVE_NAME.match(n))
+
+    def read_archive(self, chunk: int) -> dict[str, Any] | None:
+        return self._read_json(self._archive_path(chunk))
+
+    def merge_archive(self, lease: Lease, chunk: int, epochs: Mapping[str, Any]) -> None:
+        with self._locked():
+            self._check_locked(lease)
+            path = self._archive_path(chunk)
+            data = self._read_json(path) or {"v": STATE_FORMAT_VERSION, "epochs": {}}
+            data["epochs"] = {**data.get("epochs", {}), **epochs}
+            path.parent.mkdir(exist_ok=True)
+            self._write_json(path, data, compact=True)
+
+    def delete_archive(self, lease: Lease, chunks: Iterable[int]) -> None:
+        with self._locked():
+            self._check_locked(lease)
+            for chunk in chunks:
+                with contextlib.suppress(FileNotFoundError):
+                    self._archive_path(chunk).unlink()
 
     # Record files are named ``<epoch:012d>.<state>.json`` so that the state of every
     # epoch is known from one directory listing (:meth:`states`). Releases before
@@ -587,6 +652,7 @@ _ADVANCED_FIRST = (EpochState.COMMITTED, EpochState.DECIDED, EpochState.RESERVED
 _RANK = {state: len(_ADVANCED_FIRST) - i for i, state in enumerate(_ADVANCED_FIRST)}
 _BY_VALUE = {state.value: state for state in EpochState}
 _RECORD_NAME = re.compile(r"^(\d{12})(?:\.(reserved|decided|committed))?\.json$")
+_ARCHIVE_NAME = re.compile(r"^\d{8}\.json$")
 
 
 def write_file_atomically(path: Path, payload: bytes, *, what: str) -> None:

@@ -135,13 +135,15 @@ class LocalPostgres:
     def url_with_password(self) -> str:
         return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
 
-    def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
+    def _run(self, tool: str, *args: str, timeout: float = 60,
+             env: dict[str, str] | None = None) -> None:
         cmd = [str((_service_bin_dir() if self._run_as else _bin_dir()) / tool), *args]
         # pg_ctl's server keeps inherited pipes open; send output to files instead.
         assert self.dir is not None
         with open(self.dir / f"{tool}.out", "ab") as out:
             subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT,
-                           timeout=timeout, user=self._run_as, stdin=subprocess.DEVNULL)
+                           timeout=timeout, user=self._run_as, stdin=subprocess.DEVNULL,
+                           env=None if env is None else {**os.environ, **env})
 
     def start(self) -> LocalPostgres:
         self.dir = Path(tempfile.mkdtemp(prefix="txsink-pg-"))
@@ -214,6 +216,52 @@ class LocalPostgres:
     def up(self) -> None:
         """Start a server stopped by :meth:`down`."""
         self._pg_ctl_start()
+
+    # -- failovers and restores ------------------------------------------------------------
+
+    def backup(self) -> Path:
+        """Copy the data directory of a server stopped by :meth:`down`: a cold backup,
+        or the disk of a standby as it was at this moment. :meth:`restore` puts it back."""
+        assert self.dir is not None
+        assert self._postmaster_pid() is None, "stop the server (down()) before a backup"
+        copy = Path(tempfile.mkdtemp(prefix="backup-", dir=self.dir)) / "data"
+        subprocess.run(["cp", "-a", str(self.data_dir), str(copy)], check=True)
+        return copy
+
+    def restore(self, backup: Path) -> None:
+        """Replace the data directory of a stopped server with ``backup`` (see
+        :meth:`backup`): the server comes back as it was then, prepared transactions
+        included, and forgets everything after."""
+        assert self._postmaster_pid() is None, "stop the server (down()) before a restore"
+        shutil.rmtree(self.data_dir)
+        subprocess.run(["cp", "-a", str(backup), str(self.data_dir)], check=True)
+
+    def start_standby(self) -> LocalPostgres:
+        """A streaming replica of this running server: ``pg_basebackup -R`` into a new
+        directory, started on a port of its own. Stop it with :meth:`stop`."""
+        standby = LocalPostgres(max_prepared_transactions=self.max_prepared_transactions,
+                                user=self.user, password=self.password, fsync=self.fsync)
+        standby.dir = Path(tempfile.mkdtemp(prefix="txsink-pg-standby-"))
+        standby._run_as = self._run_as
+        try:
+            if self._run_as:
+                entry = pwd.getpwnam(self._run_as)
+                standby.dir.chmod(0o755)
+                os.chown(standby.dir, entry.pw_uid, entry.pw_gid)
+            standby._run("pg_basebackup", "-D", str(standby.data_dir), "-R", "-X", "stream",
+                         "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user,
+                         "--no-sync", "-c", "fast", env={"PGPASSWORD": self.password})
+            standby.port = _free_port()
+            standby.configure(max_prepared_transactions=self.max_prepared_transactions)
+            standby._pg_ctl_start()
+        except BaseException:
+            standby.stop()
+            raise
+        return standby
+
+    def promote(self) -> None:
+        """End a standby's recovery: it becomes a primary that accepts writes."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-w", "-t", "60", "promote")
 
     def _postmaster_pid(self) -> int | None:
         pidfile = self.data_dir / "postmaster.pid"

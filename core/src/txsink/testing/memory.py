@@ -50,6 +50,19 @@ class MemorySystem:
     def rows(self) -> list[dict[str, Any]]:
         return [row for _, rows in self.output for row in rows]
 
+    def snapshot(self) -> MemorySystem:
+        """A copy of the system as it is now: what a standby or a backup holds."""
+        with self.lock:
+            return MemorySystem(dict(self.prepared), list(self.output), set(self.markers))
+
+    def restore(self, snapshot: MemorySystem) -> None:
+        """Become ``snapshot`` again, as a failover to that standby (or a restore) does:
+        what was prepared then is prepared again, what was committed since is gone."""
+        with self.lock:
+            self.prepared = dict(snapshot.prepared)
+            self.output = list(snapshot.output)
+            self.markers = set(snapshot.markers)
+
 
 SYSTEMS: dict[str, MemorySystem] = {}
 

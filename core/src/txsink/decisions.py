@@ -1,0 +1,112 @@
+"""Which participants a decision names, for every epoch a restore can bring back.
+
+A participant named by a decision is rolled forward, never back: DECIDED or
+COMMITTED, retained or pruned. Retained records hold their committables; when the
+coordinator prunes COMMITTED records, the names of their participants go to the
+state store's archive (chunks of :data:`ARCHIVE_CHUNK` epochs, kept for
+:data:`DEFAULT_ARCHIVE_RETENTION_S`). A target failed over to a standby, or restored
+from a backup taken between PREPARE and COMMIT, shows such a participant prepared
+again; the orphan scan asks :class:`DecisionNames` before it aborts anything, and
+the coordinator commits what a committed decision names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
+
+from txsink.model import Committable, parse_participant
+from txsink.state import EpochRecord, EpochState, Lease, StateStore
+
+#: Epochs per archive chunk: one small object or file per thousand pruned epochs.
+ARCHIVE_CHUNK = 1000
+#: How long the names of pruned decisions are kept: restores of a target (or of its
+#: backup) older than this can no longer tell a decided participant from an orphan.
+DEFAULT_ARCHIVE_RETENTION_S = 14 * 86400.0
+
+
+def archive_records(store: StateStore, lease: Lease, records: Sequence[EpochRecord]) -> None:
+    """Add the participant names of ``records`` (about to be pruned) to the archive."""
+    by_chunk: dict[int, dict[str, Any]] = {}
+    for r in records:
+        names = sorted([c.partition, c.attempt] for c in r.committables)
+        by_chunk.setdefault(r.epoch // ARCHIVE_CHUNK, {})[str(r.epoch)] = {
+            "at": r.decided_at, "names": names}
+    for chunk, epochs in sorted(by_chunk.items()):
+        store.merge_archive(lease, chunk, epochs)
+
+
+def expired_chunks(store: StateStore, retention_s: float, *,
+                   now: float | None = None) -> list[int]:
+    """Archive chunks whose newest decision is older than ``retention_s``.
+
+    The newest chunk is never expired: it may still be filling.
+    """
+    now = time.time() if now is None else now
+    chunks = store.archive_chunks()
+    old: list[int] = []
+    for chunk in chunks[:-1]:
+        data = store.read_archive(chunk) or {}
+        times = [float(e.get("at", 0)) for e in dict(data.get("epochs", {})).values()]
+        if not times or max(times) < now - retention_s:
+            old.append(chunk)
+    return old
+
+
+class DecisionNames(Collection[str]):
+    """The participant names any decision holds, as a collection backends can ask.
+
+    ``in`` answers for DECIDED records (read up front), retained COMMITTED records and
+    the archive (read on demand, once each). Names it answers for because a
+    *committed* decision holds them are collected in :attr:`roll_forward`: the backend
+    asked about them, so they are prepared in the target again.
+    """
+
+    def __init__(self, sink_id: str, store: StateStore, states: Mapping[int, EpochState],
+                 decided: Collection[str]) -> None:
+        self.sink_id = sink_id
+        self._store = store
+        self._states = states
+        self._decided = frozenset(decided)
+        self._records: dict[int, EpochRecord | None] = {}
+        self._chunks: dict[int, dict[str, Any]] = {}
+        #: Participants of committed epochs found prepared: from a retained record
+        #: (committable known) or from the archive (name only).
+        self.roll_forward: dict[str, Committable | None] = {}
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if name in self._decided:
+            return True
+        ctx = parse_participant(name)
+        if ctx is None or ctx.sink_id != self.sink_id:
+            return False
+        state = self._states.get(ctx.epoch)
+        if state is EpochState.COMMITTED:
+            if ctx.epoch not in self._records:
+                self._records[ctx.epoch] = self._store.get(ctx.epoch)
+            record = self._records[ctx.epoch]
+            if record is not None and record.state is EpochState.COMMITTED:
+                for c in record.committables:
+                    if c.participant == name:
+                        self.roll_forward[name] = c
+                        return True
+                return False
+        if state is not None:
+            return False  # DECIDED ones are in ``decided``; RESERVED ones name nobody
+        chunk = ctx.epoch // ARCHIVE_CHUNK
+        if chunk not in self._chunks:
+            self._chunks[chunk] = self._store.read_archive(chunk) or {}
+        entry = dict(self._chunks[chunk].get("epochs", {})).get(str(ctx.epoch))
+        if entry and [ctx.partition, ctx.attempt] in entry.get("names", []):
+            self.roll_forward[name] = None
+            return True
+        return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decided)
+
+    def __len__(self) -> int:
+        return len(self._decided)
