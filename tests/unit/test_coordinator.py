@@ -340,3 +340,27 @@ def test_archived_names_expire_after_their_retention(env: Env) -> None:
     assert expired_chunks(store, 3600) == [0, 1]
     # The newest chunk is kept whatever its age: it may still be filling.
     assert expired_chunks(store, 1) == [0, 1]
+
+
+def test_a_coordinator_fenced_during_its_orphan_scan_aborts_nothing(env: Env) -> None:
+    """A fenced process mutates nothing: a newer run that takes the sink over while an
+    older one scans for orphans may be deciding those very participants."""
+    old = env.coordinator(owner="old-run")
+    old.start()
+    old.commit_epoch(0, env.prepare_epoch(0))
+    newer = env.coordinator(owner="newer-run")
+    msgs: list[Committable] = []
+
+    class TakeoverWhileListing(MemoryBackend):
+        def list_prepared(self, sink_id: str) -> list[Committable]:
+            if not msgs:  # the newer run takes over, and its tasks prepare epoch 1
+                newer.start()
+                msgs.extend(env.prepare_epoch(1))
+            return list(super().list_prepared(sink_id))
+
+    old.backend = TakeoverWhileListing(env.system_name)
+    with pytest.raises(FencedError):
+        old.recover()
+    assert set(env.system.prepared) == {c.participant for c in msgs}
+    assert newer.commit_epoch(1, msgs) is EpochOutcome.COMMITTED
+    assert env.ids() == expected_ids(range(2), 3)

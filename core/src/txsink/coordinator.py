@@ -747,7 +747,7 @@ class Coordinator:
             up_to_epoch = below if up_to_epoch is None else min(up_to_epoch, below)
             if up_to_epoch < 0:
                 return []
-        names = DecisionNames(self.sink_id, self.store, states, protected)
+        names = DecisionNames(self.sink_id, self.store, states, protected, self.lease)
         aborted = self.backend.abort_orphans(self.sink_id, names, up_to_epoch)
         if names.roll_forward:
             self._roll_forward(names.roll_forward)

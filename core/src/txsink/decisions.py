@@ -58,15 +58,18 @@ class DecisionNames(Collection[str]):
     """The participant names any decision holds, as a collection backends can ask.
 
     ``in`` answers for DECIDED records (read up front), retained COMMITTED records and
-    the archive (read on demand, once each). Names it answers for because a
+    the archive (read on demand, once each). Before it answers "not named" (the
+    backend then aborts the participant) it checks the lease: a fenced coordinator
+    aborts nothing. Names it answers for because a
     *committed* decision holds them are collected in :attr:`roll_forward`: the backend
     asked about them, so they are prepared in the target again.
     """
 
     def __init__(self, sink_id: str, store: StateStore, states: Mapping[int, EpochState],
-                 decided: Collection[str]) -> None:
+                 decided: Collection[str], lease: Lease) -> None:
         self.sink_id = sink_id
         self._store = store
+        self._lease = lease
         self._states = states
         self._decided = frozenset(decided)
         self._records: dict[int, EpochRecord | None] = {}
@@ -76,6 +79,15 @@ class DecisionNames(Collection[str]):
         self.roll_forward: dict[str, Committable | None] = {}
 
     def __contains__(self, name: object) -> bool:
+        if self._named(name):
+            return True
+        # The caller is about to abort ``name``: a coordinator taken over since it
+        # listed the states must not (the new owner may have decided it meanwhile).
+        # FencedError stops the scan before that abort.
+        self._store.check(self._lease)
+        return False
+
+    def _named(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
         if name in self._decided:

@@ -127,6 +127,36 @@ def test_a_fenced_decision_leaves_no_object_behind(s3_server: S3Server, prefix: 
     assert len(s3_server.keys(f"{prefix}/state/records/")) == 1  # epoch 0's only
 
 
+def test_a_coordinator_taken_over_during_its_sweep_deletes_nothing(
+        s3_server: S3Server, prefix: str) -> None:
+    """Operations hole 6: after taking the lease, a coordinator sweeps record objects no
+    decision links. If it is itself taken over during a slow LIST (two racing
+    restarts, ``txsink resolve`` racing a restart), the new owner's DECIDED record
+    appears in the listing but not in the head the sweep read first: it was deleted,
+    and the decided epoch could never be committed again. A fenced process must
+    change nothing."""
+    first = _store(s3_server, prefix)
+    first.put(first.acquire("first"), decided(0, owner="first"))
+    newer = _store(s3_server, prefix)
+    taken: list[Any] = []
+
+    def takeover_during_list(**_: Any) -> None:
+        if not taken:  # once: the newer run takes the lease and decides an epoch
+            lease = newer.acquire("newer")
+            newer.put(lease, decided(1, owner="newer"))
+            taken.append(lease)
+
+    client = s3_server.client()
+    client.meta.events.register("before-call.s3.ListObjectsV2", takeover_during_list)
+    slow = _store(s3_server, prefix, client)
+    with pytest.raises(FencedError):
+        slow.acquire("slow")  # takes the lease from "first", then is taken over
+    assert taken
+    reader = _store(s3_server, prefix)
+    assert reader.records() == {0: decided(0, owner="first"), 1: decided(1, owner="newer")}
+    reader.acquire("newer")  # the newer run goes on, its decision intact
+
+
 def test_a_corrupt_head_is_reported(s3_server: S3Server, prefix: str) -> None:
     store = _store(s3_server, prefix)
     store.put(store.acquire("a"), decided(0))

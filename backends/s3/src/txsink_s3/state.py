@@ -45,7 +45,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -381,7 +381,7 @@ class S3StateStore(StateStore):
                      previous.owner, previous.generation, lease.generation)
             # Whatever the previous owner wrote and did not link into the head can never
             # be linked now (its next head write fails): remove it.
-            self._sweep()
+            self._sweep(lease)
         return lease
 
     def check(self, lease: Lease) -> None:
@@ -573,6 +573,82 @@ class S3StateStore(StateStore):
         self._update(change, lease, "delete old epochs")
         self._delete_keys(removed)
 
+    # -- archive of decided names -------------------------------------------------------
+
+    supports_archive = True
+
+    def _archive_key(self, chunk: int) -> str:
+        return self._key(f"archive/{chunk:08d}.json")
+
+    def archive_chunks(self) -> list[int]:
+        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        prefix = self._key("archive/")
+        chunks: list[int] = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=prefix):
+                for obj in page.get("Contents", []) or []:
+                    name = str(obj["Key"])[len(prefix):]
+                    if re.fullmatch(r"\d{8}\.json", name):
+                        chunks.append(int(name[:8]))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("list the archive", exc) from None
+        return sorted(chunks)
+
+    def _read_archive(self, chunk: int) -> tuple[dict[str, Any] | None, str | None]:
+        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        key = self._archive_key(chunk)
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+            data = json.loads(response["Body"].read())
+        except ClientError as exc:
+            if _missing(exc) and _error_code(exc) != "NoSuchBucket":
+                return None, None
+            raise self._fail(f"read {key}", exc) from None
+        except BotoCoreError as exc:
+            raise self._fail(f"read {key}", exc) from None
+        except ValueError as exc:
+            raise StateError(f"state {self.location}: {key} is corrupt: {exc}") from None
+        return data, str(response["ETag"])
+
+    def read_archive(self, chunk: int) -> dict[str, Any] | None:
+        return self._read_archive(chunk)[0]
+
+    def merge_archive(self, lease: Lease, chunk: int, epochs: Mapping[str, Any]) -> None:
+        """Read-modify-write of the chunk, conditional on the ETag read: a concurrent
+        merge makes it read again, so no name is lost; fenced before every write."""
+        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        key = self._archive_key(chunk)
+        delay = 0.01
+        for _ in range(MAX_ATTEMPTS):
+            data, etag = self._read_archive(chunk)
+            self.check(lease)
+            data = data or {"v": STATE_FORMAT_VERSION, "epochs": {}}
+            data["epochs"] = {**data.get("epochs", {}), **epochs}
+            condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket, Key=key, ContentType="application/json",
+                    Body=json.dumps(data, sort_keys=True, separators=(",", ":")).encode(),
+                    **condition)
+                return
+            except ClientError as exc:
+                if not _conflict(exc):
+                    raise self._fail(f"write {key}", exc) from None
+            except BotoCoreError as exc:
+                raise self._fail(f"write {key}", exc) from None
+            self._sleep(random.uniform(0, delay))
+            delay = min(delay * 2, 0.5)
+        raise StateError(f"state {self.location}: could not write {key}: it kept changing "
+                         f"under {MAX_ATTEMPTS} attempts")
+
+    def delete_archive(self, lease: Lease, chunks: Iterable[int]) -> None:
+        self.check(lease)
+        self._delete_keys([self._archive_key(c) for c in chunks])
+
     # -- garbage -------------------------------------------------------------------------
 
     def _delete_keys(self, keys: list[str]) -> None:
@@ -585,14 +661,23 @@ class S3StateStore(StateStore):
                 log.warning("state %s: could not delete unreferenced %s (harmless; removed "
                             "at the next takeover)", self.location, key, exc_info=True)
 
-    def _sweep(self) -> None:
-        head, _ = self._read_head()
-        linked = {str(e["ref"]) for e in (head.get("epochs", {}) if head else {}).values()}
-        garbage: list[str] = []
+    def _sweep(self, lease: Lease) -> None:
+        """Delete record objects that no decision links, unless fenced meanwhile.
+
+        The head is read *after* the listing, and must still hold ``lease``: every
+        listed object was then written before that read, so by an owner before this
+        one (fenced: it can never link it) or it is linked in the head read. A newer
+        owner that took over during the listing fences this sweep, which then
+        deletes nothing: its new decisions may be among the listed objects.
+        """
+        listed: list[str] = []
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key("records/")):
-            garbage.extend(o["Key"] for o in page.get("Contents", []) or []
-                           if o["Key"] not in linked)
+            listed.extend(str(o["Key"]) for o in page.get("Contents", []) or [])
+        head, _ = self._read_head()
+        self._fence(head, lease)
+        linked = {str(e["ref"]) for e in (head.get("epochs", {}) if head else {}).values()}
+        garbage = [key for key in listed if key not in linked]
         if garbage:
             log.info("state %s: removing %d record object(s) no decision refers to",
                      self.location, len(garbage))

@@ -177,6 +177,35 @@ class StateStoreContract:
 
     # -- fencing -------------------------------------------------------------------------
 
+    def test_the_archive_keeps_every_merged_name_and_fences(self, location: str) -> None:
+        """The names of pruned decisions (see :mod:`txsink.decisions`): merges add up,
+        two merges of one chunk lose nothing, and a fenced owner changes nothing."""
+        store = self.open(location)
+        if not store.supports_archive:
+            pytest.skip(f"{type(store).__name__} keeps no archive of decided names")
+        lease = store.acquire("a")
+        assert store.archive_chunks() == []
+        store.merge_archive(lease, 3, {"3000": {"at": 1.0, "names": [[0, 0]]}})
+        self.open(location).merge_archive(lease, 3, {"3001": {"at": 2.0, "names": [[1, 5]]}})
+        store.merge_archive(lease, 5, {"5000": {"at": 3.0, "names": []}})
+        reader = self.open(location)
+        assert reader.archive_chunks() == [3, 5]
+        chunk = reader.read_archive(3)
+        assert chunk is not None
+        assert chunk["epochs"] == {"3000": {"at": 1.0, "names": [[0, 0]]},
+                                   "3001": {"at": 2.0, "names": [[1, 5]]}}
+        assert reader.read_archive(4) is None
+        self.open(location).acquire("b")
+        with pytest.raises(FencedError):
+            store.merge_archive(lease, 3, {"3002": {"at": 4.0, "names": [[2, 2]]}})
+        with pytest.raises(FencedError):
+            store.delete_archive(lease, [3])
+        chunk = self.open(location).read_archive(3)
+        assert chunk is not None and "3002" not in chunk["epochs"]
+        new = self.open(location).acquire("b")
+        self.open(location).delete_archive(new, [3])
+        assert self.open(location).archive_chunks() == [5]
+
     def test_same_owner_gets_its_lease_back(self, location: str) -> None:
         first = self.open(location).acquire("a")
         again = self.open(location).acquire("a")
