@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
+from typing import Any
 
 import pytest
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, SinkOwnedError
+from txsink_s3 import backend as s3backend
 from txsink_s3.backend import S3Backend
 
 from .conftest import S3Server
@@ -64,3 +67,40 @@ def test_an_unreadable_owner_object_is_refused(s3_server: S3Server, prefix: str)
         assert info.value.field == "sink_id"
     finally:
         backend.close()
+
+
+def _drop_conditions(request: Any, **_: Any) -> None:
+    """What a server (or gateway) that ignores conditional PUTs does with them."""
+    for header in ("If-Match", "If-None-Match"):
+        if header in request.headers:
+            del request.headers[header]
+
+
+def test_a_server_ignoring_if_none_match_cannot_give_one_sink_id_to_two_queries(
+        s3_server: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Operations hole 5: on such a server the create-only PUT of the owner object
+    overwrote another query's claim, and both queries then aborted each other's
+    uploads as "restored from an older backup"."""
+    monkeypatch.setattr(s3backend, "_conditional", {}, raising=False)
+    first = S3Backend.from_options(s3_server.options(prefix))
+    second = S3Backend.from_options(s3_server.options(prefix))
+    try:
+        for b in (first, second):
+            b.client.meta.events.register("before-sign.s3.PutObject", _drop_conditions)
+        first.claim_sink("shared", "state-1", "s3://chk/1/txsink")
+        with pytest.raises(SinkOwnedError, match="two queries must not share a sink id"):
+            second.claim_sink("shared", "state-2", "s3://chk/2/txsink")
+        first.claim_sink("shared", "state-1", "again")  # the first keeps its claim
+        owner = json.loads(s3_server.client().get_object(
+            Bucket=s3_server.bucket,
+            Key=f"{first.base('shared')}/_txsink/owner.json")["Body"].read())
+        assert owner["state_id"] == "state-1"
+        warnings = [r for r in caplog.records if "does not honour conditional writes" in
+                    r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelname == "WARNING"  # once per endpoint
+    finally:
+        first.close()
+        second.close()
+    # The probe left nothing behind.
+    assert not [k for k in s3_server.keys(f"{prefix}/") if "/probe-" in k]

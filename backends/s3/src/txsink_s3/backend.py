@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,6 +44,7 @@ from txsink.options import Options, Secret
 from txsink.redact import redact
 
 from txsink_s3 import keys
+from txsink_s3.conditional import error_code, probe_conditional_put, status
 from txsink_s3.formats import Encoder, PartBuffer, make_encoder
 
 if TYPE_CHECKING:
@@ -120,19 +122,12 @@ def multipart_etag(part_etags: Sequence[str]) -> str | None:
     return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
 
 
-def _error_code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return str(response.get("Error", {}).get("Code", ""))
-    return ""
+_error_code = error_code
+_status = status
 
-
-def _status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return int(status) if status is not None else None
-    return None
+#: (endpoint, bucket) -> whether conditional PUTs are honoured, probed once per process.
+_conditional: dict[tuple[str, str], bool] = {}
+_conditional_lock = threading.Lock()
 
 
 #: Words of connection failures that only mean "not reachable right now".
@@ -474,45 +469,40 @@ class S3Backend(Backend):
         A second query with the same sink id (another checkpoint) would abort this
         one's uploads as orphans, so it is refused with the owner's location. The
         owner object is created with ``If-None-Match: *``: of two queries that start
-        at once, exactly one creates it; the other reads it and is refused.
+        at once, exactly one creates it; the other reads it and is refused. That
+        header is a server promise, so it is probed first (once per process, endpoint
+        and bucket); on a server that ignores it the claim is read before it is
+        written and read back after, and a WARNING says what is left unguarded.
         """
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
 
         key = keys.owner_key(self.base(sink_id))
         where = f"s3://{self.bucket}/{key}"
         document = {"sink_id": sink_id, "state_id": state_id, "state_location": state_location}
+        conditional = self._conditional_puts(sink_id)
         for _ in range(10):
-            try:
-                self._retrying(
-                    f"sink={sink_id}: creating the owner object",
-                    lambda: self.client.put_object(
-                        Bucket=self.bucket, Key=key, Body=json.dumps(document).encode(),
-                        ContentType="application/json", IfNoneMatch="*"))
-                log.info("sink=%s: claimed for the txsink state at %s (%s)", sink_id,
-                         state_location, where)
-                return
-            except ClientError as exc:
-                # 412: the owner object exists; 409: another claim of it is in flight.
-                if _status(exc) not in (409, 412) and _error_code(exc) not in (
-                        "PreconditionFailed", "ConditionalRequestConflict"):
-                    raise
-            try:
-                body = self._retrying(
-                    f"sink={sink_id}: reading the owner object",
-                    lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
-            except ClientError as exc:
-                if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "404"):
-                    continue  # deleted (or not yet created) in between: claim again
-                raise
-            try:
-                owner = json.loads(body)
-                owner_state = str(owner["state_id"])
-            except (ValueError, KeyError, TypeError):
-                raise ConfigError(
-                    f"sink id {sink_id!r}: the owner object {where} is not txsink's; "
-                    "delete it if nothing else uses this sink id, then start again",
-                    field="sink_id", sink_id=sink_id) from None
-            if owner_state == state_id:
+            owner = None if conditional else self._read_owner(sink_id, key, where)
+            if owner is None:
+                try:
+                    self._retrying(
+                        f"sink={sink_id}: creating the owner object",
+                        lambda: self.client.put_object(
+                            Bucket=self.bucket, Key=key, Body=json.dumps(document).encode(),
+                            ContentType="application/json", IfNoneMatch="*"))
+                    if conditional:
+                        log.info("sink=%s: claimed for the txsink state at %s (%s)", sink_id,
+                                 state_location, where)
+                        return
+                except ClientError as exc:
+                    # 412: the owner object exists; 409: another claim of it is in flight.
+                    if _status(exc) not in (409, 412) and _error_code(exc) not in (
+                            "PreconditionFailed", "ConditionalRequestConflict"):
+                        raise
+                # Read back: what the server kept is the claim, whatever the PUT said.
+                owner = self._read_owner(sink_id, key, where)
+                if owner is None:
+                    continue  # deleted (or not yet visible) in between: claim again
+            if str(owner["state_id"]) == state_id:
                 return
             raise SinkOwnedError(
                 f"sink id {sink_id!r} under s3://{self.bucket}/{self.base(sink_id)}/ "
@@ -523,6 +513,51 @@ class S3Backend(Backend):
         raise ConfigError(f"sink id {sink_id!r}: the owner object {where} kept appearing "
                           "and disappearing; is something deleting it?", field="sink_id",
                           sink_id=sink_id)
+
+    def _read_owner(self, sink_id: str, key: str, where: str) -> dict[str, Any] | None:
+        """The owner object, or None where there is none."""
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        try:
+            body = self._retrying(
+                f"sink={sink_id}: reading the owner object",
+                lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except ClientError as exc:
+            if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "404"):
+                return None
+            raise
+        try:
+            owner = json.loads(body)
+            str(owner["state_id"])
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(
+                f"sink id {sink_id!r}: the owner object {where} is not txsink's; "
+                "delete it if nothing else uses this sink id, then start again",
+                field="sink_id", sink_id=sink_id) from None
+        return dict(owner)
+
+    def _conditional_puts(self, sink_id: str) -> bool:
+        """Whether the endpoint honours ``If-None-Match``/``If-Match`` (probed once per
+        process, endpoint and bucket); a WARNING the first time it does not."""
+        where = (self.endpoint_url or "AWS", self.bucket)
+        with _conditional_lock:
+            known = _conditional.get(where)
+        if known is not None:
+            return known
+        probe = f"{self.base(sink_id)}/_txsink/probe-{uuid.uuid4().hex}"
+        broken = self._retrying(f"sink={sink_id}: probing conditional writes",
+                                lambda: probe_conditional_put(self.client, self.bucket, probe))
+        if broken is not None:
+            log.warning(
+                "s3 backend: %s (bucket %s) does not honour conditional writes (%s): the "
+                "sink-id claim is read before it is written and read back after, which "
+                "refuses a second query that starts after the first; two queries started "
+                "at the same moment with one sink id are only told apart by the claim check "
+                "of their next batch. Give every query its own sink_id",
+                where[0], self.bucket, broken)
+        with _conditional_lock:
+            _conditional[where] = broken is None
+        return broken is None
 
     def _warn_lifecycle(self, sink_id: str) -> None:
         """A rule aborting incomplete uploads early destroys prepared data: say so."""

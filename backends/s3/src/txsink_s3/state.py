@@ -60,7 +60,10 @@ from txsink.state import (
     StateStore,
 )
 
-from txsink_s3.backend import _error_code, _status
+from txsink_s3.conditional import conflict as _conflict
+from txsink_s3.conditional import error_code as _error_code
+from txsink_s3.conditional import probe_conditional_put
+from txsink_s3.conditional import status as _status
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +74,10 @@ FETCH_CONCURRENCY = 16
 #: Attempts of one read-modify-write of the head before giving up (contention).
 MAX_ATTEMPTS = 50
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-#: Servers answer a failed precondition with 412; AWS answers 409 when two
-#: conditional writes of one key race. Both mean "read again and retry".
-_CONFLICT_STATUS = (409, 412)
 
 #: (endpoint, bucket) pairs whose conditional writes were probed by this process.
 _probed: set[tuple[str, str]] = set()
 _probe_lock = threading.Lock()
-
-
-def _conflict(exc: BaseException) -> bool:
-    return _status(exc) in _CONFLICT_STATUS or _error_code(exc) in (
-        "PreconditionFailed", "ConditionalRequestConflict")
 
 
 def _missing(exc: BaseException) -> bool:
@@ -201,43 +196,16 @@ class S3StateStore(StateStore):
         except BotoCoreError as exc:
             raise self._fail("reach the bucket", exc) from None
         key = self._key(f"probe/{uuid.uuid4().hex}")
-        broken: str | None = None
         try:
-            first = self.client.put_object(Bucket=self.bucket, Key=key, Body=b"1",
-                                           IfNoneMatch="*")
-            for what, kwargs in (
-                ("If-None-Match: * on an existing object", {"IfNoneMatch": "*"}),
-                ("If-Match with a wrong ETag", {"IfMatch": '"0123456789abcdef0123456789abcdef"'}),
-            ):
-                try:
-                    self.client.put_object(Bucket=self.bucket, Key=key, Body=b"2", **kwargs)
-                except ClientError as exc:
-                    if not _conflict(exc):
-                        raise
-                else:
-                    broken = f"a PUT with {what} succeeded"
-                    break
-            if broken is None:
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=b"3",
-                                       IfMatch=first["ETag"])
+            broken = probe_conditional_put(self.client, self.bucket, key)
         except ClientError as exc:
-            if _status(exc) in (400, 501) or _error_code(exc) in ("NotImplemented",):
-                answer = _error_code(exc) or _status(exc)
-                broken = f"the server rejected a conditional PUT ({answer})"
-            else:
-                raise self._fail("probe conditional writes", exc) from None
+            raise self._fail("probe conditional writes", exc) from None
         except BotoCoreError as exc:
             if "IfMatch" in str(exc) or "IfNoneMatch" in str(exc):
                 raise ConfigError(f"state {self.location}: this boto3 cannot send conditional "
                                   "writes (If-Match/If-None-Match); upgrade boto3 to 1.36 or "
                                   "newer", field="state_location") from None
             raise self._fail("probe conditional writes", exc) from None
-        finally:
-            try:
-                self.client.delete_object(Bucket=self.bucket, Key=key)
-            except Exception:
-                log.debug("state %s: could not delete probe object %s", self.location, key,
-                          exc_info=True)
         if broken is not None:
             raise ConfigError(
                 f"state {self._where()}: the S3 endpoint does not honour conditional writes "
