@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from txsink.backend import Backend, CommitOutcome
-from txsink.errors import FatalCommitError, ParticipantLostError
+from txsink.errors import ConfigError, FatalCommitError, ParticipantLostError
 from txsink.files import backend as files_backend
 from txsink.files.backend import FilesBackend
 from txsink.model import Committable, TransactionContext
@@ -200,3 +200,35 @@ def test_holds_epoch_sees_an_epoch_whose_commit_stopped_before_its_marker(
     monkeypatch.undo()
     assert backend.commit_all(committables) == [CommitOutcome.COMMITTED] * 2
     assert backend.holds_epoch("s", 1) and backend.leftovers() == []
+
+
+def test_an_at_least_once_epoch_is_held_by_the_target(tmp_path: Path) -> None:
+    """Operations suspicion: epochs written under at_least_once left no epoch marker,
+    so once markers existed (an exactly-once epoch before) holds_epoch said no."""
+    from txsink.coordinator import Coordinator
+    from txsink.model import DeliveryGuarantee
+    from txsink.state import DirectoryStateStore
+
+    backend = FilesBackend.from_options({"path": str(tmp_path / "out"), "format": "jsonl"})
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "alo")
+    coord.start()
+    coord.commit_epoch(0, [write_participant(backend, TransactionContext("alo", 0, 0, 0),
+                                             [pa.record_batch({"id": [1]})])])
+    done = write_participant(backend, TransactionContext("alo", 1, 0, 0),
+                             [pa.record_batch({"id": [2]})], DeliveryGuarantee.AT_LEAST_ONCE)
+    coord.record_epoch(1, [done], DeliveryGuarantee.AT_LEAST_ONCE)
+    assert backend.holds_epoch("alo", 0)
+    assert backend.holds_epoch("alo", 1)
+    assert not backend.holds_epoch("alo", 2)
+
+
+def test_reset_without_an_owner_record_deletes_nobody_elses_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = out / "part-00000-c000.jsonl"  # what another writer put there
+    theirs.write_text('{"id": 1}\n')
+    backend = FilesBackend.from_options({"path": str(out), "format": "jsonl"})
+    with pytest.raises(ConfigError, match="no owner record") as err:
+        backend.reset_sink("mine")
+    assert "nothing deleted" in str(err.value)
+    assert theirs.read_text() == '{"id": 1}\n'

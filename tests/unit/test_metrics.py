@@ -187,3 +187,41 @@ def test_every_metric_is_documented(metered: Env) -> None:
     missing = sorted(n for n in names | {"txsink_oldest_prepared_age_seconds"}
                      if f"`{n}`" not in documented)
     assert not missing, f"metrics not documented in docs/operations.md: {missing}"
+
+
+def test_dead_workers_files_are_folded_and_no_total_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Operations suspicion: Spark starts a Python worker per micro-batch, each wrote
+    its own files into the multiprocess directory, and nothing ever removed them.
+    Folding the files of workers that ended keeps the directory at one set per live
+    worker plus one archive set, with every total as it was."""
+    metrics.reset_for_tests()
+    monkeypatch.delenv(metrics.MULTIPROC_ENV, raising=False)
+    monkeypatch.delenv(metrics.ENABLED_ENV, raising=False)
+    monkeypatch.setattr(metrics, "COMPACT_INTERVAL_S", 0.0, raising=False)
+    server = metrics.serve(0)
+    try:
+        env = dict(os.environ)
+
+        def run_workers(first: int, count: int) -> None:
+            for i in range(first, first + count):  # each a worker of its own, then gone
+                subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / f"s{i}"), ""],
+                               env=env, check=True, timeout=120)
+
+        run_workers(0, 3)
+        before = _parse(urllib.request.urlopen(server.url, timeout=10).read().decode())
+        files = sorted(os.listdir(server.directory))
+        assert not [f for f in files if f[:-3].rpartition("_")[2].isdigit()], files
+        kinds = len(files)
+        run_workers(3, 3)
+        after = _parse(urllib.request.urlopen(server.url, timeout=10).read().decode())
+        assert len(os.listdir(server.directory)) == kinds  # no growth with workers
+    finally:
+        server.close()
+        metrics.reset_for_tests()
+    assert before[("txsink_epochs_committed_total", SINK)] == 6  # 2 epochs per worker
+    assert after[("txsink_epochs_committed_total", SINK)] == 12
+    assert after[("txsink_rows_committed_total", SINK)] == 2 * before[
+        ("txsink_rows_committed_total", SINK)]
+    assert after[("txsink_commit_latency_seconds_count", SINK)] == 12
+    assert after[("txsink_last_committed_epoch", SINK)] == 1

@@ -456,6 +456,9 @@ class Coordinator:
                         "under %s its tasks wrote %d row(s) again, so readers see them twice",
                         self.sink_id, epoch, guarantee.value, rows)
             return EpochOutcome.REPLAYED
+        # The target's own per-epoch marker (files epoch markers, S3 manifests), as for a
+        # committed exactly-once epoch: what holds_epoch and readers go by.
+        self.backend.epoch_committed(self.sink_id, epoch, committables)
         now = time.time()
         if write is not None:
             self._remember_write(write)  # before the record can be pruned (see _finish)

@@ -287,6 +287,113 @@ def enable(directory: str | None = None) -> str:
     return path
 
 
+#: Dead workers' sample files are folded into ``<kind>_archive.db`` (see :func:`compact`).
+ARCHIVE_PID = "archive"
+#: How each kind of sample file adds up across processes (prometheus_client's modes).
+_FOLD = {"counter": "sum", "histogram": "sum", "gauge_sum": "sum", "gauge_max": "max",
+         "gauge_min": "min", "gauge_mostrecent": "latest"}
+#: Seconds between two compactions of the multiprocess directory while serving.
+COMPACT_INTERVAL_S = 30.0
+
+
+def _pid_ended(pid: int) -> bool:
+    """True once ``pid`` has exited (gone, or a zombie nobody reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return text[text.rfind(")") + 2:].split()[:1] in (["Z"], ["X"])
+
+
+def compact(directory: str) -> int:
+    """Fold the sample files of processes that ended into one archive file per kind.
+
+    Spark starts a Python worker per micro-batch to plan it, and each writes its own
+    files into the multiprocess directory: without this the directory, and the time
+    every scrape takes to read it, grows with every batch. Counters and histograms of
+    dead workers are added into the archive (totals never go down), ``max``/``min``
+    gauges keep their extreme, ``mostrecent`` ones their latest value; ``live*`` gauges
+    of dead workers are dropped, as ``mark_process_dead`` does. Returns the number of
+    files removed. Only the serving process may call it, between two scrapes.
+    """
+    from prometheus_client import mmap_dict
+
+    MmapedDict: Any = mmap_dict.MmapedDict  # untyped in prometheus_client
+    folds: dict[str, list[str]] = {}
+    removed = 0
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".db"):
+            continue
+        kind, _, pid = name[:-3].rpartition("_")
+        if not pid.isdigit() or not _pid_ended(int(pid)):
+            continue
+        path = os.path.join(directory, name)
+        if kind.startswith("gauge_live"):
+            os.unlink(path)
+            removed += 1
+        elif kind in _FOLD:
+            folds.setdefault(kind, []).append(path)
+    for kind, paths in folds.items():
+        archive = os.path.join(directory, f"{kind}_{ARCHIVE_PID}.db")
+        merged: dict[str, tuple[float, float]] = {}
+        how = _FOLD[kind]
+        for path in ([archive] if os.path.exists(archive) else []) + paths:
+            for key, value, stamp, _ in MmapedDict.read_all_values_from_file(path):
+                old = merged.get(key)
+                if old is None:
+                    merged[key] = (value, stamp)
+                elif how == "sum":
+                    merged[key] = (old[0] + value, max(old[1], stamp))
+                elif how == "max":
+                    merged[key] = max(old, (value, stamp))
+                elif how == "min":
+                    merged[key] = min(old, (value, stamp))
+                else:
+                    merged[key] = max(old, (value, stamp), key=lambda vs: vs[1])
+        tmp = os.path.join(directory, f".{kind}_{ARCHIVE_PID}.tmp")
+        out = MmapedDict(tmp)
+        try:
+            for key, (value, stamp) in merged.items():
+                out.write_value(key, value, stamp)
+        finally:
+            out.close()
+        os.replace(tmp, archive)
+        for path in paths:
+            os.unlink(path)
+        removed += len(paths)
+    return removed
+
+
+class _CompactingCollector:
+    """The multiprocess collector, compacting the directory (at most every
+    :data:`COMPACT_INTERVAL_S`) under the same lock a scrape holds: no scrape sees a
+    dead worker's samples both in its own file and in the archive."""
+
+    def __init__(self, collector: Any, directory: str) -> None:
+        self.collector = collector
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._last = 0.0
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:
+            if time.monotonic() - self._last >= COMPACT_INTERVAL_S:
+                self._last = time.monotonic()
+                try:
+                    compact(self.directory)
+                except Exception:  # metrics must never take the pipeline down
+                    log.warning("could not compact the metrics directory %s", self.directory,
+                                exc_info=True)
+            return iter(list(self.collector.collect()))
+
+
 class _AgeCollector:
     """Derives the oldest prepared participant's age at scrape time, in the server."""
 
@@ -322,7 +429,10 @@ def serve(port: int, host: str = "127.0.0.1", directory: str | None = None) -> M
     own = directory is None and not os.environ.get(MULTIPROC_ENV)
     path = enable(directory or os.environ.get(MULTIPROC_ENV))
     reg = prom.CollectorRegistry()
-    collector = multiprocess.MultiProcessCollector(reg, path=path)  # type: ignore[no-untyped-call]
+    collector = _CompactingCollector(
+        multiprocess.MultiProcessCollector(None, path=path),  # type: ignore[no-untyped-call]
+        path)
+    reg.register(collector)
     reg.register(_AgeCollector(collector))
     try:
         server, thread = prom.start_http_server(port, addr=host, registry=reg)

@@ -333,9 +333,28 @@ class FilesBackend(Backend):
                 created = True
         return created
 
+    def epoch_committed(self, sink_id: str, epoch: int,
+                        committables: Sequence[Committable]) -> None:
+        """Mark ``epoch`` published where its tasks published it themselves
+        (``at_least_once``/``none``): :meth:`commit_all` marks exactly-once epochs."""
+        if not any(c.payload.get("final") for c in committables):
+            return
+        if self._mark_epochs({epoch}):
+            _fsync_path(self._epochs, directory=True)
+
     def reset_sink(self, sink_id: str) -> list[str]:
         marker = self._meta / "sink.json"
-        if marker.exists():
+        if not marker.exists():
+            strays = list(self.base.glob(f"part-*.{self.ext}"))
+            if strays:
+                # Without the owner record nothing says these files are this sink's:
+                # another writer's output may share the directory.
+                raise ConfigError(
+                    f"files backend: {self.base} holds {len(strays)} part-*.{self.ext} "
+                    f"file(s) but no owner record ({marker}), so nothing says they are sink "
+                    f"{sink_id!r}'s; nothing deleted. Delete them yourself if they are",
+                    field="path", sink_id=sink_id)
+        else:
             try:
                 owner = json.loads(marker.read_text())["sink_id"]
             except (ValueError, KeyError, OSError) as exc:
