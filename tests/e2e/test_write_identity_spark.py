@@ -180,13 +180,21 @@ def test_foreach_batch_after_a_checkpoint_reset_stops_instead_of_dropping_rows(
     rows = read_files_output(out)
     assert summarize(rows) == expected
     assert leftover_files(out) == []
+    # The documented remedy for a stream that really starts over: a new txnAppId.
+    run = run_batch_driver({**spec, "input_dir": str(tmp_path / "in2"),
+                            "app_id": "orders-stream-2"}, env=_env())
+    assert "TXSINK-DRIVER-DONE" in run.output, run.output[-4000:]
+    rows = read_files_output(out)
+    assert len(rows) == len({r["id"] for r in rows}) == 300 + 200
+    assert leftover_files(out) == []
 
 
 @long_run
 def test_a_reset_checkpoint_named_by_the_session_setting_is_refused(tmp_path: Path) -> None:
     """Operations hole 3: the query id came from ``<checkpointLocation>/metadata`` on a
     local path only. Here the checkpoint comes from ``spark.sql.streaming.checkpointLocation``
-    (no option reaches the sink): the id now comes from the running query itself."""
+    (no option reaches the sink): the id now comes from the running query itself. Then
+    the documented remedy: restore the checkpoint, and the query goes on exactly."""
     make_input(tmp_path / "in", files=2, rows_per_file=100)
     out, state, chk_root = tmp_path / "out", tmp_path / "state", tmp_path / "chk-root"
     spec = DriverSpec(input_dir=tmp_path / "in", checkpoint=None, sink_id="e2e-conf",
@@ -196,14 +204,27 @@ def test_a_reset_checkpoint_named_by_the_session_setting_is_refused(tmp_path: Pa
                                "state_location": str(state)})
     run_driver(spec).check()
     assert (chk_root / "orders" / "metadata").is_file()
-    before = len(read_files_output(out))
-    assert before == 200
+    assert len(read_files_output(out)) == 200
+    shutil.copytree(chk_root, tmp_path / "chk-backup")
     shutil.rmtree(chk_root)
-    make_input(tmp_path / "in2", files=2, rows_per_file=50)
-    run = run_driver(DriverSpec(**{**spec.__dict__, "input_dir": tmp_path / "in2"}))
+    for f in sorted((tmp_path / "in").iterdir()):  # new input: ids shifted by 10,000
+        lines = [line.replace('{"id": ', '{"id": 1000', 1)
+                 for line in f.read_text().splitlines()]
+        new = tmp_path / "in" / f"new-{f.name}"
+        new.write_text("\n".join(lines) + "\n")
+        os.utime(new, (1_800_000_000, 1_800_000_000))
+    run = run_driver(spec)
     assert run.returncode != 0
     assert "checkpoint was deleted or replaced" in run.output, run.output[-4000:]
-    assert len(read_files_output(out)) == before
+    assert "were rolled back, nothing of it is written" in run.output
+    assert len(read_files_output(out)) == 200
+    assert leftover_files(out) == []
+    # Restore the checkpoint that belongs to the state: only the new files are read.
+    shutil.rmtree(chk_root)
+    shutil.copytree(tmp_path / "chk-backup", chk_root)
+    run_driver(spec).check()
+    rows = read_files_output(out)
+    assert len(rows) == len({r["id"] for r in rows}) == 400
     assert leftover_files(out) == []
 
 
