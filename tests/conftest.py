@@ -33,3 +33,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     notes = kafka_testing.log_view_notes() if kafka_testing is not None else []
     for note in notes:
         terminalreporter.write_line(note)
+    model = sys.modules.get("tests.operations_model")
+    if model is not None and model.FIRED:
+        terminalreporter.write_line("operations model, rules fired: " + ", ".join(
+            f"{name} {count}" for name, count in sorted(model.FIRED.items())))

@@ -300,6 +300,7 @@ class Coordinator:
         one holds the lease now) are dropped and their participants aborted.
         """
         lease = self.lease
+        self.store.check(lease)  # a run taken over recovers nothing: the newer one does
         report = RecoveryReport()
         # The streaming writer recovers before every epoch it commits: read the
         # states, then only the bodies of the records recovery acts on.
@@ -518,6 +519,9 @@ class Coordinator:
                         "participants stay prepared and will be committed on recovery",
                         self.sink_id, epoch)
         to_abort = [c for c in messages if c is not None and c not in protected]
+        # A run taken over aborts nothing: the newer run's orphan scan does it, knowing
+        # what the newer run decided meanwhile.
+        self.store.check(lease)
         self._abort_all(epoch, to_abort, "aborted", raise_errors=False)
         if (record is not None and record.state is EpochState.RESERVED
                 and record.owner == self.owner):
@@ -750,7 +754,14 @@ class Coordinator:
             up_to_epoch = below if up_to_epoch is None else min(up_to_epoch, below)
             if up_to_epoch < 0:
                 return []
-        names = DecisionNames(self.sink_id, self.store, states, protected, self.lease)
+        meta = self.store.read_meta() or self._meta
+        names = DecisionNames(self.sink_id, self.store, states, protected, self.lease,
+                              watermark=meta.committed_watermark if meta else -1,
+                              # Without decisions (at_least_once) tasks commit on their
+                              # own: an epoch the target holds and the state does not know
+                              # is a crash before it was recorded, not a restored state.
+                              holds_epoch=(lambda e: self.backend.holds_epoch(self.sink_id, e))
+                              if self.guarantee.transactional else None)
         aborted = self.backend.abort_orphans(self.sink_id, names, up_to_epoch)
         if names.roll_forward:
             self._roll_forward(names.roll_forward)

@@ -13,9 +13,10 @@ the coordinator commits what a committed decision names.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+from txsink.errors import StateError
 from txsink.model import Committable, parse_participant
 from txsink.state import EpochRecord, EpochState, Lease, StateStore
 
@@ -66,10 +67,14 @@ class DecisionNames(Collection[str]):
     """
 
     def __init__(self, sink_id: str, store: StateStore, states: Mapping[int, EpochState],
-                 decided: Collection[str], lease: Lease) -> None:
+                 decided: Collection[str], lease: Lease, *, watermark: int = -1,
+                 holds_epoch: Callable[[int], bool] | None = None) -> None:
         self.sink_id = sink_id
         self._store = store
         self._lease = lease
+        self._watermark = watermark
+        self._holds_epoch = holds_epoch
+        self._held: dict[int, bool] = {}
         self._states = states
         self._decided = frozenset(decided)
         self._records: dict[int, EpochRecord | None] = {}
@@ -85,7 +90,34 @@ class DecisionNames(Collection[str]):
         # listed the states must not (the new owner may have decided it meanwhile).
         # FencedError stops the scan before that abort.
         self._store.check(self._lease)
+        self._refuse_unknown_epoch_the_target_holds(name)
         return False
+
+    def _refuse_unknown_epoch_the_target_holds(self, name: object) -> None:
+        """An epoch the state never heard of (above its committed watermark, no record),
+        which the target shows committed in part: the state is older than the target
+        (restored from a copy) and lost that epoch's decision. Its prepared participants
+        may be the rest of the decision: aborting them would leave the epoch half
+        visible, so stop and say so."""
+        ctx = parse_participant(name) if isinstance(name, str) else None
+        if (ctx is None or self._holds_epoch is None or ctx.epoch <= self._watermark
+                or ctx.epoch in self._states):
+            return
+        if ctx.epoch not in self._held:
+            self._held[ctx.epoch] = self._holds_epoch(ctx.epoch)
+        if self._held[ctx.epoch]:
+            raise StateError(
+                f"sink={self.sink_id} epoch={ctx.epoch}: the target holds part of this epoch "
+                f"committed, but the txsink state at {self._store.location} has no decision "
+                f"for it (it knows epochs up to {self._watermark}): the state is older than "
+                "the target, restored from an older copy while this epoch was being "
+                f"committed. Its prepared participant {name} may be the rest of that "
+                "decision, so it is neither committed nor aborted. Restore the newest state "
+                "(the one that decided this epoch): the next start then finishes the epoch. "
+                "If the newest state has no decision for it either, it is a failed task "
+                "attempt of a replay: `txsink resolve CHECKPOINT --epoch "
+                f"{ctx.epoch} --abort` rolls it back",
+                sink_id=self.sink_id, epoch=ctx.epoch, participant=str(name))
 
     def _named(self, name: object) -> bool:
         if not isinstance(name, str):
