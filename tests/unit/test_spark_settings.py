@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from txsink import procfs
 from txsink.errors import ConfigError, StateError
 from txsink.model import Committable, TransactionContext
 from txsink.spark import _proc
@@ -86,7 +87,8 @@ def test_owner_token_names_the_ancestor_jvm(monkeypatch: pytest.MonkeyPatch) -> 
     assert f":{os.getpid()}:" in _proc.owner_token()
     # With a JVM ancestor, every process below it gets the same token.
     me = os.getpid()
-    fake = {me: ("python3", 100, 1), 100: ("python3", 50, 2), 50: ("java", 1, 777)}
-    monkeypatch.setattr(_proc, "_stat", lambda pid: fake.get(pid))
+    fake = {me: ("python3", 100, 1, "R"), 100: ("python3", 50, 2, "S"),
+            50: ("java", 1, 777, "S")}
+    monkeypatch.setattr(procfs, "stat", lambda pid: fake.get(pid))
     assert _proc.driver_jvm() == (50, 777)
     assert _proc.owner_token().endswith(":jvm50:777")

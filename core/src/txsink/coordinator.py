@@ -16,7 +16,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from txsink.backend import Backend, CommitOutcome
 from txsink.decisions import (
@@ -45,7 +45,7 @@ from txsink.faults import (
     BEFORE_MARK_COMMITTED,
     FaultInjector,
 )
-from txsink.model import Committable, DeliveryGuarantee, validate_sink_id
+from txsink.model import Committable, DeliveryGuarantee, RecoveryReport, validate_sink_id
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
 from txsink.state import (
@@ -78,15 +78,6 @@ class EpochOutcome(str, enum.Enum):
     REPLAYED = "replayed"
     #: Found DECIDED from a crashed run: its participants committed now, this attempt's aborted.
     RECOVERED = "recovered"
-
-
-@dataclass
-class RecoveryReport:
-    recommitted_epochs: list[int] = field(default_factory=list)
-    aborted_orphans: list[str] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.recommitted_epochs or self.aborted_orphans)
 
 
 class Coordinator:

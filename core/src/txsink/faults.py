@@ -186,9 +186,9 @@ def fired(directory: str | os.PathLike[str]) -> list[str]:
 
 
 def _kill_ancestor_jvm() -> None:
-    from txsink.spark._proc import driver_jvm  # the nearest JVM above, not only a driver's
+    from txsink.procfs import ancestor_jvm  # the nearest JVM above, not only a driver's
 
-    jvm = driver_jvm()
+    jvm = ancestor_jvm()
     if jvm is not None:
         os.kill(jvm[0], signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

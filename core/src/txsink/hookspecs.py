@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from txsink.coordinator import RecoveryReport
-    from txsink.model import Committable
+    from txsink.model import Committable, RecoveryReport
     from txsink.registry import BackendRegistry, StateStoreRegistry
 
 PROJECT = "txsink"

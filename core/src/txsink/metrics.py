@@ -24,14 +24,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from txsink import procfs
 from txsink.errors import ConfigError
 from txsink.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from txsink.coordinator import RecoveryReport
-    from txsink.model import Committable
+    from txsink.model import Committable, RecoveryReport
 
 log = logging.getLogger(__name__)
 
@@ -296,22 +296,6 @@ _FOLD = {"counter": "sum", "histogram": "sum", "gauge_sum": "sum", "gauge_max": 
 COMPACT_INTERVAL_S = 30.0
 
 
-def _pid_ended(pid: int) -> bool:
-    """True once ``pid`` has exited (gone, or a zombie nobody reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return text[text.rfind(")") + 2:].split()[:1] in (["Z"], ["X"])
-
-
 def compact(directory: str) -> int:
     """Fold the sample files of processes that ended into one archive file per kind.
 
@@ -332,7 +316,7 @@ def compact(directory: str) -> int:
         if not name.endswith(".db"):
             continue
         kind, _, pid = name[:-3].rpartition("_")
-        if not pid.isdigit() or not _pid_ended(int(pid)):
+        if not pid.isdigit() or not procfs.ended(int(pid)):
             continue
         path = os.path.join(directory, name)
         if kind.startswith("gauge_live"):

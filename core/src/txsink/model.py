@@ -225,3 +225,14 @@ class Committable:
         if not isinstance(decoded, dict):
             raise StateError("committable is not a JSON object")
         return cls.from_dict(decoded)
+
+
+@dataclass
+class RecoveryReport:
+    """What a coordinator's recovery did (passed to the ``txsink_recovered`` hook)."""
+
+    recommitted_epochs: list[int] = field(default_factory=list)
+    aborted_orphans: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.recommitted_epochs or self.aborted_orphans)

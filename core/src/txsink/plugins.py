@@ -24,8 +24,7 @@ from txsink.registry import BackendRegistry, Origin, Registration, StateStoreReg
 
 if TYPE_CHECKING:
     from txsink.backend import Backend
-    from txsink.coordinator import RecoveryReport
-    from txsink.model import Committable
+    from txsink.model import Committable, RecoveryReport
     from txsink.state import StateStore
 
 log = logging.getLogger(__name__)

@@ -38,9 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink.errors import ConfigError, FencedError, StateError
-from txsink.hookspecs import hookimpl
 from txsink.model import Committable
-from txsink.registry import StateStoreRegistry
 
 log = logging.getLogger(__name__)
 
@@ -700,8 +698,3 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-@hookimpl
-def txsink_register_state_stores(registry: StateStoreRegistry) -> None:
-    registry.add("file", DirectoryStateStore)

@@ -17,51 +17,16 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from txsink import procfs
 from txsink.state import new_owner_token
 
 #: Overrides the derived owner token (tests, or engines that are not Spark).
 OWNER_ENV = "TXSINK_OWNER"
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """``(comm, ppid, starttime)`` of ``pid`` from ``/proc``, or None off Linux."""
-    info = _stat_full(pid)
-    return None if info is None else info[:3]
-
-
-def _stat_full(pid: int) -> tuple[str, int, int, str] | None:
-    """``(comm, ppid, starttime, state)`` of ``pid`` from ``/proc``, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return None
-    # comm may hold spaces and parentheses: it ends at the last ')'.
-    start, end = text.find("("), text.rfind(")")
-    if start < 0 or end < 0:
-        return None
-    comm = text[start + 1 : end]
-    fields = text[end + 2 :].split()
-    try:
-        return comm, int(fields[1]), int(fields[19]), fields[0]
-    except (IndexError, ValueError):
-        return None
-
-
 def driver_jvm() -> tuple[int, int] | None:
     """``(pid, starttime)`` of the nearest ancestor JVM (this process included), if any."""
-    pid = os.getpid()
-    for _ in range(32):
-        info = _stat(pid)
-        if info is None:
-            return None
-        comm, ppid, started = info
-        if comm == "java":
-            return pid, started
-        if ppid <= 1:
-            return None
-        pid = ppid
-    return None
+    return procfs.ancestor_jvm()
 
 
 def owner_token() -> str:
@@ -84,16 +49,10 @@ _process_token: str | None = None
 
 def jvm_owner_token(pid: int) -> str | None:
     """The owner token the sink's code inside the JVM ``pid`` will use (see above)."""
-    info = _stat(pid)
+    info = procfs.stat(pid)
     if info is None:
         return None
     return f"{socket.gethostname()}:jvm{pid}:{info[2]}"
-
-
-#: ``/proc/<pid>/stat`` states of a process that has ended: zombie (exited, not yet
-#: reaped by its parent) and dead. A SIGKILLed driver stays a zombie until its parent
-#: waits for it, which a container's PID 1 may never do.
-_ENDED_STATES = frozenset({"Z", "X", "x"})
 
 
 def owner_alive(owner: str) -> bool | None:
@@ -110,16 +69,13 @@ def owner_alive(owner: str) -> bool | None:
         pid_text, _, started = rest.partition(":")
         if host != socket.gethostname() or not pid_text.isdigit() or not started.isdigit():
             return None
-        info = _stat_full(int(pid_text))
+        info = procfs.stat(int(pid_text))
         return (info is not None and info[2] == int(started)
-                and info[3] not in _ENDED_STATES)
+                and info[3] not in procfs.ENDED_STATES)
     parts = owner.split(":")
     if len(parts) != 3 or parts[0] != os.uname().nodename or not parts[1].isdigit():
         return None
-    info = _stat_full(int(parts[1]))
-    if info is None or info[3] in _ENDED_STATES:
-        return False
-    return None
+    return False if procfs.ended(int(parts[1])) else None
 
 
 def lease_holder(lease: Mapping[str, Any]) -> str:

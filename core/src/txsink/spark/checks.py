@@ -10,7 +10,7 @@ transform raises them without running a query, so ``txsink validate`` and
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from txsink.config import SOURCE_VIEW, PipelineConfig
 from txsink.errors import ConfigError
@@ -77,14 +77,23 @@ def _is_spark_error(exc: Exception) -> bool:
     return module.startswith(("pyspark.", "py4j."))
 
 
+def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
+    src = cfg.source
+    reader: Any = spark.readStream if cfg.mode == "streaming" else spark.read
+    reader = reader.format("rate") if src.type == "rate" else reader.format(src.format)
+    if src.schema:
+        reader = reader.schema(src.schema)
+    reader = reader.options(**src.options)
+    df: DataFrame = reader.load(src.path) if src.path else reader.load()
+    return df
+
+
 def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
     """Build the source and analyse the transform; Spark's complaints become ConfigErrors.
 
     Analysis is eager in Spark, so this finds parse errors, unknown columns and
     functions, and option values the source cannot parse, without reading data.
     """
-    from txsink.spark.pipeline import build_source
-
     try:
         df = build_source(spark, cfg)
     except Exception as exc:

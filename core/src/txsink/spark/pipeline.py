@@ -113,17 +113,6 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
     return spark
 
 
-def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
-    src = cfg.source
-    reader: Any = spark.readStream if cfg.mode == "streaming" else spark.read
-    reader = reader.format("rate") if src.type == "rate" else reader.format(src.format)
-    if src.schema:
-        reader = reader.schema(src.schema)
-    reader = reader.options(**src.options)
-    df: DataFrame = reader.load(src.path) if src.path else reader.load()
-    return df
-
-
 def build_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
     """Source plus transform; Spark's complaints about either name the field at fault."""
     from txsink.spark.checks import build_checked_frame
