@@ -101,6 +101,73 @@ def test_spark_errors_name_the_field_in_validate_and_run(tmp_path: Path) -> None
     assert "output columns: id bigint, key int, amount bigint, ts string" in proc.stdout
 
 
+#: Mistakes in the transform SQL and a fragment of the one line each must give.
+SQL_MISTAKES = {
+    "unknown column": ("SELECT valu AS id FROM source", "`valu` cannot be resolved"),
+    "unknown function": ("SELECT valeu_of(value) AS id FROM source", "valeu_of"),
+    "unknown table": ("SELECT value AS id FROM sourse", "`sourse` cannot be found"),
+    "ambiguous column": ("SELECT value FROM source a JOIN source b ON a.value = b.value",
+                         "ambiguous"),
+    "type mismatch": ("SELECT value AS id FROM source WHERE timestamp - 'x' > 0",
+                      "incompatible types"),
+}
+
+_SQL_FAMILY = """
+import json, sys
+from pyspark.sql import SparkSession
+from txsink.config import load_pipeline
+from txsink.errors import ConfigError
+from txsink.spark.checks import build_checked_frame
+from txsink.spark.console import spark_output_to
+from pathlib import Path
+cfg = load_pipeline(sys.argv[1])
+with spark_output_to(Path(sys.argv[2])):
+    spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+             .getOrCreate())
+    out = {}
+    for name, sql in json.loads(sys.argv[3]).items():
+        try:
+            build_checked_frame(spark, cfg.__class__(**{**cfg.__dict__, "transform": sql}))
+            out[name] = "no error"
+        except ConfigError as exc:
+            out[name] = f"{type(exc).__name__} {exc.field}: {exc}"
+        except Exception as exc:
+            out[name] = f"not a ConfigError: {type(exc).__name__}: {exc}"
+    spark.stop()
+print(json.dumps(out))
+"""
+
+
+def test_a_mistake_in_the_sql_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A misspelled column, function or table, an ambiguous column, a type mismatch:
+    the commonest first mistakes. A logger txsink created under PySpark's own logger
+    names turned each into a TypeError (``Logger._log() ... 'errorClass'``) and ~100
+    lines of traceback in ``run``."""
+    env = _env(tmp_path / "demo")
+    typo = _variant(tmp_path, "SELECT value AS id", "SELECT valu AS id")
+    for command in ("validate", "run"):
+        proc = _txsink(env, command, str(typo))
+        assert proc.returncode == 1
+        line = _one_line(proc.stderr)
+        assert line.startswith("txsink: config error: transform: "), line
+        assert "`valu` cannot be resolved" in line and "`value`" in line, line
+    assert not read_files_output(tmp_path / "demo" / "data")
+
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _SQL_FAMILY, str(DEMO), str(tmp_path / "family.log"),
+         json.dumps({k: sql for k, (sql, _) in SQL_MISTAKES.items()})],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, (_, fragment) in SQL_MISTAKES.items():
+        answer = answers[name]
+        assert answer.startswith("ConfigError transform: transform: "), (name, answer)
+        assert fragment in answer, (name, answer)
+        assert "\n" not in answer and "Traceback" not in answer, (name, answer)
+
+
 @long_run
 def test_crash_resume_and_interrupts_print_a_summary_and_exit_status(tmp_path: Path) -> None:
     demo = tmp_path / "demo"

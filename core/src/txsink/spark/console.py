@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import TextIO
 
 #: Loggers of the Spark client libraries: their records go to the log file only.
-SPARK_LOGGERS = ("py4j", "pyspark", "SQLQueryContextLogger", "DataFrameQueryContextLogger")
+#: PySpark's own named loggers (``SQLQueryContextLogger``, ...) are left alone: PySpark
+#: makes them ``PySparkLogger`` instances, which take keyword arguments a plain logger
+#: does not, and creating one here first made every analysis error a TypeError. Their
+#: records come from PySpark's files, and the root handlers' filter sends those to the
+#: log file.
+SPARK_LOGGERS = ("py4j", "pyspark")
 
 
 def default_log_path(checkpoint: str, name: str) -> Path:
