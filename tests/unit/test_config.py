@@ -211,3 +211,16 @@ def test_an_explicit_trigger_option_wins() -> None:
 def test_backends_without_timeouts_get_no_trigger_option() -> None:
     cfg = parse_pipeline(_base(trigger={"processing_time": "1 second"}))
     assert "trigger.interval.ms" not in cfg.sink.options
+
+
+def test_a_misspelled_required_key_is_named() -> None:
+    """``source: {tpye: rate}`` said only ``source.type: required``."""
+    from txsink.config import parse_pipeline
+
+    with pytest.raises(ConfigError) as err:
+        parse_pipeline({"source": {"tpye": "rate"}, "checkpoint": "/tmp/c",
+                        "sink": {"backend": "files", "sink_id": "s",
+                                 "options": {"path": "/tmp/x"}}})
+    assert str(err.value) == ("source.type: required ('source.tpye' is there: did you mean "
+                              "'type'?)")
+    assert err.value.field == "source.type"

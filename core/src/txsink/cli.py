@@ -290,7 +290,6 @@ def cmd_reset(args: argparse.Namespace) -> int:
         backend.close()
     for line in removed:
         print(f"deleted {line}")
-        log.warning("reset: sink=%s: deleted %s", cfg.sink.sink_id, line)
     if chk.exists():
         shutil.rmtree(chk)
         print(f"deleted checkpoint {chk}")

@@ -412,13 +412,22 @@ def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) 
                               f"{', '.join(allowed)}", field=where)
 
 
+def _missing(data: Mapping[str, Any], key: str, where: str) -> ConfigError:
+    """``where: required``, naming a key beside it that looks like a misspelling of it."""
+    close = [k for k in data if isinstance(k, str) and k != key
+             and difflib.get_close_matches(k, [key], n=1)]
+    hint = f" ({_join(where.rpartition('.')[0], close[0])!r} is there: did you mean " \
+        f"{key!r}?)" if close else ""
+    return ConfigError(f"{where}: required{hint}", field=where)
+
+
 def _mapping(data: Mapping[str, Any], key: str, prefix: str, *,
              required: bool = False) -> dict[str, Any]:
     where = _join(prefix, key)
     value = data.get(key)
     if value is None:
         if required:
-            raise ConfigError(f"{where}: required", field=where)
+            raise _missing(data, key, where)
         return {}
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: must be a mapping, got {_type_name(value)}", field=where)
@@ -431,7 +440,7 @@ def _str(data: Mapping[str, Any], key: str, prefix: str, *, required: bool = Fal
     value = data.get(key)
     if value is None or value == "":
         if required:
-            raise ConfigError(f"{where}: required", field=where)
+            raise _missing(data, key, where)
         return default
     if not isinstance(value, str):
         raise ConfigError(f"{where}: must be a string, got {_type_name(value)} {value!r}",
