@@ -27,6 +27,7 @@ from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
 from txsink_kafka import backend as kb
 from txsink_kafka import testing as kt
+from txsink_kafka import writer as kwriter
 from txsink_kafka.backend import KafkaBackend
 from txsink_kafka.txn_protocol import EndTxnResult, TxnProtocolError, UnsupportedByBrokerError
 
@@ -158,7 +159,7 @@ def test_orphan_scan_of_a_new_process_finds_old_participants(
     first.preflight(sink_id)
     c = prepare(first, sink_id, 4, 2, range(5), attempt=3)
     fresh = KafkaBackend(first.config)
-    fresh._driver = None
+    fresh.shared.close()
     kb.close_shared_clients()  # forget every cursor, as a restarted driver would
     aborted = fresh.abort_orphans(sink_id, protected=set(), up_to_epoch=None)
     assert [a.participant for a in aborted] == [c.participant]
@@ -219,13 +220,13 @@ def test_commit_is_reported_only_once_the_markers_reached_every_partition(
         with pytest.raises(RetriableCommitError, match=r"still open on .*\[0\]") as err:
             backend.commit(c)
         assert topic in str(err.value) and backend.config.marker_topic in str(err.value)
-        tid, identity, (mtopic, mpart, moffset) = backend._payload(c)
-        assert not backend._ended_as_committed(mtopic, mpart, moffset, tid, identity)
+        tid, identity, (mtopic, mpart, moffset) = backend.committer.payload(c)
+        assert not backend.committer.ended_as_committed(mtopic, mpart, moffset, tid, identity)
         assert kt.read_topic(backend.config.bootstrap, topic) == []  # open: nothing yet
         monkeypatch.setattr(txn, "end_txn", real_end_txn)
         assert backend.commit(c) is CommitOutcome.COMMITTED
         assert keys(backend.config.bootstrap, topic) == list(range(10))
-        assert backend._ended_as_committed(mtopic, mpart, moffset, tid, identity)
+        assert backend.committer.ended_as_committed(mtopic, mpart, moffset, tid, identity)
     finally:
         backend.close()
 
@@ -515,4 +516,4 @@ def test_exactly_once_never_keeps_a_producer(backend: KafkaBackend, sink_id: str
         assert backend.commit(c) is CommitOutcome.COMMITTED
         _until_ended(backend, str(c.payload["transactional_id"]))
     assert kb.PRODUCER_COUNTS["init_transactions"] - before == 2
-    assert not kb._PRODUCERS
+    assert not kwriter._PRODUCERS

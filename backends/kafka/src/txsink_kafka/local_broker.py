@@ -204,6 +204,7 @@ class LocalKafka:
         properties: Mapping[str, str] | None = None,
         transaction_version: int | None = None,
         heap: str = "512m",
+        port: int | None = None,
     ) -> None:
         self.version = version or os.environ.get(ENV_VERSION) or KAFKA_VERSION
         tv = os.environ.get(ENV_TRANSACTION_VERSION)
@@ -212,7 +213,7 @@ class LocalKafka:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir if workdir is not None
                             else tempfile.mkdtemp(prefix="txsink-kafka-"))
-        self.port = _free_port()
+        self.port = port or _free_port()
         self.controller_port = _free_port()
         self.properties = dict(properties or {})
         self.heap = heap

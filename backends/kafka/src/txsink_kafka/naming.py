@@ -43,6 +43,11 @@ def pooled_id(prefix: str, sink_id: str, partition: int, slot: int) -> str:
     return f"{prefix}-{sink_id}-p{partition}-t{slot}"
 
 
+def is_pooled(prefix: str, transactional_id: str) -> bool:
+    """Is ``transactional_id`` a pooled id (of any sink with this prefix)?"""
+    return bool(re.match(re.escape(prefix) + r"-.+-p\d+-t\d+\Z", transactional_id))
+
+
 def preflight_id(prefix: str, sink_id: str) -> str:
     """The one id the driver's preflight registers to check the transaction timeout."""
     return f"{prefix}-{sink_id}-preflight"

@@ -1,0 +1,198 @@
+"""Admin work of the Kafka backend: preflight checks, txsink's own topics, sink claims.
+
+Before any task writes, the driver reaches the brokers, checks the output topic,
+creates the compacted marker and claim topics, and registers a probe producer so a
+``transaction.timeout.ms`` above the broker's limit is refused at once. The claim
+topic binds a sink id to one query's txsink state (see :mod:`txsink_kafka.claims`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from txsink.errors import ConfigError, SinkOwnedError
+
+from txsink_kafka import config as cfg
+from txsink_kafka.claims import Claim, owner_key, owner_of
+from txsink_kafka.clients import SinkClients, check_hosts, read_range
+from txsink_kafka.naming import preflight_id
+from txsink_kafka.recovery import KafkaRecovery
+from txsink_kafka.retry import retry_transient
+from txsink_kafka.txn_protocol import TxnProtocolError
+
+log = logging.getLogger(__name__)
+
+
+class KafkaAdmin:
+    """Preflight, topics and claims."""
+
+    def __init__(self, shared: SinkClients, recovery: KafkaRecovery) -> None:
+        self.shared = shared
+        self.config = shared.config
+        self.recovery = recovery
+
+    def preflight(self, sink_id: str) -> None:
+        """Reach the brokers, check the topic, create the marker topic, check the timeout."""
+        import confluent_kafka.admin as kadmin
+        from confluent_kafka import KafkaError, KafkaException
+
+        timeout = self.config.request_timeout_s
+        check_hosts(self.config.bootstrap, sink_id)
+        errors: list[KafkaError] = []
+        conf: dict[str, Any] = {**self.config.connection(), "socket.timeout.ms": 10_000,
+                                "error_cb": errors.append}
+        admin = kadmin.AdminClient(cfg.with_librdkafka_log(conf))
+
+        def metadata_or_auth_error() -> Any:
+            try:
+                return admin.list_topics(timeout=min(timeout, 15.0))
+            except KafkaException:
+                admin.poll(0.1)  # serves error_cb, where librdkafka says why
+                auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+                if auth:
+                    raise ConfigError(
+                        f"kafka sink: Kafka at {self.config.bootstrap!r} refused the login: "
+                        f"{self.shared.redact(auth[0].str())}; check kafka.sasl.mechanism, "
+                        "kafka.sasl.username and kafka.sasl.password (or the SSL/OAuth "
+                        "settings)", field="kafka.sasl.password", sink_id=sink_id) from None
+                raise
+
+        bound = self.config.retry_bound_s
+        try:
+            metadata = retry_transient(metadata_or_auth_error,
+                                       what=f"sink={sink_id}: preflight", bound_s=bound,
+                                       redact=self.shared.redact)
+        except KafkaException as exc:
+            raise ConfigError(
+                f"kafka sink: cannot reach Kafka at {self.config.bootstrap!r} "
+                f"(option 'kafka.bootstrap.servers'), retried for {bound:.0f}s "
+                f"(unavailable.retry.s): {self.shared.redact(str(exc))}",
+                field="kafka.bootstrap.servers", sink_id=sink_id) from None
+        topic = self.config.topic
+        if topic is not None and (topic not in metadata.topics
+                                  or metadata.topics[topic].error is not None):
+            raise ConfigError(
+                f"kafka sink: topic {topic!r} (option 'topic') does not exist on "
+                f"{self.config.bootstrap}; create it first (txsink does not create output "
+                "topics)", field="topic", sink_id=sink_id)
+        for name, field_name in ((self.config.marker_topic, "marker.topic"),
+                                 (self.config.claim_topic, "claim.topic")):
+            if name not in metadata.topics:
+                self.create_compacted(admin, name, field_name, sink_id)
+        # The broker rejects a transaction.timeout.ms above its transaction.max.timeout.ms
+        # only when a producer registers: find out now, not in the first task.
+        probe = preflight_id(self.config.transactional_id_prefix, sink_id)
+        try:
+            self.shared.driver().txn.init_producer_id(probe, self.config.transaction_timeout_ms)
+        except TxnProtocolError as exc:
+            if exc.error_code == 50:
+                raise ConfigError(
+                    f"kafka sink: kafka.transaction.timeout.ms="
+                    f"{self.config.transaction_timeout_ms} is above the broker's "
+                    "transaction.max.timeout.ms (Kafka's default is "
+                    f"{cfg.KAFKA_DEFAULT_MAX_TIMEOUT_MS} ms); lower it or raise the broker's "
+                    "limit", field="kafka.transaction.timeout.ms", sink_id=sink_id) from None
+            raise ConfigError(f"kafka sink: cannot use transactions on "
+                              f"{self.config.bootstrap}: {self.shared.redact(str(exc))}",
+                              field="kafka.bootstrap.servers", sink_id=sink_id) from None
+
+    def create_compacted(self, admin: Any, name: str, field_name: str, sink_id: str) -> None:
+        """Create a one-partition compacted topic txsink keeps its own records in."""
+        import confluent_kafka.admin as kadmin
+        from confluent_kafka import KafkaException
+
+        log.info("sink=%s: creating topic %s (option '%s')", sink_id, name, field_name)
+        new = kadmin.NewTopic(  # type: ignore[attr-defined]
+            name, num_partitions=1, replication_factor=self.config.marker_replication,
+            config={"cleanup.policy": "compact"})
+        try:
+            admin.create_topics([new])[name].result(self.config.request_timeout_s)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise ConfigError(
+                    f"kafka sink: cannot create topic {name!r} (option '{field_name}'): "
+                    f"{self.shared.redact(str(exc))}; create it with one partition and "
+                    "cleanup.policy=compact, or name an existing one", field=field_name,
+                    sink_id=sink_id) from None
+
+    def _read_claims(self, sink_id: str) -> list[Claim]:
+        """Every claim on ``sink_id``, in log order: the whole claim topic is read."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        d = self.shared.driver()
+        topic = self.config.claim_topic
+        key = owner_key(self.config.transactional_id_prefix, sink_id)
+        timeout = self.config.request_timeout_s
+        claims: list[Claim] = []
+        with d.lock:
+            try:
+                low, high = d.uncommitted_offsets.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout, cached=False)
+            except KafkaException:
+                # Not there yet (a coordinator started without the preflight, as
+                # `txsink resolve` does): create it, once.
+                import confluent_kafka.admin as kadmin
+
+                conf: dict[str, Any] = {**self.config.connection()}
+                self.create_compacted(kadmin.AdminClient(conf), topic, "claim.topic",
+                                       sink_id)
+                low, high = d.uncommitted_offsets.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout, cached=False)
+            for msg in read_range(d.uncommitted, topic, 0, low, high, timeout):
+                claim = Claim.decode(msg.key(), msg.value(), msg.offset() or 0)
+                if claim is not None and claim.owner_key == key:
+                    claims.append(claim)
+        return claims
+
+    def _refuse_claim(self, sink_id: str, owner_location: str, where: str) -> ConfigError:
+        return SinkOwnedError(
+            f"kafka sink: sink id {sink_id!r} is already written by another query "
+            f"(txsink state at {owner_location!r}, per {where}). Two queries with one sink "
+            "id fence each other's transactions: give this query its own sink_id, or, if "
+            "the other query and its checkpoint are gone for good, set the option "
+            "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id,
+            owner_state=owner_location)
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Bind ``sink_id`` to one query's state in the claim topic, or refuse.
+
+        See :mod:`txsink_kafka.claims`: the whole claim topic is read, so the claim
+        holds regardless of its age and of other sinks' traffic.
+        """
+        claims = self._read_claims(sink_id)
+        owner = owner_of(claims)
+        if owner is not None and owner.state_id == state_id:
+            return
+        where = f"the claim topic {self.config.claim_topic!r}"
+        if owner is None:
+            # Sinks claimed by releases before the claim topic: their owner record in
+            # the marker partition, if it is still in the scan window.
+            self.recovery.open_markers(sink_id)
+            legacy = self.recovery.scan_state(sink_id).owner
+            if legacy is not None and legacy.state_id != state_id and not self.config.takeover:
+                raise self._refuse_claim(sink_id, legacy.state_location,
+                                         f"the owner record in {self.config.marker_topic!r}")
+        elif not self.config.takeover:
+            raise self._refuse_claim(sink_id, owner.state_location, where)
+        takeover = owner is not None and self.config.takeover
+        mine = Claim(owner_key(self.config.transactional_id_prefix, sink_id), state_id,
+                     state_location, takeover)
+        key, value = mine.encode()
+        d = self.shared.driver()
+        d.ends.produce(self.config.claim_topic, value, key, 0)
+        if d.ends.flush(self.config.request_timeout_s):
+            raise ConfigError(f"kafka sink: could not write the claim of sink {sink_id!r} to "
+                              f"{self.config.claim_topic!r}", field="claim.topic",
+                              sink_id=sink_id)
+        # Read back: of claims written at the same moment the first one wins (for
+        # takeovers, the last one).
+        latest = owner_of(self._read_claims(sink_id))
+        if latest is None or latest.state_id != state_id:
+            raise ConfigError(
+                f"kafka sink: sink id {sink_id!r} was claimed by another query (txsink state "
+                f"at {latest.state_location if latest else '?'!r}) at the same time; give "
+                "each query its own sink_id", field="sink_id", sink_id=sink_id)
+        log.info("sink=%s: claimed for txsink state %s%s", sink_id, state_location,
+                 " (takeover)" if takeover else "")
+

@@ -1,0 +1,295 @@
+"""What the parts of the Kafka backend share: the driver's clients, kept per process.
+
+The writer (executor side), the committer and recovery (driver side) and the admin
+checks of one :class:`~txsink_kafka.backend.KafkaBackend` share one
+:class:`SinkClients`; every backend of a process shares the driver clients of a
+cluster (:class:`DriverClients`), so connections stay warm across the Spark adapter's
+per-batch backends and marker scans go on where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from txsink.errors import ConfigError, TxsinkError
+from txsink.model import Committable
+from txsink.redact import redact
+
+from txsink_kafka import config as cfg
+from txsink_kafka.markers import Marker
+from txsink_kafka.retry import BrokerReadTimeout, retry_transient
+from txsink_kafka.txn_protocol import TxnCoordinatorClient, TxnProtocolError
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Message
+
+log = logging.getLogger(__name__)
+
+#: The backend's name, and the version of the committable payload its parts write.
+NAME = "kafka"
+PAYLOAD_VERSION = 1
+#: Warn when a prepared transaction is older than this share of transaction.timeout.ms.
+TIMEOUT_WARN_SHARE = 0.8
+
+
+@dataclass
+class ScanState:
+    cursor: int | None = None
+    open: dict[str, Marker] = field(default_factory=dict)
+    #: The latest owner marker seen (claim_sink).
+    owner: Marker | None = None
+
+
+class DriverClients:
+    """Clients the driver side keeps for the life of a backend instance."""
+
+    def __init__(self, config: cfg.KafkaSinkConfig) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        self.config = config
+        conn = config.connection()
+        self.txn = TxnCoordinatorClient(conn, timeout_s=config.request_timeout_s)
+        # Small request/response round trips: Nagle's delay would dominate them, and a
+        # long-polling fetch would hold up the next request on the same connection.
+        common = {"socket.nagle.disable": True, "fetch.wait.max.ms": 10,
+                  **cfg.with_librdkafka_log(conn),
+                  "group.id": "txsink-driver", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "auto.offset.reset": "earliest"}
+        committed = {**common, "isolation.level": "read_committed"}
+        uncommitted = {**common, "isolation.level": "read_uncommitted"}
+        self.committed: Consumer = Consumer(committed)
+        self.uncommitted: Consumer = Consumer(uncommitted)
+        # Never assigned, so no fetch is ever in flight ahead of their ListOffsets.
+        self.committed_offsets: Consumer = Consumer(committed)
+        self.uncommitted_offsets: Consumer = Consumer(uncommitted)
+        # One record per batch: Tansu reports a wrong end offset after larger batches.
+        self.ends: Producer = Producer({"socket.nagle.disable": True,
+                                        **cfg.with_librdkafka_log(conn),
+                                        "enable.idempotence": True, "linger.ms": 0,
+                                        "batch.num.messages": 1})
+        self.scans: dict[str, ScanState] = {}
+        self.partitions: int | None = None
+        self.lock = threading.RLock()
+
+    def close(self) -> None:
+        try:
+            self.ends.flush(self.config.request_timeout_s)
+        finally:
+            for consumer in (self.committed, self.uncommitted, self.committed_offsets,
+                             self.uncommitted_offsets):
+                consumer.close()
+            self.txn.close()
+
+
+class _ProcessClients:
+    """The driver clients and the writers' coordinator clients of this process, by
+    cluster connection: one lock, one exit hook, one place a fork resets."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.drivers: dict[tuple[Any, ...], DriverClients] = {}
+        self.txn_clients: dict[tuple[Any, ...], TxnCoordinatorClient] = {}
+        #: Connection keys whose brokers answered that they cannot describe transactions.
+        self.no_describe: set[tuple[Any, ...]] = set()
+        self._atexit = False
+        #: Clients a forked child inherited: referenced so that they are never destroyed.
+        self.inherited: list[Any] = []
+
+    def _at_exit(self) -> None:
+        if not self._atexit:
+            atexit.register(close_driver_clients)
+            self._atexit = True
+
+    def driver(self, config: cfg.KafkaSinkConfig) -> DriverClients:
+        key = connection_key(config)
+        with self.lock:
+            driver = self.drivers.get(key)
+            if driver is None:
+                check_hosts(config.bootstrap)
+                try:
+                    driver = retry_transient(lambda: DriverClients(config),
+                                             what=f"Kafka at {config.bootstrap}: driver clients",
+                                             bound_s=config.retry_bound_s,
+                                             redact=lambda t: redact(t, config.secrets))
+                except TxnProtocolError as exc:
+                    raise ConfigError(redact(str(exc), config.secrets),
+                                      field="kafka.bootstrap.servers") from None
+                self._at_exit()
+                self.drivers[key] = driver
+            return driver
+
+    def txn_client(self, config: cfg.KafkaSinkConfig) -> TxnCoordinatorClient:
+        """A coordinator client for writers: one per process and cluster, reused by tasks
+        (the driver's own, where this process has one)."""
+        key = connection_key(config)
+        with self.lock:
+            driver = self.drivers.get(key)
+            if driver is not None:
+                return driver.txn
+            client = self.txn_clients.get(key)
+            if client is None:
+                client = TxnCoordinatorClient(config.connection(),
+                                              timeout_s=config.request_timeout_s)
+                self._at_exit()
+                self.txn_clients[key] = client
+            return client
+
+    def forget_inherited(self) -> None:
+        """In a forked child: drop the parent's clients without using or closing them.
+
+        A fork copies the clients but not kafka-python's IO threads, so a request
+        through an inherited client waits for ever (seen in the chaos driver, which
+        forks its writer tasks after its coordinator has talked to the broker); the
+        sockets are the parent's to close. They are kept referenced, never destroyed:
+        destroying a librdkafka handle whose threads stayed in the parent crashes the
+        child. The lock may have been held by another thread at the fork.
+        """
+        self.lock = threading.Lock()
+        self.inherited.extend([*self.drivers.values(), *self.txn_clients.values()])
+        self.drivers.clear()
+        self.txn_clients.clear()
+        self.no_describe.clear()
+
+    def close(self) -> None:
+        with self.lock:
+            drivers = list(self.drivers.values())
+            clients = list(self.txn_clients.values())
+            self.drivers.clear()
+            self.txn_clients.clear()
+            self.no_describe.clear()
+        for client in clients:
+            client.close()
+        for driver in drivers:
+            try:
+                driver.close()
+            except Exception:  # pragma: no cover - best effort at shutdown
+                log.debug("closing Kafka driver clients failed", exc_info=True)
+
+
+PROCESS = _ProcessClients()
+os.register_at_fork(after_in_child=lambda: PROCESS.forget_inherited())
+
+
+def close_driver_clients() -> None:
+    """Close this process's driver and coordinator clients (at exit, between tests)."""
+    PROCESS.close()
+
+
+def check_hosts(bootstrap: str, sink_id: str | None = None) -> None:
+    """A bootstrap list none of whose hosts resolves is a configuration error, at once."""
+    import socket
+
+    hosts = []
+    for server in bootstrap.split(","):
+        address = server.strip().split("://")[-1]
+        host = address.rpartition(":")[0] or address
+        hosts.append(host.strip("[]"))
+    problems = []
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host, None)
+            return
+        except (socket.gaierror, UnicodeError) as exc:
+            problems.append(f"{host!r}: {exc}")
+    raise ConfigError(f"kafka sink: option 'kafka.bootstrap.servers' names no host that "
+                      f"resolves ({'; '.join(problems)}); check the host names",
+                      field="kafka.bootstrap.servers", sink_id=sink_id)
+
+
+def connection_key(config: cfg.KafkaSinkConfig) -> tuple[Any, ...]:
+    return (tuple(sorted(config.connection().items())), config.request_timeout_s)
+
+
+def read_range(consumer: Consumer, topic: str, partition: int, start: int, end: int | None,
+                timeout_s: float) -> Iterator[Message]:
+    """Records of one partition from ``start`` until ``end`` (exclusive) or its end.
+
+    ``end=None`` reads to the end the fetch reports (Tansu 0.6 answers ListOffsets
+    with the base offset of the last batch plus one, too low after a batch of
+    several records, so scans do not trust it).
+    """
+    from confluent_kafka import KafkaError, TopicPartition
+
+    if end is not None and start >= end:
+        return
+    consumer.assign([TopicPartition(topic, partition, start)])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            # poll(), not consume(n): consume waits for n records or the whole timeout.
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise TxsinkError(f"reading {topic}[{partition}] failed: {err.str()}")
+                yield msg
+                offset = msg.offset()
+                if end is not None and offset is not None and offset >= end - 1:
+                    return
+        raise BrokerReadTimeout(f"reading {topic}[{partition}] offsets {start}..{end} did "
+                                f"not finish within {timeout_s:.0f}s")
+    finally:
+        consumer.unassign()
+
+
+def warn_near_timeout(c: Committable) -> float:
+    """The age of ``c``'s transaction; a WARNING once it nears its timeout."""
+    prepared_at = float(c.payload.get("began_at") or c.payload.get("prepared_at") or 0)
+    timeout_ms = int(c.payload.get("transaction_timeout_ms", 0) or 0)
+    age = time.time() - prepared_at if prepared_at else 0.0
+    if timeout_ms and age * 1000 > TIMEOUT_WARN_SHARE * timeout_ms:
+        log.warning("sink=%s epoch=%d partition=%d participant=%s: open for %.0fs, "
+                    "%.0f%% of transaction.timeout.ms=%d; the broker aborts it at the "
+                    "timeout (data at risk): raise kafka.transaction.timeout.ms",
+                    c.sink_id, c.epoch, c.partition, c.participant, age,
+                    100 * age * 1000 / timeout_ms, timeout_ms)
+    return age
+
+
+class SinkClients:
+    """What the writer, committer, recovery and admin parts of one backend share."""
+
+    def __init__(self, config: cfg.KafkaSinkConfig) -> None:
+        self.config = config
+        self._driver: DriverClients | None = None
+        #: The process ``_driver`` belongs to: a forked child must not use it.
+        self._driver_pid = os.getpid()
+        #: Partitions of the marker topic, once a part has looked.
+        self.marker_partitions: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "_driver": None, "_driver_pid": -1,
+                "marker_partitions": self.marker_partitions}
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.config.secrets)
+
+    def driver(self) -> DriverClients:
+        """Driver-side clients, shared by every backend instance of this process.
+
+        The Spark adapter builds a backend per micro-batch and closes it after the
+        commit; sharing the clients keeps connections warm and lets orphan scans
+        continue where the previous one stopped instead of rereading the tail.
+        """
+        if self._driver is None or self._driver_pid != os.getpid():
+            self._driver = PROCESS.driver(self.config)
+            self._driver_pid = os.getpid()
+        return self._driver
+
+    def txn_client(self) -> TxnCoordinatorClient:
+        return PROCESS.txn_client(self.config)
+
+    def close(self) -> None:
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            with driver.lock:
+                driver.ends.flush(self.config.request_timeout_s)
