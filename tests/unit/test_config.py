@@ -224,3 +224,16 @@ def test_a_misspelled_required_key_is_named() -> None:
     assert str(err.value) == ("source.type: required ('source.tpye' is there: did you mean "
                               "'type'?)")
     assert err.value.field == "source.type"
+
+
+def test_a_json_pipeline_is_read_as_json_and_another_suffix_is_refused(tmp_path: Path) -> None:
+    body = ('{"source": {"type": "rate"}, "checkpoint": "/tmp/c", "sink": {"backend": '
+            '"files", "sink_id": "s", "options": {"path": "/tmp/x"}}}')
+    (tmp_path / "p.json").write_text(body)
+    assert load_pipeline(tmp_path / "p.json", env={}).sink.sink_id == "s"
+    (tmp_path / "bad.json").write_text("source: {type: rate}\n")  # YAML, named .json
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        load_pipeline(tmp_path / "bad.json", env={})
+    (tmp_path / "p.conf").write_text(body)
+    with pytest.raises(ConfigError, match=r"unknown kind of file '\.conf'"):
+        load_pipeline(tmp_path / "p.conf", env={})

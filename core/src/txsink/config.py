@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import sys
@@ -151,8 +152,13 @@ class PipelineConfig:
 # -- loading -----------------------------------------------------------------------------
 
 
+#: The pipeline file formats, by suffix.
+PIPELINE_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file into a mapping."""
+    """Parse a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON (``.json``) file into a
+    mapping; any other suffix is refused (it would be read as YAML, silently)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -160,7 +166,20 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"pipeline file {str(p)!r} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"cannot read pipeline file {str(p)!r}: {exc.strerror}") from None
-    data = _parse_toml(text, p) if p.suffix.lower() == ".toml" else _parse_yaml(text, p)
+    suffix = p.suffix.lower()
+    if suffix not in PIPELINE_SUFFIXES:
+        raise ConfigError(f"pipeline file {str(p)!r}: unknown kind of file {suffix or '(none)'!r}"
+                          f"; name it {', '.join(PIPELINE_SUFFIXES[:-1])} or "
+                          f"{PIPELINE_SUFFIXES[-1]} after its format")
+    if suffix == ".toml":
+        data = _parse_toml(text, p)
+    elif suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"pipeline file {str(p)!r} is not valid JSON: {exc}") from None
+    else:
+        data = _parse_yaml(text, p)
     if data is None:
         raise ConfigError(f"pipeline file {str(p)!r} is empty")
     if not isinstance(data, dict):
