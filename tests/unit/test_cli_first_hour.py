@@ -196,3 +196,30 @@ def test_status_says_whether_the_lease_is_held_or_released(tmp_path: Path) -> No
     store.acquire("next")
     assert json.loads(txsink("status", str(tmp_path / "chk"), "--json").stdout)["lease"][
         "held"] is True
+
+
+def test_a_server_that_is_down_is_one_short_line_before_spark(tmp_path: Path) -> None:
+    """PostgreSQL on a dead port took 31 s and printed 10 two-line WARNINGs (each
+    starting ``postgres backend: postgres backend:``) before its error."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    f = tmp_path / "pg.yaml"
+    f.write_text(f"source: {{type: rate}}\ncheckpoint: {tmp_path}/chk\n"
+                 "sink: {backend: postgres, sink_id: down, options: "
+                 f"{{dsn: 'host=127.0.0.1 port={port} dbname=postgres user=x', "
+                 "table: public.t, password: pw}}\n")
+    started = time.monotonic()
+    proc = txsink("run", str(f), "--connect-retry", "2")
+    took = time.monotonic() - started
+    assert proc.returncode == 1
+    line = _one_line(proc.stderr)
+    assert line.startswith("txsink: config error: sink.options.dsn: postgres backend: "
+                           "cannot connect to "), line
+    assert "Connection refused" in line and "--connect-retry" in line, line
+    assert "postgres backend: postgres backend" not in line
+    assert "spark log:" not in proc.stdout  # stopped before Spark started
+    assert took < 30, took

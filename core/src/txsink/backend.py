@@ -70,6 +70,11 @@ class Backend(abc.ABC):
     secret_options: ClassVar[frozenset[str]] = frozenset()
     #: Version of this backend's committable payload; bump it when the layout changes.
     payload_version: ClassVar[int] = 1
+    #: The option (seconds) bounding how long the backend waits for a server that is
+    #: down or restarting. ``txsink run`` sets it to its ``--connect-retry`` for the
+    #: check before Spark starts, so a server that is down is one short line there,
+    #: while the running query keeps the option's own, longer, bound.
+    connect_retry_option: ClassVar[str | None] = None
     #: Delivery guarantees this backend offers. A backend adds ``at_least_once`` and
     #: ``none`` once its :meth:`finish_in_task` is right for them (the default, prepare
     #: then commit in the task, is right for every backend whose commit may run in the

@@ -45,7 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TxsinkError as exc:
         field = getattr(exc, "field", None)
         prefix = "config error" if isinstance(exc, ConfigError) else "error"
-        message = str(exc)
+        # One line, whatever a server's message holds (libpq's ends in "\n\tIs the
+        # server running ...?").
+        message = " ".join(str(exc).split())
         if field and not message.startswith(field):
             message = f"{field}: {message}"
         print(f"txsink: {prefix}: {message}", file=sys.stderr)
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Validate FILE, then run it on Spark and print each "
                          "committed batch (rows, participants, commit latency). Exit status: 0 "
                          "done, 1 error, 130/143 interrupted by SIGINT/SIGTERM.")
-    run.add_argument("file", help="pipeline file (.yaml, .yml or .toml)")
+    run.add_argument("file", help="pipeline file (.yaml, .yml, .toml or .json)")
     run.add_argument("--max-batches", type=_positive_int, metavar="N",
                      help="stop once N more micro-batches of this run completed (a resumed "
                      "run counts from where it resumes; batches already started finish)")
@@ -75,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop once the source has no new data")
     run.add_argument("--timeout", type=float, metavar="SECONDS",
                      help="stop after SECONDS")
+    run.add_argument("--connect-retry", type=float, metavar="SECONDS", default=None,
+                     help="how long to wait for a target server that is down before Spark "
+                     "starts (default 10); the running query waits as long as the "
+                     "backend's own option says")
     run.add_argument("--metrics-port", type=int, metavar="PORT",
                      help="serve Prometheus metrics at http://HOST:PORT/metrics while the "
                      "pipeline runs (needs txsink[metrics])")
@@ -214,9 +220,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         server = metrics.serve(args.metrics_port, args.metrics_host)
         print(f"metrics: {server.url}", flush=True)
     try:
+        from txsink.spark.pipeline import DEFAULT_CONNECT_RETRY_S
+
         result = run_pipeline(cfg, max_batches=args.max_batches, until_idle=args.until_idle,
                               timeout_s=args.timeout, pipeline_file=args.file,
-                              log_path=Path(args.spark_log) if args.spark_log else None)
+                              log_path=Path(args.spark_log) if args.spark_log else None,
+                              connect_retry_s=(DEFAULT_CONNECT_RETRY_S
+                                               if args.connect_retry is None
+                                               else args.connect_retry))
     finally:
         if server is not None:
             server.close()

@@ -59,6 +59,7 @@ class KafkaBackend(Backend):
         {Capability.COMMIT_FROM_ANY_PROCESS, Capability.COMMIT_MARKER,
          Capability.SURVIVES_RESTART})
     secret_options: ClassVar[frozenset[str]] = cfg.SECRET_OPTIONS
+    connect_retry_option: ClassVar[str | None] = "unavailable.retry.s"
     payload_version: ClassVar[int] = PAYLOAD_VERSION
     #: at_least_once / none: the task commits its own transaction (finish_in_task).
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)

@@ -19,6 +19,8 @@ from txsink.errors import TxsinkError
 from txsink_kafka.txn_protocol import ConnectionDroppedError, TxnProtocolError
 
 log = logging.getLogger(__name__)
+#: Marks a log record as one retry of a server that is away (see txsink.console).
+RETRY_RECORD = {"txsink_retry": True}
 
 T = TypeVar("T")
 
@@ -80,6 +82,7 @@ def retry_transient(action: Callable[[], T], *, what: str, bound_s: float,
                 raise
             log.warning("%s: Kafka unavailable (attempt %d, %s: %s); retrying in %.1fs, "
                         "for up to %.0fs in all (unavailable.retry.s)", what, attempt,
-                        type(exc).__name__, redact(str(exc)), delay, bound_s)
+                        type(exc).__name__, redact(str(exc)), delay, bound_s,
+                        extra=RETRY_RECORD)
             sleep(delay)
             delay = min(delay * 2, 5.0)

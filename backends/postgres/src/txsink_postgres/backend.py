@@ -138,6 +138,7 @@ class PostgresBackend(Backend):
     #: libpq's secret parameters, as options, as ``connect.*`` options and in the DSN.
     secret_options: ClassVar[frozenset[str]] = frozenset({
         "password", "sslpassword", "connect.sslpassword"})
+    connect_retry_option: ClassVar[str | None] = "connect_retry_s"
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
     payload_version: ClassVar[int] = 1
 
@@ -334,8 +335,8 @@ class PostgresBackend(Backend):
                                         f"over {self.connect_retry_s:g}s; option "
                                         "connect_retry_s sets how long to retry)") from None
                 wait = min(delay, left)
-                log.warning("postgres backend: %s; attempt %d, retrying in %.2fs", exc,
-                            attempt, wait)
+                log.warning("%s; attempt %d, retrying in %.2fs", exc, attempt, wait,
+                            extra={"txsink_retry": True})
                 time.sleep(wait)
                 delay = min(delay * 2, 5.0)
                 attempt += 1

@@ -187,6 +187,7 @@ class S3Backend(Backend):
         Capability.SURVIVES_RESTART,
     })
     secret_options: ClassVar[frozenset[str]] = frozenset({"secret_access_key", "session_token"})
+    connect_retry_option: ClassVar[str | None] = "connect_retry_s"
     #: at_least_once / none complete the upload in the task (the default finish_in_task).
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
     payload_version: ClassVar[int] = 1
@@ -391,7 +392,8 @@ class S3Backend(Backend):
                     raise
                 log.warning("s3 backend: %s at %s failed (%s); attempt %d, retrying in "
                             "%.2fs", what, self.endpoint_url or "AWS",
-                            self._redact(str(exc)), attempt, delay)
+                            self._redact(str(exc)), attempt, delay,
+                            extra={"txsink_retry": True})
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 attempt += 1

@@ -35,9 +35,17 @@ def default_log_path(checkpoint: str, name: str) -> Path:
     return Path(tempfile.gettempdir()) / f"txsink-{name}-spark.log"
 
 
+#: Loggers of the client libraries the backends use. They log every reconnect of a
+#: server that restarts (kafka-python: an ERROR per refused connection, a WARNING per
+#: metadata retry); txsink rides that out and says so in its own retry lines, so
+#: theirs go to the log file, not the terminal.
+CLIENT_LOGGERS = ("kafka", "botocore", "boto3", "urllib3", "psycopg", "s3transfer")
+
+
 class _SparkRecordsToFile(logging.Filter):
     """Sends records that py4j logs through the root logger (``logging.exception``
-    when a call is interrupted) to the log file instead of the terminal."""
+    when a call is interrupted), and those of the backends' client libraries, to the
+    log file instead of the terminal."""
 
     _PACKAGES = (f"{os.sep}py4j{os.sep}", f"{os.sep}pyspark{os.sep}")
 
@@ -46,7 +54,8 @@ class _SparkRecordsToFile(logging.Filter):
         self.file_handler = file_handler
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if any(p in record.pathname for p in self._PACKAGES):
+        if any(p in record.pathname for p in self._PACKAGES) or (
+                record.name.split(".", 1)[0] in CLIENT_LOGGERS):
             self.file_handler.handle(record)
             return False
         return True

@@ -26,13 +26,16 @@ from txsink.backend import Backend
 from txsink.config import PipelineConfig
 from txsink.errors import ConfigError, SinkOwnedError, TxsinkError
 from txsink.plugins import Plugins, get_plugins
-from txsink.spark.console import default_log_path, spark_output_to
+from txsink.spark.console import CLIENT_LOGGERS, default_log_path, spark_output_to
 from txsink.state import EpochRecord, EpochState, StateStore, new_owner_token
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+#: How long ``txsink run`` waits for a target server that is down before Spark starts.
+DEFAULT_CONNECT_RETRY_S = 10.0
 
 Printer = Callable[[str], None]
 
@@ -155,6 +158,7 @@ def run_pipeline(
     poll_s: float = 0.5,
     log_path: Path | None = None,
     pipeline_file: str | None = None,
+    connect_retry_s: float = DEFAULT_CONNECT_RETRY_S,
 ) -> RunResult:
     """Run ``cfg`` until it ends, a bound is reached, or SIGINT/SIGTERM.
 
@@ -162,15 +166,7 @@ def run_pipeline(
     output goes to ``log_path``; errors raised here name it.
     """
     plugins = get_plugins()
-    backend = plugins.create_backend(cfg.sink.backend, cfg.sink.options)
-    try:
-        backend.preflight(cfg.sink.sink_id)
-        target = backend.describe()
-    except ConfigError as exc:
-        where = f"sink.options.{exc.field}" if exc.field else "sink"
-        raise ConfigError(f"{where}: {exc}", field=where, sink_id=cfg.sink.sink_id) from None
-    finally:
-        backend.close()
+    target = preflight(cfg, plugins, connect_retry_s)
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
     check_ownership(cfg, plugins, store, pipeline_file or cfg.path or "PIPELINE_FILE")
     log_path = log_path or default_log_path(cfg.checkpoint, cfg.name)
@@ -261,6 +257,56 @@ def _with_hints(exc: TxsinkError, cfg: PipelineConfig, log_path: Path) -> Txsink
     clone.__dict__.update(exc.__dict__)
     clone.args = (message,)
     return clone
+
+
+
+
+def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> str:
+    """The backend's checks before Spark starts; returns its description.
+
+    A server that is down is retried for ``connect_retry_s`` (``--connect-retry``), not
+    for the running query's own, longer, bound; the retries are not printed one by
+    one: the run stops with one line that says what was tried and for how long.
+    """
+    options = dict(cfg.sink.options)
+    option = plugins.backends.get(cfg.sink.backend).value.connect_retry_option
+    if option is not None:
+        options[option] = f"{connect_retry_s:g}"
+    backend = plugins.create_backend(cfg.sink.backend, options)
+    quiet = _QuietRetries()
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        backend.preflight(cfg.sink.sink_id)
+        return backend.describe()
+    except ConfigError as exc:
+        where = f"sink.options.{exc.field}" if exc.field else "sink"
+        tried = (f". Before Spark starts a run waits {connect_retry_s:g}s for a server that "
+                 "is down (`txsink run --connect-retry SECONDS`; the backend's option bounds "
+                 "the wait of a running query)"
+                 if quiet.retries or (option is not None and option in str(exc)) else "")
+        raise ConfigError(f"{where}: {exc}{tried}", field=where,
+                          sink_id=cfg.sink.sink_id) from None
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+        backend.close()
+
+
+class _QuietRetries(logging.Filter):
+    """Counts, and keeps off the terminal, the retry lines of a server that is down
+    (and its client library's own reconnect noise) while the run checks it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retries = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "txsink_retry", False):
+            self.retries += 1
+            return False
+        return record.name.split(".", 1)[0] not in CLIENT_LOGGERS
 
 
 def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
