@@ -1,6 +1,8 @@
 """Local PostgreSQL, S3 and Kafka for the example pipelines, and clients to read them.
 
     uv run python examples/dev_servers.py start       # until Ctrl-C; writes out/dev-servers.env
+    uv run python examples/dev_servers.py start --detach   # in the background, for scripts
+    uv run python examples/dev_servers.py stop        # stops a detached start
     . out/dev-servers.env                             # the variables the examples read
     uv run python examples/dev_servers.py psql -c 'SELECT count(*) FROM rate_events'
     uv run python examples/dev_servers.py kafka-read rate-events
@@ -29,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ENV_FILE = Path("out/dev-servers.env")
+PID_FILE = Path("out/dev-servers.pid")
+LOG_FILE = Path("out/dev-servers.log")
 TOPIC = "rate-events"
 BUCKET = "txsink-examples"
 
@@ -46,7 +50,7 @@ def _read_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _servers() -> Iterator[dict[str, str]]:
+def _servers(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     """Start the three servers (stopping whatever started if one fails)."""
     from txsink_kafka.local_broker import LocalKafka
     from txsink_postgres.testing import LocalPostgres
@@ -54,15 +58,15 @@ def _servers() -> Iterator[dict[str, str]]:
 
     with contextlib.ExitStack() as stack:
         print("starting PostgreSQL ...", flush=True)
-        pg = stack.enter_context(LocalPostgres(password="txsink-examples"))
+        pg = stack.enter_context(LocalPostgres(password="txsink-examples", port=args.pg_port))
         print("starting SeaweedFS (S3) ...", flush=True)
-        weed = LocalSeaweedFS()
+        weed = LocalSeaweedFS(s3_port=args.s3_port)
         stack.callback(weed.cleanup)
         stack.callback(weed.stop)
         weed.start()
         weed.client().create_bucket(Bucket=BUCKET)
         print("starting Apache Kafka (the first start downloads its jars) ...", flush=True)
-        kafka = stack.enter_context(LocalKafka())
+        kafka = stack.enter_context(LocalKafka(port=args.kafka_port))
         _create_topic(kafka.bootstrap)
         yield {
             "TXSINK_PG_DSN": pg.dsn,
@@ -94,7 +98,19 @@ def _create_topic(bootstrap: str) -> None:
     admin.create_topics([topic])[TOPIC].result(timeout=60)
 
 
+def _running_pid() -> int | None:
+    """The pid of a detached start that still runs, if any."""
+    try:
+        pid = int(PID_FILE.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
 def cmd_start(args: argparse.Namespace) -> int:
+    if args.detach:
+        return _start_detached(args)
     stop = {"signal": 0}
 
     def handler(signum: int, frame: object) -> None:
@@ -102,7 +118,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    with _servers() as env:
+    with _servers(args) as env:
         ENV_FILE.parent.mkdir(parents=True, exist_ok=True)
         ENV_FILE.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
         ENV_FILE.chmod(0o600)  # it holds the local servers' passwords
@@ -115,6 +131,62 @@ def cmd_start(args: argparse.Namespace) -> int:
         print("stopping ...", flush=True)
     ENV_FILE.unlink(missing_ok=True)
     print("stopped")
+    return 0
+
+
+def _start_detached(args: argparse.Namespace) -> int:
+    """Run ``start`` in a session of its own, output in a log file; return once ready."""
+    if _running_pid() is not None:
+        sys.exit(f"dev servers already run (pid {PID_FILE.read_text().strip()}); "
+                 "examples/dev_servers.py stop first")
+    ENV_FILE.unlink(missing_ok=True)
+    LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, __file__, "start"]
+    for name in ("pg_port", "s3_port", "kafka_port"):
+        if getattr(args, name):
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    with open(LOG_FILE, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    PID_FILE.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + args.wait
+    while not ENV_FILE.is_file():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc.pid)
+            sys.exit(f"dev servers did not start within {args.wait:.0f}s (exit "
+                     f"{proc.returncode}); see {LOG_FILE}")
+        time.sleep(0.5)
+    print(f"dev servers running in the background (pid {proc.pid}, log {LOG_FILE}); "
+          f"variables: . {ENV_FILE}; stop: uv run python examples/dev_servers.py stop")
+    return 0
+
+
+def _stop(pid: int, timeout: float = 60.0) -> bool:
+    """SIGTERM the detached start's process group; SIGKILL it after ``timeout``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    return False
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    pid = _running_pid()
+    if pid is None:
+        print("no detached dev servers are running")
+        PID_FILE.unlink(missing_ok=True)
+        return 0
+    clean = _stop(pid)
+    PID_FILE.unlink(missing_ok=True)
+    ENV_FILE.unlink(missing_ok=True)
+    print("stopped" if clean else f"killed (did not stop within 60s; see {LOG_FILE})")
     return 0
 
 
@@ -181,8 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="examples/dev_servers.py",
                                      description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("start", help="start the servers; Ctrl-C stops them").set_defaults(
-        func=cmd_start)
+    start = sub.add_parser("start", help="start the servers; Ctrl-C (or `stop` after "
+                           "--detach) stops them")
+    start.add_argument("--detach", action="store_true",
+                       help="run in the background (its own process group, output in "
+                       f"{LOG_FILE}); return once the servers are ready")
+    start.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
+                       help="with --detach: how long to wait for the servers (default 600)")
+    for name, what in (("pg-port", "PostgreSQL"), ("s3-port", "the S3 endpoint"),
+                       ("kafka-port", "Kafka")):
+        start.add_argument(f"--{name}", type=int, metavar="PORT",
+                           help=f"port for {what} on 127.0.0.1 (default: a free one)")
+    start.set_defaults(func=cmd_start)
+    sub.add_parser("stop", help="stop servers started with --detach").set_defaults(
+        func=cmd_stop)
     psql = sub.add_parser("psql", help="psql connected to the local PostgreSQL; other "
                           "arguments go to psql")
     psql.set_defaults(func=cmd_psql)

@@ -52,6 +52,11 @@ def _bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def _shape(line: str) -> str:
+    """A listing line with its numbers (sizes, epochs, attempts, counts) blanked."""
+    return re.sub(r"\d+", "N", line.strip())
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,6 +91,11 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
         out = _bash(f"{load}\n{s3}", tmp_path, env).stdout
         objects = int(re.findall(r"^(\d+) object\(s\)$", out, re.M)[-1])
         assert objects > 0 and ".parquet" in out, out
+        # The sample in the README has the shape of what a run prints, line by line.
+        shown = re.findall(r"^## S3.*?```text\n(.*?)\n```", README.read_text(), re.S | re.M)[0]
+        shapes = {_shape(line) for line in out.splitlines()}
+        for line in shown.splitlines():
+            assert line == "..." or _shape(line) in shapes, (line, out)
 
         out = _bash(f"{load}\n{kafka}", tmp_path, env).stdout
         records, ids = map(int, re.findall(
@@ -103,6 +113,9 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
         assert lines[0].startswith(
             "txsink: config error: sink.options.kafka.bootstrap.servers: kafka sink: cannot "
             "reach Kafka at "), lines[0]
+        shown = re.findall(r"Without a broker.*?```text\n(.*?)\n```", README.read_text(), re.S)
+        assert shown and re.sub(r"127\.0\.0\.1:\d+", "HOST", shown[0]) == re.sub(
+            r"127\.0\.0\.1:\d+", "HOST", lines[0]), (shown, lines[0])
         assert "spark log:" not in no_broker.stdout
     finally:
         servers.terminate()
@@ -113,3 +126,37 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
     assert servers.returncode == 0, log
     assert "stopped" in log
     assert not (tmp_path / "out" / "dev-servers.env").exists()
+
+
+def test_dev_servers_start_detached_on_chosen_ports_and_stop(tmp_path: Path) -> None:
+    """``start --detach`` returns once the servers are ready, on the ports asked for;
+    ``stop`` stops the whole group and removes the variables file."""
+    shutil.copytree(REPO / "examples", tmp_path / "examples",
+                    ignore=shutil.ignore_patterns("sqlite-backend"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TXSINK_", "AWS_"))}
+    pg_port, s3_port, kafka_port = _free_port(), _free_port(), _free_port()
+    script = tmp_path / "examples" / "dev_servers.py"
+    started = subprocess.run(
+        [sys.executable, str(script), "start", "--detach", "--pg-port", str(pg_port),
+         "--s3-port", str(s3_port), "--kafka-port", str(kafka_port)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
+    pid_file = tmp_path / "out" / "dev-servers.pid"
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert "running in the background" in started.stdout
+        variables = (tmp_path / "out" / "dev-servers.env").read_text()
+        assert f"port={pg_port}" in variables
+        assert f"127.0.0.1:{s3_port}" in variables
+        assert f"127.0.0.1:{kafka_port}" in variables
+        pid = int(pid_file.read_text())
+        os.killpg(pid, 0)  # its group runs
+        stopped = subprocess.run([sys.executable, str(script), "stop"], cwd=tmp_path,
+                                 env=env, capture_output=True, text=True, timeout=120,
+                                 check=False)
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+        assert not (tmp_path / "out" / "dev-servers.env").exists()
+    finally:
+        if pid_file.exists():
+            kill_group(int(pid_file.read_text()))

