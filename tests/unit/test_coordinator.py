@@ -364,3 +364,36 @@ def test_a_coordinator_fenced_during_its_orphan_scan_aborts_nothing(env: Env) ->
     assert set(env.system.prepared) == {c.participant for c in msgs}
     assert newer.commit_epoch(1, msgs) is EpochOutcome.COMMITTED
     assert env.ids() == expected_ids(range(2), 3)
+
+
+def test_a_forced_resolve_keeps_what_was_committed_and_the_replay_writes_the_rest(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    """Operations hole 4: after ``resolve --abort --force`` of a partly committed epoch,
+    Spark's replay wrote the whole epoch again (the committed participant twice), and
+    the resolve said every row was dropped."""
+    from txsink.cli import _force_abort
+    from txsink.faults import AFTER_FIRST_COMMIT
+
+    crashing = env.coordinator(faults=FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 0, "raise")]))
+    msgs = env.prepare_epoch(0, partitions=2)
+    with pytest.raises(InjectedFault):
+        crashing.commit_epoch(0, msgs)
+    lost = msgs[1]
+    env.system.prepared.pop(lost.participant)  # the target lost it (a timeout)
+    operator = env.coordinator(owner="operator")
+    operator.start(recover=False)
+    record = env.store().get(0)
+    assert record is not None
+    _force_abort(operator, env.backend, env.store(), record)
+    said = capsys.readouterr().out
+    assert "1 participant(s) (10 row(s)) were committed already and stay visible" in said
+    assert "1 participant(s), 10 row(s) dropped" in said
+    # Spark replays epoch 0: partition 0 is not written again, partition 1 is.
+    replay = env.coordinator(owner="run-2")
+    replay.start()
+    again = [env.prepare(0, p, attempt=5) for p in range(2)]
+    assert replay.commit_epoch(0, again) is EpochOutcome.COMMITTED
+    assert env.ids() == expected_ids(range(1), 2)
+    assert env.system.prepared == {}
+    meta = env.store().read_meta()
+    assert meta is not None and meta.kept == {}

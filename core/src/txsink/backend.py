@@ -241,6 +241,16 @@ class Backend(abc.ABC):
         """
         return False
 
+    def is_committed(self, committable: Committable) -> bool | None:
+        """Whether the target shows ``committable`` committed, without changing anything.
+
+        Asked by ``txsink resolve --abort --force`` before it gives up a decided epoch:
+        a participant already committed stays visible whatever txsink does, so the
+        resolve keeps it (and a replay of the epoch does not write its partition again)
+        and says so. None when the system cannot tell. Default: None.
+        """
+        return None
+
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every prepared (not committed, not aborted) participant of ``sink_id``.
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink.backend import Backend
+from txsink.coordinator import Coordinator
 from txsink.errors import ConfigError, StateError, TxsinkError
 from txsink.model import Committable, DeliveryGuarantee
 from txsink.plugins import Plugins, get_plugins
@@ -516,9 +517,53 @@ def _lease_words(lease: dict[str, Any]) -> str:
             "runs is unknown from here")
 
 
-def cmd_resolve(args: argparse.Namespace) -> int:
-    from txsink.coordinator import Coordinator
+def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
+                 record: EpochRecord) -> None:
+    """Give a DECIDED epoch up, telling the truth about what stays visible.
 
+    A participant the target shows committed cannot be taken back: it is kept, the
+    state remembers its partition (a replay of the epoch does not write it again), and
+    the message counts its rows as visible, not as dropped.
+    """
+    import dataclasses
+
+    sink = coordinator.sink_id
+    committed: list[Committable] = []
+    dropped: list[Committable] = []
+    unknown: list[Committable] = []
+    for c in record.committables:
+        state = backend.is_committed(c)
+        if state:
+            committed.append(c)
+            continue
+        backend.abort(c)
+        (dropped if state is False else unknown).append(c)
+    if committed:
+        meta = store.read_meta()
+        assert meta is not None
+        kept = {**meta.kept, record.epoch: tuple(sorted(c.partition for c in committed))}
+        store.write_meta(coordinator.lease, dataclasses.replace(meta, kept=kept))
+    store.delete(coordinator.lease, [record.epoch])
+    parts = [f"aborted DECIDED epoch {record.epoch} of sink {sink!r} (--force):"]
+    if committed:
+        parts.append(
+            f"{len(committed)} participant(s) ({sum(c.rows for c in committed)} row(s)) were "
+            "committed already and stay visible; when Spark replays the epoch, their "
+            f"partitions ({', '.join(str(c.partition) for c in committed)}) are not "
+            "written again;")
+    parts.append(f"{len(dropped)} participant(s), {sum(c.rows for c in dropped)} row(s) "
+                 "dropped" + (";" if unknown else ""))
+    if unknown:
+        parts.append(f"{len(unknown)} participant(s) ({sum(c.rows for c in unknown)} row(s)) "
+                     f"rolled back where {backend.name} cannot tell whether they were "
+                     "committed before (check the output)")
+    print(" ".join(parts))
+    log.warning("sink=%s epoch=%d: decided epoch given up by resolve --force: %d "
+                "participant(s) kept committed, %d dropped, %d unknown", sink, record.epoch,
+                len(committed), len(dropped), len(unknown))
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
     plugins = get_plugins()
     store = open_state(args.checkpoint, plugins)
     meta = store.read_meta()
@@ -575,11 +620,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
                     "keep exactly-once. --force aborts it and its output is lost",
                     sink_id=meta.sink_id, epoch=epoch)
             coordinator.start(recover=False)
-            for c in record.committables:
-                backend.abort(c)
-            store.delete(coordinator.lease, [epoch])
-            print(f"aborted DECIDED epoch {epoch} of sink {meta.sink_id!r} (--force): "
-                  f"{len(record.committables)} participant(s), {record.rows} row(s) dropped")
+            _force_abort(coordinator, backend, store, record)
             return 0
         coordinator.start(recover=False)
         try:

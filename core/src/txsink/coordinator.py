@@ -387,7 +387,19 @@ class Coordinator:
             self._abort_all(epoch, extra, "replayed")
             return EpochOutcome.RECOVERED
 
-        if self.backend.holds_epoch(self.sink_id, epoch):
+        meta = self.store.read_meta() or self._meta
+        kept = meta.kept.get(epoch) if meta is not None else None
+        if kept:
+            # A forced resolve gave this epoch up with these partitions committed: they
+            # stay, and the replay writes only the others.
+            again = [c for c in committables if c.partition in kept]
+            self._abort_all(epoch, again, "replayed")
+            committables = [c for c in committables if c.partition not in kept]
+            log.warning("sink=%s epoch=%d: replay of an epoch a forced resolve gave up: "
+                        "partitions %s stayed committed and are not written again; %d "
+                        "participant(s) of the other partitions are decided now",
+                        self.sink_id, epoch, list(kept), len(committables))
+        elif self.backend.holds_epoch(self.sink_id, epoch):
             return self._held_by_target(epoch, committables, reserved=reserved)
 
         self._check_secrets(epoch, committables)
@@ -401,6 +413,10 @@ class Coordinator:
         self.plugins.epoch_decided(self.sink_id, epoch, committables)
         self.faults.hit(AFTER_DECIDE, epoch)
         self._finish(record)
+        if kept and meta is not None:
+            kept_now = {e: p for e, p in meta.kept.items() if e != epoch}
+            self._meta = dataclasses.replace(self.store.read_meta() or meta, kept=kept_now)
+            self.store.write_meta(lease, self._meta)
         # One listing of the states serves the orphan scan and pruning (the scan
         # writes none); only the records they act on are read.
         states = self.store.states()

@@ -169,6 +169,9 @@ class SinkMeta:
     #: The streaming query that drove the committed versions of each ``app_id``
     #: (``foreachBatch`` writes): versions from another query are not comparable.
     write_queries: Mapping[str, str] = field(default_factory=dict)
+    #: Epochs given up by ``txsink resolve --abort --force`` with some participants
+    #: already committed: epoch -> their partitions, which a replay does not write again.
+    kept: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -183,6 +186,8 @@ class SinkMeta:
             data["guarantee"] = self.guarantee
         if self.write_queries:
             data["write_queries"] = dict(self.write_queries)
+        if self.kept:
+            data["kept"] = {str(e): list(p) for e, p in self.kept.items()}
         return data
 
     @classmethod
@@ -194,7 +199,9 @@ class SinkMeta:
                        {str(k): int(v) for k, v in dict(data.get("writes", {})).items()},
                        str(data.get("guarantee", "exactly_once")),
                        {str(k): str(v) for k, v in
-                        dict(data.get("write_queries", {})).items()})
+                        dict(data.get("write_queries", {})).items()},
+                       {int(e): tuple(int(p) for p in ps) for e, ps in
+                        dict(data.get("kept", {})).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 

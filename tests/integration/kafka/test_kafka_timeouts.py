@@ -100,3 +100,71 @@ def test_a_decided_epoch_lost_to_the_broker_timeout_stops_the_restart(
     record = state.get(0)
     assert record is not None and record.state.value == "decided"
     assert kt.read_topic(bootstrap, topic) == []
+
+
+def test_the_documented_remedy_after_a_timeout_ends_the_epoch_exactly_once(
+        short_timeout_kafka: LocalKafka, tmp_path: Path) -> None:
+    """Operations hole 4. The driver commits one participant of a decided epoch, then
+    stays down past transaction.timeout.ms: the broker aborts the other. The remedy in
+    docs/backends/kafka.md (``resolve --abort --force``, then Spark replays the batch)
+    wrote the committed participant a second time, and the resolve said all its rows
+    were dropped."""
+    import subprocess
+    import sys
+
+    from txsink.coordinator import EpochOutcome
+    from txsink.faults import AFTER_FIRST_COMMIT
+
+    bootstrap = short_timeout_kafka.bootstrap
+    topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(bootstrap, topic, partitions=2)
+    kt.create_topic(bootstrap, markers, partitions=1)
+    sink = f"fr-{uuid.uuid4().hex[:8]}"
+    options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "marker.topic": markers,
+               "kafka.transaction.timeout.ms": str(TIMEOUT_MS)}
+    backend = get_plugins().create_backend("kafka", options)
+    assert isinstance(backend, KafkaBackend)
+    backend.preflight(sink)
+    state = DirectoryStateStore(tmp_path / "chk" / "txsink")
+    crash = FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 0, "raise")])
+    coord = Coordinator(backend, state, sink, plugins=build_plugins(), faults=crash,
+                        backend_options=options)
+    coord.start()
+    rows = {0: range(0, 10), 1: range(100, 110)}
+    msgs = [write_participant(backend, TransactionContext(sink, 0, p), [batch(rows[p])])
+            for p in range(2)]
+    with pytest.raises(InjectedFault):  # one participant committed, then the driver dies
+        coord.commit_epoch(0, msgs)
+    wait_until_not_open(backend, [str(msgs[1].payload["transactional_id"])])
+    backend.close()
+    close_shared_clients()
+    restarted = get_plugins().create_backend("kafka", options)
+    try:
+        with pytest.raises(ParticipantLostError):
+            Coordinator(restarted, state, sink, plugins=build_plugins()).start()
+    finally:
+        restarted.close()
+    close_shared_clients()
+
+    # The documented remedy, as an operator types it.
+    proc = subprocess.run([sys.executable, "-m", "txsink.cli", "resolve",
+                           str(tmp_path / "chk"), "--epoch", "0", "--abort", "--force"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert ("1 participant(s) (10 row(s)) were committed already and stay visible"
+            in proc.stdout), proc.stdout
+    assert "1 participant(s), 10 row(s) dropped" in proc.stdout, proc.stdout
+
+    # Spark replays the batch: both partitions write again; only the lost one counts.
+    replay_backend = get_plugins().create_backend("kafka", options)
+    try:
+        replay = Coordinator(replay_backend, state, sink, plugins=build_plugins(),
+                             backend_options=options)
+        replay.start()
+        again = [write_participant(replay_backend, TransactionContext(sink, 0, p, 7),
+                                   [batch(rows[p])]) for p in range(2)]
+        assert replay.commit_epoch(0, again) is EpochOutcome.COMMITTED
+    finally:
+        replay_backend.close()
+    keys = sorted(int(m.key()) for m in kt.read_topic(bootstrap, topic))
+    assert keys == [*rows[0], *rows[1]], keys  # each row exactly once

@@ -172,6 +172,12 @@ class KafkaBackend(Backend):
     def open_markers(self, sink_id: str) -> dict[str, Marker]:
         return self.recovery.open_markers(sink_id)
 
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        return self.recovery.holds_epoch(sink_id, epoch)
+
+    def is_committed(self, committable: Committable) -> bool | None:
+        return self.committer.is_committed(committable)
+
     def payload(self, c: Committable) -> tuple[str, ProducerIdentity, tuple[str, int, int]]:
         return self.committer.payload(c)
 

@@ -45,6 +45,8 @@ class ScanState:
     open: dict[str, Marker] = field(default_factory=dict)
     #: The latest owner marker seen (claim_sink).
     owner: Marker | None = None
+    #: Epochs with a participant ended as committed, among the markers scanned.
+    committed_epochs: set[int] = field(default_factory=set)
 
 
 class DriverClients:

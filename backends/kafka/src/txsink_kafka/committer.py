@@ -121,6 +121,15 @@ class KafkaCommitter:
             ends.produce(topic, value, key, partition)
         ends.poll(0)
 
+    def is_committed(self, c: Committable) -> bool:
+        """Its begin marker is readable to read_committed readers, or a committed end
+        marker of this producer id and epoch follows it (compaction took the begin)."""
+        tid, identity, (mtopic, mpart, moffset) = self.payload(c)
+        status = self.marker_status(mtopic, mpart, moffset, tid)
+        return status == MarkerStatus.VISIBLE or (
+            status == MarkerStatus.MISSING
+            and self.ended_as_committed(mtopic, mpart, moffset, tid, identity))
+
     def commit(self, committable: Committable) -> CommitOutcome:
         # Idempotent from the top (the marker check comes first), so a retry after
         # the broker came back is safe. A coordinator that is not ready yet (a broker

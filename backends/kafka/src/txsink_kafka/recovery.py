@@ -21,7 +21,7 @@ from txsink.model import Committable, participant_name
 
 from txsink_kafka.clients import NAME, ScanState, SinkClients, read_range
 from txsink_kafka.committer import KafkaCommitter
-from txsink_kafka.markers import ABORTED, BEGIN, END, OWNER, Marker, marker_partition
+from txsink_kafka.markers import ABORTED, BEGIN, COMMITTED, END, OWNER, Marker, marker_partition
 from txsink_kafka.naming import SinkIds, preflight_id
 from txsink_kafka.txn_protocol import (
     ConnectionDroppedError,
@@ -162,6 +162,8 @@ class KafkaRecovery:
                 if m.kind == BEGIN:
                     state.open[m.transactional_id] = m
                 elif m.kind == END:
+                    if m.outcome == COMMITTED:
+                        state.committed_epochs.add(m.epoch)
                     began = state.open.get(m.transactional_id)
                     # A restarted query reuses names (Spark's task attempt ids start
                     # again), and a transactional id keeps its producer id: only an end
@@ -174,6 +176,17 @@ class KafkaRecovery:
                     state.owner = m
             state.cursor = max(high, last + 1)
             return dict(state.open)
+
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        """A participant of ``epoch`` ended as committed, per the marker partition.
+
+        End markers are written once a participant's commit is confirmed on every
+        partition it wrote, so they never count prepared data. The scan covers the
+        marker partition's tail (``orphan.scan.records`` behind the last stable
+        offset in a new process), where the epochs a replay can bring back are.
+        """
+        self.open_markers(sink_id)
+        return epoch in self.scan_state(sink_id).committed_epochs
 
     def scan_state(self, sink_id: str) -> ScanState:
         return self.shared.driver().scans[f"{self.config.marker_topic}/{sink_id}"]

@@ -573,6 +573,10 @@ class FilesBackend(Backend):
                     participant=committable.participant) from None
         return CommitOutcome.COMMITTED, pending
 
+    def is_committed(self, committable: Committable) -> bool | None:
+        paths = self._paths(committable)
+        return paths is None or (paths[1].exists() and not paths[0].exists())
+
     def abort(self, committable: Committable) -> None:
         paths = self._paths(committable)
         if paths is not None:

@@ -153,6 +153,11 @@ class MemoryBackend(Backend):
                        and ctx.sink_id == sink_id and ctx.epoch == epoch
                        for name, _ in self.system.markers)
 
+    def is_committed(self, committable: Committable) -> bool | None:
+        with self.system.lock:
+            return (committable.participant, str(committable.payload["txn"])) in (
+                self.system.markers)
+
     def abort(self, committable: Committable) -> None:
         s = self.system
         with s.lock:
