@@ -56,5 +56,5 @@ def topic(kafka_broker: Broker) -> str:
 def marker_topic(kafka_broker: Broker) -> str:
     """A marker topic per test, so its last stable offset shows only this test's work."""
     name = f"m-{uuid.uuid4().hex[:10]}"
-    kt.create_topic(kafka_broker.bootstrap, name, partitions=1)
+    kt.create_topic(kafka_broker.bootstrap, name, partitions=1, compacted=True)
     return name

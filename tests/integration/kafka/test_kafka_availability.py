@@ -61,7 +61,7 @@ def test_preflight_writer_and_commit_ride_out_a_broker_restart(
     caplog.set_level(logging.WARNING, logger="txsink_kafka")
     topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
     kt.create_topic(kafka.bootstrap, topic, partitions=2)
-    kt.create_topic(kafka.bootstrap, markers, partitions=1)
+    kt.create_topic(kafka.bootstrap, markers, partitions=1, compacted=True)
     sink = f"av-{uuid.uuid4().hex[:8]}"
     options = {"kafka.bootstrap.servers": kafka.bootstrap, "topic": topic,
                "marker.topic": markers, "request.timeout.s": "3",

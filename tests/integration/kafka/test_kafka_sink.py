@@ -517,3 +517,45 @@ def test_exactly_once_never_keeps_a_producer(backend: KafkaBackend, sink_id: str
         _until_ended(backend, str(c.payload["transactional_id"]))
     assert kb.PRODUCER_COUNTS["init_transactions"] - before == 2
     assert not kwriter._PRODUCERS
+
+
+def test_an_existing_marker_topic_that_is_not_compacted_is_refused(
+        kafka_broker: Broker, topic: str, sink_id: str) -> None:
+    """Operations suspicion, confirmed: an existing claim or marker topic was used as it
+    was; with cleanup.policy=delete, retention removes live markers and claims."""
+    plain = f"m-{uuid.uuid4().hex[:10]}"
+    kt.create_topic(kafka_broker.bootstrap, plain, partitions=1)  # cleanup.policy=delete
+    b = get_plugins().create_backend("kafka", {"kafka.bootstrap.servers":
+                                               kafka_broker.bootstrap, "topic": topic,
+                                               "marker.topic": plain})
+    try:
+        with pytest.raises(ConfigError, match=r"cleanup\.policy=delete") as err:
+            b.preflight(sink_id)
+    finally:
+        b.close()
+    assert err.value.field == "marker.topic"
+    assert "cleanup.policy=compact" in str(err.value)
+
+
+def test_an_orphan_marker_without_producer_id_never_fences_a_live_writer(
+        backend: KafkaBackend, sink_id: str, topic: str, kafka_broker: Broker) -> None:
+    """Operations suspicion, confirmed: a begin marker written before librdkafka reported
+    the producer id (-1) made orphan cleanup fence its pooled id unconditionally, which
+    aborted whatever live participant used the id by then. Now no such marker is written
+    (the open fails instead), and one from an older release is left to the broker's
+    transaction timeout."""
+    from confluent_kafka import Producer
+    from txsink_kafka.markers import BEGIN, Marker, marker_partition
+
+    live = prepare(backend, sink_id, 5, 0, range(10))
+    tid = str(live.payload["transactional_id"])
+    legacy = Marker(BEGIN, tid, sink_id, 3, 0, 9)  # an older release's: producer id -1
+    key, value = legacy.encode()
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    producer.produce(backend.config.marker_topic, value, key,
+                     marker_partition(sink_id, backend.shared.marker_partitions or 1))
+    assert producer.flush(30) == 0
+    aborted = backend.abort_orphans(sink_id, protected=set(), up_to_epoch=4)
+    assert [c.participant for c in aborted] == []
+    assert backend.commit(live) is CommitOutcome.COMMITTED  # the live writer was not fenced
+    assert keys(kafka_broker.bootstrap, topic) == list(range(10))

@@ -65,7 +65,7 @@ def test_a_decided_epoch_lost_to_the_broker_timeout_stops_the_restart(
     bootstrap = short_timeout_kafka.bootstrap
     topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
     kt.create_topic(bootstrap, topic, partitions=2)
-    kt.create_topic(bootstrap, markers, partitions=1)
+    kt.create_topic(bootstrap, markers, partitions=1, compacted=True)
     sink = f"to-{uuid.uuid4().hex[:8]}"
     options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "marker.topic": markers,
                "kafka.transaction.timeout.ms": str(TIMEOUT_MS)}
@@ -118,7 +118,7 @@ def test_the_documented_remedy_after_a_timeout_ends_the_epoch_exactly_once(
     bootstrap = short_timeout_kafka.bootstrap
     topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
     kt.create_topic(bootstrap, topic, partitions=2)
-    kt.create_topic(bootstrap, markers, partitions=1)
+    kt.create_topic(bootstrap, markers, partitions=1, compacted=True)
     sink = f"fr-{uuid.uuid4().hex[:8]}"
     options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "marker.topic": markers,
                "kafka.transaction.timeout.ms": str(TIMEOUT_MS)}
@@ -168,3 +168,60 @@ def test_the_documented_remedy_after_a_timeout_ends_the_epoch_exactly_once(
         replay_backend.close()
     keys = sorted(int(m.key()) for m in kt.read_topic(bootstrap, topic))
     assert keys == [*rows[0], *rows[1]], keys  # each row exactly once
+
+
+def test_a_recreated_marker_topic_cannot_make_a_lost_participant_look_committed(
+        short_timeout_kafka: LocalKafka, tmp_path: Path) -> None:
+    """Operations suspicion, confirmed: "already committed" compared only the marker's
+    offset and key (the pooled transactional id). After the marker topic was recreated
+    (or truncated by an unclean election), a later participant of the same pooled id
+    had its marker at the same offset, and a re-commit of a decided participant the
+    broker had aborted answered ALREADY_COMMITTED: its rows were lost silently."""
+    import confluent_kafka.admin as kadmin
+
+    bootstrap = short_timeout_kafka.bootstrap
+    topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(bootstrap, topic, partitions=1)
+    kt.create_topic(bootstrap, markers, partitions=1, compacted=True)
+    sink = f"rc-{uuid.uuid4().hex[:8]}"
+    options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "marker.topic": markers,
+               "kafka.transaction.timeout.ms": str(TIMEOUT_MS)}
+    backend = get_plugins().create_backend("kafka", options)
+    assert isinstance(backend, KafkaBackend)
+    backend.preflight(sink)
+    state = DirectoryStateStore(tmp_path / "state")
+    coord = Coordinator(backend, state, sink, plugins=build_plugins(),
+                        faults=FaultInjector([FaultRule(AFTER_DECIDE, 0, "raise")]))
+    coord.start()
+    lost = write_participant(backend, TransactionContext(sink, 0, 0), [batch(range(10))])
+    with pytest.raises(InjectedFault):
+        coord.commit_epoch(0, [lost])
+    assert lost.payload["marker"]["offset"] == 0
+    wait_until_not_open(backend, [str(lost.payload["transactional_id"])])
+    backend.close()
+    close_shared_clients()
+    # The marker topic is recreated: its offsets start again at 0.
+    admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([markers])[markers].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            kt.create_topic(bootstrap, markers, partitions=1, compacted=True)
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "the marker topic was not deleted"
+            time.sleep(0.5)
+    # A later participant takes the freed pooled id; its marker lands at offset 0.
+    later = get_plugins().create_backend("kafka", options)
+    try:
+        newer = write_participant(later, TransactionContext(sink, 1, 0), [batch(range(50, 60))])
+        assert newer.payload["transactional_id"] == lost.payload["transactional_id"]
+        assert newer.payload["marker"]["offset"] == 0
+        later.commit(newer)
+        with pytest.raises(ParticipantLostError):
+            Coordinator(later, state, sink, plugins=build_plugins()).start()
+    finally:
+        later.close()
+    record = state.get(0)
+    assert record is not None and record.state.value == "decided"  # never called committed
+    assert sorted(int(m.key()) for m in kt.read_topic(bootstrap, topic)) == list(range(50, 60))

@@ -80,6 +80,8 @@ class KafkaAdmin:
                                  (self.config.claim_topic, "claim.topic")):
             if name not in metadata.topics:
                 self.create_compacted(admin, name, field_name, sink_id)
+            else:
+                self.check_compacted(admin, name, field_name, sink_id)
         # The broker rejects a transaction.timeout.ms above its transaction.max.timeout.ms
         # only when a producer registers: find out now, not in the first task.
         probe = preflight_id(self.config.transactional_id_prefix, sink_id)
@@ -96,6 +98,35 @@ class KafkaAdmin:
             raise ConfigError(f"kafka sink: cannot use transactions on "
                               f"{self.config.bootstrap}: {self.shared.redact(str(exc))}",
                               field="kafka.bootstrap.servers", sink_id=sink_id) from None
+
+    def check_compacted(self, admin: Any, name: str, field_name: str, sink_id: str) -> None:
+        """An existing marker or claim topic must be compacted: with ``delete``,
+        retention removes markers of open participants and claims, and recovery could no
+        longer find orphans nor the sink's owner. Refused, naming the fix."""
+        import confluent_kafka.admin as kadmin
+        from confluent_kafka import KafkaException
+
+        config_resource: Any = kadmin.ConfigResource  # type: ignore[attr-defined]
+        resource = config_resource(kadmin.ResourceType.TOPIC, name)  # type: ignore[attr-defined]
+        try:
+            entries = admin.describe_configs([resource])[resource].result(
+                self.config.request_timeout_s)
+        except KafkaException as exc:
+            log.warning("sink=%s: cannot check cleanup.policy of topic %s (option '%s'): %s; "
+                        "it must be compacted", sink_id, name, field_name,
+                        self.shared.redact(str(exc)))
+            return
+        entry = entries.get("cleanup.policy")
+        policy = str(entry.value) if entry is not None and entry.value is not None else ""
+        if "compact" not in policy.split(","):
+            raise ConfigError(
+                f"kafka sink: topic {name!r} (option '{field_name}') has "
+                f"cleanup.policy={policy or '?'}: txsink keeps one record per transactional "
+                "id and sink there, and retention would delete live ones (recovery could "
+                "no longer find orphans or the sink's owner). Make it compacted "
+                f"(kafka-configs --alter --entity-type topics --entity-name {name} "
+                "--add-config cleanup.policy=compact), or name another topic",
+                field=field_name, sink_id=sink_id)
 
     def create_compacted(self, admin: Any, name: str, field_name: str, sink_id: str) -> None:
         """Create a one-partition compacted topic txsink keeps its own records in."""

@@ -21,7 +21,7 @@ from txsink.errors import FatalCommitError, ParticipantLostError, RetriableCommi
 from txsink.model import Committable
 
 from txsink_kafka.clients import SinkClients, read_range, warn_near_timeout
-from txsink_kafka.markers import ABORTED, COMMITTED, END, Marker
+from txsink_kafka.markers import ABORTED, BEGIN, COMMITTED, END, Marker
 from txsink_kafka.naming import is_pooled
 from txsink_kafka.retry import retry_transient
 from txsink_kafka.txn_protocol import (
@@ -63,11 +63,17 @@ class KafkaCommitter:
                                    sink_id=c.sink_id, epoch=c.epoch,
                                    participant=c.participant) from None
 
-    def marker_status(self, topic: str, partition: int, offset: int, transactional_id: str
-                      ) -> str:
-        """Is the marker at ``offset`` visible to ``read_committed`` readers?"""
+    def marker_status(self, c: Committable) -> str:
+        """Is the begin marker of ``c`` visible to ``read_committed`` readers?
+
+        The record at the marker's offset counts only if it is that marker: same
+        transactional id, sink, epoch, partition, attempt and producer id and epoch. A
+        marker topic that was truncated (an unclean leader election) or recreated can
+        hold another participant's marker at the same offset, with the same pooled id.
+        """
         from confluent_kafka import TopicPartition
 
+        tid, identity, (topic, partition, offset) = self.payload(c)
         d = self.shared.driver()
         timeout = self.config.request_timeout_s
         with d.lock:
@@ -76,9 +82,9 @@ class KafkaCommitter:
             if offset >= lso:
                 return MarkerStatus.HIDDEN
             for msg in read_range(d.committed, topic, partition, offset, lso, timeout):
-                key = msg.key()
-                if msg.offset() == offset and key is not None and key.decode() == \
-                        transactional_id:
+                m = Marker.decode(msg.key(), msg.value(), msg.offset() or 0)
+                if msg.offset() == offset and m is not None and _same_participant(
+                        m, c, tid, identity):
                     return MarkerStatus.VISIBLE
                 return MarkerStatus.MISSING
             return MarkerStatus.MISSING
@@ -125,7 +131,7 @@ class KafkaCommitter:
         """Its begin marker is readable to read_committed readers, or a committed end
         marker of this producer id and epoch follows it (compaction took the begin)."""
         tid, identity, (mtopic, mpart, moffset) = self.payload(c)
-        status = self.marker_status(mtopic, mpart, moffset, tid)
+        status = self.marker_status(c)
         return status == MarkerStatus.VISIBLE or (
             status == MarkerStatus.MISSING
             and self.ended_as_committed(mtopic, mpart, moffset, tid, identity))
@@ -147,7 +153,7 @@ class KafkaCommitter:
         c = committable
         tid, identity, (mtopic, mpart, moffset) = self.payload(c)
         age = warn_near_timeout(c)
-        first = self.marker_status(mtopic, mpart, moffset, tid)
+        first = self.marker_status(c)
         if first == MarkerStatus.VISIBLE or (
                 first == MarkerStatus.MISSING
                 and self.ended_as_committed(mtopic, mpart, moffset, tid, identity)):
@@ -174,7 +180,7 @@ class KafkaCommitter:
             log.debug("%s: committed transactional.id=%s", c.describe(), tid)
             return CommitOutcome.COMMITTED
         rejected = rejected or f"the coordinator answered {result.value if result else '?'}"
-        status = self.marker_status(mtopic, mpart, moffset, tid)
+        status = self.marker_status(c)
         if status == MarkerStatus.VISIBLE:
             self.write_end(c, tid, mtopic, mpart, COMMITTED)
             return CommitOutcome.ALREADY_COMMITTED
@@ -274,7 +280,16 @@ class KafkaCommitter:
         over since), so a writer of a later epoch is never fenced by orphan cleanup.
         """
         d = self.shared.driver()
-        if is_pooled(self.config.transactional_id_prefix, tid) and identity.producer_id >= 0:
+        pooled = is_pooled(self.config.transactional_id_prefix, tid)
+        if pooled and identity.producer_id < 0:
+            # A marker of an older release, written before the producer id was known:
+            # nothing tells this use of the pooled id from a later writer's, so it is
+            # left to the broker's transaction timeout rather than fenced blindly.
+            log.warning("transactional.id=%s: an orphan whose producer id is unknown is "
+                        "not fenced (a later writer may use the id now); the broker aborts "
+                        "it at its transaction.timeout.ms", tid)
+            return False
+        if pooled:
             info = d.txn.describe_transactions([tid]).get(tid)
             if info is None or info.identity != identity:
                 log.debug("transactional.id=%s moved on from producer %s (now %s); not "
@@ -283,3 +298,12 @@ class KafkaCommitter:
         d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
         return True
 
+
+def _same_participant(m: Marker, c: Committable, tid: str, identity: ProducerIdentity) -> bool:
+    """Is the begin marker ``m`` the one ``c``'s writer wrote (the whole identity)?"""
+    if (m.kind, m.transactional_id, m.sink_id, m.epoch, m.partition, m.attempt) != (
+            BEGIN, tid, c.sink_id, c.epoch, c.partition, c.attempt):
+        return False
+    # A marker written before librdkafka reported the producer id carries -1.
+    return m.producer_id < 0 or identity.producer_id < 0 or (
+        m.producer_id, m.producer_epoch) == (identity.producer_id, identity.producer_epoch)

@@ -248,7 +248,8 @@ class KafkaRecovery:
                 # alone also aborts an ongoing transaction on Kafka and on Tansu 0.6).
                 with contextlib.suppress(ConnectionDroppedError):
                     d.txn.end_txn(tid, identity, commit=False)
-            self.committer.fence(tid, identity)
+            if not self.committer.fence(tid, identity) and identity.producer_id < 0:
+                continue  # an unidentified use of a pooled id: left to the broker's timeout
             self.committer.write_end(c, tid, mtopic, mpart, ABORTED)
             log.info("sink=%s epoch=%d partition=%d participant=%s: fenced orphan "
                      "transactional.id=%s", c.sink_id, c.epoch, c.partition, c.participant,

@@ -252,11 +252,13 @@ def _close_clients() -> None:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 1,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, *, compacted: bool = False) -> None:
+    """Create ``topic``; ``compacted`` for a txsink marker or claim topic."""
     import confluent_kafka.admin as kadmin
 
     admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
-    new = kadmin.NewTopic(topic, partitions, -1)  # type: ignore[attr-defined]
+    config = {"cleanup.policy": "compact"} if compacted else {}
+    new = kadmin.NewTopic(topic, partitions, -1, config=config)  # type: ignore[attr-defined]
     admin.create_topics([new])[topic].result(timeout_s)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

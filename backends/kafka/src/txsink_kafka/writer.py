@@ -472,11 +472,21 @@ class KafkaWriter:
         ctx = txn.ctx
         assert txn.producer is not None
         txn.marker_topic = self.config.marker_topic
-        # poll() serves librdkafka's log queue, where the producer id is announced.
-        deadline = time.monotonic() + 1.0
+        # poll() serves librdkafka's log queue, where the producer id is announced
+        # (init_transactions has acquired it; its log line can come late under load).
+        # A marker without it could not be told from a later use of a pooled id, and
+        # fencing its orphan could abort that later use: no marker, no data, then.
+        deadline = time.monotonic() + self.config.request_timeout_s
         while txn.capture.identity is None and time.monotonic() < deadline:
             txn.producer.poll(0.01)
-        identity = txn.capture.identity or ProducerIdentity(-1, -1)
+        if txn.capture.identity is None:
+            raise TxsinkError(
+                f"{txn.describe()}: librdkafka did not report the producer id of "
+                f"transactional.id {txn.transactional_id!r} within "
+                f"{self.config.request_timeout_s:.0f}s (its 'eos' debug log has no "
+                "'Acquired PID' line); the task fails before writing and is retried",
+                sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant)
+        identity = txn.capture.identity
         key, value = Marker(BEGIN, txn.transactional_id, ctx.sink_id, ctx.epoch,
                             ctx.partition, ctx.attempt, producer_id=identity.producer_id,
                             producer_epoch=identity.producer_epoch).encode()
