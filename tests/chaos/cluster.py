@@ -34,7 +34,6 @@ runs when asked for (``--targets``), on whatever broker its target starts.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import random
 import re
@@ -42,13 +41,14 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from txsink.faults import ONCE_DIR_ENV, OUTLIVED, POINTS, STALL_ENV, fired
 from txsink.testing.spark_cluster import SparkStandaloneCluster
 
-from tests.chaos.runner import render
+from tests.chaos.runner import Tally
+from tests.chaos.runner import table as fault_table
 from tests.chaos.targets import TARGETS, Target
 from tests.e2e.spark_harness import DriverSpec, make_input, run_driver
 
@@ -70,24 +70,12 @@ SPECULATION_CONF = {
 }
 
 
-@dataclass
-class ClusterReport:
-    target: str
-    seed: int
-    runs: int = 0
-    faults: collections.Counter[str] = field(default_factory=collections.Counter)
-    records: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    leftovers: int = 0
-    failures: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    skipped: str | None = None
-    seconds: float = 0.0
+class ClusterReport(Tally):
+    """One target's chaos runs on the standalone cluster."""
 
     @property
-    def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.leftovers or self.failures)
+    def target(self) -> str:
+        return self.name
 
 
 @dataclass
@@ -215,12 +203,7 @@ def run_once(cluster: SparkStandaloneCluster, target: Target, plan: ClusterPlan,
     if worker_killed.is_set():
         report.faults["worker-kill"] += 1
     got = target.read(options, sink_id)
-    counts = collections.Counter(int(i) for i, _ in got)
-    wanted = set(_expected_ids())
-    report.records += len(wanted)
-    report.lost += sum(1 for i in wanted if counts[i] == 0)
-    report.duplicated += sum(c - 1 for i, c in counts.items() if c > 1)
-    report.duplicated += sum(c for i, c in counts.items() if i not in wanted)
+    report.count((int(i) for i, _ in got), set(_expected_ids()))
     wrong_keys = [i for i, k in got if str(k) not in (str(i % KEYS), f"k{i % KEYS}")]
     if wrong_keys:
         report.failures.append(f"run {name}: rows with the wrong key, e.g. id {wrong_keys[0]}")
@@ -270,19 +253,7 @@ def run_target(cluster: SparkStandaloneCluster, name: str, *, runs: int, seed: i
 
 
 def table(reports: list[ClusterReport]) -> str:
-    cols = ["target", "runs", *KINDS, "records", "lost", "duplicated", "leftovers", "seed",
-            "result"]
-    rows = []
-    for r in reports:
-        if r.skipped:
-            rows.append([r.target, "-", *["-"] * len(KINDS), "-", "-", "-", "-", str(r.seed),
-                         f"skipped: {r.skipped}"])
-            continue
-        rows.append([r.target, str(r.runs), *[str(r.faults[k]) for k in KINDS],
-                     str(r.records), str(r.lost), str(r.duplicated), str(r.leftovers),
-                     str(r.seed), ("ok" if r.ok else "FAILED") + f" ({r.seconds:.0f}s)"])
-    notes = [f"{r.target}: {n}" for r in reports for n in r.notes]
-    return render(cols, rows, notes)
+    return fault_table(reports, KINDS, first="target")
 
 
 def main(argv: list[str] | None = None) -> int:

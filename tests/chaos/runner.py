@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +50,10 @@ COLUMNS = (*KINDS, "server-kill")
 
 
 @dataclass
-class Report:
-    backend: str
+class Tally:
+    """What chaos runs add up, per target: faults by kind, records, and what was wrong."""
+
+    name: str
     seed: int
     runs: int = 0
     faults: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -60,13 +62,37 @@ class Report:
     duplicated: int = 0
     leftovers: int = 0
     failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     skipped: str | None = None
-    note: str | None = None
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.duplicated or self.leftovers or self.failures)
+
+    def count(self, got_ids: Iterable[int], wanted: set[int]) -> None:
+        """Add one run's output (ids, each as often as a reader sees it) to the tally."""
+        counts = collections.Counter(got_ids)
+        self.records += len(wanted)
+        self.lost += sum(1 for i in wanted if counts[i] == 0)
+        self.duplicated += sum(c - 1 for i, c in counts.items() if c > 1 and i in wanted)
+        self.duplicated += sum(c for i, c in counts.items() if i not in wanted)
+
+
+class Report(Tally):
+    """One backend's chaos runs in a single process (``python -m tests.chaos``)."""
+
+    @property
+    def backend(self) -> str:
+        return self.name
+
+    @property
+    def note(self) -> str | None:
+        return "; ".join(self.notes) or None
+
+    @note.setter
+    def note(self, value: str | None) -> None:
+        self.notes = [value] if value else []
 
 
 @dataclass
@@ -140,12 +166,7 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
         report.faults[line.split("@")[0]] += 1
     got = target.read(options, sink_id)
     want = expected_rows()
-    counts = collections.Counter(i for i, _ in got)
-    wanted = {i for i, _ in want}
-    report.records += len(want)
-    report.lost += sum(1 for i in wanted if counts[i] == 0)
-    report.duplicated += sum(c - 1 for i, c in counts.items() if c > 1 and i in wanted)
-    report.duplicated += sum(c for i, c in counts.items() if i not in wanted)
+    report.count((i for i, _ in got), {i for i, _ in want})
     if digest(got) != digest(want) and not (report.lost or report.duplicated):
         report.failures.append(f"run {name}: per-key checksums differ")
     report.leftovers += target.leftovers(options, sink_id)
@@ -186,19 +207,21 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int = 4,
     return report
 
 
-def table(reports: list[Report]) -> str:
-    cols = ["backend", "runs", *COLUMNS, "records", "lost", "duplicated", "leftovers", "seed",
+def table(reports: Sequence[Tally], kinds: Sequence[str] = COLUMNS,
+          first: str = "backend") -> str:
+    """The fault table of chaos runs: one row per target, then the notes."""
+    cols = [first, "runs", *kinds, "records", "lost", "duplicated", "leftovers", "seed",
             "result"]
     rows = []
     for r in reports:
         if r.skipped:
-            rows.append([r.backend, "-", *["-"] * len(COLUMNS), "-", "-", "-", "-", str(r.seed),
+            rows.append([r.name, "-", *["-"] * len(kinds), "-", "-", "-", "-", str(r.seed),
                          f"skipped: {r.skipped}"])
             continue
-        rows.append([r.backend, str(r.runs), *[str(r.faults[k]) for k in COLUMNS],
+        rows.append([r.name, str(r.runs), *[str(r.faults[k]) for k in kinds],
                      str(r.records), str(r.lost), str(r.duplicated), str(r.leftovers),
                      str(r.seed), ("ok" if r.ok else "FAILED") + f" ({r.seconds:.0f}s)"])
-    notes = [f"{r.backend}: {r.note}" for r in reports if r.note and not r.skipped]
+    notes = [f"{r.name}: {n}" for r in reports if not r.skipped for n in r.notes]
     return render(cols, rows, notes)
 
 

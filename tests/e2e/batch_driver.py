@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tests.e2e.spark_harness import SCHEMA, DriverRun, kill_group
+from tests.e2e.spark_harness import SCHEMA, DriverRun, finish_driver
 
 
 def run_batch_driver(spec: Mapping[str, Any], *, faults: str | None = None,
@@ -38,15 +38,7 @@ def run_batch_driver(spec: Mapping[str, Any], *, faults: str | None = None,
     proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.batch_driver", json.dumps(spec)],
                             env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group(proc.pid)
-        out, _ = proc.communicate()
-        raise AssertionError(f"driver did not finish in {timeout_s}s:\n{out[-6000:]}") from None
-    finally:
-        kill_group(proc.pid)
-    return DriverRun(proc.returncode, out, time.monotonic() - started)
+    return finish_driver(proc, timeout_s, started)
 
 
 def _save(spark: Any, spec: Mapping[str, Any], input_dir: str,

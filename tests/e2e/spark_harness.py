@@ -206,7 +206,12 @@ def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float 
                env: Mapping[str, str] | None = None, cwd: Path | None = None) -> DriverRun:
     """Run the driver to its end (or its death at ``faults``); never leaves a process."""
     started = time.monotonic()
-    proc = start_driver(spec, faults=faults, env=env, cwd=cwd)
+    return finish_driver(start_driver(spec, faults=faults, env=env, cwd=cwd), timeout_s,
+                         started)
+
+
+def finish_driver(proc: subprocess.Popen[str], timeout_s: float, started: float) -> DriverRun:
+    """Wait for a driver started in its own session; kill what is left of its group."""
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from txsink.backend import Backend
 from txsink.coordinator import Coordinator
 from txsink.errors import TxsinkError
 from txsink.faults import AFTER_DECIDE, FaultInjector, FaultRule, InjectedFault
@@ -34,17 +35,15 @@ def batch(start: int) -> pa.RecordBatch:
                             "key": pa.array([f"k{i}" for i in range(50)])})
 
 
-def full_run(name: str, options: dict[str, str], tmp_path: Path) -> list[str]:
-    """Every text a run leaves behind: state files, committables."""
-    sink = f"sec-{uuid.uuid4().hex[:8]}"
-    backend = get_plugins().create_backend(name, options)
-    backend.preflight(sink)
-    state = tmp_path / "state"
-    texts: list[str] = []
+def crash_run(backend: Backend, sink: str, options: dict[str, str], state: Path,
+              make_batch: Callable[[int], pa.RecordBatch],
+              texts: list[str]) -> Callable[[int, int], Committable]:
+    """The run every secret test makes: an epoch committed, one decided when the driver
+    crashes, an orphan. Each committable's text goes to ``texts``; returns ``prepare``."""
 
-    def prepare(epoch: int, part: int, attempt: int = 0) -> Committable:
-        c = write_participant(backend, TransactionContext(sink, epoch, part, attempt),
-                              [batch(epoch * 1000 + part * 100)])
+    def prepare(epoch: int, part: int) -> Committable:
+        c = write_participant(backend, TransactionContext(sink, epoch, part),
+                              [make_batch(epoch * 1000 + part * 100)])
         texts.append(c.to_bytes().decode())
         return c
 
@@ -56,6 +55,17 @@ def full_run(name: str, options: dict[str, str], tmp_path: Path) -> list[str]:
     with pytest.raises(InjectedFault):
         coord.commit_epoch(1, [prepare(1, 0)])
     prepare(2, 0)  # an orphan
+    return prepare
+
+
+def full_run(name: str, options: dict[str, str], tmp_path: Path) -> list[str]:
+    """Every text a run leaves behind: state files, committables."""
+    sink = f"sec-{uuid.uuid4().hex[:8]}"
+    backend = get_plugins().create_backend(name, options)
+    backend.preflight(sink)
+    state = tmp_path / "state"
+    texts: list[str] = []
+    prepare = crash_run(backend, sink, options, state, batch, texts)
     Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options).start()
     coord2 = Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options)
     coord2.abort_epoch(3, [prepare(3, 0)])
@@ -338,21 +348,7 @@ def test_kafka_sasl_password_never_leaks(sasl_kafka: tuple[str, str], tmp_path: 
     backend.preflight(sink)
     state = tmp_path / "checkpoint" / "txsink"
     texts: list[str] = []
-
-    def prepare(epoch: int, part: int) -> Committable:
-        c = write_participant(backend, TransactionContext(sink, epoch, part),
-                              [kafka_batch(epoch * 1000 + part * 100)])
-        texts.append(c.to_bytes().decode())
-        return c
-
-    crash = FaultInjector([FaultRule(AFTER_DECIDE, 1, "raise")])
-    coord = Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options,
-                        faults=crash)
-    coord.start()
-    coord.commit_epoch(0, [prepare(0, 0), prepare(0, 1)])
-    with pytest.raises(InjectedFault):
-        coord.commit_epoch(1, [prepare(1, 0)])
-    prepare(2, 0)  # an orphan, left open for `status`
+    crash_run(backend, sink, options, state, kafka_batch, texts)  # its orphan: for `status`
     assert main(["status", str(tmp_path / "checkpoint"), "--json",
                  "--option", f"kafka.sasl.password={SENTINEL}"]) == 0
     Coordinator(backend, DirectoryStateStore(state), sink, backend_options=options).start()

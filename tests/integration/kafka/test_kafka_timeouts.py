@@ -49,6 +49,22 @@ def batch(ids: range) -> pa.RecordBatch:
                             "value": pa.array([b"v%d" % i for i in ids], pa.binary())})
 
 
+def kafka_sink(kafka: LocalKafka, prefix: str, partitions: int
+               ) -> tuple[str, str, dict[str, str], KafkaBackend]:
+    """A fresh topic, compacted marker topic and sink id on ``kafka``, and a backend for
+    them whose preflight ran: ``(topic, sink, options, backend)``."""
+    topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(kafka.bootstrap, topic, partitions=partitions)
+    kt.create_topic(kafka.bootstrap, markers, partitions=1, compacted=True)
+    sink = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    options = {"kafka.bootstrap.servers": kafka.bootstrap, "topic": topic,
+               "marker.topic": markers, "kafka.transaction.timeout.ms": str(TIMEOUT_MS)}
+    backend = get_plugins().create_backend("kafka", options)
+    assert isinstance(backend, KafkaBackend)
+    backend.preflight(sink)
+    return topic, sink, options, backend
+
+
 def wait_until_not_open(backend: KafkaBackend, tids: list[str], within_s: float = 120) -> None:
     """Until the coordinator has aborted them (no clock assertion: the broker decides)."""
     deadline = time.monotonic() + within_s
@@ -63,15 +79,7 @@ def wait_until_not_open(backend: KafkaBackend, tids: list[str], within_s: float 
 def test_a_decided_epoch_lost_to_the_broker_timeout_stops_the_restart(
         short_timeout_kafka: LocalKafka, tmp_path: Path) -> None:
     bootstrap = short_timeout_kafka.bootstrap
-    topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
-    kt.create_topic(bootstrap, topic, partitions=2)
-    kt.create_topic(bootstrap, markers, partitions=1, compacted=True)
-    sink = f"to-{uuid.uuid4().hex[:8]}"
-    options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "marker.topic": markers,
-               "kafka.transaction.timeout.ms": str(TIMEOUT_MS)}
-    backend = get_plugins().create_backend("kafka", options)
-    assert isinstance(backend, KafkaBackend)
-    backend.preflight(sink)
+    topic, sink, options, backend = kafka_sink(short_timeout_kafka, "to", 2)
     state = DirectoryStateStore(tmp_path / "state")
     crash = FaultInjector([FaultRule(AFTER_DECIDE, 0, "raise")])
     coord = Coordinator(backend, state, sink, plugins=build_plugins(), faults=crash)
@@ -116,15 +124,7 @@ def test_the_documented_remedy_after_a_timeout_ends_the_epoch_exactly_once(
     from txsink.faults import AFTER_FIRST_COMMIT
 
     bootstrap = short_timeout_kafka.bootstrap
-    topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
-    kt.create_topic(bootstrap, topic, partitions=2)
-    kt.create_topic(bootstrap, markers, partitions=1, compacted=True)
-    sink = f"fr-{uuid.uuid4().hex[:8]}"
-    options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "marker.topic": markers,
-               "kafka.transaction.timeout.ms": str(TIMEOUT_MS)}
-    backend = get_plugins().create_backend("kafka", options)
-    assert isinstance(backend, KafkaBackend)
-    backend.preflight(sink)
+    topic, sink, options, backend = kafka_sink(short_timeout_kafka, "fr", 2)
     state = DirectoryStateStore(tmp_path / "chk" / "txsink")
     crash = FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 0, "raise")])
     coord = Coordinator(backend, state, sink, plugins=build_plugins(), faults=crash,
@@ -180,15 +180,7 @@ def test_a_recreated_marker_topic_cannot_make_a_lost_participant_look_committed(
     import confluent_kafka.admin as kadmin
 
     bootstrap = short_timeout_kafka.bootstrap
-    topic, markers = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
-    kt.create_topic(bootstrap, topic, partitions=1)
-    kt.create_topic(bootstrap, markers, partitions=1, compacted=True)
-    sink = f"rc-{uuid.uuid4().hex[:8]}"
-    options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "marker.topic": markers,
-               "kafka.transaction.timeout.ms": str(TIMEOUT_MS)}
-    backend = get_plugins().create_backend("kafka", options)
-    assert isinstance(backend, KafkaBackend)
-    backend.preflight(sink)
+    topic, sink, options, backend = kafka_sink(short_timeout_kafka, "rc", 1)
     state = DirectoryStateStore(tmp_path / "state")
     coord = Coordinator(backend, state, sink, plugins=build_plugins(),
                         faults=FaultInjector([FaultRule(AFTER_DECIDE, 0, "raise")]))
@@ -201,6 +193,7 @@ def test_a_recreated_marker_topic_cannot_make_a_lost_participant_look_committed(
     backend.close()
     close_shared_clients()
     # The marker topic is recreated: its offsets start again at 0.
+    markers = options["marker.topic"]
     admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
     admin.delete_topics([markers])[markers].result(30)
     deadline = time.monotonic() + 60

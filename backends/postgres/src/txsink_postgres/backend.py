@@ -206,20 +206,9 @@ class PostgresBackend(Backend):
                 sslpassword = Secret(value)
                 continue
             params[key] = value
-        inline_ssl = params.pop("sslpassword", None)
-        if inline_ssl:
-            if sslpassword is not None:
-                raise ConfigError("postgres backend: give the sslpassword either in 'dsn' or "
-                                  "as an option, not both", field="sslpassword")
-            sslpassword = Secret(str(inline_ssl))
+        sslpassword = _from_dsn(params, "sslpassword", sslpassword)
         params.setdefault("application_name", "txsink")
-        password = opts.secret("password")
-        inline = params.pop("password", None)
-        if inline:
-            if password is not None:
-                raise ConfigError("postgres backend: give the password either in 'dsn' or in "
-                                  "'password', not both", field="password")
-            password = Secret(str(inline))
+        password = _from_dsn(params, "password", opts.secret("password"))
         password_env = opts.optional("password_env")
         if password_env is not None and password is not None:
             raise ConfigError("postgres backend: options 'password' and 'password_env' "
@@ -1091,6 +1080,18 @@ class PostgresBackend(Backend):
                 self.name, ctx, {"gid": str(gid), "xid": int(xid), "table": str(self.table)},
                 payload_version=self.payload_version))
         return found
+
+
+def _from_dsn(params: dict[str, Any], key: str, given: Secret | None) -> Secret | None:
+    """A secret libpq parameter taken out of the DSN (so it is never kept in it), or the
+    one given as an option; both at once is an error naming the option."""
+    inline = params.pop(key, None)
+    if not inline:
+        return given
+    if given is not None:
+        raise ConfigError(f"postgres backend: give the {key} either in 'dsn' or as option "
+                          f"'{key}', not both", field=key)
+    return Secret(str(inline))
 
 
 class _ConnectError(TxsinkError):
