@@ -232,3 +232,26 @@ def test_reset_without_an_owner_record_deletes_nobody_elses_files(tmp_path: Path
         backend.reset_sink("mine")
     assert "nothing deleted" in str(err.value)
     assert theirs.read_text() == '{"id": 1}\n'
+
+
+def test_epoch_markers_stay_bounded_and_holds_epoch_stays_right(tmp_path: Path) -> None:
+    """Months of epochs: one marker file per epoch grew without end (soak issue). Beyond
+    marker_retention_epochs they are pruned, and an older epoch is found by listing."""
+    from txsink.coordinator import Coordinator
+    from txsink.state import DirectoryStateStore
+
+    backend = FilesBackend.from_options({"path": str(tmp_path / "out"), "format": "jsonl",
+                                         "marker_retention_epochs": "50"})
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "mk")
+    coord.start()
+    for epoch in range(320):
+        c = write_participant(backend, TransactionContext("mk", epoch, 0, 0),
+                              [pa.record_batch({"id": [epoch]})])
+        coord.commit_epoch(epoch, [c])
+    markers = [n for n in os.listdir(tmp_path / "out" / "_txsink" / "epochs") if n.isdigit()]
+    assert 50 <= len(markers) <= 50 + files_backend.MARKER_PRUNE_EVERY
+    assert backend.holds_epoch("mk", 3)  # pruned marker: found by listing
+    assert backend.holds_epoch("mk", 319)
+    assert not backend.holds_epoch("mk", 320)
+    with pytest.raises(ConfigError, match="marker_retention_epochs"):
+        FilesBackend.from_options({"path": str(tmp_path / "x"), "marker_retention_epochs": "-1"})

@@ -106,3 +106,28 @@ def test_preflight_waits_for_a_restarting_server(
         backend.close()
     assert errors == []
     assert "retrying in" in caplog.text
+
+
+def test_manifests_stay_bounded_and_holds_epoch_stays_right(
+        s3_server: S3Server, prefix: str, tmp_path: Path) -> None:
+    """Months of epochs: one manifest per epoch grew without end (soak issue). Beyond
+    manifest_retention_epochs they are pruned; an older epoch is still held (its data)."""
+    backend = get_plugins().create_backend(
+        "s3", s3_server.options(prefix, format="jsonl", manifest_retention_epochs="100"))
+    assert isinstance(backend, S3Backend)
+    backend.preflight(SINK)
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), SINK,
+                        plugins=build_plugins())
+    coord.start()
+    try:
+        for epoch in range(305):
+            c = write_participant(backend, TransactionContext(SINK, epoch, 0),
+                                  iter([batch(range(epoch, epoch + 1))]))
+            assert coord.commit_epoch(epoch, [c]) is EpochOutcome.COMMITTED
+        manifests = s3_server.keys(f"{backend.base(SINK)}/_txsink/manifests/")
+        assert 100 <= len(manifests) <= 200, len(manifests)
+        assert backend.holds_epoch(SINK, 7)  # manifest pruned: its data says so
+        assert backend.holds_epoch(SINK, 300)
+        assert not backend.holds_epoch(SINK, 305)
+    finally:
+        backend.close()

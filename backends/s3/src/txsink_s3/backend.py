@@ -63,6 +63,11 @@ FORMATS = ("parquet", "jsonl", "csv")
 COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "none")
 #: CompleteMultipartUpload requests one commit_all keeps in flight (option
 #: ``commit_concurrency``): each waits on the server, not on this process.
+#: Epoch manifests kept (``manifest_retention_epochs``); readers of older epochs list
+#: their ``epoch=<N>/`` prefix instead.
+DEFAULT_MANIFEST_RETENTION = 10_000
+#: Manifests are pruned once every this many epochs.
+MANIFEST_PRUNE_EVERY = 100
 DEFAULT_COMMIT_CONCURRENCY = 16
 MAX_COMMIT_CONCURRENCY = 64
 MANIFEST_FORMAT = "txsink-s3-epoch-manifest"
@@ -215,9 +220,11 @@ class S3Backend(Backend):
         read_timeout: float = 120.0,
         connect_retry_s: float = 30.0,
         commit_concurrency: int = DEFAULT_COMMIT_CONCURRENCY,
+        manifest_retention_epochs: int = DEFAULT_MANIFEST_RETENTION,
     ) -> None:
         self.bucket = bucket
         self.commit_concurrency = commit_concurrency
+        self.manifest_retention_epochs = manifest_retention_epochs
         self.connect_retry_s = connect_retry_s
         self.prefix = keys.normalize_prefix(prefix)
         self.format = fmt
@@ -313,6 +320,8 @@ class S3Backend(Backend):
         connect_retry_s = opts.float("connect_retry_s", 30.0, minimum=0.0)
         commit_concurrency = opts.int("commit_concurrency", DEFAULT_COMMIT_CONCURRENCY,
                                       minimum=1, maximum=MAX_COMMIT_CONCURRENCY)
+        manifest_retention = opts.int("manifest_retention_epochs", DEFAULT_MANIFEST_RETENTION,
+                                      minimum=0)
         opts.check_unknown()
         return cls(bucket=bucket, prefix=prefix, fmt=fmt, part_size=part_size,
                    row_group_bytes=row_group, compression=compression, dictionary=dictionary,
@@ -320,7 +329,8 @@ class S3Backend(Backend):
                    addressing_style=addressing, profile=profile, access_key_id=access_key_id,
                    secret_access_key=secret, session_token=token, max_attempts=max_attempts,
                    connect_timeout=connect_timeout, read_timeout=read_timeout,
-                   connect_retry_s=connect_retry_s, commit_concurrency=commit_concurrency)
+                   connect_retry_s=connect_retry_s, commit_concurrency=commit_concurrency,
+                   manifest_retention_epochs=manifest_retention)
 
     def describe(self) -> str:
         where = f" endpoint={self.endpoint_url}" if self.endpoint_url else ""
@@ -372,6 +382,7 @@ class S3Backend(Backend):
         state.setdefault("connect_retry_s", 30.0)
         state.setdefault("commit_concurrency", DEFAULT_COMMIT_CONCURRENCY)
         state.setdefault("_conditional_complete", True)
+        state.setdefault("manifest_retention_epochs", DEFAULT_MANIFEST_RETENTION)
         self.__dict__.update(state)
 
     def _retrying(self, what: str, action: Callable[[], _T]) -> _T:
@@ -840,18 +851,36 @@ class S3Backend(Backend):
                            str(p["upload_id"]), committable.describe())
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
-        """The epoch's manifest exists: every participant of it was committed before."""
+        """The epoch's manifest exists (every participant of it was committed); or, for an
+        epoch older than ``manifest_retention_epochs`` (manifest pruned), a data object of
+        it exists (multipart uploads are invisible until completed)."""
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
 
-        key = keys.manifest_key(self.base(sink_id), epoch)
+        base = self.base(sink_id)
+        key = keys.manifest_key(base, epoch)
         try:
             self._retrying(f"sink={sink_id} epoch={epoch}: looking for the manifest",
                            lambda: self.client.head_object(Bucket=self.bucket, Key=key))
         except ClientError as exc:
             if _status(exc) == 404 or _error_code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return False
+                return self._pruned_epoch_held(base, sink_id, epoch)
             raise
         return True
+
+    def _pruned_epoch_held(self, base: str, sink_id: str, epoch: int) -> bool:
+        if not self.manifest_retention_epochs:
+            return False
+        newer = keys.manifest_key(base, epoch + self.manifest_retention_epochs)
+        # A manifest that far ahead exists only once this epoch's may have been pruned.
+        listed = self._retrying(
+            f"sink={sink_id} epoch={epoch}: looking for data of an older epoch",
+            lambda: self.client.list_objects_v2(
+                Bucket=self.bucket, Prefix=keys.manifests_prefix(base), StartAfter=newer,
+                MaxKeys=1).get("KeyCount", 0)
+            and self.client.list_objects_v2(
+                Bucket=self.bucket, Prefix=f"{base}/epoch={epoch}/", MaxKeys=1
+            ).get("KeyCount", 0))
+        return bool(listed)
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every multipart upload under the sink's prefix whose key txsink made.
@@ -918,3 +947,24 @@ class S3Backend(Backend):
                 "writes it", sink_id=sink_id, epoch=epoch) from None
         log.info("sink=%s epoch=%d: wrote manifest s3://%s/%s (%d object(s))", sink_id, epoch,
                  self.bucket, key, len(committables))
+        retention = self.manifest_retention_epochs
+        if retention and epoch % MANIFEST_PRUNE_EVERY == 0 and epoch >= retention:
+            self._prune_manifests(sink_id, epoch - retention)
+
+    def _prune_manifests(self, sink_id: str, below: int) -> None:
+        """Delete the manifests of the ``MANIFEST_PRUNE_EVERY`` epochs below ``below`` (their
+        keys are known: no listing); best effort, the next prune catches up. An epoch
+        whose manifest is gone is still held: :meth:`holds_epoch` then finds its data."""
+        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        base = self.base(sink_id)
+        doomed = [{"Key": keys.manifest_key(base, e)}
+                  for e in range(max(0, below - MANIFEST_PRUNE_EVERY), below)]
+        if not doomed:
+            return
+        try:
+            self.client.delete_objects(Bucket=self.bucket,
+                                       Delete={"Objects": doomed, "Quiet": True})
+        except (ClientError, BotoCoreError) as exc:
+            log.warning("sink=%s: pruning manifests below epoch %d failed (%s); the next "
+                        "prune tries again", sink_id, below, self._redact(str(exc)))

@@ -59,6 +59,12 @@ _EXT = {"parquet": "parquet", "jsonl": "jsonl"}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+#: Epoch markers kept (``marker_retention_epochs``); older epochs are found by listing.
+DEFAULT_MARKER_RETENTION = 1000
+#: Markers are pruned once every this many epochs.
+MARKER_PRUNE_EVERY = 100
+
+
 def final_name(epoch: int, partition: int, ext: str) -> str:
     return f"part-{epoch:010d}-{partition:05d}.{ext}"
 
@@ -206,7 +212,9 @@ class FilesBackend(Backend):
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
 
     def __init__(self, path: str, fmt: str = "parquet", compression: str = "snappy",
-                 dictionary: str = "auto") -> None:
+                 dictionary: str = "auto",
+                 marker_retention_epochs: int = DEFAULT_MARKER_RETENTION) -> None:
+        self.marker_retention_epochs = marker_retention_epochs
         self.base = Path(path).absolute()
         self.format = fmt
         self.ext = _EXT[fmt]
@@ -234,8 +242,9 @@ class FilesBackend(Backend):
         if fmt != "parquet" and "parquet_dictionary" in options:
             raise ConfigError("files backend: option 'parquet_dictionary' applies to "
                               f"format=parquet only, not {fmt}", field="parquet_dictionary")
+        retention = opts.int("marker_retention_epochs", DEFAULT_MARKER_RETENTION, minimum=0)
         opts.check_unknown()
-        return cls(path, fmt, compression, dictionary)
+        return cls(path, fmt, compression, dictionary, retention)
 
     def describe(self) -> str:
         return f"files {self.format} at {self.base}"
@@ -289,7 +298,7 @@ class FilesBackend(Backend):
         if os.path.exists(os.path.join(self._epochs, f"{epoch:010d}")):
             return True
         since = self._epochs_since()
-        if since is not None and epoch >= since:
+        if since is not None and epoch >= max(since, self._pruned_below()):
             # No marker: not published, unless a commit stopped between the final
             # names' sync and the marker's; then a pending file of the epoch also has
             # its final name.
@@ -318,6 +327,13 @@ class FilesBackend(Backend):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def _pruned_below(self) -> int:
+        """Markers of epochs below this were pruned (their epochs are found by listing)."""
+        try:
+            return int(json.loads((self._epochs / "pruned.json").read_text())["below"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
+
     def _mark_epochs(self, epochs: set[int]) -> bool:
         """Create the epoch markers of ``epochs``; True if one was new (its directory
         then needs an fsync). The first call records the epoch markers start at."""
@@ -331,7 +347,26 @@ class FilesBackend(Backend):
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
                 created = True
+        if created and self.marker_retention_epochs and any(
+                e % MARKER_PRUNE_EVERY == 0 for e in epochs):
+            self._prune_markers(max(epochs) - self.marker_retention_epochs)
         return created
+
+    def _prune_markers(self, below: int) -> None:
+        """Keep the markers of the last ``marker_retention_epochs`` epochs.
+
+        The boundary is written (durably) before any marker goes: an epoch below it is
+        then looked for by listing the directory, as before the markers existed. So
+        ``holds_epoch`` stays right for every epoch, and the directory stays bounded.
+        """
+        if below <= self._pruned_below():
+            return
+        write_file_atomically(self._epochs / "pruned.json",
+                              json.dumps({"below": below}).encode(), what="files backend")
+        for name in os.listdir(self._epochs):
+            if name.isdigit() and int(name) < below:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self._epochs, name))
 
     def epoch_committed(self, sink_id: str, epoch: int,
                         committables: Sequence[Committable]) -> None:
