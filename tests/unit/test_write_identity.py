@@ -169,3 +169,20 @@ def test_a_committed_version_survives_a_crash_before_it_is_remembered_and_prunin
     assert epoch not in store.records()  # pruned
     assert coord.committed_write(WriteId("nightly", 1)) == 1
     assert env.ids().count(epoch * 1_000_000) == 1
+
+
+def test_the_write_identities_kept_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job with a new txnAppId per run grew the metadata every commit reads."""
+    from txsink import coordinator as coordinator_module
+
+    monkeypatch.setattr(coordinator_module, "MAX_WRITE_IDS", 3)
+    coord = env.coordinator(owner="d")
+    coord.start()
+    for run in range(5):
+        epoch = coord.reserve_epoch(WriteId(f"job-{run}", 1))
+        coord.commit_epoch(epoch, env.prepare_epoch(epoch, partitions=1))
+    epoch = coord.reserve_epoch(WriteId("job-2", 2))  # job-2 again: the most recent now
+    coord.commit_epoch(epoch, env.prepare_epoch(epoch, partitions=1))
+    meta = env.store().read_meta()
+    assert meta is not None
+    assert list(meta.writes) == ["job-3", "job-4", "job-2"]

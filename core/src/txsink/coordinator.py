@@ -60,6 +60,9 @@ from txsink.state import (
 
 log = logging.getLogger(__name__)
 
+#: Batch-write identities (``txnAppId``) whose committed version a sink remembers.
+MAX_WRITE_IDS = 1000
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -720,10 +723,20 @@ class Coordinator:
         queries = dict(meta.write_queries)
         if write.query_id is not None:
             queries[write.app_id] = write.query_id
-        meta = dataclasses.replace(
-            meta, writes={**meta.writes,
-                          write.app_id: max(write.version, meta.writes.get(write.app_id, -1))},
-            write_queries=queries)
+        # Most recently written app ids last; beyond MAX_WRITE_IDS the oldest are
+        # forgotten (a job given a new txnAppId per run would grow the metadata, which
+        # every commit reads, without end).
+        writes = {a: v for a, v in meta.writes.items() if a != write.app_id}
+        writes[write.app_id] = max(write.version, meta.writes.get(write.app_id, -1))
+        if len(writes) > MAX_WRITE_IDS:
+            dropped = list(writes)[:len(writes) - MAX_WRITE_IDS]
+            log.warning("sink=%s: forgetting the committed versions of the %d least recently "
+                        "written txnAppId(s) (%s...): a sink keeps %d; a re-run of those jobs "
+                        "would write again", self.sink_id, len(dropped), dropped[0],
+                        MAX_WRITE_IDS)
+            writes = {a: v for a, v in writes.items() if a not in dropped}
+            queries = {a: q for a, q in queries.items() if a in writes}
+        meta = dataclasses.replace(meta, writes=writes, write_queries=queries)
         self.store.write_meta(self.lease, meta)
         self._meta = meta
 

@@ -181,7 +181,8 @@ class SinkMeta:
         if self.query_id is not None:
             data["query_id"] = self.query_id
         if self.writes:
-            data["writes"] = dict(self.writes)
+            # Pairs, not an object: the order (least recently written first) is kept.
+            data["writes"] = [[app, version] for app, version in self.writes.items()]
         if self.guarantee != "exactly_once":
             data["guarantee"] = self.guarantee
         if self.write_queries:
@@ -196,7 +197,7 @@ class SinkMeta:
             return cls(str(data["sink_id"]), str(data["backend"]), dict(data.get("options", {})),
                        int(data.get("committed_watermark", -1)), str(data["state_id"]),
                        None if data.get("query_id") is None else str(data["query_id"]),
-                       {str(k): int(v) for k, v in dict(data.get("writes", {})).items()},
+                       _write_versions(data.get("writes")),
                        str(data.get("guarantee", "exactly_once")),
                        {str(k): str(v) for k, v in
                         dict(data.get("write_queries", {})).items()},
@@ -204,6 +205,12 @@ class SinkMeta:
                         dict(data.get("kept", {})).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
+
+
+def _write_versions(data: Any) -> dict[str, int]:
+    """``writes`` as stored: ordered pairs, or an object (releases before the order)."""
+    pairs = data.items() if isinstance(data, dict) else (data or [])
+    return {str(app): int(version) for app, version in pairs}
 
 
 @dataclass(frozen=True)
