@@ -23,6 +23,7 @@ from txsink_kafka.clients import NAME, ScanState, SinkClients, read_range
 from txsink_kafka.committer import KafkaCommitter
 from txsink_kafka.markers import ABORTED, BEGIN, COMMITTED, END, OWNER, Marker, marker_partition
 from txsink_kafka.naming import SinkIds, preflight_id
+from txsink_kafka.retry import retry_transient
 from txsink_kafka.txn_protocol import (
     ConnectionDroppedError,
     ProducerIdentity,
@@ -125,8 +126,16 @@ class KafkaRecovery:
         """Participants of ``sink_id`` that began and were not ended, per marker scan.
 
         Scans from where the previous scan stopped; the first scan of a process reads
-        the last ``orphan.scan.records`` records of the sink's marker partition.
+        the last ``orphan.scan.records`` records of the sink's marker partition. A
+        broker just back from a restart may not know the partition's leader yet: that
+        is waited for within ``unavailable.retry.s``, like every other call. A scan cut
+        short is safe to repeat: it starts again from the same cursor.
         """
+        return retry_transient(lambda: self._scan_markers(sink_id),
+                               what=f"sink={sink_id}: marker scan",
+                               bound_s=self.config.retry_bound_s, redact=self.shared.redact)
+
+    def _scan_markers(self, sink_id: str) -> dict[str, Marker]:
         from confluent_kafka import TopicPartition
 
         d = self.shared.driver()
