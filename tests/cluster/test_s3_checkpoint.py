@@ -13,6 +13,7 @@ in the tox ``cluster`` environment (``TXSINK_CLUSTER_LONG=1``), not in the defau
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import uuid
@@ -28,7 +29,14 @@ from txsink.testing.s3a import S3AUnavailable, s3a_classpath, s3a_conf
 from txsink.testing.spark_cluster import SparkStandaloneCluster
 from txsink_s3.state import S3StateStore
 
-from tests.e2e.spark_harness import DriverSpec, make_input, run_driver, summarize
+from tests.e2e.spark_harness import (
+    DriverSpec,
+    leftover_files,
+    make_input,
+    read_files_output,
+    run_driver,
+    summarize,
+)
 
 BUCKET = "txsink-cluster"
 LONG_ENV = "TXSINK_CLUSTER_LONG"
@@ -138,3 +146,45 @@ def test_checkpoint_state_and_output_on_s3_resume_exactly_once_elsewhere(
     for name in ("first", "second"):
         local = [p.name for p in (tmp_path / name).rglob("*")]
         assert not {"head.json", "lease.json", "meta.json", "offsets", "commits"} & set(local)
+
+
+def test_a_replaced_checkpoint_on_s3a_is_refused_and_the_old_one_goes_on(
+        weed: Any, s3a_jars: list[str], tmp_path: Path) -> None:
+    """Operations hole 3 on a real non-local scheme: the checkpoint on ``s3a://``, the
+    txsink state in a shared directory (the setup docs/cluster.md recommends). The
+    query id was read from ``<checkpoint>/metadata`` on local paths only, so a new,
+    empty s3a checkpoint made batches 0, 1, ... replays, aborted at INFO: the new rows
+    were never written. Now the running query's tasks report its id: the first batch
+    is refused, and the documented remedy (the checkpoint that belongs to the state)
+    goes on exactly. Local mode: the scheme matters here, not the cluster."""
+    run = f"r-{uuid.uuid4().hex[:8]}"
+    input_dir = tmp_path / "in"
+    make_input(input_dir, files=2, rows_per_file=100)
+    out, state = tmp_path / "out", tmp_path / "shared-state"
+    conf = s3a_conf(s3a_jars, endpoint_url=weed.endpoint_url, access_key=weed.access_key,
+                    secret_key=weed.secret_key)
+    spec = DriverSpec(input_dir=input_dir, checkpoint=f"s3a://{BUCKET}/{run}/chk",  # type: ignore[arg-type]
+                      sink_id="s3a-reset", conf=conf,
+                      options={"path": str(out), "format": "jsonl",
+                               "state_location": str(state)})
+    run_driver(spec, timeout_s=TIMEOUT_S).check()
+    assert len(read_files_output(out)) == 200
+    for f in sorted(input_dir.iterdir()):  # new input: ids shifted by 10,000
+        lines = [line.replace('{"id": ', '{"id": 1000', 1)
+                 for line in f.read_text().splitlines()]
+        new = input_dir / f"new-{f.name}"
+        new.write_text("\n".join(lines) + "\n")
+        os.utime(new, (1_800_000_000, 1_800_000_000))
+
+    replaced = dataclasses.replace(spec, checkpoint=f"s3a://{BUCKET}/{run}/chk-new")
+    refused = run_driver(replaced, timeout_s=TIMEOUT_S)
+    assert refused.returncode != 0, refused.output[-4000:]
+    assert "checkpoint was deleted or replaced" in refused.output, refused.output[-4000:]
+    assert len(read_files_output(out)) == 200
+    assert leftover_files(out) == []
+
+    # The documented remedy: the checkpoint that belongs to the state.
+    run_driver(spec, timeout_s=TIMEOUT_S).check()
+    rows = read_files_output(out)
+    assert len(rows) == len({r["id"] for r in rows}) == 400
+    assert leftover_files(out) == []
