@@ -23,6 +23,7 @@ from txsink_kafka.clients import NAME, ScanState, SinkClients, read_range
 from txsink_kafka.committer import KafkaCommitter
 from txsink_kafka.markers import ABORTED, BEGIN, COMMITTED, END, OWNER, Marker, marker_partition
 from txsink_kafka.naming import SinkIds, preflight_id
+from txsink_kafka.retry import retry_transient
 from txsink_kafka.txn_protocol import (
     ConnectionDroppedError,
     ProducerIdentity,
@@ -125,8 +126,16 @@ class KafkaRecovery:
         """Participants of ``sink_id`` that began and were not ended, per marker scan.
 
         Scans from where the previous scan stopped; the first scan of a process reads
-        the last ``orphan.scan.records`` records of the sink's marker partition.
+        the last ``orphan.scan.records`` records of the sink's marker partition. A
+        broker that is away (restarting) is waited for within ``unavailable.retry.s``,
+        as the commit does: the coordinator asks (``holds_epoch``) right before it
+        decides an epoch.
         """
+        return retry_transient(lambda: self._scan_markers(sink_id),
+                               what=f"sink={sink_id}: reading the marker partition",
+                               bound_s=self.config.retry_bound_s, redact=self.shared.redact)
+
+    def _scan_markers(self, sink_id: str) -> dict[str, Marker]:
         from confluent_kafka import TopicPartition
 
         d = self.shared.driver()
@@ -185,7 +194,10 @@ class KafkaRecovery:
         marker partition's tail (``orphan.scan.records`` behind the last stable
         offset in a new process), where the epochs a replay can bring back are.
         """
-        self.open_markers(sink_id)
+        retry_transient(lambda: self._scan_markers(sink_id),
+                        what=f"sink={sink_id} epoch={epoch}: reading the marker partition "
+                             "before the decision", bound_s=self.config.retry_bound_s,
+                        redact=self.shared.redact)
         return epoch in self.scan_state(sink_id).committed_epochs
 
     def scan_state(self, sink_id: str) -> ScanState:
