@@ -683,11 +683,13 @@ class Coordinator:
                                             for f in failures)
                 else FatalCommitError if any(isinstance(f, FatalCommitError) for f in failures)
                 else RetriableCommitError)
+            after = ("nothing of it is reported committed; the first error says what was "
+                     "lost and what to do" if error_type is ParticipantLostError else
+                     "restarting the query commits it again")
             raise error_type(
                 f"sink={self.sink_id} epoch={record.epoch}: {len(failures)} decided "
                 f"participant(s) could not be committed: {names}. The epoch stays DECIDED: "
-                "restarting the query commits it again; `txsink status` shows it. First "
-                f"error: {failures[0]}",
+                f"{after}; `txsink status` shows it. First error: {failures[0]}",
                 sink_id=self.sink_id, epoch=record.epoch, participant=failures[0].participant,
             ) from failures[0]
         self.backend.epoch_committed(self.sink_id, record.epoch, record.committables)

@@ -175,7 +175,7 @@ def test_a_pooled_id_commits_and_recovers_across_its_producer_id_rotation(
     assert kt.broker_open_transactions(bootstrap, f"txsink-{sink}") == {}
     assert kt.unstable_partitions(bootstrap, [topic, options["marker.topic"]]) == {}
     assert final is not None
-    print(f"\ntransaction.version={short_timeout_kafka.transaction_version}: {driven:,} "
+    print(f"\n{short_timeout_kafka.describe().split(' (')[0]}: {driven:,} "
           f"InitProducerId sent directly in {drive_s:.1f}s ({driven / drive_s:,.0f}/s), "
           f"then 8 epochs across the rotation; producer id {before.producer_id} (epochs "
           f"{before.producer_epoch}..{LAST_EPOCH}) -> {after.producer_id} (rotated by "

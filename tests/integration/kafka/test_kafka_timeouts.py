@@ -135,7 +135,7 @@ def test_a_driver_down_past_the_timeout_salvages_through_every_crash_exactly_onc
     assert cli_main(["status", str(tmp_path / "chk")]) == 0
     out = capsys.readouterr().out
     assert f"epoch 0: {msgs[1].participant} -> {first_replacement}" in out
-    print(f"\ntransaction.version={short_timeout_kafka.transaction_version}: salvaged "
+    print(f"\n{short_timeout_kafka.describe().split(' (')[0]}: salvaged "
           f"{msgs[1].participant} twice through 3 crashes; {len(got)} records exactly once")
 
 
@@ -188,7 +188,7 @@ def test_records_deleted_by_retention_are_lost_loudly_and_the_remedy_ends_exactl
     with pytest.raises(ParticipantLostError) as lost:
         restart(options, sink, state)
     text = str(lost.value)
-    print(f"\ntransaction.version={short_timeout_kafka.transaction_version}: {text}")
+    print(f"\n{short_timeout_kafka.describe().split(' (')[0]}: {text}")
     assert lost.value.epoch == 0 and lost.value.sink_id == sink
     assert msgs[1].participant in text
     cause = str(lost.value.__cause__)
