@@ -122,7 +122,8 @@ def test_every_sequence_of_salvage_crashes_ends_exactly_once(env: Env) -> None:
             memory.SYSTEMS.pop(sub.system_name, None)
 
 
-def test_a_participant_whose_rows_are_gone_stays_lost_and_loud(env: Env) -> None:
+def test_a_participant_whose_rows_are_gone_stays_lost_and_loud_and_the_remedy_holds(
+        env: Env) -> None:
     lost = crash_after_first_commit(env)
     env.system.forget(lost[0])  # retention removed its rows; the other one is kept
     with pytest.raises(ParticipantLostError) as info:
@@ -134,6 +135,19 @@ def test_a_participant_whose_rows_are_gone_stays_lost_and_loud(env: Env) -> None
     assert [o for _, o in record.salvaged] == [lost[1]]
     assert lost[0] in record.participants
     assert len(env.ids()) == 20
+    # The documented remedy: resolve --abort --force keeps the committed participant and
+    # the salvaged one, and Spark's replay writes only the lost one's partition.
+    from txsink.cli import _force_abort
+
+    operator = env.coordinator(owner="operator")
+    operator.start(recover=False)
+    _force_abort(operator, env.backend, env.store(), record)
+    replay = env.coordinator(owner="run-2")
+    replay.start()
+    again = [env.prepare(0, p, attempt=5) for p in range(3)]
+    assert replay.commit_epoch(0, again) is EpochOutcome.COMMITTED
+    assert env.ids() == expected_ids(range(1), 3)
+    assert env.system.prepared == {}
 
 
 def test_a_backend_without_salvage_keeps_the_loss(env: Env,
