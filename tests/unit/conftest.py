@@ -49,6 +49,10 @@ class Recorder:
         self.calls.append((f"aborted:{reason}", epoch))
 
     @hookimpl
+    def txsink_participant_salvaged(self, epoch: int, original: Any, replacement: Any) -> None:
+        self.calls.append(("salvaged", (epoch, original.participant, replacement.participant)))
+
+    @hookimpl
     def txsink_recovered(self, report: Any) -> None:
         self.calls.append(("recovered", tuple(report.recommitted_epochs)))
 

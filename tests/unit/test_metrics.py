@@ -225,3 +225,17 @@ def test_dead_workers_files_are_folded_and_no_total_changes(
         ("txsink_rows_committed_total", SINK)]
     assert after[("txsink_commit_latency_seconds_count", SINK)] == 12
     assert after[("txsink_last_committed_epoch", SINK)] == 1
+
+
+def test_salvaged_participants_are_counted(metered: Env) -> None:
+    from txsink.faults import AFTER_FIRST_COMMIT, FaultRule
+
+    msgs = metered.prepare_epoch(0, 3)
+    with pytest.raises(InjectedFault):
+        metered.coordinator(FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 0, "raise")])
+                            ).commit_epoch(0, msgs)
+    for c in msgs[1:]:
+        metered.system.expire(c.participant)  # the target's timeout, during the outage
+    metered.coordinator().start()
+    assert value("txsink_participants_salvaged_total") == 2
+    assert value("txsink_epochs_committed_total") == 1

@@ -34,6 +34,9 @@ class Capability(str, enum.Enum):
     COMMIT_MARKER = "commit-marker"
     #: Prepared participants survive a restart of the external system.
     SURVIVES_RESTART = "survives-restart"
+    #: A decided participant that the system aborted on its own (a timeout) can be
+    #: prepared again from the data the system still keeps (:meth:`Backend.salvage`).
+    SALVAGE = "salvage"
 
 
 class CommitOutcome(str, enum.Enum):
@@ -214,6 +217,25 @@ class Backend(abc.ABC):
             except Exception as exc:  # handed to the coordinator, which retries
                 results.append(exc)
         return results
+
+    def salvage(self, committable: Committable, ctx: TransactionContext) -> Committable:
+        """Prepare again, as the new participant ``ctx``, exactly the data of a decided
+        participant that the target aborted on its own; return the new committable.
+
+        Called on the driver after :meth:`commit` raised
+        :class:`~txsink.errors.ParticipantLostError` for ``committable`` (Kafka aborts a
+        prepared transaction after ``transaction.timeout.ms``, but keeps its records in
+        the log until retention removes them). The replacement is prepared, not
+        committed: the coordinator records it in the decision in place of
+        ``committable`` first, then commits it, so a crash at any point leaves either
+        the original (salvaged again at the next start, the unrecorded replacement
+        aborted as an orphan) or the recorded replacement. ``ctx`` has the epoch and
+        partition of ``committable`` and a fresh attempt number. Must take nothing but
+        the original's data, and must refuse if the original was committed after all.
+        Raise :class:`~txsink.errors.ParticipantLostError`, saying why, when the data is
+        gone. Default: the loss stands (:class:`NotImplementedError`).
+        """
+        raise NotImplementedError(f"backend {self.name!r} cannot salvage participants")
 
     @abc.abstractmethod
     def abort(self, committable: Committable) -> None:

@@ -400,9 +400,13 @@ def _when(ts: float | None) -> str:
 
 
 def _record_json(record: EpochRecord) -> dict[str, Any]:
-    return {"epoch": record.epoch, "state": record.state.value, "rows": record.rows,
-            "participants": [c.participant for c in record.committables],
-            "decided_at": record.decided_at, "committed_at": record.committed_at}
+    data: dict[str, Any] = {
+        "epoch": record.epoch, "state": record.state.value, "rows": record.rows,
+        "participants": [c.participant for c in record.committables],
+        "decided_at": record.decided_at, "committed_at": record.committed_at}
+    if record.salvaged:
+        data["salvaged"] = [{"original": o, "replacement": r} for r, o in record.salvaged]
+    return data
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -458,6 +462,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                        else f", commit {1000 * (r.committed_at - r.decided_at):.0f} ms")
             print(f"  {epoch:>6}  {r.state.value:<9}  {len(r.committables)} participant(s), "
                   f"{r.rows} row(s), decided {_when(r.decided_at)}{latency}")
+    salvaged = [(r, pair) for _, r in sorted(records.items()) for pair in r.salvaged]
+    if salvaged:
+        print("salvaged (the target aborted these decided participants on its own; their "
+              "rows were written again from what it kept, under the new name):")
+        for r, (replacement, original) in salvaged:
+            rows = next((c.rows for c in r.committables if c.participant == replacement), None)
+            print(f"  epoch {r.epoch}: {original} -> {replacement}"
+                  + (f" ({rows} rows, {r.state.value})" if rows is not None
+                     else " (salvaged again since)"))
     if in_doubt:
         print("in doubt (DECIDED, not yet committed; a restart or `txsink resolve --commit` "
               "commits them):")

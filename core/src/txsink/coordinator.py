@@ -41,11 +41,21 @@ from txsink.faults import (
     AFTER_DECIDE,
     AFTER_FIRST_COMMIT,
     AFTER_MARK_COMMITTED,
+    AFTER_SALVAGE_COMMIT,
+    AFTER_SALVAGE_PREPARE,
+    AFTER_SALVAGE_RECORD,
     BEFORE_DECIDE,
     BEFORE_MARK_COMMITTED,
     FaultInjector,
 )
-from txsink.model import Committable, DeliveryGuarantee, RecoveryReport, validate_sink_id
+from txsink.model import (
+    Committable,
+    DeliveryGuarantee,
+    RecoveryReport,
+    TransactionContext,
+    salvage_attempt,
+    validate_sink_id,
+)
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
 from txsink.state import (
@@ -62,6 +72,9 @@ log = logging.getLogger(__name__)
 
 #: Batch-write identities (``txnAppId``) whose committed version a sink remembers.
 MAX_WRITE_IDS = 1000
+#: Salvages of one epoch in one ``_finish``: a replacement lost again at once (its own
+#: timeout expired while it was committed) is salvaged again, this many times in all.
+MAX_SALVAGE_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,7 @@ class Coordinator:
         self.scan_orphans = scan_orphans
         self.faults = faults if faults is not None else FaultInjector.from_env()
         self._options = dict(backend_options or {})
+        self._last_salvage_attempt = 0
         self._lease: Lease | None = None
         self._meta: SinkMeta | None = None
 
@@ -652,6 +666,8 @@ class Coordinator:
             self.faults.hit(AFTER_FIRST_COMMIT, record.epoch)
         if rest:
             results += self._commit_many(rest)
+        if any(isinstance(r, ParticipantLostError) for r in results):
+            record, results = self._salvage(record, results)
         for c, outcome in zip(record.committables, results, strict=True):
             if isinstance(outcome, CommitError):
                 log.error("sink=%s epoch=%d partition=%d participant=%s: %s", c.sink_id,
@@ -667,11 +683,13 @@ class Coordinator:
                                             for f in failures)
                 else FatalCommitError if any(isinstance(f, FatalCommitError) for f in failures)
                 else RetriableCommitError)
+            after = ("nothing of it is reported committed; the first error says what was "
+                     "lost and what to do" if error_type is ParticipantLostError else
+                     "restarting the query commits it again")
             raise error_type(
                 f"sink={self.sink_id} epoch={record.epoch}: {len(failures)} decided "
                 f"participant(s) could not be committed: {names}. The epoch stays DECIDED: "
-                "restarting the query commits it again; `txsink status` shows it. First "
-                f"error: {failures[0]}",
+                f"{after}; `txsink status` shows it. First error: {failures[0]}",
                 sink_id=self.sink_id, epoch=record.epoch, participant=failures[0].participant,
             ) from failures[0]
         self.backend.epoch_committed(self.sink_id, record.epoch, record.committables)
@@ -686,6 +704,61 @@ class Coordinator:
                  self.sink_id, record.epoch, len(record.committables), record.rows, duration)
         self.plugins.epoch_committed(self.sink_id, record.epoch, record.committables, duration)
         self.faults.hit(AFTER_MARK_COMMITTED, record.epoch)
+
+    def _salvage(self, record: EpochRecord, results: list[CommitOutcome | CommitError]
+                 ) -> tuple[EpochRecord, list[CommitOutcome | CommitError]]:
+        """Prepare the lost participants of a DECIDED record again, record the
+        replacements in the decision, then commit them (:meth:`Backend.salvage`).
+
+        The order makes every crash end exactly once: a replacement not yet recorded is
+        an orphan (the next start salvages the original again and the orphan scan
+        aborts it); a recorded one is committed like any decided participant, or
+        salvaged in turn if it was lost too. A participant whose data is gone keeps the
+        backend's :class:`ParticipantLostError`, which says why.
+        """
+        results = list(results)
+        for _ in range(MAX_SALVAGE_ROUNDS):
+            lost = [i for i, r in enumerate(results) if isinstance(r, ParticipantLostError)]
+            replacements: dict[int, Committable] = {}
+            for i in lost:
+                c = record.committables[i]
+                self._last_salvage_attempt = salvage_attempt(self._last_salvage_attempt)
+                ctx = TransactionContext(self.sink_id, record.epoch, c.partition,
+                                         self._last_salvage_attempt)
+                try:
+                    replacements[i] = self.backend.salvage(c, ctx)
+                except NotImplementedError:
+                    return record, results
+                except CommitError as exc:
+                    results[i] = exc  # gone (it says why), or not now (retriable)
+                except Exception as exc:
+                    results[i] = RetriableCommitError(
+                        f"salvaging {c.describe()} failed: "
+                        f"{redact(f'{type(exc).__name__}: {exc}', self.backend.secret_values())}",
+                        sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+            if not replacements:
+                break
+            self.faults.hit(AFTER_SALVAGE_PREPARE, record.epoch)
+            originals = {i: record.committables[i] for i in replacements}
+            record = record.with_replacements(
+                {originals[i].participant: r for i, r in replacements.items()})
+            self.store.put(self.lease, record)  # before any replacement is committed
+            for i, r in sorted(replacements.items()):
+                c = originals[i]
+                log.warning("sink=%s epoch=%d partition=%d participant=%s: the target aborted "
+                            "this decided participant on its own; its %d row(s) were written "
+                            "again as participant %s, recorded in the decision, and are "
+                            "committed now (salvaged)", c.sink_id, c.epoch, c.partition,
+                            c.participant, c.rows, r.participant)
+                self.plugins.participant_salvaged(self.sink_id, record.epoch, c, r)
+            self.faults.hit(AFTER_SALVAGE_RECORD, record.epoch)
+            order = sorted(replacements)
+            for i, outcome in zip(order, self._commit_many([replacements[i] for i in order]),
+                                  strict=True):
+                results[i] = outcome
+            if all(isinstance(results[i], CommitOutcome) for i in order):
+                self.faults.hit(AFTER_SALVAGE_COMMIT, record.epoch)
+        return record, results
 
     def _abort_all(self, epoch: int, committables: Sequence[Committable], reason: str,
                    *, raise_errors: bool = True) -> None:

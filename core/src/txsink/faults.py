@@ -51,6 +51,15 @@ AFTER_MARK_COMMITTED = "after-mark-committed"  # COMMITTED, caller not yet told
 POINTS = (BEFORE_DECIDE, AFTER_DECIDE, AFTER_FIRST_COMMIT, BEFORE_MARK_COMMITTED,
           AFTER_MARK_COMMITTED)
 
+#: Salvage points (:meth:`txsink.backend.Backend.salvage`), in order: a replacement
+#: prepared and not yet recorded in the decision; recorded and not committed;
+#: committed, epoch not marked. They fire only when the target aborted a decided
+#: participant on its own, so random chaos does not pick them.
+AFTER_SALVAGE_PREPARE = "after-salvage-prepare"
+AFTER_SALVAGE_RECORD = "after-salvage-record"
+AFTER_SALVAGE_COMMIT = "after-salvage-commit"
+SALVAGE_POINTS = (AFTER_SALVAGE_PREPARE, AFTER_SALVAGE_RECORD, AFTER_SALVAGE_COMMIT)
+
 #: Executor points (the Spark writer task). They fire on a task's *first* attempt
 #: only, so that ``raise`` makes Spark retry the task and the retry succeeds.
 TASK_BEFORE_PRE_COMMIT = "task-before-pre-commit"  # rows written, participant not prepared

@@ -126,6 +126,23 @@ def txsink_epoch_aborted(
 
 
 @hookspec
+def txsink_participant_salvaged(
+    sink_id: str, epoch: int, original: Committable, replacement: Committable
+) -> None:
+    """The target aborted a decided participant on its own (Kafka's transaction timeout)
+    and its data was prepared again as ``replacement``, now recorded in the decision in
+    its place; the replacement is committed next.
+
+    :param sink_id: the sink.
+    :param epoch: the decided epoch.
+    :param original: the participant the target aborted.
+    :param replacement: the participant that took its place, with the same rows.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
 def txsink_recovered(sink_id: str, report: RecoveryReport) -> None:
     """Recovery ran at start: decided epochs re-committed, orphans aborted.
 

@@ -67,6 +67,7 @@ class _Metrics:
     commit_latency: Any
     recommitted_epochs: Any
     orphans_aborted: Any
+    salvaged: Any
     in_doubt: Any
     oldest_prepared: Any
     participant_timeout: Any
@@ -142,6 +143,10 @@ def _create() -> None:
         orphans_aborted=prom.Counter(
             "txsink_recovery_aborted_orphans", "Prepared participants no decided epoch held, "
             "aborted by recovery or the orphan scan.", sink, registry=reg),
+        salvaged=prom.Counter(
+            "txsink_participants_salvaged", "Decided participants the target aborted on its "
+            "own (Kafka: transaction.timeout.ms expired) whose data was written again from "
+            "what the target kept.", sink, registry=reg),
         in_doubt=gauge("txsink_participants_in_doubt", "Participants of decided epochs not "
                        "yet committed.", "mostrecent"),
         oldest_prepared=gauge(
@@ -219,6 +224,13 @@ def txsink_epoch_aborted(sink_id: str, epoch: int, committables: Sequence[Commit
         m.epochs_aborted.labels(sink_id, reason).inc()
     if reason != "orphan" and _in_flight.get(sink_id, {}).pop(epoch, None) is not None:
         _set_oldest(m, sink_id)
+
+
+@hookimpl
+def txsink_participant_salvaged(sink_id: str) -> None:
+    m = _get()
+    if m is not None:
+        m.salvaged.labels(sink_id).inc()
 
 
 @hookimpl

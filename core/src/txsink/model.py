@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,25 @@ class TransactionContext:
 
 def participant_name(sink_id: str, epoch: int, partition: int, attempt: int) -> str:
     return f"{sink_id}-e{epoch}-p{partition}-a{attempt}"
+
+
+#: Attempt numbers of salvaged participants start here, far above Spark's task attempt
+#: ids (which count the tasks of one SparkContext), so a replacement's name is never a
+#: writer's.
+SALVAGE_ATTEMPT_BASE = 10**13
+
+
+def salvage_attempt(after: int = 0, *, now: float | None = None) -> int:
+    """A fresh attempt number for a salvage replacement: from the clock (milliseconds),
+    above ``after``, so the replacements of one participant never share a name (a
+    replacement prepared by a run that crashed before recording it is an orphan, and
+    only a distinct name lets the orphan scan abort it)."""
+    ms = int((time.time() if now is None else now) * 1000)
+    return max(SALVAGE_ATTEMPT_BASE + ms, after + 1)
+
+
+def is_salvage_attempt(attempt: int) -> bool:
+    return attempt >= SALVAGE_ATTEMPT_BASE
 
 
 _PARTICIPANT_RE = re.compile(

@@ -110,6 +110,11 @@ class Plugins:
         self._notify("txsink_epoch_aborted", sink_id=sink_id, epoch=epoch,
                      committables=committables, reason=reason)
 
+    def participant_salvaged(self, sink_id: str, epoch: int, original: Committable,
+                             replacement: Committable) -> None:
+        self._notify("txsink_participant_salvaged", sink_id=sink_id, epoch=epoch,
+                     original=original, replacement=replacement)
+
     def recovered(self, sink_id: str, report: RecoveryReport) -> None:
         self._notify("txsink_recovered", sink_id=sink_id, report=report)
 

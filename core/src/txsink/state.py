@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import enum
 import errno
 import fcntl
@@ -99,6 +100,11 @@ class EpochRecord:
     write: WriteId | None = None
     #: The coordinator owner that reserved the epoch (RESERVED records only).
     owner: str | None = None
+    #: Participants salvaged since the decision, as (replacement, original) names: the
+    #: target aborted the original on its own and its data was prepared again as the
+    #: replacement, which took its place in :attr:`committables` (see
+    #: :meth:`txsink.backend.Backend.salvage`).
+    salvaged: tuple[tuple[str, str], ...] = ()
 
     @property
     def participants(self) -> frozenset[str]:
@@ -110,7 +116,17 @@ class EpochRecord:
 
     def committed(self, at: float | None = None) -> EpochRecord:
         return EpochRecord(self.epoch, EpochState.COMMITTED, self.committables,
-                           self.decided_at, time.time() if at is None else at, self.write)
+                           self.decided_at, time.time() if at is None else at, self.write,
+                           salvaged=self.salvaged)
+
+    def with_replacements(self, replacements: Mapping[str, Committable]) -> EpochRecord:
+        """This decision with each participant named in ``replacements`` (original name
+        -> replacement) swapped for its replacement, remembered in :attr:`salvaged`."""
+        return dataclasses.replace(
+            self, committables=tuple(replacements.get(c.participant, c)
+                                     for c in self.committables),
+            salvaged=self.salvaged + tuple((r.participant, name)
+                                           for name, r in replacements.items()))
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -125,6 +141,8 @@ class EpochRecord:
             data["write"] = self.write.to_dict()
         if self.owner is not None:
             data["owner"] = self.owner
+        if self.salvaged:
+            data["salvaged"] = [list(pair) for pair in self.salvaged]
         return data
 
     @classmethod
@@ -141,6 +159,7 @@ class EpochRecord:
                 else float(data["committed_at"]),
                 write=None if data.get("write") is None else WriteId.from_dict(data["write"]),
                 owner=None if data.get("owner") is None else str(data["owner"]),
+                salvaged=tuple((str(r), str(o)) for r, o in data.get("salvaged", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state record: {exc}") from exc

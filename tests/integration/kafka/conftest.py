@@ -11,10 +11,12 @@ fixture probes what the broker can show.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from txsink_kafka import testing as kt
@@ -58,3 +60,47 @@ def marker_topic(kafka_broker: Broker) -> str:
     name = f"m-{uuid.uuid4().hex[:10]}"
     kt.create_topic(kafka_broker.bootstrap, name, partitions=1, compacted=True)
     return name
+
+
+#: transaction.timeout.ms of the sinks on the short-timeout broker (its maximum).
+SHORT_TIMEOUT_MS = 3000
+
+
+def transaction_versions() -> list[int | None]:
+    """The transaction versions to run the timeout and salvage tests with: the one
+    ``TXSINK_KAFKA_TRANSACTION_VERSION`` names (tox ``kafka-tv1``), else both on 4.x;
+    Kafka 3.9 (tox ``kafka39``) has only its own (the feature cannot be set there)."""
+    from txsink_kafka.local_broker import ENV_TRANSACTION_VERSION, ENV_VERSION, KAFKA_VERSION
+
+    if os.environ.get(ENV_TRANSACTION_VERSION):
+        return [int(os.environ[ENV_TRANSACTION_VERSION])]
+    if (os.environ.get(ENV_VERSION) or KAFKA_VERSION).startswith("3."):
+        return [None]
+    return [1, 2]
+
+
+@pytest.fixture(scope="session", params=transaction_versions(),
+                ids=lambda tv: "tv-default" if tv is None else f"tv{tv}")
+def short_timeout_kafka(request: pytest.FixtureRequest,
+                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """An Apache Kafka of its own whose coordinator aborts a transaction within about a
+    second of its ``transaction.timeout.ms`` (at most :data:`SHORT_TIMEOUT_MS`), and
+    whose retention runs every half second from the start (``retention.ms`` is set per
+    topic by the tests that want records deleted). Shared by the timeout and salvage
+    tests, one per transaction version."""
+    from txsink_kafka.backend import close_shared_clients
+    from txsink_kafka.local_broker import LocalKafka
+
+    kafka = LocalKafka(tmp_path_factory.mktemp("short-timeout-kafka"),
+                       transaction_version=request.param, properties={
+                           "transaction.max.timeout.ms": str(SHORT_TIMEOUT_MS),
+                           "transaction.abort.timed.out.transaction.cleanup.interval.ms": "500",
+                           "log.retention.check.interval.ms": "500",
+                           "log.initial.task.delay.ms": "0",
+                       })
+    try:
+        kafka.start()
+        yield kafka
+    finally:
+        close_shared_clients()
+        kafka.close()

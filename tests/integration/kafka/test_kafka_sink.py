@@ -283,6 +283,75 @@ def test_fenced_participant_is_reported_as_lost_not_committed(
         backend.commit(c)
 
 
+def test_a_fenced_participant_is_salvaged_as_it_was_written(
+        kafka_broker: Broker, marker_topic: str, sink_id: str,
+        broker_caps: kt.BrokerCapabilities) -> None:
+    """Same topics, partitions, keys, values, headers and timestamps; nothing else."""
+    broker_caps.require("hides_aborted")
+    bootstrap = kafka_broker.bootstrap
+    first, second = f"t-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(bootstrap, first, partitions=3)
+    kt.create_topic(bootstrap, second, partitions=1)
+    b = get_plugins().create_backend("kafka", {"kafka.bootstrap.servers": bootstrap,
+                                               "marker.topic": marker_topic})
+    assert isinstance(b, KafkaBackend)
+    header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    rows = pa.record_batch({
+        "key": pa.array([b"a", None, b"c", b"d"], pa.binary()),
+        "value": pa.array(["x", "y", "z", "w"], pa.string()),
+        "topic": pa.array([first, first, second, first]),
+        "partition": pa.array([2, 1, None, 2], pa.int32()),
+        "headers": pa.array([[{"key": "h", "value": b"1"}], None, [], None], header_type),
+    })
+    try:
+        b.preflight(sink_id)
+        c = write_participant(b, TransactionContext(sink_id, 0, 0), [rows])
+        # A coordinator that lost it, or another query: the transaction is aborted.
+        b.driver().txn.init_producer_id(str(c.payload["transactional_id"]), 60_000)
+        with pytest.raises(ParticipantLostError):
+            b.commit(c)
+        again = b.salvage(c, TransactionContext(sink_id, 0, 0, 10**13 + 1))
+        assert again.rows == 4 and again.participant.endswith("-a10000000000001")
+        assert again.payload["salvage_of"]["participant"] == c.participant
+        assert again.payload["transactional_id"] == f"txsink-{again.participant}"
+        assert b.commit(again) is CommitOutcome.COMMITTED
+        got = {(m.topic(), m.partition(), m.key(), m.value(), tuple(m.headers() or ()))
+               for t in (first, second) for m in kt.read_topic(bootstrap, t)}
+        assert got == {(first, 2, b"a", b"x", (("h", b"1"),)), (first, 1, None, b"y", ()),
+                       (second, 0, b"c", b"z", ()), (first, 2, b"d", b"w", ())}
+        # The timestamps are the original records' (read_uncommitted shows both).
+        stamps: dict[tuple[str, int, bytes | None], set[int]] = {}
+        for t in (first, second):
+            for m in kt.read_topic(bootstrap, t, isolation="read_uncommitted"):
+                stamps.setdefault((t, m.partition(), m.key()), set()).add(m.timestamp()[1])
+        assert len(stamps) == 4 and all(len(s) == 1 for s in stamps.values()), stamps
+        assert sum(len(kt.read_topic(bootstrap, t, isolation="read_uncommitted"))
+                   for t in (first, second)) == 8  # the aborted originals and the copies
+    finally:
+        b.close()
+
+
+def test_a_committable_written_before_salvage_still_commits_and_cannot_be_salvaged(
+        backend: KafkaBackend, sink_id: str, broker_caps: kt.BrokerCapabilities) -> None:
+    """Payload version 1 (no offsets, no transaction version): what a state written by
+    the release before salvage holds."""
+    def as_v1(c: Committable) -> Committable:
+        old = {k: v for k, v in c.payload.items() if k not in (
+            "ranges", "transaction_version", "broker_transaction_version")}
+        return Committable.from_bytes(replace(c, payload=old, payload_version=1).to_bytes())
+
+    c = as_v1(prepare(backend, sink_id, 0, 0, range(10)))
+    assert c.payload_version == 1
+    assert backend.commit(c) is CommitOutcome.COMMITTED
+    assert backend.commit(c) is CommitOutcome.ALREADY_COMMITTED
+    assert keys(backend.config.bootstrap, str(backend.config.topic)) == list(range(10))
+    broker_caps.require("hides_aborted")
+    lost = as_v1(prepare(backend, sink_id, 1, 0, range(20, 30)))
+    backend.driver().txn.init_producer_id(str(lost.payload["transactional_id"]), 60_000)
+    with pytest.raises(ParticipantLostError, match="holds no offsets"):
+        backend.salvage(lost, TransactionContext(sink_id, 1, 0, 10**13 + 2))
+
+
 def test_commit_warns_when_a_prepared_transaction_nears_its_timeout(
         backend: KafkaBackend, sink_id: str, caplog: pytest.LogCaptureFixture) -> None:
     c = prepare(backend, sink_id, 0, 0, range(10))
@@ -559,3 +628,16 @@ def test_an_orphan_marker_without_producer_id_never_fences_a_live_writer(
     assert [c.participant for c in aborted] == []
     assert backend.commit(live) is CommitOutcome.COMMITTED  # the live writer was not fenced
     assert keys(kafka_broker.bootstrap, topic) == list(range(10))
+
+
+def test_committable_payload_versions() -> None:
+    """Version 1 is read with no offsets (never salvaged); an unknown one is refused."""
+    from txsink.errors import StateError
+    from txsink_kafka.clients import PAYLOAD_VERSION, decode_payload
+
+    old = decode_payload(1, {"transactional_id": "t", "producer_id": 1})
+    assert old["ranges"] is None and old["transaction_version"] == 1
+    assert old["transactional_id"] == "t"
+    assert decode_payload(PAYLOAD_VERSION, {"ranges": {}}) == {"ranges": {}}
+    with pytest.raises(StateError, match="payload version 9"):
+        decode_payload(9, {})

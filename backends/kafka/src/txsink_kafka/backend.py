@@ -4,7 +4,8 @@ This module wires the protocol's halves, as Flink's Kafka connector separates it
 writer from its committer: :mod:`~txsink_kafka.writer` (executor side: producers,
 delivery reports, pooled ids), :mod:`~txsink_kafka.committer` (driver side: EndTxn,
 the commit-marker confirmation, aborts), :mod:`~txsink_kafka.recovery` (marker scans,
-ListTransactions, orphan fencing) and :mod:`~txsink_kafka.admin` (preflight, topics,
+ListTransactions, orphan fencing), :mod:`~txsink_kafka.salvage` (writing again what the
+broker aborted after a decision) and :mod:`~txsink_kafka.admin` (preflight, topics,
 claims). They share one :class:`~txsink_kafka.clients.SinkClients`.
 """
 
@@ -25,11 +26,13 @@ from txsink_kafka.clients import (
     SinkClients,
     check_hosts,
     close_driver_clients,
+    decode_payload,
 )
 from txsink_kafka.committer import KafkaCommitter, MarkerStatus
 from txsink_kafka.markers import Marker
 from txsink_kafka.naming import SinkIds, participant_id
 from txsink_kafka.recovery import KafkaRecovery
+from txsink_kafka.salvage import KafkaSalvage
 from txsink_kafka.txn_protocol import ProducerIdentity, TransactionInfo
 from txsink_kafka.writer import (
     PRODUCER_COUNTS,
@@ -57,7 +60,7 @@ class KafkaBackend(Backend):
     name: ClassVar[str] = NAME
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.COMMIT_FROM_ANY_PROCESS, Capability.COMMIT_MARKER,
-         Capability.SURVIVES_RESTART})
+         Capability.SURVIVES_RESTART, Capability.SALVAGE})
     secret_options: ClassVar[frozenset[str]] = cfg.SECRET_OPTIONS
     connect_retry_option: ClassVar[str | None] = "unavailable.retry.s"
     payload_version: ClassVar[int] = PAYLOAD_VERSION
@@ -70,6 +73,7 @@ class KafkaBackend(Backend):
         self.writer = KafkaWriter(self.shared)
         self.committer = KafkaCommitter(self.shared, self.decode_payload)
         self.recovery = KafkaRecovery(self.shared, self.committer)
+        self.salvager = KafkaSalvage(self.shared, self.writer, self.committer)
         self.admin = KafkaAdmin(self.shared, self.recovery)
 
     # -- configuration ------------------------------------------------------------------
@@ -94,6 +98,7 @@ class KafkaBackend(Backend):
         self.writer = KafkaWriter(self.shared)
         self.committer = KafkaCommitter(self.shared, self.decode_payload)
         self.recovery = KafkaRecovery(self.shared, self.committer)
+        self.salvager = KafkaSalvage(self.shared, self.writer, self.committer)
         self.admin = KafkaAdmin(self.shared, self.recovery)
 
     def participant_timeout_s(self) -> float | None:
@@ -155,6 +160,13 @@ class KafkaBackend(Backend):
 
     def abort(self, committable: Committable) -> None:
         self.committer.abort(committable)
+
+    def salvage(self, committable: Committable, ctx: TransactionContext) -> Committable:
+        return self.salvager.salvage(committable, ctx)
+
+    def decode_payload(self, version: int, payload: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Versions 1 (no offsets recorded) and 2 (see :data:`PAYLOAD_VERSION`)."""
+        return decode_payload(version, payload)
 
     def list_prepared(self, sink_id: str) -> list[Committable]:
         return self.recovery.list_prepared(sink_id)

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,31 @@ log = logging.getLogger(__name__)
 
 #: The backend's name, and the version of the committable payload its parts write.
 NAME = "kafka"
-PAYLOAD_VERSION = 1
+#: 2 added ``ranges`` (per topic: ``[partition, first offset, last offset, records]``
+#: of the participant's records, from its delivery reports: what a salvage reads back),
+#: ``transaction_version`` (the transaction protocol the participant ran: 1, the
+#: pre-KIP-890 one librdkafka and txsink's EndTxn speak) and
+#: ``broker_transaction_version`` (the cluster's finalized ``transaction.version`` then).
+PAYLOAD_VERSION = 2
+#: The transaction protocol txsink's participants run (librdkafka has no KIP-890).
+TRANSACTION_VERSION = 1
+
+
+def decode_payload(version: int, payload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A committable payload of any release, in this release's shape.
+
+    Version 1 (before offsets were recorded) has no ``ranges`` (``None``: its records
+    cannot be salvaged) and ran transaction version 1.
+    """
+    if version == PAYLOAD_VERSION:
+        return payload
+    if version == 1:
+        return {"ranges": None, "transaction_version": TRANSACTION_VERSION,
+                "broker_transaction_version": -1, **payload}
+    from txsink.errors import StateError
+
+    raise StateError(f"the kafka backend cannot read committable payload version {version} "
+                     f"(this release reads 1 and {PAYLOAD_VERSION}); upgrade txsink-kafka")
 #: Warn when a prepared transaction is older than this share of transaction.timeout.ms.
 TIMEOUT_WARN_SHARE = 0.8
 
@@ -100,6 +124,8 @@ class _ProcessClients:
         self.txn_clients: dict[tuple[Any, ...], TxnCoordinatorClient] = {}
         #: Connection keys whose brokers answered that they cannot describe transactions.
         self.no_describe: set[tuple[Any, ...]] = set()
+        #: The cluster's finalized transaction.version, by connection key (asked once).
+        self.transaction_versions: dict[tuple[Any, ...], int] = {}
         self._atexit = False
         #: Clients a forked child inherited: referenced so that they are never destroyed.
         self.inherited: list[Any] = []
@@ -143,6 +169,23 @@ class _ProcessClients:
                 self.txn_clients[key] = client
             return client
 
+    def broker_transaction_version(self, config: cfg.KafkaSinkConfig) -> int:
+        """The cluster's finalized ``transaction.version`` (0 where the cluster has none,
+        e.g. Kafka 3.9; -1 when it could not be asked), once per process and cluster."""
+        key = connection_key(config)
+        known = self.transaction_versions.get(key)
+        if known is not None:
+            return known
+        try:
+            level = self.txn_client(config).finalized_features().get("transaction.version", 0)
+        except TxnProtocolError as exc:  # recorded as unknown; not asked again
+            log.debug("asking Kafka at %s for its transaction.version failed: %s",
+                      config.bootstrap, redact(str(exc), config.secrets))
+            level = -1
+        with self.lock:
+            self.transaction_versions[key] = level
+        return level
+
     def forget_inherited(self) -> None:
         """In a forked child: drop the parent's clients without using or closing them.
 
@@ -158,6 +201,7 @@ class _ProcessClients:
         self.drivers.clear()
         self.txn_clients.clear()
         self.no_describe.clear()
+        self.transaction_versions.clear()
 
     def close(self) -> None:
         with self.lock:

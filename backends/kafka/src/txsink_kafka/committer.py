@@ -20,7 +20,12 @@ from txsink.backend import CommitOutcome
 from txsink.errors import FatalCommitError, ParticipantLostError, RetriableCommitError
 from txsink.model import Committable
 
-from txsink_kafka.clients import SinkClients, read_range, warn_near_timeout
+from txsink_kafka.clients import (
+    TRANSACTION_VERSION,
+    SinkClients,
+    read_range,
+    warn_near_timeout,
+)
 from txsink_kafka.markers import ABORTED, BEGIN, COMMITTED, END, Marker
 from txsink_kafka.naming import is_pooled
 from txsink_kafka.retry import retry_transient
@@ -152,6 +157,16 @@ class KafkaCommitter:
     def _commit_once(self, committable: Committable) -> CommitOutcome:
         c = committable
         tid, identity, (mtopic, mpart, moffset) = self.payload(c)
+        version = int(self.decode(c.payload_version, c.payload).get(
+            "transaction_version", TRANSACTION_VERSION))
+        if version != TRANSACTION_VERSION:
+            # Its EndTxn (and what bumps the producer epoch) would differ: KIP-890's
+            # version 2 ends a transaction with the epoch bumped.
+            raise FatalCommitError(
+                f"{c.describe()}: the transaction of transactional.id {tid!r} ran "
+                f"transaction version {version}; this release commits version "
+                f"{TRANSACTION_VERSION} only: commit it with the release that wrote it",
+                sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
         age = warn_near_timeout(c)
         first = self.marker_status(c)
         if first == MarkerStatus.VISIBLE or (
@@ -194,19 +209,13 @@ class KafkaCommitter:
                 f"({rejected}) and its marker is not readable yet (an open transaction "
                 "holds the marker partition's last stable offset); retry later",
                 sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
-        timeout_ms = int(c.payload.get("transaction_timeout_ms", 0) or 0)
         topics = c.payload.get("topics") or []
-        if timeout_ms and age * 1000 > timeout_ms:
-            why = (f"the broker's transaction.timeout.ms ({timeout_ms} ms) expired: the "
-                   f"transaction was opened {age:.0f}s ago")
-        else:
-            why = ("it was fenced and aborted (another query using the same sink id, or a "
-                   "manual abort)")
         raise ParticipantLostError(
             f"{c.describe()}: DATA AT RISK: the prepared transaction of transactional.id "
             f"{tid!r} ({c.rows} rows to {', '.join(map(str, topics))}) was "
-            f"aborted, not committed: {why}. EndTxn: {rejected}. Those rows are not in the "
-            "output; replay the epoch from the source to restore them",
+            f"aborted, not committed: {aborted_because(c, age)}. EndTxn: {rejected}. Those "
+            "rows are not in the output; txsink salvages them from the log while its "
+            "records are kept (docs/backends/kafka.md, \"Salvage\")",
             sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
 
     def _markers_pending(self, c: Committable, identity: ProducerIdentity, mtopic: str,
@@ -297,6 +306,16 @@ class KafkaCommitter:
                 return False
         d.txn.init_producer_id(tid, self.config.transaction_timeout_ms)
         return True
+
+
+def aborted_because(c: Committable, age: float) -> str:
+    """Why the broker aborted the prepared transaction of ``c``, ``age`` seconds old."""
+    timeout_ms = int(c.payload.get("transaction_timeout_ms", 0) or 0)
+    if timeout_ms and age * 1000 > timeout_ms:
+        return (f"the broker's transaction.timeout.ms ({timeout_ms} ms) expired: the "
+                f"transaction was opened {age:.0f}s ago")
+    return ("it was fenced and aborted (another query using the same sink id, a manual "
+            "abort, or a transaction coordinator that lost it)")
 
 
 def _same_participant(m: Marker, c: Committable, tid: str, identity: ProducerIdentity) -> bool:

@@ -194,7 +194,10 @@ class KafkaRecovery:
         marker partition's tail (``orphan.scan.records`` behind the last stable
         offset in a new process), where the epochs a replay can bring back are.
         """
-        self.open_markers(sink_id)
+        retry_transient(lambda: self._scan_markers(sink_id),
+                        what=f"sink={sink_id} epoch={epoch}: reading the marker partition "
+                             "before the decision", bound_s=self.config.retry_bound_s,
+                        redact=self.shared.redact)
         return epoch in self.scan_state(sink_id).committed_epochs
 
     def scan_state(self, sink_id: str) -> ScanState:

@@ -273,7 +273,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1,
 def read_topic(bootstrap: str, topic: str, *, isolation: str = "read_committed",
                timeout_s: float = 30.0) -> list[Any]:
     """Every record of ``topic`` a consumer with ``isolation`` sees, by explicit assign."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "txsink-test",
                          "enable.auto.commit": False, "isolation.level": isolation,
@@ -286,7 +286,8 @@ def read_topic(bootstrap: str, topic: str, *, isolation: str = "read_committed",
         todo = {p for p in parts if ends[p] > 0}
         if not todo:
             return []
-        consumer.assign([TopicPartition(topic, p, 0) for p in sorted(todo)])
+        # From each partition's log start (retention may have moved it past 0).
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
         out: list[Any] = []
         deadline = time.monotonic() + timeout_s
         while todo and time.monotonic() < deadline:

@@ -44,6 +44,13 @@ CONCURRENT_TRANSACTIONS = 51
 PRODUCER_FENCED = 90
 TRANSACTIONAL_ID_NOT_FOUND = 105
 
+#: Fetch answers: the offset is below the log start (deleted) or above the end.
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+#: Fetch answers worth another try after new metadata: a leader moving, a broker
+#: loading, a request timing out.
+FETCH_RETRIABLE = frozenset({5, 6, 7, 14, 15, 74, 75})
+
 #: Consecutive dropped connections on one request before giving up on it.
 MAX_DROPPED = 3
 
@@ -136,6 +143,22 @@ class UnsupportedByBrokerError(TxnProtocolError):
     """The broker lacks the admin request (Kafka before 3.0, Tansu)."""
 
 
+class TopicGoneError(TxnProtocolError):
+    """The topic or partition is not in the cluster's metadata (deleted)."""
+
+
+@dataclass(frozen=True)
+class FetchAnswer:
+    """One partition's answer to a raw Fetch (``read_uncommitted``, control batches
+    included): kafka-python record batches in offset order, and where the log is."""
+
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    batches: tuple[Any, ...] = ()
+
+
 def _kafka() -> Any:
     """Import kafka-python's pieces, hiding the DeprecationWarning its import raises.
 
@@ -149,8 +172,10 @@ def _kafka() -> Any:
         import kafka  # type: ignore[import-untyped]
         import kafka.net.inet  # type: ignore[import-untyped]
         import kafka.protocol.admin.transactions  # type: ignore[import-untyped]
+        import kafka.protocol.consumer.fetch  # type: ignore[import-untyped]
         import kafka.protocol.metadata  # type: ignore[import-untyped]
         import kafka.protocol.producer.transaction  # type: ignore[import-untyped]
+        import kafka.record  # type: ignore[import-untyped]
     _close_refused_sockets(kafka.net.inet.KafkaNetSocket)
     return kafka
 
@@ -424,6 +449,80 @@ class TxnCoordinatorClient:
                     tuple(sorted((str(t.topic), int(p)) for t in state.topics
                                  for p in t.partitions)))
         return out
+
+    # -- raw reads and features -------------------------------------------------------
+
+    def partition_leader(self, topic: str, partition: int) -> int:
+        """The node id leading ``topic[partition]``; :class:`TopicGoneError` if the
+        cluster does not have it."""
+        try:
+            described = self._admin.describe_topics([topic])
+        except Exception as exc:
+            raise TxnProtocolError(f"Metadata for topic {topic!r} failed: "
+                                   f"{type(exc).__name__}: {exc}") from None
+        if not described or int(described[0]["error_code"]) == UNKNOWN_TOPIC_OR_PARTITION:
+            raise TopicGoneError(f"topic {topic!r} does not exist (deleted?)",
+                                 error_code=UNKNOWN_TOPIC_OR_PARTITION, retriable=False)
+        code = int(described[0]["error_code"])
+        if code:
+            raise TxnProtocolError(f"Metadata for topic {topic!r} answered Kafka error "
+                                   f"code {code}", error_code=code)
+        for p in described[0]["partitions"]:
+            if int(p["partition_index"]) == partition:
+                leader = int(p["leader_id"])
+                if leader < 0:
+                    raise TxnProtocolError(f"{topic}[{partition}] has no leader now")
+                return leader
+        raise TopicGoneError(f"topic {topic!r} has no partition {partition}",
+                             error_code=UNKNOWN_TOPIC_OR_PARTITION, retriable=False)
+
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchAnswer:
+        """Read ``topic[partition]`` from ``offset`` as the log holds it: every batch
+        (aborted, open and control batches included) with its producer id and epoch.
+
+        One Fetch (v12, by topic name) to the partition's leader, ``read_uncommitted``;
+        up to ``max_bytes`` (at least the first batch whole, as Kafka answers).
+        """
+        kafka = _kafka()
+        fetch_request = kafka.protocol.consumer.fetch.FetchRequest
+        part_type = fetch_request.FetchTopic.FetchPartition
+        request = fetch_request(
+            replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes,
+            isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=[],
+            rack_id="", max_version=12, topics=[fetch_request.FetchTopic(
+                topic=topic, partitions=[part_type(
+                    partition=partition, current_leader_epoch=-1, fetch_offset=offset,
+                    log_start_offset=-1, partition_max_bytes=max_bytes)])])
+        node = self.partition_leader(topic, partition)
+        try:
+            response = self._manager.run(self._send_to, request, node)
+        except Exception as exc:
+            raise TxnProtocolError(f"Fetch of {topic}[{partition}] at offset {offset} "
+                                   f"failed: {type(exc).__name__}: {exc}") from None
+        for answer in response.responses:
+            for data in answer.partitions:
+                if int(data.partition_index) != partition:
+                    continue
+                batches: list[Any] = []
+                if data.records:
+                    records = kafka.record.MemoryRecords(bytes(data.records))
+                    while (batch := records.next_batch()) is not None:
+                        batches.append(batch)
+                return FetchAnswer(int(data.error_code), int(data.high_watermark),
+                                   int(data.last_stable_offset), int(data.log_start_offset),
+                                   tuple(batches))
+        raise TxnProtocolError(f"Fetch of {topic}[{partition}] was answered without it")
+
+    def finalized_features(self) -> dict[str, int]:
+        """The cluster's finalized feature levels (ApiVersions v3+, KIP-584), e.g.
+        ``transaction.version``; a feature the cluster has not finalized is absent."""
+        try:
+            features = self._admin.describe_features()
+        except Exception as exc:
+            raise TxnProtocolError(f"ApiVersions (features) failed: {type(exc).__name__}: "
+                                   f"{exc}") from None
+        return {str(name): int(v["finalized"][1]) for name, v in features.items()
+                if "finalized" in v}
 
     def _coordinator_or_raise(self, transactional_id: str) -> int:
         try:

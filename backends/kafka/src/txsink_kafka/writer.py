@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from txsink.backend import Transaction
@@ -31,6 +33,7 @@ from txsink_kafka.clients import (
     NAME,
     PAYLOAD_VERSION,
     PROCESS,
+    TRANSACTION_VERSION,
     SinkClients,
     connection_key,
     warn_near_timeout,
@@ -111,9 +114,30 @@ class KafkaTransaction(Transaction):
         self.marker_offset = -1
         #: The broker's transaction timeout runs from the first record, not the flush.
         self.began_at = time.time()
+        #: Per (topic, partition): [first offset, last offset, records] of this
+        #: participant's data, from its delivery reports (what a salvage reads back).
+        self.ranges: dict[tuple[str, int], list[int]] = {}
+        #: The cluster's finalized transaction.version when the participant opened.
+        self.broker_transaction_version = -1
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None and len(self.errors) < 10:
+        if err is None:
+            offset = msg.offset()
+            topic, partition = msg.topic(), msg.partition()
+            if offset is None or topic is None or partition is None:  # pragma: no cover
+                return  # (a delivered record has them all)
+            key = (topic, partition)
+            span = self.ranges.get(key)
+            if span is None:
+                self.ranges[key] = [offset, offset, 1]
+            else:
+                if offset < span[0]:
+                    span[0] = offset
+                if offset > span[1]:
+                    span[1] = offset
+                span[2] += 1
+            return
+        if len(self.errors) < 10:
             from confluent_kafka import KafkaError
 
             self.errors.append(f"{msg.topic()}: {err.str()}")
@@ -123,6 +147,28 @@ class KafkaTransaction(Transaction):
                     KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                     KafkaError.INVALID_PRODUCER_EPOCH):
                 self.fatal = True
+
+
+def encode_ranges(ranges: dict[tuple[str, int], list[int]]) -> dict[str, list[list[int]]]:
+    """``{topic: [[partition, first, last, records], ...]}``, sorted, for the payload."""
+    out: dict[str, list[list[int]]] = {}
+    for (topic, partition), (first, last, count) in sorted(ranges.items()):
+        out.setdefault(topic, []).append([partition, first, last, count])
+    return out
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One record to write again as it was: same partition, key, value, headers and
+    (for CreateTime topics) timestamp."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    #: Milliseconds; None lets the producer stamp it (LogAppendTime topics).
+    timestamp: int | None
 
 
 def raised() -> BaseException:
@@ -343,6 +389,44 @@ class KafkaWriter:
         thread.start()
         return txn
 
+    def begin_salvage(self, ctx: TransactionContext) -> KafkaTransaction:
+        """Open, here and now, the transaction of a salvage replacement ``ctx`` (on the
+        driver): its own per-participant id, never a pooled one, so it takes no slot a
+        writer may be probing, and an unrecorded one is fenced as an orphan like any."""
+        txn = KafkaTransaction(ctx, participant_id(self.config.transactional_id_prefix, ctx))
+        txn.broker_transaction_version = PROCESS.broker_transaction_version(self.config)
+        try:
+            self._begin_new(txn, txn.transactional_id)
+        except BaseException:
+            self.discard(txn)
+            raise
+        return txn
+
+    def write_records(self, txn: KafkaTransaction, records: Iterable[LogRecord]) -> None:
+        """Produce ``records`` as they are into the open transaction ``txn``."""
+        producer = txn.producer
+        assert producer is not None
+        if txn.errors:
+            raise self._delivery_error(txn)
+        try:
+            for r in records:
+                kwargs: dict[str, Any] = {"partition": r.partition}
+                if r.headers:
+                    kwargs["headers"] = list(r.headers)
+                if r.timestamp is not None:
+                    kwargs["timestamp"] = r.timestamp
+                while True:
+                    try:
+                        producer.produce(r.topic, r.value, r.key, **kwargs)
+                        break
+                    except BufferError:  # the queue is full: let deliveries drain it
+                        producer.poll(0.05)
+                txn.topics.add(r.topic)
+                txn.rows += 1
+            producer.poll(0)
+        except:  # noqa: E722 - see _raised
+            raise self._producer_error(txn, "producing", raised()) from None
+
     def _open_in_background(self, txn: KafkaTransaction) -> None:
         from confluent_kafka import KafkaException
 
@@ -372,6 +456,7 @@ class KafkaWriter:
 
     def _open(self, txn: KafkaTransaction) -> None:
         ctx = txn.ctx
+        txn.broker_transaction_version = PROCESS.broker_transaction_version(self.config)
         if self.config.naming == "pooled":
             # The kept producer's slot is not probed: it has no open transaction unless
             # another writer took the id over since, which fenced the kept producer,
@@ -623,7 +708,10 @@ class KafkaWriter:
             "transactional_id": txn.transactional_id,
             "producer_id": identity.producer_id,
             "producer_epoch": identity.producer_epoch,
+            "transaction_version": TRANSACTION_VERSION,
+            "broker_transaction_version": txn.broker_transaction_version,
             "topics": sorted(txn.topics),
+            "ranges": encode_ranges(txn.ranges),
             "marker": {"topic": txn.marker_topic, "partition": txn.marker_partition,
                        "offset": txn.marker_offset},
             "transaction_timeout_ms": self.config.transaction_timeout_ms,

@@ -109,6 +109,8 @@ class _ReusedRecordGone(Exception):
 def _digest(record: EpochRecord) -> str:
     body = json.dumps([c.to_dict() for c in record.committables], sort_keys=True)
     extra = f"{record.write!r}:{record.owner!r}" if record.write or record.owner else ""
+    if record.salvaged:
+        extra += f":{record.salvaged!r}"
     return hashlib.sha256(f"{record.decided_at!r}:{body}{extra}".encode()).hexdigest()
 
 
@@ -401,7 +403,8 @@ class S3StateStore(StateStore):
             committed_at = entry.get("committed_at")
             return EpochRecord(epoch, state, body.committables, float(entry["decided_at"]),
                                None if committed_at is None else float(committed_at),
-                               body.write, body.owner if state is EpochState.RESERVED else None)
+                               body.write, body.owner if state is EpochState.RESERVED else None,
+                               salvaged=body.salvaged)
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"state {self.location}: malformed entry for epoch {epoch}: "
                              f"{exc}") from None

@@ -41,6 +41,9 @@ class MemorySystem:
     output: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     #: (participant, txn) of every commit: the system's own commit marker.
     markers: set[tuple[str, str]] = field(default_factory=set)
+    #: Participants the system aborted on its own (:meth:`expire`, like Kafka's
+    #: transaction timeout) whose rows it still keeps, so they can be salvaged.
+    aborted: dict[str, _Prepared] = field(default_factory=dict)
     #: Make the next N commit calls fail with a retriable error before doing anything.
     fail_next_commits: int = 0
     #: Called after a commit took effect and before it returns (simulates a lost reply).
@@ -49,6 +52,17 @@ class MemorySystem:
 
     def rows(self) -> list[dict[str, Any]]:
         return [row for _, rows in self.output for row in rows]
+
+    def expire(self, participant: str) -> None:
+        """Abort a prepared participant on the system's own account (a timeout): it
+        can no longer be committed, but its rows are kept until :meth:`forget`."""
+        with self.lock:
+            self.aborted[participant] = self.prepared.pop(participant)
+
+    def forget(self, participant: str) -> None:
+        """Drop the kept rows of an expired participant (retention ran)."""
+        with self.lock:
+            del self.aborted[participant]
 
     def snapshot(self) -> MemorySystem:
         """A copy of the system as it is now: what a standby or a backup holds."""
@@ -81,7 +95,7 @@ class _MemoryTransaction(Transaction):
 class MemoryBackend(Backend):
     name: ClassVar[str] = "memory"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.LIST_PREPARED, Capability.COMMIT_MARKER}
+        {Capability.LIST_PREPARED, Capability.COMMIT_MARKER, Capability.SALVAGE}
     )
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
 
@@ -144,6 +158,20 @@ class MemoryBackend(Backend):
         if s.after_commit is not None:
             s.after_commit(committable)
         return outcome
+
+    def salvage(self, committable: Committable, ctx: TransactionContext) -> Committable:
+        s = self.system
+        with s.lock:
+            p = s.aborted.get(committable.participant)
+            if p is None or p.txn != committable.payload["txn"]:
+                raise ParticipantLostError(
+                    f"participant {committable.participant} was aborted and its rows are "
+                    "gone", sink_id=committable.sink_id, epoch=committable.epoch,
+                    participant=committable.participant)
+            txn = _MemoryTransaction(ctx)
+            txn.buffer = list(p.rows)
+            txn.rows = len(p.rows)
+        return self.pre_commit(txn)
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
         from txsink.model import parse_participant

@@ -101,6 +101,24 @@ class StateStoreContract:
             EpochState.COMMITTED, 9.0, big.committables)
         assert sorted(self.open(location).records()) == [1, 3]
 
+    def test_a_salvaged_participant_is_remembered(self, location: str) -> None:
+        # A salvage replaces a decided participant in place (still DECIDED) and the
+        # record keeps which one it replaced, through the COMMITTED mark.
+        store = self.open(location)
+        lease = store.acquire("a")
+        store.put(lease, decided(4, partitions=2))
+        lost = committable(4, 1)
+        again = Committable("files", "s1", 4, 1, 7, "s1-e4-p1-again", {"final": "/x"}, rows=2)
+        salvaged = decided(4, partitions=2).with_replacements({lost.participant: again})
+        store.put(lease, salvaged)
+        got = self.open(location).get(4)
+        assert got == salvaged and got.state is EpochState.DECIDED
+        assert got.committables[1] == again
+        assert got.salvaged == (("s1-e4-p1-again", lost.participant),)
+        store.put(lease, salvaged.committed(3.0))
+        got = self.open(location).get(4)
+        assert got is not None and got.salvaged == salvaged.salvaged
+
     def test_a_record_is_replaced_whole(self, location: str) -> None:
         store = self.open(location)
         lease = store.acquire("a")
