@@ -15,7 +15,7 @@ from txsink.errors import ConfigError, SinkOwnedError
 
 from txsink_kafka import config as cfg
 from txsink_kafka.claims import Claim, owner_key, owner_of
-from txsink_kafka.clients import SinkClients, check_hosts, read_range
+from txsink_kafka.clients import SinkClients, check_hosts, read_range, watermarks
 from txsink_kafka.naming import preflight_id
 from txsink_kafka.recovery import KafkaRecovery
 from txsink_kafka.retry import retry_transient
@@ -149,7 +149,7 @@ class KafkaAdmin:
 
     def _read_claims(self, sink_id: str) -> list[Claim]:
         """Every claim on ``sink_id``, in log order: the whole claim topic is read."""
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaException
 
         d = self.shared.driver()
         topic = self.config.claim_topic
@@ -158,8 +158,7 @@ class KafkaAdmin:
         claims: list[Claim] = []
         with d.lock:
             try:
-                low, high = d.uncommitted_offsets.get_watermark_offsets(
-                    TopicPartition(topic, 0), timeout, cached=False)
+                low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
             except KafkaException:
                 # Not there yet (a coordinator started without the preflight, as
                 # `txsink resolve` does): create it, once.
@@ -168,8 +167,7 @@ class KafkaAdmin:
                 conf: dict[str, Any] = {**self.config.connection()}
                 self.create_compacted(kadmin.AdminClient(conf), topic, "claim.topic",
                                        sink_id)
-                low, high = d.uncommitted_offsets.get_watermark_offsets(
-                    TopicPartition(topic, 0), timeout, cached=False)
+                low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
             for msg in read_range(d.uncommitted, topic, 0, low, high, timeout):
                 claim = Claim.decode(msg.key(), msg.value(), msg.offset() or 0)
                 if claim is not None and claim.owner_key == key:
