@@ -1,8 +1,9 @@
 """Kafka as production runs it: a three-node KRaft cluster, failing over under commits.
 
 One :class:`~txsink_kafka.local_cluster.LocalKafkaCluster` for the module (started
-once): the replication of every topic txsink uses, and a driver-side regression found
-by failing nodes under the protocol.
+once): the replication of every topic txsink uses (and the preflight's warning when
+txsink's own topics are less replicated than the output), and a driver-side
+regression found by failing nodes under the protocol.
 """
 
 from __future__ import annotations
@@ -79,6 +80,37 @@ def test_every_topic_txsink_uses_has_three_replicas_and_min_isr_two(
                   "__transaction_state", "__consumer_offsets"):
         assert cluster.topic_replication(topic) == (REPLICATION_FACTOR, MIN_INSYNC_REPLICAS), \
             topic
+
+
+def test_preflight_warns_when_txsinks_topics_are_less_replicated_than_the_output(
+        cluster: LocalKafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+    run = uuid.uuid4().hex[:8]
+    # marker.replication.factor=1: txsink creates its topics with one replica.
+    backend, options = _sink(cluster, **{"marker.replication.factor": "1",
+                                         "claim.topic": f"claims-{run}"})
+    with caplog.at_level("WARNING", logger="txsink_kafka"):
+        try:
+            backend.preflight("under-replicated")
+        finally:
+            backend.close()
+    warned = [r.getMessage() for r in caplog.records if "replica" in r.getMessage()]
+    assert len(warned) == 2, warned
+    for topic, field in ((options["marker.topic"], "marker.topic"),
+                         (f"claims-{run}", "claim.topic")):
+        assert cluster.topic_replication(topic)[0] == 1
+        assert any(f"topic {topic} (option '{field}') has 1 replica(s)" in w
+                   and "output topic" in w for w in warned), warned
+    # The remedy: topics created as replicated as the output (here: by txsink with the
+    # cluster's defaults, or by hand with the same settings) are not warned about.
+    caplog.clear()
+    backend, options = _sink(cluster)
+    kt.create_topic(cluster.bootstrap, options["marker.topic"], compacted=True)
+    with caplog.at_level("WARNING", logger="txsink_kafka"):
+        try:
+            backend.preflight("replicated-by-hand")
+        finally:
+            backend.close()
+    assert not [r for r in caplog.records if "replica" in r.getMessage()]
 
 
 def test_driver_reads_ride_out_the_marker_leader_dying(
