@@ -1,9 +1,9 @@
 """Kafka as production runs it: a three-node KRaft cluster, failing over under commits.
 
 One :class:`~txsink_kafka.local_cluster.LocalKafkaCluster` for the module (started
-once): the replication of every topic txsink uses (and the preflight's warning when
-txsink's own topics are less replicated than the output), and a driver-side
-regression found by failing nodes under the protocol.
+once): the replication of every topic txsink uses, a driver-side regression found by
+the failover chaos, then the chaos short mode (one fault of each failover kind; the
+long mode, 200 faults, is ``tox -e kafka-cluster-long``, which prints the table).
 """
 
 from __future__ import annotations
@@ -29,7 +29,15 @@ from txsink_kafka.local_cluster import (
     LocalKafkaCluster,
 )
 
+from tests.chaos.failover import KINDS
+from tests.chaos.runner import run_backend, table
+
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
+
+SEED = int(os.environ.get("TXSINK_CHAOS_SEED", "2026"))
+#: One fault of each kind (the planner deals kinds from a shuffled deck).
+FAULTS = int(os.environ.get("TXSINK_CHAOS_CLUSTER_FAULTS", str(len(KINDS))))
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
@@ -144,3 +152,23 @@ def test_driver_reads_ride_out_the_marker_leader_dying(
         cluster.wait_in_sync()
     assert sorted(int(m.value()) for m in kt.read_topic(cluster.bootstrap,
                                                         options["topic"])) == list(range(10))
+
+
+def test_failover_chaos_short_mode(cluster: LocalKafkaCluster,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Every failover kind at least once on the live cluster: nothing lost, nothing
+    duplicated, nothing left open (``tox -e kafka-cluster-long`` runs 200 faults)."""
+    cluster.wait_in_sync()
+    report = run_backend("kafka-cluster", faults=FAULTS, seed=SEED, cluster=cluster)
+    with capsys.disabled():
+        print(f"\n{table([report], KINDS)}")
+    assert report.skipped is None
+    assert report.failures == []
+    assert sum(report.faults.values()) >= FAULTS
+    if len(KINDS) <= FAULTS:
+        assert all(report.faults[kind] >= 1 for kind in KINDS), report.faults
+    assert (report.lost, report.duplicated, report.leftovers) == (0, 0, 0), (
+        f"reproduce with: python -m tests.chaos --backends kafka-cluster --seed {SEED} "
+        f"--faults {FAULTS}")
+    assert report.records > 0
+    assert not any("without being fenced" in n for n in report.notes), report.notes

@@ -203,9 +203,11 @@ class LocalKafkaCluster:
         for k in self.nodes.values():
             k.kill()
 
-    def close(self) -> None:
-        """Stop the cluster; remove the work directory if this object made it."""
-        self.stop()
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the cluster (SIGKILL what has not stopped after ``timeout_s``: the
+        three nodes' controlled shutdowns can wait on each other for a controller);
+        remove the work directory if this object made it."""
+        self.stop(timeout_s)
         for k in self.nodes.values():
             k.close()
         if self._own_workdir:
