@@ -48,8 +48,6 @@ LOG = "failover.jsonl"
 WHOLE = "whole.json"
 KINDS = ("coordinator-kill-prepared", "coordinator-kill-endtxn", "leader-kill-writing",
          "controller-kill", "rolling-restart", "broker-pause")
-#: Kinds fired from inside a writer task (the rest at coordinator points).
-TASK_KINDS = ("leader-kill-writing",)
 #: How long the driver waits for the cluster to be whole before it gives up a fault.
 WHOLE_WAIT_S = 300.0
 #: Longest pause: a node not fenced by then is resumed anyway (and the fault noted).
@@ -234,7 +232,7 @@ class Supervisor:
         fenced = False
         while time.monotonic() - started < PAUSE_LIMIT_S:
             try:  # the controller fences a node that missed its session timeout
-                fenced = all(node not in cluster._view_of(n)[0] for n in others)
+                fenced = all(node not in cluster.view_of(n)[0] for n in others)
             except Exception:
                 fenced = False
             if fenced:
@@ -264,6 +262,7 @@ class Injector:
         self.faults = [Fault(**f) for f in spec.get("failover", [])]
         self.messages: Sequence[Any] = ()
         self._armed: Fault | None = None
+        self._armed_pids: dict[int, int] = {}
         self._txn: Any = None
         self._patch_end_txn()
 

@@ -374,9 +374,10 @@ class LocalKafkaCluster:
                 client_id="txsink-cluster")
         return self._kp_admin
 
-    def _view_of(self, node_id: int) -> tuple[set[int], list[str]]:
-        """Node ``node_id``'s own metadata: the brokers it lists, and its partitions
-        short of their replica set (or without a leader)."""
+    def view_of(self, node_id: int) -> tuple[set[int], list[str]]:
+        """Node ``node_id``'s own metadata (Metadata sent to that node): the brokers
+        it lists (a fenced node is not listed), and its partitions short of their
+        replica set or without a leader."""
         from kafka.protocol.metadata import MetadataRequest  # type: ignore[import-untyped]
 
         from txsink_kafka.txn_protocol import send_to_node
@@ -410,7 +411,7 @@ class LocalKafkaCluster:
             return problems
         for n in sorted(self.nodes):
             try:
-                brokers, behind = self._view_of(n)
+                brokers, behind = self.view_of(n)
             except Exception as exc:
                 self._close_kafka_python_admin()
                 return [f"node {n} did not answer: {type(exc).__name__}: {exc}"]
