@@ -181,13 +181,14 @@ class Supervisor:
         for e in seen:
             if e.get("status") == "request" and e["id"] not in done:
                 self._carry_out(e)
-        dead = [n for n, k in self.cluster.nodes.items() if not k.running]
-        if dead:
+        if any(not k.running for k in self.cluster.nodes.values()):
             self.whole = False
             started = time.monotonic()
-            self.cluster.restart_dead()
-            append(self.state, {"kind": "node-restart", "status": "restarted", "nodes": dead,
+            ended = self.cluster.restart_dead()
+            append(self.state, {"kind": "node-restart", "status": "restarted",
+                                "nodes": sorted(ended), "exit": list(ended.values()),
                                 "seconds": round(time.monotonic() - started, 1)})
+            self._note_exits(ended)
         if time.monotonic() - self._checked < 0.25:
             return
         self._checked = time.monotonic()
@@ -199,11 +200,18 @@ class Supervisor:
         self.whole = True
         self.publish(len(entries(self.state)))
 
+    def _note_exits(self, ended: dict[int, int | None]) -> None:
+        """A node that ended other than by a SIGKILL (ours) exited on its own: say so."""
+        for node, code in ended.items():
+            if code not in (None, -signal.SIGKILL):
+                self.notes.append(f"node {node} exited with status {code} by itself: "
+                                  f"{self.cluster.output_tail(node, 3)!r}")
+
     def settle(self, timeout_s: float = 300.0) -> None:
         """After a driver run: every node up, running and in sync."""
-        self.cluster.resume_all()
-        self.cluster.restart_dead()
-        self.cluster.wait_in_sync(timeout_s)
+        self._note_exits({n: k.proc.returncode for n, k in self.cluster.nodes.items()
+                          if k.proc is not None and not k.running})
+        self.cluster.heal(timeout_s)
         if self.whole is False:
             append(self.state, {"kind": "whole", "status": "whole"})
         self.whole = True

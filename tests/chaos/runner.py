@@ -209,7 +209,13 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None
                                     target.can_kill_server,
                                     report.faults["server-restart"]
                                     + report.faults["server-kill"])
-                run_once(target, plan, report, Path(tmp))
+                try:
+                    run_once(target, plan, report, Path(tmp))
+                except Exception as exc:  # the harness or a server: fail the report,
+                    import traceback  # so that the target keeps its logs
+
+                    report.failures.append(f"run {report.runs + 1}: {type(exc).__name__}: "
+                                           f"{exc}\n{traceback.format_exc()[-3000:]}")
                 report.runs += 1
                 progress(f"{name}: run {report.runs}, {sum(report.faults.values())}/{faults} "
                          f"faults, lost={report.lost} dup={report.duplicated} "

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -52,11 +53,43 @@ class BrokerUnavailable(RuntimeError):
     """The broker could not be resolved or started here; the message says why."""
 
 
+#: Lowest port :func:`_free_port` picks.
+_LOWEST_PORT = 10_000
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports given to outgoing connections and to bind(0)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port() -> int:
+    """A free port on 127.0.0.1 below the kernel's ephemeral range.
+
+    A node restarted after a kill must get its port back (clients and the other nodes
+    know it by it). A port from bind(0) is ephemeral: while the node is down, the
+    kernel may give it to any process's outgoing connection, and the restart then
+    fails with "Address already in use". Ports below the range are handed out only
+    to whoever binds them by number.
+    """
+    low, _ = _ephemeral_ports()
+    if low - _LOWEST_PORT >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(100):
+            port = rng.randrange(_LOWEST_PORT, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 def _cache_dir() -> Path:

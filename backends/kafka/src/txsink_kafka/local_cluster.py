@@ -252,12 +252,41 @@ class LocalKafkaCluster:
         for k in self.nodes.values():
             k.resume()
 
-    def restart_dead(self, timeout_s: float = 120.0) -> list[int]:
-        """Start every node whose JVM is not running; the ids restarted."""
-        dead = [n for n, k in self.nodes.items() if not k.running]
-        for n in dead:
+    def restart_dead(self, timeout_s: float = 120.0) -> dict[int, int | None]:
+        """Start every node whose JVM is not running: node id -> how the JVM had ended
+        (its exit status, negative for a signal: -9 for SIGKILL; None when it was
+        stopped through this object)."""
+        dead = {n: k.proc.returncode if k.proc is not None else None
+                for n, k in self.nodes.items() if not k.running}
+        for n, code in dead.items():
+            if code not in (None, -signal.SIGKILL, -signal.SIGTERM):
+                log.warning("node %d had exited with status %s; starting it again. Its "
+                            "output ends:\n%s", n, code, self.output_tail(n))
             self.start_node(n, timeout_s)
         return dead
+
+    def output_tail(self, node_id: int, lines: int = 10) -> str:
+        """The last lines of a node's stdout/stderr (why a JVM exited is said there)."""
+        try:
+            text = (self.node(node_id).workdir / "stdout.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def heal(self, timeout_s: float = 300.0) -> None:
+        """Resume paused nodes, start dead ones (again, should one die meanwhile), and
+        wait until the cluster is in sync."""
+        self.resume_all()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.restart_dead(max(1.0, deadline - time.monotonic()))
+            problems = self.out_of_sync()
+            if not problems:
+                return
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable(f"the cluster did not get back in sync within "
+                                        f"{timeout_s:.0f}s: {'; '.join(problems[:5])}")
+            time.sleep(0.25)
 
     def rolling_restart(self, *, timeout_s: float = 180.0) -> None:
         """Restart the nodes one at a time, as an operator rolls a cluster: a controlled
