@@ -27,8 +27,10 @@ still prepared (leftovers).
     python -m tests.chaos.cluster --runs 4 --seed 7     # the tox ``cluster`` environment
     python -m tests.chaos.cluster --targets files,kafka
 
-Targets are :data:`tests.chaos.targets.TARGETS` (files, postgres, s3, kafka); Kafka
-runs when asked for (``--targets``), on whatever broker its target starts.
+Targets are :data:`tests.chaos.targets.TARGETS`: by default files, postgres, s3 and
+kafka (one local Apache Kafka broker; the output is read back by an independent
+``read_committed`` consumer, leftovers counted from the marker scan, the logs'
+transaction markers, ListTransactions and LSO vs HWM of every partition).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from tests.e2e.spark_harness import DriverSpec, make_input, run_driver
 
 KINDS = ("executor-kill-writing", "executor-kill-prepared", "worker-kill", "driver-kill",
          "speculation")
-DEFAULT_TARGETS = ("files", "postgres", "s3")
+DEFAULT_TARGETS = ("files", "postgres", "s3", "kafka")
 EPOCHS, ROWS_PER_EPOCH, PARTITIONS = 3, 200, 2
 KEYS = 7
 DRIVER_TIMEOUT_S = 900

@@ -21,6 +21,8 @@ from typing import Any
 import pyarrow as pa
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator
+from txsink.faults import ENV as FAULTS_ENV
+from txsink.faults import FaultInjector, parse
 from txsink.model import Committable, TransactionContext
 from txsink.plugins import get_plugins
 from txsink.state import DirectoryStateStore
@@ -52,8 +54,11 @@ def _note(state: Path, what: str) -> None:
 
 
 def run_task(backend: Backend, spec: dict[str, Any], state: Path, epoch: int, partition: int,
-             attempt: int, fault: str | None) -> Committable | None:
-    """One writer task attempt in a forked process; ``None`` if it died."""
+             attempt: int, fault: str | None, failover: Any = None) -> Committable | None:
+    """One writer task attempt in a forked process; ``None`` if it died.
+
+    ``failover``: the :class:`tests.chaos.failover.Injector` when a failover fault is
+    due in this task; it fires between the two halves of the task's rows."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -62,7 +67,17 @@ def run_task(backend: Backend, spec: dict[str, Any], state: Path, epoch: int, pa
             ctx = TransactionContext(spec["sink_id"], epoch, partition, attempt)
 
             def batches() -> Any:
-                yield make_batch(spec["kind"], epoch, partition)
+                batch = make_batch(spec["kind"], epoch, partition)
+                mid_write = failover.task_fault(epoch, partition) if failover else None
+                if mid_write is None:
+                    yield batch
+                else:
+                    from tests.chaos.failover import halves
+
+                    first, second = halves(batch)
+                    yield first
+                    failover.in_task(mid_write)
+                    yield second
                 if fault == "task-dies-before-prepare":
                     _note(state, f"{fault}@{epoch}:{partition}")
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -89,8 +104,15 @@ def main(argv: list[str]) -> int:
     state.mkdir(parents=True, exist_ok=True)
     backend = get_plugins().create_backend(spec["backend"], spec["options"])
     backend.preflight(spec["sink_id"])
+    failover = None
+    faults = FaultInjector.from_env()
+    if spec.get("failover"):
+        from tests.chaos.failover import Injector
+
+        failover = Injector(spec, state)
+        faults = FaultInjector(parse(os.environ.get(FAULTS_ENV, "")), callback=failover.at_point)
     coordinator = Coordinator(backend, DirectoryStateStore(state / "txsink"), spec["sink_id"],
-                              backend_options=spec["options"])
+                              backend_options=spec["options"], faults=faults)
     coordinator.start()
     log = state / "engine-commit-log"
     done = int(log.read_text()) if log.exists() else -1
@@ -99,6 +121,8 @@ def main(argv: list[str]) -> int:
         state / "faults.log").exists() else set()
     attempts: dict[tuple[int, int], int] = {}
     for epoch in range(done + 1, spec["epochs"]):
+        if failover is not None:
+            failover.epoch_starting(epoch)
         msgs = []
         for p in range(spec["partitions"]):
             fault = task_faults.get(f"{epoch}:{p}")
@@ -113,10 +137,12 @@ def main(argv: list[str]) -> int:
                     _note(state, f"{injected}@{epoch}:{p}")
                     run_task(backend, spec, state, epoch, p, attempt_id + 500, None)
                     injected = None
-                c = run_task(backend, spec, state, epoch, p, attempt_id, injected)
+                c = run_task(backend, spec, state, epoch, p, attempt_id, injected, failover)
                 if c is not None:
                     break
             msgs.append(c)
+        if failover is not None:
+            failover.messages = msgs
         coordinator.commit_epoch(epoch, msgs)
         log.write_text(str(epoch))
     backend.close()

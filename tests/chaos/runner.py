@@ -12,6 +12,9 @@ Each run writes a fresh sink (``EPOCHS`` x ``PARTITIONS`` participants) through
 * ``server-kill``: the same, but the server is SIGKILLed (for servers that can be:
   Kafka's broker JVM); a target's server faults alternate kill, restart, kill, ...
 
+A target may bring faults of its own kinds instead: ``kafka-cluster`` fails over a
+three-node Kafka cluster under the protocol (:mod:`tests.chaos.failover`).
+
 After the faults the pipeline is resumed to completion and its output compared
 with the input: record count, per-key checksum, lost and duplicated records, and
 prepared participants left behind. The same seed replays the same plan.
@@ -19,6 +22,7 @@ prepared participants left behind. The same seed replays the same plan.
     python -m tests.chaos                 # short mode: 20 faults per backend
     python -m tests.chaos --long          # 200 faults per backend
     python -m tests.chaos --backends postgres --seed 7
+    python -m tests.chaos --backends kafka-cluster --long   # tox -e kafka-cluster-long
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +42,7 @@ from pathlib import Path
 from txsink.faults import POINTS
 
 from tests.chaos import driver
-from tests.chaos.targets import TARGETS, Target, digest, new_run_name
+from tests.chaos.targets import DEFAULT_TARGETS, TARGETS, Target, digest, new_run_name
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS, PARTITIONS = 5, 3
@@ -99,6 +102,8 @@ class Report(Tally):
 class Plan:
     driver_faults: list[tuple[int, str, str]]  # (epoch, point, "" | server fault kind)
     task_faults: dict[str, str]  # "epoch:partition" -> kind
+    #: Faults of the target's own kinds (see Target.plan_faults), fired by the driver.
+    failover: list[dict[str, object]] = field(default_factory=list)
 
 
 def plan_run(rng: random.Random, faults: int, can_restart: bool, can_kill: bool = False,
@@ -139,7 +144,8 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
     state = workdir / name
     spec = {"backend": target.name, "options": options, "sink_id": sink_id,
             "state": str(state), "epochs": EPOCHS, "partitions": PARTITIONS,
-            "kind": target.kind, "task_faults": plan.task_faults}
+            "kind": target.kind, "task_faults": plan.task_faults,
+            "failover": plan.failover}
     spec_file = workdir / f"{name}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_FAULTS")}
     segments: list[tuple[int, str, str] | None] = [*plan.driver_faults, None]
@@ -149,9 +155,8 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
         run_env = dict(env)
         if fault is not None:
             run_env["TXSINK_FAULTS"] = f"{fault[1]}@{fault[0]}:kill"
-        done = subprocess.run([sys.executable, "-m", "tests.chaos.driver", str(spec_file)],
-                              cwd=ROOT, env=run_env, capture_output=True, text=True,
-                              timeout=600, check=False)
+        done = target.run_driver([sys.executable, "-m", "tests.chaos.driver", str(spec_file)],
+                                 run_env, state, timeout_s=600)
         if fault is not None and done.returncode == -signal.SIGKILL:
             report.faults[fault[2] or "driver-kill"] += 1
             if fault[2]:
@@ -164,6 +169,7 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
     log = state / "faults.log"
     for line in (log.read_text().split() if log.exists() else []):
         report.faults[line.split("@")[0]] += 1
+    report.faults.update(target.faults_fired(state))
     got = target.read(options, sink_id)
     want = expected_rows()
     report.count((i for i, _ in got), {i for i, _ in want})
@@ -172,10 +178,16 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
     report.leftovers += target.leftovers(options, sink_id)
 
 
-def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int = 4,
-                progress: Callable[[str], None] = lambda s: None) -> Report:
+def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None = None,
+                progress: Callable[[str], None] = lambda s: None,
+                cluster: object | None = None) -> Report:
+    """``cluster``: a running Kafka cluster for the ``kafka-cluster`` target to use
+    (and leave running) instead of starting its own."""
     report = Report(name, seed)
     target = TARGETS[name]()
+    if cluster is not None:
+        target.cluster = cluster  # type: ignore[attr-defined]
+    faults_per_run = faults_per_run or getattr(target, "faults_per_run", 4)
     if target.unavailable:
         report.skipped = target.unavailable
         return report
@@ -189,10 +201,21 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int = 4,
         report.note = target.note
         with tempfile.TemporaryDirectory(prefix=f"txsink-chaos-{name}-") as tmp:
             while sum(report.faults.values()) < faults and report.runs < faults:
-                plan = plan_run(rng, faults_per_run, target.can_restart,
-                                target.can_kill_server,
-                                report.faults["server-restart"] + report.faults["server-kill"])
-                run_once(target, plan, report, Path(tmp))
+                own = target.plan_faults(rng, faults_per_run)
+                if own is not None:
+                    plan = Plan([], {}, own)
+                else:
+                    plan = plan_run(rng, faults_per_run, target.can_restart,
+                                    target.can_kill_server,
+                                    report.faults["server-restart"]
+                                    + report.faults["server-kill"])
+                try:
+                    run_once(target, plan, report, Path(tmp))
+                except Exception as exc:  # the harness or a server: fail the report,
+                    import traceback  # so that the target keeps its logs
+
+                    report.failures.append(f"run {report.runs + 1}: {type(exc).__name__}: "
+                                           f"{exc}\n{traceback.format_exc()[-3000:]}")
                 report.runs += 1
                 progress(f"{name}: run {report.runs}, {sum(report.faults.values())}/{faults} "
                          f"faults, lost={report.lost} dup={report.duplicated} "
@@ -205,6 +228,11 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int = 4,
         report.note = target.note
         report.seconds = time.monotonic() - started
     return report
+
+
+def kinds_of(target: str) -> tuple[str, ...]:
+    """The fault kinds (table columns) of a target's runs."""
+    return TARGETS[target].kinds or COLUMNS if target in TARGETS else COLUMNS
 
 
 def table(reports: Sequence[Tally], kinds: Sequence[str] = COLUMNS,
@@ -240,8 +268,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backends", default=",".join(TARGETS),
-                    help="comma-separated backends (default: all)")
+    ap.add_argument("--backends", default=",".join(DEFAULT_TARGETS),
+                    help=f"comma-separated, from {', '.join(TARGETS)} (default: "
+                         f"{','.join(DEFAULT_TARGETS)})")
     ap.add_argument("--faults", type=int, default=20, help="faults per backend (default 20)")
     ap.add_argument("--long", action="store_true", help="200 faults per backend")
     ap.add_argument("--seed", type=int, default=None, help="seed (default: random, printed)")
@@ -252,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     reports = [run_backend(b.strip(), faults=faults, seed=seed,
                            progress=lambda s: print(s, flush=True))
                for b in args.backends.split(",") if b.strip()]
-    print(table(reports))
+    for kinds in dict.fromkeys(kinds_of(r.name) for r in reports):
+        print(table([r for r in reports if kinds_of(r.name) == kinds], kinds))
     for r in reports:
         for f in r.failures:
             print(f"{r.backend}: {f}")

@@ -11,16 +11,31 @@ import collections
 import io
 import os
 import shutil
+import signal
+import statistics
+import subprocess
 import tempfile
+import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from txsink.plugins import get_plugins
 
+from tests.chaos.failover import KINDS as FAILOVER_KINDS
+
 
 class Target:
+    #: The backend it writes to.
     name = ""
+    #: Its name among the chaos targets (the backend's name unless several targets
+    #: write to one backend).
+    key = ""
     kind = "table"
+    #: The fault kinds the target's runs plan (the table's columns); None: the
+    #: runner's own (driver kills, task deaths, speculative twins, server restarts).
+    kinds: tuple[str, ...] | None = None
     #: Why this backend cannot run here, or None.
     unavailable: str | None = None
     #: How the check differs here from a reader of a production system, or None.
@@ -51,6 +66,25 @@ class Target:
             return len(list(backend.list_prepared(sink_id)))
         finally:
             backend.close()
+
+    def plan_faults(self, rng: Any, faults: int) -> list[dict[str, Any]] | None:
+        """Faults of the target's own kinds for one run (the driver's ``failover``
+        spec); None: the runner plans its own kinds."""
+        return None
+
+    def run_driver(self, cmd: Sequence[str], env: dict[str, str], state: Path,
+                   timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """One driver segment, to its end."""
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+
+    def faults_fired(self, state: Path) -> list[str]:
+        """The kinds of the target's own faults that fired in a run (after it ended;
+        the target is whole again when this returns)."""
+        return []
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FilesTarget(Target):
@@ -266,9 +300,194 @@ class KafkaTarget(Target):
         return len(prepared | set(open_in_log) | set(on_broker)) + len(behind)
 
 
+class KafkaClusterTarget(KafkaTarget):
+    """Apache Kafka as production runs it: three replicated KRaft nodes
+    (:class:`~txsink_kafka.local_cluster.LocalKafkaCluster`) failing over under the
+    protocol (:mod:`tests.chaos.failover`). The output topic has three partitions, so
+    each node leads one; every topic (txsink's own included) has three replicas and
+    ``min.insync.replicas=2``, checked for every run."""
+
+    key = "kafka-cluster"
+    kinds = FAILOVER_KINDS
+    can_restart = can_kill_server = False  # its faults are failovers, not restarts
+    #: Faults per run: on distinct epochs, each waiting for a whole cluster.
+    faults_per_run = 3
+    #: A cluster started by the caller (e.g. a pytest fixture), used and not stopped.
+    cluster: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cycle: list[str] = []
+        self.planned: list[Any] = []
+        self.counts: collections.Counter[str] = collections.Counter()
+        #: Seconds from each fault until the cluster was whole again, by kind.
+        self.recovery: dict[str, list[float]] = {}
+        self.supervisor_notes: list[str] = []
+        if os.environ.get("TXSINK_KAFKA_BOOTSTRAP"):
+            self.unavailable = ("TXSINK_KAFKA_BOOTSTRAP names an external cluster; failover "
+                                "chaos kills nodes of a local one")
+
+    def start(self) -> None:
+        from txsink_kafka.local_cluster import LocalKafkaCluster
+        from txsink_kafka.testing import probe_broker
+
+        self.server = None
+        self.own = self.cluster is None
+        #: Each run's failover log and driver stderr (kept when a run fails).
+        self.workdir = Path(tempfile.mkdtemp(prefix="txsink-chaos-kafka-cluster-"))
+        if self.own:
+            self.cluster = LocalKafkaCluster(self.workdir / "cluster").start()
+        self.bootstrap = self.cluster.bootstrap
+        self.caps = probe_broker(self.bootstrap, self.cluster.describe())
+        if not (self.caps.hides_aborted and self.caps.hides_open):
+            self.unavailable = (f"{self.cluster.describe()} shows aborted or open "
+                                "transactions to read_committed consumers")
+
+    def stop(self) -> None:
+        from txsink_kafka.backend import close_shared_clients
+
+        close_shared_clients()
+        counts = self.counts
+        notes = []
+        if counts["endtxn"]:
+            notes.append(f"coordinator-kill-endtxn: {counts['endtxn-inflight']} of "
+                         f"{counts['endtxn']} kills landed before the EndTxn answer")
+        if counts["driver-too"]:
+            notes.append(f"coordinator-kill-prepared: {counts['driver-too']} with the driver "
+                         "SIGKILLed right after")
+        if counts["pause"]:
+            notes.append(f"broker-pause: {counts['pause-fenced']} of {counts['pause']} "
+                         f"paused nodes were fenced before resuming ({counts['pause-leader']} "
+                         "partition leaders mid-write, the rest coordinators)")
+        if counts["skipped"]:
+            notes.append(f"{counts['skipped']} planned fault(s) given up: cluster not whole")
+        if self.recovery:
+            notes.append("cluster whole again after (median, max s): " + ", ".join(
+                f"{kind} {statistics.median(t):.0f}/{max(t):.0f}"
+                for kind, t in sorted(self.recovery.items())))
+        notes += self.supervisor_notes
+        if self.cluster is not None and self.own:
+            self.cluster.stop()
+        if self.failed:
+            notes.append(f"run logs{' and cluster logs' if self.own else ''} kept: "
+                         f"{self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.note = "; ".join(notes) or None
+
+    def options(self, run: str) -> dict[str, str]:
+        from txsink_kafka.local_cluster import MIN_INSYNC_REPLICAS, REPLICATION_FACTOR
+        from txsink_kafka.testing import create_topic
+
+        topic = f"chaos-{run}"
+        create_topic(self.bootstrap, topic, partitions=3)
+        # Like any topic a user creates with the cluster's defaults.
+        got = self.cluster.topic_replication(topic)
+        if got != (REPLICATION_FACTOR, MIN_INSYNC_REPLICAS):
+            raise AssertionError(f"output topic {topic}: (replicas, min ISR) = {got}")
+        return {"kafka.bootstrap.servers": self.bootstrap, "topic": topic,
+                "marker.topic": f"chaos-markers-{run}"}
+
+    def plan_faults(self, rng: Any, faults: int) -> list[dict[str, Any]]:
+        from dataclasses import asdict
+
+        from tests.chaos.failover import plan
+        from tests.chaos.runner import EPOCHS, PARTITIONS
+
+        self.planned = plan(rng, faults, EPOCHS, PARTITIONS, cycle=self.cycle)
+        return [asdict(f) for f in self.planned]
+
+    def run_driver(self, cmd: Sequence[str], env: dict[str, str], state: Path,
+                   timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """The driver under a :class:`~tests.chaos.failover.Supervisor`; a driver that
+        SIGKILLed itself on purpose (``driver-too``) is started again."""
+        from tests.chaos.failover import LOG, Supervisor, fired_faults
+
+        state.mkdir(parents=True, exist_ok=True)
+        supervisor = Supervisor(self.cluster, state)
+        supervisor.settle()
+        self_kills = 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with open(state / "driver.err", "w+") as err:
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=err, text=True)
+                try:
+                    while proc.poll() is None:
+                        if time.monotonic() > deadline:
+                            proc.kill()
+                            proc.wait()
+                            break
+                        supervisor.tick()
+                        time.sleep(0.05)
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+                supervisor.settle()
+                err.seek(0)
+                stderr = err.read()
+            kept = self.workdir / "runs" / state.name
+            kept.mkdir(parents=True, exist_ok=True)
+            for name in (LOG, "driver.err"):
+                if (state / name).exists():
+                    shutil.copy(state / name, kept / name)
+            wanted = sum(1 for e in fired_faults(state) if e.get("variant") == "driver-too")
+            if proc.returncode == -signal.SIGKILL and wanted > self_kills:
+                self_kills = wanted
+                continue
+            self.supervisor_notes += supervisor.notes
+            return subprocess.CompletedProcess(cmd, proc.returncode, "", stderr)
+
+    def faults_fired(self, state: Path) -> list[str]:
+        from tests.chaos.failover import entries, recovery_times
+
+        for kind, seconds in recovery_times(state):
+            self.recovery.setdefault(kind, []).append(seconds)
+        # A planned fault that did not fire (its point was not reached, or the cluster
+        # was not whole in time) is dealt again, so every kind gets its share.
+        fired = {e.get("key") for e in entries(state) if e.get("status") == "done"}
+        self.cycle.extend(f.kind for f in self.planned if f.key not in fired)
+        kinds = []
+        for e in entries(state):
+            if e.get("status") == "skipped":
+                self.counts["skipped"] += 1
+            if e.get("status") != "done":
+                continue
+            kinds.append(e["kind"])
+            if e["kind"] == "coordinator-kill-endtxn":
+                self.counts["endtxn"] += 1
+                self.counts["endtxn-inflight"] += bool(e.get("inflight"))
+            elif e["kind"] == "broker-pause":
+                self.counts["pause"] += 1
+                self.counts["pause-fenced"] += bool(e.get("fenced"))
+                self.counts["pause-leader"] += e.get("variant") == "leader"
+            elif e.get("variant") == "driver-too":
+                self.counts["driver-too"] += 1
+        return kinds
+
+    def leftovers(self, options: dict[str, str], sink_id: str) -> int:
+        """As on one broker (marker scan, the logs' transaction markers, ListTransactions
+        from every node, LSO vs HWM on every partition), and every topic the sink used
+        must have three replicas and ``min.insync.replicas=2``."""
+        from txsink_kafka.local_cluster import MIN_INSYNC_REPLICAS, REPLICATION_FACTOR
+
+        for topic in (options["topic"], options["marker.topic"], "txsink-claims",
+                      "__transaction_state", "__consumer_offsets"):
+            got = self.cluster.topic_replication(topic)
+            if got != (REPLICATION_FACTOR, MIN_INSYNC_REPLICAS):
+                raise AssertionError(f"topic {topic}: (replicas, min ISR) = {got}, want "
+                                     f"({REPLICATION_FACTOR}, {MIN_INSYNC_REPLICAS})")
+        return super().leftovers(options, sink_id)
+
+
 TARGETS: dict[str, type[Target]] = {
-    t.name: t for t in (FilesTarget, PostgresTarget, S3Target, KafkaTarget)
+    t.key or t.name: t
+    for t in (FilesTarget, PostgresTarget, S3Target, KafkaTarget, KafkaClusterTarget)
 }
+#: What ``python -m tests.chaos`` runs unless told otherwise (kafka-cluster is named:
+#: its own tox environment, ``kafka-cluster-long``).
+DEFAULT_TARGETS = ("files", "postgres", "s3", "kafka")
 
 
 def digest(rows: list[tuple[int, str]]) -> dict[str, int]:
@@ -287,4 +506,4 @@ def describe(target: Target) -> str:
     return target.name if target.unavailable is None else f"{target.name} ({target.unavailable})"
 
 
-__all__ = ["TARGETS", "Target", "describe", "digest", "new_run_name"]
+__all__ = ["DEFAULT_TARGETS", "TARGETS", "Target", "describe", "digest", "new_run_name"]

@@ -167,7 +167,10 @@ def test_aborted_upstream_transactions_never_reach_the_sink(
     kt.create_topic(bootstrap, upstream, partitions=2)
     kt.create_topic(bootstrap, output, partitions=2)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                         "transactional.id": f"src-up-{uuid.uuid4().hex[:8]}"})
+                         "transactional.id": f"src-up-{uuid.uuid4().hex[:8]}",
+                         # It keeps a transaction open while the query runs: more than
+                         # librdkafka's default 60 s on a loaded machine.
+                         "transaction.timeout.ms": 600_000})
     producer.init_transactions(30)
     committed: list[int] = []
     aborted: list[int] = []

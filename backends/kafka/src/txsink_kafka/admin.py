@@ -9,13 +9,14 @@ topic binds a sink id to one query's txsink state (see :mod:`txsink_kafka.claims
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from txsink.errors import ConfigError, SinkOwnedError
 
 from txsink_kafka import config as cfg
 from txsink_kafka.claims import Claim, owner_key, owner_of
-from txsink_kafka.clients import SinkClients, check_hosts, read_range
+from txsink_kafka.clients import SinkClients, check_hosts, read_range, watermarks
 from txsink_kafka.naming import preflight_id
 from txsink_kafka.recovery import KafkaRecovery
 from txsink_kafka.retry import retry_transient
@@ -82,6 +83,8 @@ class KafkaAdmin:
                 self.create_compacted(admin, name, field_name, sink_id)
             else:
                 self.check_compacted(admin, name, field_name, sink_id)
+        if topic is not None:
+            self.check_replication(admin, topic, sink_id)
         # The broker rejects a transaction.timeout.ms above its transaction.max.timeout.ms
         # only when a producer registers: find out now, not in the first task.
         probe = preflight_id(self.config.transactional_id_prefix, sink_id)
@@ -128,6 +131,59 @@ class KafkaAdmin:
                 "--add-config cleanup.policy=compact), or name another topic",
                 field=field_name, sink_id=sink_id)
 
+    def _replication(self, admin: Any, name: str) -> tuple[int, int]:
+        """(replication factor, min.insync.replicas) of topic ``name``; a topic created
+        a moment ago is waited for (a broker learns of it a little later)."""
+        import confluent_kafka.admin as kadmin
+        from confluent_kafka import KafkaError, KafkaException
+
+        timeout = self.config.request_timeout_s
+        config_resource: Any = kadmin.ConfigResource  # type: ignore[attr-defined]
+        resource = config_resource(kadmin.ResourceType.TOPIC, name)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + min(timeout, 10.0)
+        while True:
+            try:
+                tmd = admin.list_topics(name, timeout=timeout).topics[name]
+                if tmd.error is not None or not tmd.partitions:
+                    raise KafkaException(tmd.error)
+                factor = min(len(p.replicas) for p in tmd.partitions.values())
+                entries = admin.describe_configs([resource])[resource].result(timeout)
+                return factor, int(entries["min.insync.replicas"].value)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                refused = isinstance(error, KafkaError) and error.code() in (
+                    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                    KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+                if refused or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def check_replication(self, admin: Any, topic: str, sink_id: str) -> None:
+        """The marker and claim topics hold what makes the output exactly once (which
+        participants were committed, who owns the sink): each should survive what the
+        output topic survives. A WARNING names one with fewer replicas or a lower
+        ``min.insync.replicas`` than ``topic``."""
+        try:
+            out = self._replication(admin, topic)
+            own = [(name, field_name, self._replication(admin, name))
+                   for name, field_name in ((self.config.marker_topic, "marker.topic"),
+                                            (self.config.claim_topic, "claim.topic"))]
+        except Exception as exc:  # no DESCRIBE_CONFIGS, a topic still being created
+            log.debug("sink=%s: cannot compare the replication of txsink's topics with "
+                      "%s: %s", sink_id, topic, self.shared.redact(str(exc)))
+            return
+        for name, field_name, (factor, isr) in own:
+            if factor < out[0] or isr < out[1]:
+                log.warning(
+                    "sink=%s: topic %s (option '%s') has %d replica(s) and "
+                    "min.insync.replicas=%d, the output topic %s %d and %d: a broker loss "
+                    "the output survives could lose the records that say which "
+                    "participants were committed. Create it with as many replicas and as "
+                    "high a min.insync.replicas as the output (one partition, "
+                    "cleanup.policy=compact), or set marker.replication.factor before "
+                    "txsink creates it", sink_id, name, field_name, factor, isr, topic,
+                    out[0], out[1])
+
     def create_compacted(self, admin: Any, name: str, field_name: str, sink_id: str) -> None:
         """Create a one-partition compacted topic txsink keeps its own records in."""
         import confluent_kafka.admin as kadmin
@@ -149,7 +205,7 @@ class KafkaAdmin:
 
     def _read_claims(self, sink_id: str) -> list[Claim]:
         """Every claim on ``sink_id``, in log order: the whole claim topic is read."""
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaException
 
         d = self.shared.driver()
         topic = self.config.claim_topic
@@ -158,8 +214,7 @@ class KafkaAdmin:
         claims: list[Claim] = []
         with d.lock:
             try:
-                low, high = d.uncommitted_offsets.get_watermark_offsets(
-                    TopicPartition(topic, 0), timeout, cached=False)
+                low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
             except KafkaException:
                 # Not there yet (a coordinator started without the preflight, as
                 # `txsink resolve` does): create it, once.
@@ -168,8 +223,7 @@ class KafkaAdmin:
                 conf: dict[str, Any] = {**self.config.connection()}
                 self.create_compacted(kadmin.AdminClient(conf), topic, "claim.topic",
                                        sink_id)
-                low, high = d.uncommitted_offsets.get_watermark_offsets(
-                    TopicPartition(topic, 0), timeout, cached=False)
+                low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
             for msg in read_range(d.uncommitted, topic, 0, low, high, timeout):
                 claim = Claim.decode(msg.key(), msg.value(), msg.offset() or 0)
                 if claim is not None and claim.owner_key == key:

@@ -11,8 +11,8 @@ claims). They share one :class:`~txsink_kafka.clients.SinkClients`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext
@@ -32,6 +32,7 @@ from txsink_kafka.committer import KafkaCommitter, MarkerStatus
 from txsink_kafka.markers import Marker
 from txsink_kafka.naming import SinkIds, participant_id
 from txsink_kafka.recovery import KafkaRecovery
+from txsink_kafka.retry import retry_transient
 from txsink_kafka.salvage import KafkaSalvage
 from txsink_kafka.txn_protocol import ProducerIdentity, TransactionInfo
 from txsink_kafka.writer import (
@@ -42,6 +43,8 @@ from txsink_kafka.writer import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+T = TypeVar("T")
 
 __all__ = ["PRODUCER_COUNTS", "KafkaBackend", "MarkerStatus", "check_hosts",
            "close_kept_producers", "close_shared_clients"]
@@ -168,27 +171,41 @@ class KafkaBackend(Backend):
         """Versions 1 (no offsets recorded) and 2 (see :data:`PAYLOAD_VERSION`)."""
         return decode_payload(version, payload)
 
+    # The driver's reads and orphan aborts wait for a broker that is away (a restart, a
+    # leader moving) within unavailable.retry.s, as commits do: each is a scan that can
+    # start over (abort_orphans ends what it finds and fences only current epochs).
+
+    def _riding_out(self, what: str, action: Callable[[], T]) -> T:
+        return retry_transient(action, what=what, bound_s=self.config.retry_bound_s,
+                               redact=self.shared.redact)
+
     def list_prepared(self, sink_id: str) -> list[Committable]:
-        return self.recovery.list_prepared(sink_id)
+        return self._riding_out(f"sink={sink_id}: listing prepared participants",
+                                lambda: self.recovery.list_prepared(sink_id))
 
     def abort_orphans(self, sink_id: str, protected: Collection[str],
                       up_to_epoch: int | None = None) -> list[Committable]:
-        return self.recovery.abort_orphans(sink_id, protected, up_to_epoch)
+        return self._riding_out(
+            f"sink={sink_id}: aborting orphans",
+            lambda: self.recovery.abort_orphans(sink_id, protected, up_to_epoch))
 
     def open_transactions(self, sink_id: str) -> list[Mapping[str, Any]]:
-        return self.recovery.open_transactions(sink_id)
+        return self._riding_out(f"sink={sink_id}: listing open transactions",
+                                lambda: self.recovery.open_transactions(sink_id))
 
     def broker_transactions(self, sink_id: str) -> dict[str, TransactionInfo] | None:
         return self.recovery.broker_transactions(sink_id)
 
     def open_markers(self, sink_id: str) -> dict[str, Marker]:
+        # The scan itself waits for a broker that is away (its internal callers too).
         return self.recovery.open_markers(sink_id)
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
         return self.recovery.holds_epoch(sink_id, epoch)
 
     def is_committed(self, committable: Committable) -> bool | None:
-        return self.committer.is_committed(committable)
+        return self._riding_out(f"{committable.describe()}: checking whether it is committed",
+                                lambda: self.committer.is_committed(committable))
 
     def payload(self, c: Committable) -> tuple[str, ProducerIdentity, tuple[str, int, int]]:
         return self.committer.payload(c)

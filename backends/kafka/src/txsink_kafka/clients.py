@@ -287,6 +287,48 @@ def read_range(consumer: Consumer, topic: str, partition: int, start: int, end: 
         consumer.unassign()
 
 
+#: Longest single offsets query in :func:`watermarks` before the metadata is refreshed.
+WATERMARK_TRY_S = 5.0
+
+
+def watermarks(consumer: Consumer, topic: str, partition: int,
+               timeout_s: float) -> tuple[int, int]:
+    """``(low, high)`` of ``topic[partition]`` asked of its leader now
+    (``get_watermark_offsets(cached=False)``; the high mark is the last stable offset
+    for a ``read_committed`` consumer), riding out a leader move within ``timeout_s``.
+
+    librdkafka does not refresh the metadata of a partition the consumer is not
+    assigned: once its leader died, every later query of it timed out or answered
+    "Unknown partition", for minutes, also after the node was back (found by the
+    failover chaos on a three-node Apache Kafka 4.4 cluster, librdkafka 2.16). So a
+    failed query is followed by a metadata request for the topic, which teaches
+    librdkafka the new leader, and tried again. A topic that does not exist fails at
+    once.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition),
+                max(0.1, min(deadline - time.monotonic(), WATERMARK_TRY_S)), cached=False)
+            return int(low), int(high)
+        except KafkaException:
+            if time.monotonic() >= deadline:
+                raise
+            try:
+                md = consumer.list_topics(topic, timeout=max(
+                    0.1, min(deadline - time.monotonic(), WATERMARK_TRY_S)))
+            except KafkaException:
+                continue
+            tmd = md.topics.get(topic)
+            error = tmd.error if tmd is not None else None
+            if tmd is None or (error is not None
+                               and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                raise
+
+
 def warn_near_timeout(c: Committable) -> float:
     """The age of ``c``'s transaction; a WARNING once it nears its timeout."""
     prepared_at = float(c.payload.get("began_at") or c.payload.get("prepared_at") or 0)

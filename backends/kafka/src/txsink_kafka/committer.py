@@ -25,6 +25,7 @@ from txsink_kafka.clients import (
     SinkClients,
     read_range,
     warn_near_timeout,
+    watermarks,
 )
 from txsink_kafka.markers import ABORTED, BEGIN, COMMITTED, END, Marker
 from txsink_kafka.naming import is_pooled
@@ -76,14 +77,12 @@ class KafkaCommitter:
         marker topic that was truncated (an unclean leader election) or recreated can
         hold another participant's marker at the same offset, with the same pooled id.
         """
-        from confluent_kafka import TopicPartition
 
         tid, identity, (topic, partition, offset) = self.payload(c)
         d = self.shared.driver()
         timeout = self.config.request_timeout_s
         with d.lock:
-            _, lso = d.committed_offsets.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout, cached=False)
+            _, lso = watermarks(d.committed_offsets, topic, partition, timeout)
             if offset >= lso:
                 return MarkerStatus.HIDDEN
             for msg in read_range(d.committed, topic, partition, offset, lso, timeout):

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -52,11 +53,43 @@ class BrokerUnavailable(RuntimeError):
     """The broker could not be resolved or started here; the message says why."""
 
 
+#: Lowest port :func:`_free_port` picks.
+_LOWEST_PORT = 10_000
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports given to outgoing connections and to bind(0)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port() -> int:
+    """A free port on 127.0.0.1 below the kernel's ephemeral range.
+
+    A node restarted after a kill must get its port back (clients and the other nodes
+    know it by it). A port from bind(0) is ephemeral: while the node is down, the
+    kernel may give it to any process's outgoing connection, and the restart then
+    fails with "Address already in use". Ports below the range are handed out only
+    to whoever binds them by number.
+    """
+    low, _ = _ephemeral_ports()
+    if low - _LOWEST_PORT >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(100):
+            port = rng.randrange(_LOWEST_PORT, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 def _cache_dir() -> Path:
@@ -190,6 +223,11 @@ def started_brokers() -> list[LocalKafka]:
 class LocalKafka:
     """One KRaft node (broker + controller) on 127.0.0.1, data and log under ``workdir``.
 
+    Alone (the default) it is a whole cluster of one node. A
+    :class:`~txsink_kafka.local_cluster.LocalKafkaCluster` runs several of them as one
+    cluster: each gets its ``node_id``, the controller ports of every voter
+    (``voters``) and the cluster's ``cluster_id``.
+
     :param properties: extra ``server.properties`` entries (e.g. a short
         ``transaction.max.timeout.ms`` for timeout tests); they override the defaults.
     :param transaction_version: the ``transaction.version`` feature level to format
@@ -205,6 +243,10 @@ class LocalKafka:
         transaction_version: int | None = None,
         heap: str = "512m",
         port: int | None = None,
+        node_id: int = 1,
+        controller_port: int | None = None,
+        voters: Mapping[int, int] | None = None,
+        cluster_id: str | None = None,
     ) -> None:
         self.version = version or os.environ.get(ENV_VERSION) or KAFKA_VERSION
         tv = os.environ.get(ENV_TRANSACTION_VERSION)
@@ -214,12 +256,18 @@ class LocalKafka:
         self.workdir = Path(workdir if workdir is not None
                             else tempfile.mkdtemp(prefix="txsink-kafka-"))
         self.port = port or _free_port()
-        self.controller_port = _free_port()
+        self.node_id = node_id
+        self.controller_port = controller_port or _free_port()
+        #: Controller port of every voter of the metadata quorum, by node id.
+        self.voters = dict(voters) if voters else {node_id: self.controller_port}
+        self.cluster_id = cluster_id
         self.properties = dict(properties or {})
         self.heap = heap
         self.proc: subprocess.Popen[bytes] | None = None
         self._classpath: str | None = None
         self._formatted = False
+        #: Stopped with SIGSTOP (see :meth:`pause`) and not resumed yet.
+        self.paused = False
 
     @property
     def bootstrap(self) -> str:
@@ -234,6 +282,11 @@ class LocalKafka:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    @property
+    def running(self) -> bool:
+        """The JVM was started and has not exited (it may be paused)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def log_tail(self, lines: int = 20) -> str:
         """The last ``lines`` WARN/ERROR lines of the broker log (where to look first)."""
         try:
@@ -246,19 +299,24 @@ class LocalKafka:
     def describe(self) -> str:
         tv = f", transaction.version={self.transaction_version}" \
             if self.transaction_version is not None else ""
-        return f"Apache Kafka {self.version}{tv} (local, log: {self.log_path})"
+        node = f" node {self.node_id}" if len(self.voters) > 1 else ""
+        return f"Apache Kafka {self.version}{tv} (local{node}, log: {self.log_path})"
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def _server_properties(self) -> dict[str, str]:
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
+            "node.id": str(self.node_id),
             "listeners": (f"PLAINTEXT://127.0.0.1:{self.port},"
                           f"CONTROLLER://127.0.0.1:{self.controller_port}"),
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            # A static quorum: every node knows every voter from its configuration, so
+            # one `StorageTool format` per node with the cluster's id is all it needs
+            # (on 3.9 and 4.x alike).
+            "controller.quorum.voters": ",".join(
+                f"{n}@127.0.0.1:{p}" for n, p in sorted(self.voters.items())),
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self.workdir / "data"),
@@ -296,10 +354,9 @@ class LocalKafka:
         if (self.workdir / "data" / "meta.properties").exists():
             self._formatted = True
             return
-        cluster = subprocess.run(self._java("kafka.tools.StorageTool", "random-uuid"),
-                                 capture_output=True, text=True, timeout=120, check=True)
-        cluster_id = cluster.stdout.strip().splitlines()[-1]
-        cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+        if self.cluster_id is None:
+            self.cluster_id = random_cluster_id(self._java)
+        cmd = self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id,
                          "-c", str(props))
         if self.transaction_version is not None:
             cmd += ["--feature", f"transaction.version={self.transaction_version}"]
@@ -311,12 +368,33 @@ class LocalKafka:
 
     def start(self, timeout_s: float = 90.0) -> LocalKafka:
         """Start (or restart) the broker and wait until it serves metadata."""
-        if self.proc is not None and self.proc.poll() is None:
+        if self.running:
             return self
+        self.launch()
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        log.info("Apache Kafka %s node %d up at %s (pid %s)", self.version, self.node_id,
+                 self.bootstrap, self.pid)
+        return self
+
+    def prepare(self) -> None:
+        """Resolve the jars and format the storage, if not done yet (a cluster does
+        this for its nodes at once)."""
         if self._classpath is None:
             self._classpath = resolve_classpath(self.version)
         if not self._formatted:
             self._format()
+
+    def launch(self) -> None:
+        """Start the JVM without waiting for it (the nodes of a cluster start together:
+        none is ready before a quorum of controllers is up)."""
+        if self.running:
+            return
+        self.prepare()
+        self.paused = False
         with open(self.workdir / "stdout.log", "ab") as out:
             self.proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(self.workdir / "server.properties")),
@@ -328,14 +406,6 @@ class LocalKafka:
                             if threading.current_thread() is threading.main_thread()
                             else None))
         _STARTED[id(self)] = self
-        try:
-            self.wait_ready(timeout_s)
-        except BaseException:
-            self.kill()
-            raise
-        log.info("Apache Kafka %s up at %s (pid %s)", self.version, self.bootstrap,
-                 self.proc.pid)
-        return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         """Block until the broker lists itself in metadata (it is then accepting work)."""
@@ -352,7 +422,7 @@ class LocalKafka:
                     f"see {self.log_path} and {self.workdir / 'stdout.log'}")
             with contextlib.suppress(Exception):
                 md = admin.list_topics(timeout=1)
-                if md.brokers:
+                if self.node_id in md.brokers:
                     return
             time.sleep(0.2)
         raise BrokerUnavailable(f"Apache Kafka {self.version} did not answer on "
@@ -364,6 +434,9 @@ class LocalKafka:
         if proc is None or proc.poll() is not None:
             return
         proc.send_signal(signal.SIGTERM)
+        if self.paused:  # a stopped process acts on SIGTERM only once it runs again
+            proc.send_signal(signal.SIGCONT)
+            self.paused = False
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -375,10 +448,25 @@ class LocalKafka:
     def kill(self) -> None:
         """SIGKILL the broker JVM, as a machine crash would stop it."""
         proc, self.proc = self.proc, None
+        self.paused = False
         if proc is None or proc.poll() is not None:
             return
         proc.kill()
         proc.wait(30)
+
+    def pause(self) -> None:
+        """SIGSTOP the JVM: it keeps its sockets open and answers nothing, like a broker
+        stuck in a long GC pause or on a frozen VM. :meth:`resume` lets it go on."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise BrokerUnavailable(f"node {self.node_id} is not running: cannot pause it")
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a paused JVM (nothing if it is not paused)."""
+        if self.paused and self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
 
     def restart(self, *, hard: bool = False, timeout_s: float = 90.0) -> None:
         """Stop (SIGKILL when ``hard``) and start again on the same ports and data."""
@@ -401,6 +489,13 @@ class LocalKafka:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def random_cluster_id(java: Any) -> str:
+    """A new cluster id from ``StorageTool random-uuid`` (``java`` builds the command)."""
+    done = subprocess.run(java("kafka.tools.StorageTool", "random-uuid"),
+                          capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout.strip().splitlines()[-1]
 
 
 _QUIET = logging.getLogger("txsink_kafka.local_broker.librdkafka")

@@ -19,7 +19,7 @@ from typing import Any
 
 from txsink.model import Committable, participant_name
 
-from txsink_kafka.clients import NAME, ScanState, SinkClients, read_range
+from txsink_kafka.clients import NAME, ScanState, SinkClients, read_range, watermarks
 from txsink_kafka.committer import KafkaCommitter
 from txsink_kafka.markers import ABORTED, BEGIN, COMMITTED, END, OWNER, Marker, marker_partition
 from txsink_kafka.naming import SinkIds, preflight_id
@@ -66,8 +66,6 @@ class KafkaRecovery:
         the first offset of the oldest open transaction there: records after it, of
         any producer, stay invisible until that transaction ends.
         """
-        from confluent_kafka import TopicPartition
-
         broker = self.broker_transactions(sink_id)
         if broker is None:
             return []
@@ -86,11 +84,8 @@ class KafkaRecovery:
             held: list[dict[str, Any]] = []
             with d.lock:
                 for topic, partition in info.partitions:
-                    tp = TopicPartition(topic, partition)
-                    _, lso = d.committed_offsets.get_watermark_offsets(tp, timeout,
-                                                                       cached=False)
-                    _, high = d.uncommitted_offsets.get_watermark_offsets(tp, timeout,
-                                                                          cached=False)
+                    _, lso = watermarks(d.committed_offsets, topic, partition, timeout)
+                    _, high = watermarks(d.uncommitted_offsets, topic, partition, timeout)
                     start = starts.get((topic, partition), {}).get(info.producer_id)
                     held.append({"topic": topic, "partition": partition,
                                  "last_stable_offset": lso, "high_watermark": high,
@@ -136,8 +131,6 @@ class KafkaRecovery:
                                bound_s=self.config.retry_bound_s, redact=self.shared.redact)
 
     def _scan_markers(self, sink_id: str) -> dict[str, Marker]:
-        from confluent_kafka import TopicPartition
-
         d = self.shared.driver()
         topic = self.config.marker_topic
         timeout = self.config.request_timeout_s
@@ -149,14 +142,12 @@ class KafkaRecovery:
                 self.shared.marker_partitions = len(tmd.partitions) if tmd and tmd.partitions else 1
             partition = marker_partition(sink_id, self.shared.marker_partitions)
             state = d.scans.setdefault(f"{topic}/{sink_id}", ScanState())
-            low, high = d.uncommitted_offsets.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout, cached=False)
+            low, high = watermarks(d.uncommitted_offsets, topic, partition, timeout)
             start = state.cursor
             if start is None:
                 # Every open participant's begin marker is at or after the partition's
                 # last stable offset (it is the first record of its transaction).
-                _, lso = d.committed_offsets.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout, cached=False)
+                _, lso = watermarks(d.committed_offsets, topic, partition, timeout)
                 records = self.config.orphan_scan_records
                 start = max(low, min(high - records, max(lso, high - 10 * records)))
             last = -1

@@ -183,11 +183,9 @@ class _Broker:
 
     def bounds(self, topic: str, partition: int) -> tuple[int, int]:
         """(earliest, end): end is the last stable offset for read_committed."""
-        from confluent_kafka import TopicPartition
+        from txsink_kafka.clients import watermarks
 
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                        self.settings.timeout_s, cached=False)
-        return int(low), int(high)
+        return watermarks(self.consumer, topic, partition, self.settings.timeout_s)
 
     def commit_group_offsets(self, offsets: Offsets) -> None:
         from confluent_kafka import TopicPartition

@@ -297,8 +297,11 @@ class TxnCoordinatorClient:
         except Exception:  # pragma: no cover - best effort on shutdown
             log.debug("closing the kafka-python admin client failed", exc_info=True)
 
-    def find_coordinator(self, transactional_id: str) -> int:
-        """The node id of the transaction coordinator for ``transactional_id``."""
+    def find_coordinator(self, transactional_id: str, *, refresh: bool = False) -> int:
+        """The node id of the transaction coordinator for ``transactional_id``; cached,
+        unless ``refresh`` asks the cluster again."""
+        if refresh:
+            self._forget_coordinator(transactional_id)
         coordinator_type = _kafka().protocol.metadata.CoordinatorType
         node: int = self._manager.run(self._admin._find_coordinator_id, transactional_id,
                                       coordinator_type.TRANSACTION)
