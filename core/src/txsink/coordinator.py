@@ -949,3 +949,32 @@ def _kept(meta: SinkMeta | None, epoch: int) -> set[tuple[str | None, int]]:
 def _kept_words(kept: set[tuple[str | None, int]]) -> str:
     return ", ".join(f"{t}:{p}" if t else str(p) for t, p in sorted(
         kept, key=lambda k: (k[0] or "", k[1])))
+
+
+def record_prepared(store: StateStore, owner: str, epoch: int,
+                    committables: Sequence[Committable], query_id: str | None) -> None:
+    """Add ``committables`` to the RESERVED record of ``epoch`` that ``owner`` holds.
+
+    A grouped write (``txsink.spark.epoch``) prepares its targets one Spark job after
+    the other, each in a process of Spark's choosing: each job's committer records what
+    it prepared here, and the reserving driver decides the epoch from the record. A
+    RESERVED record names nobody: until the decision, its participants are aborted
+    like any other undecided ones. ``query_id`` (the streaming query the tasks ran for)
+    is kept with the write identity, for the decision's check of that query.
+    """
+    lease = store.acquire(owner)  # the reserving owner's own lease, or FencedError
+    record = store.get(epoch)
+    if record is None or record.state is not EpochState.RESERVED or record.owner != owner:
+        raise StateError(
+            f"epoch {epoch} is not reserved by {owner} (found "
+            f"{record.state.value + ' of ' + str(record.owner) if record else 'nothing'}); "
+            "the grouped write's participants are not recorded and will be rolled back",
+            epoch=epoch)
+    write = record.write
+    if write is not None and query_id is not None:
+        if write.query_id is not None and write.query_id != query_id:
+            raise StateError(f"epoch {epoch}: the writes of one grouped epoch report different "
+                             f"streaming queries ({write.query_id}, {query_id})", epoch=epoch)
+        write = dataclasses.replace(write, query_id=query_id)
+    store.put(lease, dataclasses.replace(record, committables=(*record.committables,
+                                                               *committables), write=write))

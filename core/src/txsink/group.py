@@ -142,6 +142,14 @@ class TargetGroup(Backend):
             m.backend.claim_sink(m.sink_id, state_id, state_location)
 
     def reset_sink(self, sink_id: str) -> list[str]:
+        """Every target's reset, or none: a target that cannot delete what it wrote is
+        named before anything is deleted."""
+        for m in self.members.values():
+            if type(m.backend).reset_sink is Backend.reset_sink:
+                raise NotImplementedError(
+                    f"target {m.name!r}: the {m.backend.name} backend cannot delete what a "
+                    "sink wrote, so no target of the group is reset; to start over, keep the "
+                    "old output and give the group a new sink_id")
         lines: list[str] = []
         for m in self.members.values():
             lines += [f"target {m.name}: {line}" for line in m.backend.reset_sink(m.sink_id)]

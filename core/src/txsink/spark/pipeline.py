@@ -142,8 +142,9 @@ def check_pipeline(cfg: PipelineConfig, log_path: Path) -> list[str]:
             builder = builder.config("spark.sql.streaming.schemaInference", "true")
         spark = builder.getOrCreate()
         try:
-            frame = build_frame(spark, cfg)
-            return [f"{f.name} {f.dataType.simpleString()}" for f in frame.schema.fields]
+            from txsink.spark.checks import frame_columns
+
+            return frame_columns(build_frame(spark, cfg), cfg)
         finally:
             spark.stop()
 
@@ -211,7 +212,7 @@ def run_pipeline(
         out(f"a batch that was still running is rolled back and replayed by the next "
             f"`txsink run`. "
             f"`txsink status {cfg.checkpoint}` shows the sink's state")
-    if cfg.sink.backend == "files" and result.rows:
+    if cfg.sink.backend == "files" and not cfg.sink.targets and result.rows:
         for line in preview_files(cfg.sink.options.get("path", "")):
             out(line)
     return result
@@ -268,11 +269,15 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
     for the running query's own, longer, bound; the retries are not printed one by
     one: the run stops with one line that says what was tried and for how long.
     """
-    options = dict(cfg.sink.options)
-    option = plugins.backends.get(cfg.sink.backend).value.connect_retry_option
-    if option is not None:
-        options[option] = f"{connect_retry_s:g}"
-    backend = plugins.create_backend(cfg.sink.backend, options)
+    retry_options: dict[str, dict[str, str]] = {}
+    retry_keys = set()
+    for name, backend_name in ([(t.name, t.backend) for t in cfg.sink.targets]
+                               or [(cfg.sink.sink_id, cfg.sink.backend)]):
+        option = plugins.backends.get(backend_name).value.connect_retry_option
+        if option is not None:
+            retry_options[name] = {option: f"{connect_retry_s:g}"}
+            retry_keys.add(option)
+    backend = cfg.create_backend(plugins, retry_options)
     quiet = _QuietRetries()
     handlers = logging.getLogger().handlers
     for handler in handlers:
@@ -281,11 +286,14 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
         backend.preflight(cfg.sink.sink_id)
         return backend.describe()
     except ConfigError as exc:
-        where = f"sink.options.{exc.field}" if exc.field else "sink"
+        if cfg.sink.targets:
+            where = f"sink.{exc.field}" if exc.field else "sink.targets"
+        else:
+            where = f"sink.options.{exc.field}" if exc.field else "sink"
         tried = (f". Before Spark starts a run waits {connect_retry_s:g}s for a server that "
                  "is down (`txsink run --connect-retry SECONDS`; the backend's option bounds "
                  "the wait of a running query)"
-                 if quiet.retries or (option is not None and option in str(exc)) else "")
+                 if quiet.retries or any(k in str(exc) for k in retry_keys) else "")
         raise ConfigError(f"{where}: {exc}{tried}", field=where,
                           sink_id=cfg.sink.sink_id) from None
     finally:
@@ -327,7 +335,7 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
             f"owner {holder['owner']}); stop it before starting another run on "
             f"{cfg.checkpoint}", field="checkpoint", sink_id=cfg.sink.sink_id)
     meta_before = store.read_meta()
-    backend = plugins.create_backend(cfg.sink.backend, cfg.sink.options)
+    backend = cfg.create_backend(plugins)
     try:
         coordinator = Coordinator(backend, store, cfg.sink.sink_id,
                                   backend_options=cfg.sink.options, plugins=plugins,
