@@ -96,7 +96,7 @@ def test_bad_target_options_are_one_line_naming_the_target(
     f.write_text(f"source: {{type: rate}}\ncheckpoint: {tmp_path}/chk\n"
                  f"sink: {{sink_id: s, targets: [{target}]}}\n")
     for command in ("validate", "run"):
-        code, out, err = _run(capsys, command, str(f))
+        code, _, err = _run(capsys, command, str(f))
         assert code == 1
         assert err.startswith(f"txsink: config error: {field}:"), err
         assert err.count("\n") == 1 and "Traceback" not in err
