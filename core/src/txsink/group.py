@@ -309,11 +309,18 @@ def route(group: TargetGroup, batch: pa.RecordBatch, epoch: int) -> list[tuple[M
                 raise StateError(f"group {group.group_id!r}: column {column_name!r} is a "
                                  f"{column.type}, not a struct", sink_id=group.group_id)
             sub = pa.RecordBatch.from_struct_array(column)
-        if m.spec.epoch_column:
-            sub = sub.append_column(m.spec.epoch_column,
-                                    pa.repeat(pa.scalar(epoch, pa.int64()), sub.num_rows))
-        out.append((m, sub))
+        out.append((m, with_epoch(m.spec, sub, epoch)))
     return out
+
+
+def with_epoch(spec: TargetSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:
+    """``batch`` with the target's ``epoch_column`` added, if it has one."""
+    import pyarrow as pa
+
+    if not spec.epoch_column:
+        return batch
+    return batch.append_column(spec.epoch_column,
+                               pa.repeat(pa.scalar(epoch, pa.int64()), batch.num_rows))
 
 
 def write_group(group: TargetGroup, epoch: int, partition: int, attempt: int,

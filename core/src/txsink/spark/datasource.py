@@ -49,7 +49,7 @@ from txsink import faults as fault_points
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome, record_prepared
 from txsink.errors import CheckpointChangedError, ConfigError, StateError
-from txsink.group import TargetGroup, write_group
+from txsink.group import TargetGroup, with_epoch, write_group
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, validate_sink_id
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_token
@@ -365,6 +365,7 @@ def _write_group_task(settings: SinkSettings, group: TargetGroup, ctx: Transacti
     if settings.group_target is not None:
         m = group.member(settings.group_target)
         one = TransactionContext(m.sink_id, ctx.epoch, ctx.partition, ctx.attempt)
+        batches = (with_epoch(m.spec, b, ctx.epoch) for b in batches)
         c = dataclasses.replace(write_participant(m.backend, one, batches), target=m.name)
         committables = [c]
         if duplicate:
