@@ -309,16 +309,20 @@ def run_once(group: Group, plan: Any, report: MultiReport, workdir: Path,
 
 
 def run_multi(*, faults: int, seed: int, faults_per_run: int = 4,
-              progress: Callable[[str], None] = lambda s: None) -> MultiReport:
+              progress: Callable[[str], None] = lambda s: None,
+              group: Group | None = None) -> MultiReport:
+    """``group``: servers already started (left running); else started and stopped here."""
     report = MultiReport(seed)
-    group = Group()
+    own = group is None
+    group = group or Group()
     report.targets = {n: TargetTally(n, s.name) for n, s in group.servers.items()}
     if group.unavailable:
         report.skipped = group.unavailable
         return report
     started = time.monotonic()
     rng = random.Random(f"{seed}-multi")
-    group.start()
+    if own:
+        group.start()
     sampler = Sampler(group, report)
     sampler.start()
     try:
@@ -343,7 +347,8 @@ def run_multi(*, faults: int, seed: int, faults_per_run: int = 4,
         sampler.join(timeout=60)
         for s in group.servers.values():
             s.failed = not report.ok
-        group.stop()
+        if own:
+            group.stop()
         report.seconds = time.monotonic() - started
     return report
 

@@ -9,20 +9,21 @@ the number of faults); the long mode is ``tox -e chaos-multi-long``
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
 from tests.chaos.multi import run_multi
 
 SEED = int(os.environ.get("TXSINK_CHAOS_SEED", "2026"))
-FAULTS = int(os.environ.get("TXSINK_CHAOS_MULTI_FAULTS", "12"))
+FAULTS = int(os.environ.get("TXSINK_CHAOS_MULTI_FAULTS", "8"))
 
 
 @pytest.mark.fault
 @pytest.mark.slow
 @pytest.mark.integration
-def test_chaos_multi_short_mode(capsys: pytest.CaptureFixture[str]) -> None:
-    report = run_multi(faults=FAULTS, seed=SEED)
+def test_chaos_multi_short_mode(multi_group: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_multi(faults=FAULTS, seed=SEED, group=multi_group)
     with capsys.disabled():
         print(f"\n{report.table()}")
     if report.skipped:
