@@ -308,3 +308,48 @@ def test_parse_targets_errors_name_the_target(genv: GroupEnv) -> None:
                     "select": "id, id * 2 AS twice", "where": " id > 0 "}])
     assert specs[0].options == {"system": "x"}
     assert specs[0].select == ("id, id * 2 AS twice",) and specs[0].where == "id > 0"
+
+
+class _SecretMemory(MemoryBackend):
+    """A memory target with a password, and a committable that may carry a string."""
+
+    def __init__(self, system_name: str, secret: str, payload_note: str = "") -> None:
+        super().__init__(system_name)
+        self.secret = secret
+        self.note = payload_note
+
+    def secret_values(self) -> list[str]:
+        return [self.secret]
+
+    def pre_commit(self, txn: Any) -> Committable:
+        import dataclasses
+
+        c = super().pre_commit(txn)
+        return dataclasses.replace(c, payload={**c.payload, "note": self.note})
+
+
+def test_each_target_is_checked_for_its_own_secrets(genv: GroupEnv) -> None:
+    """A bucket may be named like another target's password; a target's own secret in
+    its committable is refused, naming the target."""
+    def group(note: str) -> TargetGroup:
+        a = TargetSpec("events", "memory", {"system": genv.systems["events"]})
+        b = TargetSpec("totals", "memory", {"system": genv.systems["totals"]})
+        return TargetGroup(GROUP, [
+            Member(a, _SecretMemory(genv.systems["events"], "shared-name", note),
+                   target_sink_id(GROUP, "events")),
+            Member(b, _SecretMemory(genv.systems["totals"], "totals-pw", "shared-name"),
+                   target_sink_id(GROUP, "totals"))])
+
+    g = group("")
+    genv.coordinator(group=g).commit_epoch(0, write_group(g, 0, 0, 0, [batch(0, 0)]))
+    assert genv.ids("totals") == [0, 1, 2, 3, 4]
+    g = group("totals-pw")  # events now carries totals' password: not events' own secret
+    genv.coordinator(group=g).commit_epoch(1, write_group(g, 1, 0, 0, [batch(1, 0)]))
+    g = group("shared-name")  # events carries its own secret: refused
+    from txsink.errors import PluginError
+
+    with pytest.raises(PluginError) as info:
+        genv.coordinator(group=g).commit_epoch(2, write_group(g, 2, 0, 0, [batch(2, 0)]))
+    assert "backend 'memory' (target events) put a secret into the committable" in str(
+        info.value)
+    assert genv.ids("events") == want(range(2), partitions=1)

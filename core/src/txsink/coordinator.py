@@ -633,16 +633,23 @@ class Coordinator:
         return committables
 
     def _check_secrets(self, epoch: int, committables: Sequence[Committable]) -> None:
-        secrets = [s for s in self.backend.secret_values() if len(s) >= 4]
-        if not secrets:
+        # A group's committables are checked against their own target's secrets, as a
+        # single target's are (another target's password may well be a bucket's name).
+        owners: dict[str | None, Backend] = (
+            {n: m.backend for n, m in self.group.members.items()} if self.group is not None
+            else {None: self.backend})
+        secrets = {n: [s for s in b.secret_values() if len(s) >= 4] for n, b in owners.items()}
+        if not any(secrets.values()):
             return
         for c in committables:
             text = c.to_bytes().decode()
-            if any(s in text for s in secrets):
+            if any(s in text for s in secrets.get(c.target, [])):
                 self._abort_all(epoch, committables, "aborted", raise_errors=False)
+                where = f" (target {c.target})" if c.target else ""
                 raise PluginError(
-                    f"backend {self.backend.name!r} put a secret into the committable of "
-                    f"participant {c.participant}; refusing to store it (nothing committed)",
+                    f"backend {owners[c.target].name!r}{where} put a secret into the "
+                    f"committable of participant {c.participant}; refusing to store it "
+                    "(nothing committed)",
                     sink_id=self.sink_id, epoch=epoch, participant=c.participant)
 
     def _commit_one(self, c: Committable) -> CommitOutcome:

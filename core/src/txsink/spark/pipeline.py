@@ -47,7 +47,17 @@ class RunResult:
     batches: list[int] = field(default_factory=list)
     committed_epochs: list[int] = field(default_factory=list)
     rows: int = 0
+    #: A group's rows per target (``rows`` is their sum).
+    rows_by_target: dict[str, int] = field(default_factory=dict)
     stopped_because: str = ""
+
+    def add(self, record: EpochRecord) -> None:
+        """Count a committed epoch."""
+        self.committed_epochs.append(record.epoch)
+        self.rows += record.rows
+        for c in record.committables:
+            if c.target:
+                self.rows_by_target[c.target] = self.rows_by_target.get(c.target, 0) + c.rows
     #: The signal that interrupted the run (SIGINT, SIGTERM), if one did.
     signal: int | None = None
 
@@ -206,8 +216,13 @@ def run_pipeline(
     epochs = result.committed_epochs
     span = f"epochs {epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else (
         f"epoch {epochs[0]}" if epochs else "no epoch")
-    out(f"done ({result.stopped_because}): committed {span}, {result.rows} row(s) exactly "
-        f"once to {target}")
+    if result.rows_by_target:
+        per = ", ".join(f"{n} {r}" for n, r in result.rows_by_target.items())
+        out(f"done ({result.stopped_because}): committed {span} exactly once to every "
+            f"target, row(s) per target: {per} ({target})")
+    else:
+        out(f"done ({result.stopped_because}): committed {span}, {result.rows} row(s) "
+            f"exactly once to {target}")
     if result.signal is not None:
         out(f"a batch that was still running is rolled back and replayed by the next "
             f"`txsink run`. "
@@ -430,8 +445,7 @@ def resume_notes(cfg: PipelineConfig, store: StateStore) -> list[str]:
 def _committed_into(result: RunResult, store: StateStore, seen: set[int]) -> None:
     for record in _committed_since(store, seen):
         if record.epoch not in result.committed_epochs:
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+            result.add(record)
 
 
 def preview_files(path: str, rows: int = 3) -> list[str]:
@@ -475,7 +489,13 @@ def _epoch_line(record: EpochRecord, progress: dict[str, Any] | None) -> str:
         took = progress.get("durationMs", {}).get("triggerExecution")
         spark_part = f" (input {progress.get('numInputRows', '?')} rows" + (
             f", batch {took / 1000:.1f} s)" if took is not None else ")")
-    return (f"batch {record.epoch}: {record.rows} row(s) in {len(record.committables)} "
+    targets: dict[str, int] = {}
+    for c in record.committables:
+        if c.target:
+            targets[c.target] = targets.get(c.target, 0) + c.rows
+    rows = (", ".join(f"{n} {r}" for n, r in targets.items()) + " row(s)" if targets
+            else f"{record.rows} row(s)")
+    return (f"batch {record.epoch}: {rows} in {len(record.committables)} "
             f"participant(s){latency}{spark_part}")
 
 
@@ -486,8 +506,7 @@ def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
     result = RunResult(stopped_because="batch write finished")
     for record in _committed_since(store, seen):
         out(_epoch_line(record, None))
-        result.committed_epochs.append(record.epoch)
-        result.rows += record.rows
+        result.add(record)
     return result
 
 
@@ -519,8 +538,7 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
             # Wait for Spark's progress of the batch so the line shows both sides.
             if record.epoch in progress or final:
                 out(_epoch_line(record, progress.get(record.epoch)))
-                result.committed_epochs.append(record.epoch)
-                result.rows += record.rows
+                result.add(record)
                 pending.remove(record)
 
     started = time.monotonic()
@@ -556,12 +574,10 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
         # SIGTERM to the process group stops Spark's JVM too: count from the state alone.
         for record in pending:
             out(_epoch_line(record, progress.get(record.epoch)))
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+            result.add(record)
         for record in _committed_since(store, seen):
             out(_epoch_line(record, None))
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+            result.add(record)
         return result
     error = query.exception()
     if error is not None:
