@@ -353,3 +353,21 @@ def test_each_target_is_checked_for_its_own_secrets(genv: GroupEnv) -> None:
     assert "backend 'memory' (target events) put a secret into the committable" in str(
         info.value)
     assert genv.ids("events") == want(range(2), partitions=1)
+
+
+def test_a_group_resets_every_target_or_none(genv: GroupEnv, tmp_path: Path) -> None:
+    """A target whose backend cannot delete what it wrote is named before anything goes."""
+    from txsink.files.backend import FilesBackend
+
+    files = TargetSpec("files", "files", {"path": str(tmp_path / "out")})
+    mem = TargetSpec("events", "memory", {"system": genv.systems["events"]})
+    fb = FilesBackend(str(tmp_path / "out"))
+    g = TargetGroup(GROUP, [Member(files, fb, target_sink_id(GROUP, "files")),
+                            Member(mem, MemoryBackend(genv.systems["events"]),
+                                   target_sink_id(GROUP, "events"))])
+    genv.coordinator(group=g).commit_epoch(0, write_group(g, 0, 0, 0, [batch(0, 0)]))
+    assert list((tmp_path / "out").glob("part-*"))
+    with pytest.raises(NotImplementedError, match="target 'events': the memory backend "
+                       "cannot delete what a sink wrote, so no target of the group is reset"):
+        g.reset_sink(GROUP)
+    assert list((tmp_path / "out").glob("part-*"))  # nothing deleted

@@ -196,3 +196,24 @@ def test_reset_deletes_every_target(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "deleted target totals:" in out
     assert not list(tmp_path.glob("events/part-*")) and not list(tmp_path.glob("totals/part-*"))
     assert not (tmp_path / "chk").exists()
+
+
+def test_resolve_force_abort_keeps_what_a_target_committed_and_the_replay_adds_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = pipeline(tmp_path)
+    run_epochs(f, range(2))
+    with pytest.raises(InjectedFault):  # epoch 2: one participant of events committed
+        run_epochs(f, range(2, 3), crash=AFTER_FIRST_COMMIT)
+    code, out, _ = _run(capsys, "resolve", str(tmp_path / "chk"), "--epoch", "2", "--abort",
+                        "--force")
+    assert code == 0, out
+    assert "1 participant(s) (3 row(s)) were committed already and stay visible" in out
+    assert "their partitions (events 0) are not written again" in out
+    assert "3 participant(s), 9 row(s) dropped" in out
+    run_epochs(f, range(2, 3))  # Spark replays epoch 2: only the others are written
+    for name in ("events", "totals"):
+        ids = sorted(json.loads(line)["id"] for p in (tmp_path / name).glob("part-*")
+                     for line in p.read_text().splitlines())
+        assert ids == sorted(i for e in range(3) for p in range(2)
+                             for i in range(e * 100 + p * 10, e * 100 + p * 10 + 3)), name
+        assert not list((tmp_path / name / "_txsink" / "pending").iterdir())
