@@ -10,6 +10,7 @@ targets only, and the restart finishes it in all of them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,60 @@ def test_driver_killed_at_a_protocol_point_then_exact(tmp_path: Path, mode: str,
     multi_driver.run(spec).check()
     state = tmp_path / ("chk/txsink" if mode == "stream" else "group-state")
     check_exact(tmp_path, "kill-group", state)
+
+
+_VALIDATE = """
+import json, sys
+from pathlib import Path
+from txsink.config import load_pipeline
+from txsink.errors import ConfigError
+from txsink.spark.pipeline import check_pipeline
+
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = check_pipeline(load_pipeline(name), Path(name + ".spark.log"))
+    except ConfigError as exc:
+        out[name] = f"{exc.field} | {exc}"
+print(json.dumps(out))
+"""
+
+
+def test_validate_analyses_each_targets_select_and_where(tmp_path: Path) -> None:
+    """``txsink validate`` has Spark analyse each target's select and where: a mistake is
+    one line naming the target's field, and a good group prints each target's columns."""
+    import subprocess
+    import sys
+
+    def pipeline(name: str, where: str) -> str:
+        f = tmp_path / f"{name}.yaml"
+        f.write_text(f"""
+source: {{type: rate}}
+transform: SELECT value AS id, value % 7 AS key FROM source
+checkpoint: {tmp_path}/chk-{name}
+sink:
+  sink_id: v
+  targets:
+    - {{name: all, backend: files, options: {{path: {tmp_path}/all-{name}}}}}
+    - name: big
+      backend: files
+      where: "{where}"
+      select: [id, "key * 2 AS k2"]
+      epoch_column: txsink_epoch
+      options: {{path: {tmp_path}/big-{name}}}
+""")
+        return str(f)
+
+    good, bad = pipeline("good", "id > 3"), pipeline("bad", "idd > 3")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, "-c", _VALIDATE, good, bad], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert answers[good] == ["all (id bigint, key bigint)",
+                             "big (id bigint, k2 bigint, txsink_epoch bigint)"]
+    field, _, message = answers[bad].partition(" | ")
+    assert field == "sink.targets[big].where"
+    assert message.startswith("sink.targets[big].where: Spark cannot apply it to the rows the "
+                              "sink receives: "), message
+    assert "`idd` cannot be resolved" in message and "\n" not in message
