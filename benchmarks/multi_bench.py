@@ -72,7 +72,7 @@ class Bench:
             kt.create_topic(env.kafka_bootstrap, self.topics[m], 2)
         self.markers = f"multi-markers-{self.run}"
         self.states: dict[str, list[Path]] = {m: [] for m in MODES}
-        self.groups = {m: ts.targets(f"mb-{m[:3]}-{self.run}", self.items(m),
+        self.groups = {m: ts.targets(f"mb-{m}-{self.run}", self.items(m),
                                      checkpoint_location=str(env.work / "chk" / m))
                        for m in ("group", "grouped")}
         self.states["group"] = [env.work / "chk" / "group" / "txsink"]
