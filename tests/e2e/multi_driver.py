@@ -57,12 +57,14 @@ def _drive(spec: dict[str, Any]) -> None:
     import txsink.spark as ts
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(spec.get("master", "local[2,4]"))
-             .appName("txsink-multi-e2e").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.log.level", "WARN")
-             .config("spark.sql.shuffle.partitions", str(spec.get("partitions", 2)))
-             .getOrCreate())
+    builder = (SparkSession.builder.master(spec.get("master", "local[2,4]"))
+               .appName("txsink-multi-e2e").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.log.level", "WARN")
+               .config("spark.sql.shuffle.partitions", str(spec.get("partitions", 2))))
+    for key, value in spec.get("conf", {}).items():  # e.g. a standalone cluster's
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     ts.register(spark)
     frame = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
              .json(spec["input_dir"]).repartition(spec.get("partitions", 2)))
