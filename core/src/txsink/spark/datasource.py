@@ -311,10 +311,12 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
     elif batch_id is not None and settings.write is None and tc.partitionId() == 0:
         # A batch write inside foreachBatch: it has its own epoch, but a replayed
         # micro-batch writes again unless the write carries an identity.
+        how = ("pass version=batch_id to txsink.spark.epoch" if settings.group_target
+               else "pass .option('txnAppId', ...).option('txnVersion', batch_id)")
         log.warning("sink=%s epoch=%d: batch write inside foreachBatch (stream batch %s) "
-                    "without txnAppId/txnVersion: if Spark replays that batch, its rows are "
-                    "written again; pass .option('txnAppId', ...).option('txnVersion', "
-                    "batch_id) for exactly once", settings.sink_id, epoch, batch_id)
+                    "without a write identity: if Spark replays that batch, its rows are "
+                    "written again; %s for exactly once", settings.sink_id, epoch, batch_id,
+                    how)
     if epoch is None:
         raise StateError(f"txsink: task has no '{BATCH_ID_PROPERTY}' property; cannot tell "
                          "which epoch it writes", sink_id=settings.sink_id)
