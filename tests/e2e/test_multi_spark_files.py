@@ -130,6 +130,7 @@ print(json.dumps(out))
 """
 
 
+@long_run
 def test_validate_analyses_each_targets_select_and_where(tmp_path: Path) -> None:
     """``txsink validate`` has Spark analyse each target's select and where: a mistake is
     one line naming the target's field, and a good group prints each target's columns."""
