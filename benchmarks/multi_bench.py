@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 label = "warm-up" if r < 0 else f"round {r + 1}/{args.rounds}"
                 print(f"  {label:<11} {mode:<9} {took:7.2f} s  "
                       f"{args.rows * args.epochs / took:>10,.0f} rec/s per target", flush=True)
-        counts = bench.check(args.rounds + 1)
+        counts = bench.check((args.rounds + 1) * args.epochs)
         commits = {m: bench.commit_ms(m) for m in MODES if m != "builtin"}
         df.unpersist()
 
