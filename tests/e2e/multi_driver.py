@@ -43,7 +43,7 @@ def start(spec: Mapping[str, Any], *, faults: str | None = None,
         start_new_session=True)
 
 
-def run(spec: Mapping[str, Any], *, faults: str | None = None, timeout_s: float = 300,
+def run(spec: Mapping[str, Any], *, faults: str | None = None, timeout_s: float = 900,
         env: Mapping[str, str] | None = None) -> DriverRun:
     """Run the driver to its end (or its death at ``faults``); never leaves a process."""
     started = time.monotonic()
