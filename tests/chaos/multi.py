@@ -178,10 +178,15 @@ class Group:
         # librdkafka's own log stays quiet while the broker is being restarted.
         read = read_up_to_cut({"bootstrap.servers": server.bootstrap, "log_level": "0"},
                               options["topic"], cut=2**62)
-        return [(record_epoch(m) or -1, int(m.value() or b"-1")) for m in read.records]
+        return [(_epoch_or(record_epoch(m)), int(m.value() or b"-1")) for m in read.records]
 
     def leftovers(self, name: str, options: dict[str, str], sink_id: str) -> int:
         return self.servers[name].leftovers(options, target_sink_id(sink_id, name))
+
+
+def _epoch_or(epoch: int | None) -> int:
+    """A record without the header counts as epoch -1 (which no decision names)."""
+    return -1 if epoch is None else epoch
 
 
 def expected(name: str) -> dict[int, list[int]]:
