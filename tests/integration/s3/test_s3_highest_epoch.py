@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("epochs", [[], [0], [5], [0, 1, 2, 3], [3, 4, 17, 18, 100, 1037],
-                                    list(range(200, 260)) + [999]])
+                                    [*range(200, 260), 999]])
 def test_highest_epoch_finds_the_newest_manifest(s3_server: S3Server, prefix: str,
                                                  epochs: list[int]) -> None:
     sink = "hi"
