@@ -11,8 +11,9 @@ The results directory holds:
 * ``run.json``: the yardsticks (Spark's own sinks next to txsink, from ``run_all.py``):
   ``{"info", "versions", "sizes": {target: records}, "rounds", "quick", "command",
   "loads": [...], "results": {target: [Writer.to_dict(), ...]}}``;
-* ``commit.json``, ``kafka.json``, ``postgres.json``: what ``commit_bench.py``,
-  ``kafka_bench.py`` and ``postgres_bench.py`` write with ``--json``;
+* ``commit.json``, ``kafka.json``, ``postgres.json``, ``multi.json``: what
+  ``commit_bench.py``, ``kafka_bench.py``, ``postgres_bench.py`` and ``multi_bench.py``
+  write with ``--json``;
 * ``notes.json``: ``{name: note}``, where each of those came from or why it is missing.
 
 To add a benchmark: give it a ``--json PATH`` output, have ``run_all.py`` run it into
@@ -238,9 +239,15 @@ TARGETS_HEAD = ("| item | measure | value | target | met | from |\n"
 
 
 def targets_of(results: dict[str, list[Writer]], commit: list[dict[str, Any]] | None,
-            kafka: dict[str, Any] | None, postgres: dict[str, Any] | None) -> list[Target]:
+               kafka: dict[str, Any] | None, postgres: dict[str, Any] | None,
+               multi: dict[str, Any] | None = None) -> list[Target]:
     """Every target of the performance issue, from this run's measurements."""
     out: list[Target] = []
+    if multi is not None:
+        out.append(Target("6. one epoch, three systems", "txsink group of 3 targets / 3 "
+                          "separate txsink sinks (records/s)",
+                          multi.get("ratios", {}).get("group_vs_separate"), 0.9, True,
+                          source="multi_bench"))
     for target, writers in results.items():
         for w in writers:
             if w.key != "txsink":
@@ -383,6 +390,29 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         lines += ["", f"Per-epoch commit latency (decided to committed): p50 "
                   f"{commit_ms.get('p50_ms', float('nan')):.0f} ms, p95 "
                   f"{commit_ms.get('p95_ms', float('nan')):.0f} ms."]
+    multi = libs.get("multi_bench", (None, ""))[0]
+    if multi is not None:
+        ways = multi["ways"]
+        lines += ["", "### One epoch across three systems (`benchmarks/multi_bench.py`)", "",
+                  "The same cached DataFrame to Kafka (events as JSON), PostgreSQL (three "
+                  "columns) and S3 (Parquet) per epoch, "
+                  f"{multi['rows_per_epoch']:,} records per target and epoch, "
+                  f"{multi['epochs']} epochs per round, median of {multi['rounds']} "
+                  "round(s), the four ways in turn in each round. Commit latency: decided "
+                  "to committed per epoch (for separate sinks, their three added up).", "",
+                  "| way | records/s per target | vs 3 separate sinks | vs Spark built-in "
+                  "| commit p50 ms | commit p95 ms |", "|---|---:|---:|---:|---:|---:|"]
+        sep = ways["separate"]["records_per_s"]
+        builtin = ways["builtin"]["records_per_s"]
+        for w in ways.values():
+            p50 = w.get("commit_p50_ms")
+            p95 = w.get("commit_p95_ms")
+            lines.append(f"| {w['label']} | {w['records_per_s']:,.0f} | "
+                         f"{w['records_per_s'] / sep:.2f} | {w['records_per_s'] / builtin:.2f}"
+                         f" | {'-' if p50 is None else f'{p50:.0f}'} | "
+                         f"{'-' if p95 is None else f'{p95:.0f}'} |")
+        lines += ["", "Ratios are medians of the per-round ratios; records/s per target is "
+                  "records per epoch times epochs over the median round time."]
     pg = libs.get("postgres_bench", (None, ""))[0]
     if pg is not None:
         rates = pg["rows_per_s"]
@@ -429,11 +459,13 @@ def render(results: Path, out_dir: Path) -> list[Target]:
     sizes = Sizes(run["sizes"])
     commit = (_load(results, "commit.json"), notes.get("commit_bench", "not run"))
     libs: dict[str, tuple[dict[str, Any] | None, str]] = {}
-    for name, file in (("kafka_bench", "kafka.json"), ("postgres_bench", "postgres.json")):
+    for name, file in (("kafka_bench", "kafka.json"), ("postgres_bench", "postgres.json"),
+                       ("multi_bench", "multi.json")):
         if name in notes:
             libs[name] = (_load(results, file), notes[name])
     goals = targets_of(writers, commit[0], libs.get("kafka_bench", (None, ""))[0],
-                       libs.get("postgres_bench", (None, ""))[0])
+                       libs.get("postgres_bench", (None, ""))[0],
+                       libs.get("multi_bench", (None, ""))[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     info = run["info"]
     chart(writers, out_dir / "performance.png",

@@ -18,8 +18,10 @@ the per-round ratios are ``files_bench.compare``); records/s is the median. It p
 progress as it goes. Then it runs the benchmarks that measure the other targets of
 the performance issue against baselines of their own, each in a subprocess with
 ``--json``: ``commit_bench.py`` (driver commit latency vs participants and epochs),
-``kafka_bench.py`` (a plain transactional producer, the per-participant open cost)
-and ``postgres_bench.py`` (vectorised vs per-row COPY). Every result goes as JSON into a
+``kafka_bench.py`` (a plain transactional producer, the per-participant open cost),
+``postgres_bench.py`` (vectorised vs per-row COPY) and ``multi_bench.py`` (one epoch
+across Kafka, PostgreSQL and S3: a group of targets vs three separate sinks vs three
+Spark built-in writes). Every result goes as JSON into a
 results directory (``--keep-results DIR`` keeps it); ``report.py`` then turns that
 directory into ``docs/performance.md`` (machine, versions, date, the tables, every
 target with its measured value) and ``docs/performance.png`` (ratios vs the Spark
@@ -356,6 +358,7 @@ def commit_bench(out: Path, quick: bool) -> tuple[list[dict[str, Any]] | None, s
 KAFKA_BENCH = (["--records", "300000", "--rounds", "5"],
                ["--records", "50000", "--rounds", "1", "--open-epochs", "4"])
 POSTGRES_BENCH = (["--epochs", "10", "--rows", "100000"], ["--epochs", "3", "--rows", "20000"])
+MULTI_BENCH = (["--rows", "100000", "--epochs", "4", "--rounds", "3"], ["--quick"])
 
 
 # -- servers and session ----------------------------------------------------------------
@@ -510,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     if "postgres" in targets and not args.no_library_benches:
         notes["postgres_bench"] = sub_bench("postgres_bench.py", POSTGRES_BENCH[args.quick],
                                             out / "postgres.json")[1]
+    if {"kafka", "postgres", "s3"} <= set(targets) and not args.no_library_benches:
+        notes["multi_bench"] = sub_bench("multi_bench.py", MULTI_BENCH[args.quick],
+                                         out / "multi.json")[1]
     minutes = (time.monotonic() - started) / 60
     info["duration of the run"] = f"{minutes:.1f} min"
     (out / "notes.json").write_text(json.dumps(notes, indent=1))

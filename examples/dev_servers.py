@@ -34,6 +34,8 @@ ENV_FILE = Path("out/dev-servers.env")
 PID_FILE = Path("out/dev-servers.pid")
 LOG_FILE = Path("out/dev-servers.log")
 TOPIC = "rate-events"
+#: The topic of the group example's events target (pipelines/orders_multi.yaml).
+ORDERS_TOPIC = "order-events"
 BUCKET = "txsink-examples"
 
 
@@ -94,8 +96,9 @@ def _create_topic(bootstrap: str) -> None:
     import confluent_kafka.admin as kadmin
 
     admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
-    topic = kadmin.NewTopic(TOPIC, num_partitions=2, replication_factor=1)
-    admin.create_topics([topic])[TOPIC].result(timeout=60)
+    for name in (TOPIC, ORDERS_TOPIC):
+        topic = kadmin.NewTopic(name, num_partitions=2, replication_factor=1)
+        admin.create_topics([topic])[name].result(timeout=60)
 
 
 def _running_pid() -> int | None:
@@ -123,7 +126,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         ENV_FILE.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
         ENV_FILE.chmod(0o600)  # it holds the local servers' passwords
         print(f"ready: PostgreSQL {env['TXSINK_PG_DSN']}, S3 {env['TXSINK_S3_ENDPOINT']} "
-              f"(bucket {BUCKET}), Kafka {env['TXSINK_KAFKA_BOOTSTRAP']} (topic {TOPIC})")
+              f"(bucket {BUCKET}), Kafka {env['TXSINK_KAFKA_BOOTSTRAP']} (topics {TOPIC}, "
+              f"{ORDERS_TOPIC})")
         print(f"variables for the examples: . {ENV_FILE}   (Ctrl-C stops the servers)",
               flush=True)
         while not stop["signal"]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 
@@ -37,3 +38,22 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if model is not None and model.FIRED:
         terminalreporter.write_line("operations model, rules fired: " + ", ".join(
             f"{name} {count}" for name, count in sorted(model.FIRED.items())))
+
+
+@pytest.fixture(scope="session")
+def multi_group() -> Iterator[Any]:
+    """Kafka, PostgreSQL, S3 and a files directory for the tests of a group of targets
+    (the multi chaos run and the Spark end-to-end test share them: starting them costs
+    more than either test's own work)."""
+    from tests.chaos.multi import Group
+
+    group = Group()
+    if group.unavailable:
+        pytest.skip(f"a server of the group cannot run here: {group.unavailable}")
+    group.start()
+    try:
+        if group.unavailable:
+            pytest.skip(f"a server of the group cannot run here: {group.unavailable}")
+        yield group
+    finally:
+        group.stop()

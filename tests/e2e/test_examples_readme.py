@@ -24,7 +24,7 @@ from tests.e2e.spark_harness import kill_group
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(os.environ.get("TXSINK_EXAMPLE_TESTS") != "1",
                                  reason="starts PostgreSQL, SeaweedFS and Apache Kafka and "
-                                 "runs three Spark pipelines (minutes): runs in `tox -e "
+                                 "runs four Spark pipelines (minutes): runs in `tox -e "
                                  "examples`, or with TXSINK_EXAMPLE_TESTS=1")]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def _free_port() -> int:
 
 def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
     blocks = _blocks()
-    start, load, postgres, s3, kafka = blocks
+    start, load, postgres, s3, kafka, multi = blocks
     assert start == "uv run python examples/dev_servers.py start"
     assert load == ". out/dev-servers.env"
     shutil.copytree(REPO / "examples", tmp_path / "examples",
@@ -101,6 +101,23 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
         records, ids = map(int, re.findall(
             r"(\d+) committed record\(s\) in rate-events, (\d+) distinct id\(s\)", out)[-1])
         assert records == ids > 0, out
+
+        # One epoch, several systems: the group example, its cut and its three targets.
+        out = _bash(f"{load}\n{multi}", tmp_path, env).stdout
+        cut = int(re.findall(r"^cut: (\d+) \(every target holds every epoch up to \d+\)$",
+                             out, re.M)[-1])
+        shown = re.findall(r"^## One epoch, several systems.*?```text\n(.*?)\n```",
+                           README.read_text(), re.S | re.M)[0]
+        shapes = {_shape(line) for line in out.splitlines()}
+        for line in shown.splitlines():
+            assert _shape(line) in shapes, (line, out)
+        records, ids = map(int, re.findall(
+            r"(\d+) committed record\(s\) in order-events, (\d+) distinct id\(s\)", out)[-1])
+        count, distinct, top = map(int, re.findall(r"^(\d+)\|(\d+)\|(\d+)$", out, re.M)[-1])
+        assert records == ids == count == distinct > 0, out  # every order in both, once
+        assert top <= cut, out
+        manifests = int(re.findall(r"^(\d+) object\(s\)$", out, re.M)[-1])
+        assert manifests == cut + 1, out  # one per epoch, every epoch in the archive
 
         # Without a broker: the one line the README shows, before Spark starts.
         no_broker = subprocess.run(

@@ -112,6 +112,16 @@ class Backend(abc.ABC):
         """
         return {}
 
+    @classmethod
+    def target_options(cls) -> Mapping[str, str]:
+        """Options this backend wants when it is one target of a group of targets.
+
+        A group's readers stop at the consistent cut, so a backend whose records can
+        carry the epoch (Kafka's ``txsink-epoch`` header) turns that on here. Options
+        the user set win over these. Default: none.
+        """
+        return {}
+
     def preflight(self, sink_id: str) -> None:  # noqa: B027 - optional hook
         """Driver-side checks that need I/O, run before any data is written."""
 
@@ -262,6 +272,18 @@ class Backend(abc.ABC):
         count prepared, uncommitted participants. Default: False.
         """
         return False
+
+    def highest_epoch(self, sink_id: str) -> int | None:
+        """The highest epoch of ``sink_id`` the target's own markers show committed.
+
+        What the consistent cut of a group of targets is made of (``txsink cut``): -1
+        when the target shows no epoch, None when the system cannot tell (the cut then
+        asks :meth:`holds_epoch` for the epochs the state knows). Like
+        :meth:`holds_epoch` it must not count prepared, uncommitted participants; an
+        epoch with only some participants committed may count (the cut is also bounded
+        by the epochs the state has not finished). Default: None.
+        """
+        return None
 
     def is_committed(self, committable: Committable) -> bool | None:
         """Whether the target shows ``committable`` committed, without changing anything.

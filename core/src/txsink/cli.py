@@ -20,10 +20,12 @@ from typing import Any
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator
 from txsink.errors import ConfigError, StateError, TxsinkError
+from txsink.group import TargetGroup
 from txsink.model import Committable, DeliveryGuarantee
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
-from txsink.state import EpochRecord, EpochState, StateStore
+from txsink.state import EpochRecord, EpochState, SinkMeta, StateStore
+from txsink.targets import GROUP_BACKEND
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                          help="backend option not kept in the state (e.g. a password)")
     resolve.set_defaults(func=cmd_resolve)
+
+    cut = sub.add_parser(
+        "cut", help="print the consistent cut: the highest epoch every target holds",
+        description="Ask each target of FILE's sink (each target of a group) for the highest "
+        "epoch its own markers show committed, and the state for epochs not finished yet; "
+        "print them and the cut: every epoch up to it is in every target. Readers that take "
+        "epochs up to the cut from each target see the same epochs everywhere.")
+    cut.add_argument("file", help="pipeline file")
+    cut.add_argument("--json", action="store_true", help="machine-readable output")
+    cut.set_defaults(func=cmd_cut)
     return parser
 
 
@@ -279,7 +291,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     if (store_dir / "meta.json").is_file():
         _refuse_reset_under_a_holder(plugins.state_store(str(store_dir)).lease_info(),
                                      cfg.sink.sink_id, args)
-    backend = plugins.create_backend(cfg.sink.backend, cfg.sink.options)
+    backend = cfg.create_backend(plugins)
     try:
         target = backend.describe()
         print(f"txsink reset deletes, for pipeline {cfg.name!r}:")
@@ -383,6 +395,8 @@ def _parse_options(pairs: Sequence[str]) -> dict[str, str]:
 def _backend_for(store: StateStore, plugins: Plugins, extra: dict[str, str]) -> Backend:
     meta = store.read_meta()
     assert meta is not None
+    if meta.backend == GROUP_BACKEND:
+        return _group_for(meta, plugins, extra)
     options = {**meta.options, **extra}
     try:
         return plugins.create_backend(meta.backend, options)
@@ -390,6 +404,56 @@ def _backend_for(store: StateStore, plugins: Plugins, extra: dict[str, str]) -> 
         raise ConfigError(f"cannot rebuild backend {meta.backend!r} from the options kept in "
                           f"the state: {exc}. Secret options are not kept: pass them with "
                           "--option KEY=VALUE", field=exc.field) from None
+
+
+def _group_for(meta: SinkMeta, plugins: Plugins, extra: dict[str, str]) -> Backend:
+    """A group's targets, rebuilt from the state; ``--option TARGET.KEY=VALUE`` adds the
+    secret options the state does not keep."""
+    from txsink.group import TargetGroup
+    from txsink.targets import TargetSpec
+
+    for key in extra:
+        name = key.partition(".")[0]
+        if "." not in key or name not in meta.targets:
+            raise ConfigError(f"--option {key}: the options of a group go to one target: "
+                              f"TARGET.KEY=VALUE with TARGET one of {', '.join(meta.targets)}",
+                              field="--option")
+    specs = []
+    for name, t in meta.targets.items():
+        given = {k.partition(".")[2]: v for k, v in extra.items()
+                 if k.partition(".")[0] == name}
+        specs.append(TargetSpec(name, str(t["backend"]), {**dict(t.get("options", {})),
+                                                          **given},
+                                epoch_column=t.get("epoch_column")))
+    try:
+        return TargetGroup.from_specs(meta.sink_id, specs, plugins)
+    except ConfigError as exc:
+        raise ConfigError(f"cannot rebuild the group's targets from the options kept in the "
+                          f"state: {exc}. Secret options are not kept: pass them with "
+                          "--option TARGET.KEY=VALUE", field=exc.field) from None
+
+
+def cmd_cut(args: argparse.Namespace) -> int:
+    from txsink.config import load_pipeline
+    from txsink.cut import consistent_cut
+
+    cfg = load_pipeline(args.file)
+    plugins = get_plugins()
+    store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
+    backend = cfg.create_backend(plugins)
+    try:
+        cut = consistent_cut(backend, store, cfg.sink.sink_id)
+        describe = ({n: m.backend.describe() for n, m in backend.members.items()}
+                    if isinstance(backend, TargetGroup) else
+                    {cfg.sink.sink_id: backend.describe()})
+    finally:
+        backend.close()
+    if args.json:
+        print(json.dumps(cut.to_dict(), indent=1))
+    else:
+        for line in cut.lines(describe):
+            print(line)
+    return 0
 
 
 def _when(ts: float | None) -> str:
@@ -404,9 +468,28 @@ def _record_json(record: EpochRecord) -> dict[str, Any]:
         "epoch": record.epoch, "state": record.state.value, "rows": record.rows,
         "participants": [c.participant for c in record.committables],
         "decided_at": record.decided_at, "committed_at": record.committed_at}
+    if any(c.target for c in record.committables):
+        data["targets"] = {t: {"participants": [c.participant for c in cs],
+                               "rows": sum(c.rows for c in cs)}
+                           for t, cs in _by_target(record.committables).items()}
     if record.salvaged:
         data["salvaged"] = [{"original": o, "replacement": r} for r, o in record.salvaged]
     return data
+
+
+def _by_target(committables: Sequence[Committable]) -> dict[str, list[Committable]]:
+    out: dict[str, list[Committable]] = {}
+    for c in committables:
+        out.setdefault(c.target or "", []).append(c)
+    return out
+
+
+def _per_target(committables: Sequence[Committable]) -> str:
+    """``; events 2 (40 rows), totals 2 (7 rows)`` for a group's epoch, else nothing."""
+    if not any(c.target for c in committables):
+        return ""
+    return "; " + ", ".join(f"{t} {len(cs)} ({sum(c.rows for c in cs)} rows)"
+                            for t, cs in _by_target(committables).items())
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -436,18 +519,30 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "sink_id": meta.sink_id, "backend": meta.backend, "guarantee": meta.guarantee,
+            "targets": {n: {"backend": t["backend"], "sink_id": t.get("sink_id")}
+                        for n, t in meta.targets.items()},
             "options": {k: redact(v) for k, v in meta.options.items()},
             "state": store.location, "committed_watermark": meta.committed_watermark,
             "lease": lease, "epochs": [_record_json(r) for _, r in sorted(records.items())],
             "in_doubt": [r.epoch for r in in_doubt],
             "prepared_undecided": None if prepared is None else [
-                {"participant": c.participant, "epoch": c.epoch} for c in prepared],
+                {"participant": c.participant, "epoch": c.epoch,
+                 **({"target": c.target} if c.target else {})} for c in prepared],
             "prepared_error": prepared_error or None,
             "open_transactions": open_txns,
         }, indent=1))
         return 0
     opts = ", ".join(f"{k}={redact(v)}" for k, v in sorted(meta.options.items()))
-    print(f"sink {meta.sink_id!r}: backend {meta.backend} ({opts})")
+    if meta.targets:
+        print(f"sink {meta.sink_id!r}: a group of {len(meta.targets)} targets, one decision "
+              "per epoch:")
+        for name, t in meta.targets.items():
+            topts = ", ".join(f"{k}={redact(str(v))}"
+                              for k, v in sorted(dict(t.get("options", {})).items()))
+            print(f"  target {name}: backend {t['backend']}, sink id {t.get('sink_id')} "
+                  f"({topts})")
+    else:
+        print(f"sink {meta.sink_id!r}: backend {meta.backend} ({opts})")
     print(f"state: {store.location}")
     guarantee = DeliveryGuarantee.parse(meta.guarantee)
     print(f"guarantee: {guarantee.reader_note()}")
@@ -461,7 +556,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             latency = ("" if r.committed_at is None
                        else f", commit {1000 * (r.committed_at - r.decided_at):.0f} ms")
             print(f"  {epoch:>6}  {r.state.value:<9}  {len(r.committables)} participant(s), "
-                  f"{r.rows} row(s), decided {_when(r.decided_at)}{latency}")
+                  f"{r.rows} row(s), decided {_when(r.decided_at)}{latency}"
+                  + _per_target(r.committables))
     salvaged = [(r, pair) for _, r in sorted(records.items()) for pair in r.salvaged]
     if salvaged:
         print("salvaged (the target aborted these decided participants on its own; their "
@@ -476,7 +572,8 @@ def cmd_status(args: argparse.Namespace) -> int:
               "commits them):")
         for r in in_doubt:
             for c in r.committables:
-                print(f"  epoch {r.epoch}: {c.participant} ({c.rows} rows)")
+                where = f"target {c.target}: " if c.target else ""
+                print(f"  epoch {r.epoch}: {where}{c.participant} ({c.rows} rows)")
     else:
         print("in doubt: none")
     if prepared is None:
@@ -485,7 +582,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("pending (prepared, no decision holds them; aborted at the next start, or by "
               "`txsink resolve --abort`):")
         for c in prepared:
-            print(f"  epoch {c.epoch}: {c.participant}")
+            where = f"target {c.target}: " if c.target else ""
+            print(f"  epoch {c.epoch}: {where}{c.participant}")
     else:
         print("pending: none")
     if open_txns:
@@ -554,15 +652,21 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
     if committed:
         meta = store.read_meta()
         assert meta is not None
-        kept = {**meta.kept, record.epoch: tuple(sorted(c.partition for c in committed))}
-        store.write_meta(coordinator.lease, dataclasses.replace(meta, kept=kept))
+        if any(c.target for c in committed):
+            by_target = {t: tuple(sorted(c.partition for c in cs))
+                         for t, cs in _by_target(committed).items()}
+            store.write_meta(coordinator.lease, dataclasses.replace(
+                meta, kept_targets={**meta.kept_targets, record.epoch: by_target}))
+        else:
+            kept = {**meta.kept, record.epoch: tuple(sorted(c.partition for c in committed))}
+            store.write_meta(coordinator.lease, dataclasses.replace(meta, kept=kept))
     store.delete(coordinator.lease, [record.epoch])
     parts = [f"aborted DECIDED epoch {record.epoch} of sink {sink!r} (--force):"]
     if committed:
         parts.append(
             f"{len(committed)} participant(s) ({sum(c.rows for c in committed)} row(s)) were "
             "committed already and stay visible; when Spark replays the epoch, their "
-            f"partitions ({', '.join(str(c.partition) for c in committed)}) are not "
+            f"partitions ({', '.join(_where(c) for c in committed)}) are not "
             "written again;")
     parts.append(f"{len(dropped)} participant(s), {sum(c.rows for c in dropped)} row(s) "
                  "dropped" + (";" if unknown else ""))
@@ -574,6 +678,10 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
     log.warning("sink=%s epoch=%d: decided epoch given up by resolve --force: %d "
                 "participant(s) kept committed, %d dropped, %d unknown", sink, record.epoch,
                 len(committed), len(dropped), len(unknown))
+
+
+def _where(c: Committable) -> str:
+    return f"{c.target} {c.partition}" if c.target else str(c.partition)
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:

@@ -29,12 +29,16 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txsink.errors import ConfigError
 from txsink.model import DeliveryGuarantee, validate_sink_id
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
+from txsink.targets import GROUP_BACKEND, TargetSpec, encode_targets, parse_targets
+
+if TYPE_CHECKING:
+    from txsink.backend import Backend
 
 #: Name of the temporary view the source is registered as, for the SQL transform.
 SOURCE_VIEW = "source"
@@ -69,11 +73,20 @@ class SinkConfig:
     #: Option keys the backend declares secret: never printed.
     secret_options: frozenset[str] = frozenset()
     guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
+    #: A group of targets (``sink.targets``); ``backend`` is then ``group``.
+    targets: tuple[TargetSpec, ...] = ()
+    #: Secret option keys per target.
+    target_secrets: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def safe_options(self) -> dict[str, str]:
         """Options fit to print: secret ones masked, URL and ``password=`` secrets scrubbed."""
         return {k: ("***" if k in self.secret_options else redact(v))
                 for k, v in self.options.items()}
+
+    def safe_target_options(self, name: str) -> dict[str, str]:
+        secret = self.target_secrets.get(name, frozenset())
+        spec = next(t for t in self.targets if t.name == name)
+        return {k: ("***" if k in secret else redact(v)) for k, v in spec.options.items()}
 
 
 @dataclass(frozen=True)
@@ -129,9 +142,29 @@ class PipelineConfig:
 
     def sink_write_options(self) -> dict[str, str]:
         """Options for ``format("txsink")`` (secrets included: they go to Spark only)."""
+        if self.sink.targets:
+            return {"sink_id": self.sink.sink_id, "targets": encode_targets(self.sink.targets),
+                    "checkpointLocation": self.checkpoint}
         return {"backend": self.sink.backend, "sink_id": self.sink.sink_id,
                 "checkpointLocation": self.checkpoint,
                 "guarantee": self.sink.guarantee.value, **self.sink.options}
+
+    def create_backend(self, plugins: Plugins | None = None,
+                       extra: Mapping[str, Mapping[str, str]] | None = None) -> Backend:
+        """The sink's backend (a group's: one per target). ``extra`` adds options per
+        target name (for a single-target sink, under the sink id)."""
+        registry = plugins if plugins is not None else get_plugins()
+        extra = extra or {}
+        if self.sink.targets:
+            from dataclasses import replace
+
+            from txsink.group import TargetGroup
+
+            specs = [replace(t, options={**t.options, **extra.get(t.name, {})})
+                     for t in self.sink.targets]
+            return TargetGroup.from_specs(self.sink.sink_id, specs, registry)
+        return registry.create_backend(self.sink.backend, {
+            **self.sink.options, **extra.get(self.sink.sink_id, {})})
 
     def summary(self) -> str:
         src = self.source.type + (f" {self.source.format}" if self.source.format else "")
@@ -143,8 +176,17 @@ class PipelineConfig:
             steps.append("transform: SQL")
         guarantee = ("" if self.sink.guarantee.transactional
                      else f", guarantee={self.sink.guarantee.value}")
-        steps.append(f"sink: {self.sink.backend} (sink_id={self.sink.sink_id}{guarantee}"
-                     + (f", {opts}" if opts else "") + ")")
+        if self.sink.targets:
+            targets = "; ".join(
+                f"{t.name}: {t.backend}" + (" (shaped)" if t.shaped else "") + "".join(
+                    f", {k}={v}" for k, v in sorted(self.sink.safe_target_options(
+                        t.name).items()))
+                for t in self.sink.targets)
+            steps.append(f"sink: group sink_id={self.sink.sink_id}, one decision per epoch "
+                         f"over {len(self.sink.targets)} targets [{targets}]")
+        else:
+            steps.append(f"sink: {self.sink.backend} (sink_id={self.sink.sink_id}{guarantee}"
+                         + (f", {opts}" if opts else "") + ")")
         return (f"pipeline {self.name!r} ({self.mode}): " + " -> ".join(steps)
                 + f"; checkpoint {self.checkpoint}")
 
@@ -323,7 +365,9 @@ def _source(data: Mapping[str, Any], mode: str) -> SourceConfig:
 
 def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
           trigger_ms: int | None = None) -> SinkConfig:
-    _check_keys(data, ("backend", "sink_id", "guarantee", "options"), "sink")
+    _check_keys(data, ("backend", "sink_id", "guarantee", "options", "targets"), "sink")
+    if "targets" in data:
+        return _group_sink(data, plugins, check_backend, trigger_ms)
     backend = _str(data, "backend", "sink", required=True)
     if "sink_id" not in data or data["sink_id"] in (None, ""):
         raise ConfigError("sink.sink_id: required: a globally unique name for this output, "
@@ -364,6 +408,47 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
             where = f"sink.options.{inner}" if inner else "sink.options"
             raise ConfigError(f"{where}: {exc}", field=where) from None
     return SinkConfig(backend, sink_id, options, secret, guarantee)
+
+
+def _sink_id(data: Mapping[str, Any]) -> str:
+    if "sink_id" not in data or data["sink_id"] in (None, ""):
+        raise ConfigError("sink.sink_id: required: a globally unique name for this output, "
+                          "e.g. 'orders-to-parquet' (it becomes part of transaction ids, "
+                          "object keys and file names)", field="sink.sink_id")
+    if not isinstance(data["sink_id"], str):
+        raise ConfigError(f"sink.sink_id: must be a string, got {_type_name(data['sink_id'])}",
+                          field="sink.sink_id")
+    try:
+        return validate_sink_id(data["sink_id"], field_name="sink.sink_id")
+    except ConfigError as exc:
+        raise ConfigError(str(exc), field="sink.sink_id") from None
+
+
+def _group_sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
+                trigger_ms: int | None) -> SinkConfig:
+    """``sink.targets``: a group of targets, one decision per epoch over all of them."""
+    for key in ("backend", "options"):
+        if key in data:
+            raise ConfigError(f"sink.{key}: a sink with targets names a backend and options "
+                              "per target (sink.targets[...].backend, .options); remove "
+                              f"sink.{key}", field=f"sink.{key}")
+    sink_id = _sink_id(data)
+    guarantee = DeliveryGuarantee.parse(data.get("guarantee", "exactly_once"),
+                                        field_name="sink.guarantee")
+    try:
+        specs = parse_targets(data["targets"], sink_id, prefix="sink.targets", plugins=plugins,
+                              check_backend=check_backend, guarantee=guarantee,
+                              trigger_ms=trigger_ms)
+    except ConfigError as exc:
+        field_ = exc.field if (exc.field or "").startswith("sink.") else f"sink.{exc.field}"
+        message = str(exc) if str(exc).startswith("sink.") else f"sink.{exc}"
+        raise ConfigError(message, field=field_) from None
+    secrets: dict[str, frozenset[str]] = {}
+    if check_backend:
+        registry = plugins if plugins is not None else get_plugins()
+        secrets = {t.name: frozenset(registry.backend_class(t.backend).secret_options)
+                   for t in specs}
+    return SinkConfig(GROUP_BACKEND, sink_id, {}, frozenset(), guarantee, specs, secrets)
 
 
 def _trigger(value: Any, mode: str) -> TriggerConfig:

@@ -48,6 +48,7 @@ from txsink.faults import (
     BEFORE_MARK_COMMITTED,
     FaultInjector,
 )
+from txsink.group import TargetGroup
 from txsink.model import (
     Committable,
     DeliveryGuarantee,
@@ -136,6 +137,43 @@ class Coordinator:
         self._last_salvage_attempt = 0
         self._lease: Lease | None = None
         self._meta: SinkMeta | None = None
+        #: The group of targets this coordinator drives, if it drives one.
+        self.group = backend if isinstance(backend, TargetGroup) else None
+
+    def _sink_ids(self) -> dict[str, str | None]:
+        """The sink id of each target (``None`` for a sink with one target)."""
+        if self.group is None:
+            return {self.sink_id: None}
+        return {m.sink_id: m.name for m in self.group.members.values()}
+
+    def _belongs(self, c: Committable) -> bool:
+        if self.group is None:
+            return (c.sink_id == self.sink_id and c.backend == self.backend.name
+                    and c.target is None)
+        m = self.group.members.get(c.target or "")
+        return m is not None and c.sink_id == m.sink_id and c.backend == m.backend.name
+
+    def _check_targets(self, meta: SinkMeta) -> SinkMeta:
+        """A group's targets are the ones its state was written with, and kept there."""
+        if self.group is None:
+            return meta
+        now = self.group.meta_targets()
+        before = {n: str(t.get("backend")) for n, t in meta.targets.items()}
+        given = {n: str(t["backend"]) for n, t in now.items()}
+        if meta.targets and before != given:
+            def words(targets: Mapping[str, str]) -> str:
+                return ", ".join(f"{n} ({b})" for n, b in targets.items())
+
+            raise ConfigError(
+                f"sink {self.sink_id!r}: its targets were {words(before)}, this run has "
+                f"{words(given)}. A group's targets cannot change: recovery must reach every "
+                "target an epoch was decided in. Run with the targets as they were, or "
+                "write the new set of targets under a new sink_id with a new checkpoint",
+                field="targets", sink_id=self.sink_id)
+        if dict(meta.targets) != now:
+            meta = dataclasses.replace(meta, targets=now)
+            self.store.write_meta(self.lease, meta)
+        return meta
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -178,7 +216,8 @@ class Coordinator:
         if meta is None:
             meta = SinkMeta(self.sink_id, self.backend.name,
                             self.backend.safe_options(self._options), query_id=query_id or None,
-                            guarantee=self.guarantee.value)
+                            guarantee=self.guarantee.value,
+                            targets=self.group.meta_targets() if self.group else {})
             self.store.write_meta(self._lease, meta)
         elif meta.guarantee != self.guarantee.value:
             log.warning("sink=%s: delivery guarantee changes from %s to %s from now on; "
@@ -189,6 +228,7 @@ class Coordinator:
         elif query_id and meta.query_id is None:
             meta = dataclasses.replace(meta, query_id=query_id)
             self.store.write_meta(self._lease, meta)
+        meta = self._check_targets(meta)
         self._meta = meta
         # Before recovery can abort anything as an orphan: make sure no other query
         # (another state) writes under this sink id.
@@ -405,17 +445,17 @@ class Coordinator:
             return EpochOutcome.RECOVERED
 
         meta = self.store.read_meta() or self._meta
-        kept = meta.kept.get(epoch) if meta is not None else None
+        kept = _kept(meta, epoch)
         if kept:
             # A forced resolve gave this epoch up with these partitions committed: they
             # stay, and the replay writes only the others.
-            again = [c for c in committables if c.partition in kept]
+            again = [c for c in committables if (c.target, c.partition) in kept]
             self._abort_all(epoch, again, "replayed")
-            committables = [c for c in committables if c.partition not in kept]
+            committables = [c for c in committables if (c.target, c.partition) not in kept]
             log.warning("sink=%s epoch=%d: replay of an epoch a forced resolve gave up: "
                         "partitions %s stayed committed and are not written again; %d "
                         "participant(s) of the other partitions are decided now",
-                        self.sink_id, epoch, list(kept), len(committables))
+                        self.sink_id, epoch, _kept_words(kept), len(committables))
         elif self.backend.holds_epoch(self.sink_id, epoch):
             return self._held_by_target(epoch, committables, reserved=reserved)
 
@@ -431,8 +471,10 @@ class Coordinator:
         self.faults.hit(AFTER_DECIDE, epoch)
         self._finish(record)
         if kept and meta is not None:
-            kept_now = {e: p for e, p in meta.kept.items() if e != epoch}
-            self._meta = dataclasses.replace(self.store.read_meta() or meta, kept=kept_now)
+            latest = self.store.read_meta() or meta
+            self._meta = dataclasses.replace(
+                latest, kept={e: p for e, p in latest.kept.items() if e != epoch},
+                kept_targets={e: p for e, p in latest.kept_targets.items() if e != epoch})
             self.store.write_meta(lease, self._meta)
         # One listing of the states serves the orphan scan and pruning (the scan
         # writes none); only the records they act on are read.
@@ -511,6 +553,21 @@ class Coordinator:
                         *, reserved: bool) -> EpochOutcome:
         """The target already holds an epoch the state does not know: never write it twice."""
         rows = sum(c.rows for c in committables)
+        if self.group is not None:
+            held = self.group.held_by(epoch)
+            if not all(held.values()):
+                self._discard_reserved(epoch, committables)
+                have = ", ".join(n for n, h in held.items() if h)
+                lack = ", ".join(n for n, h in held.items() if not h)
+                raise StateError(
+                    f"sink={self.sink_id} epoch={epoch}: target(s) {have} already hold epoch "
+                    f"{epoch}, which the txsink state at {self.store.location} does not know, "
+                    f"and target(s) {lack} do not: the state is older than the targets "
+                    "(restored from a backup?) and lost this epoch's decision while it was "
+                    f"being committed. This attempt's {len(committables)} participant(s) "
+                    f"({rows} row(s)) were aborted and nothing was written. Restore the "
+                    "newest state: its next start finishes the epoch in every target",
+                    sink_id=self.sink_id, epoch=epoch)
         if reserved:
             self._discard_reserved(epoch, committables)
             raise StateError(
@@ -567,32 +624,46 @@ class Coordinator:
         if len(committables) != len(messages):
             problem = (f"{len(messages) - len(committables)} writer(s) sent no committable; "
                        "an epoch can only be committed when every writer prepared")
-        seen: dict[int, Committable] = {}
+        seen: dict[tuple[str | None, int], Committable] = {}
         for c in committables:
-            if c.sink_id != self.sink_id or c.epoch != epoch or c.backend != self.backend.name:
+            if not self._belongs(c) or c.epoch != epoch:
                 problem = (f"committable {c.describe()} backend={c.backend} does not belong to "
                            f"sink={self.sink_id} epoch={epoch} backend={self.backend.name}")
-            if c.partition in seen:
-                problem = (f"two committables for partition {c.partition}: "
-                           f"{seen[c.partition].participant} and {c.participant}")
-            seen[c.partition] = c
+            key = (c.target, c.partition)
+            if key in seen:
+                where = f" of target {c.target}" if c.target else ""
+                problem = (f"two committables for partition {c.partition}{where}: "
+                           f"{seen[key].participant} and {c.participant}")
+            seen[key] = c
+        if self.group is not None and committables and not problem:
+            missing = [n for n in self.group.members if n not in {t for t, _ in seen}]
+            if missing:
+                problem = (f"no participant in target(s) {', '.join(missing)}: every target "
+                           "of a group takes part in every epoch")
         if problem:
-            self.abort_epoch(epoch, [c for c in committables if c.sink_id == self.sink_id])
+            self.abort_epoch(epoch, [c for c in committables if self._belongs(c)])
             raise StateError(f"sink={self.sink_id} epoch={epoch}: {problem}; nothing was "
                              "committed", sink_id=self.sink_id, epoch=epoch)
         return committables
 
     def _check_secrets(self, epoch: int, committables: Sequence[Committable]) -> None:
-        secrets = [s for s in self.backend.secret_values() if len(s) >= 4]
-        if not secrets:
+        # A group's committables are checked against their own target's secrets, as a
+        # single target's are (another target's password may well be a bucket's name).
+        owners: dict[str | None, Backend] = (
+            {n: m.backend for n, m in self.group.members.items()} if self.group is not None
+            else {None: self.backend})
+        secrets = {n: [s for s in b.secret_values() if len(s) >= 4] for n, b in owners.items()}
+        if not any(secrets.values()):
             return
         for c in committables:
             text = c.to_bytes().decode()
-            if any(s in text for s in secrets):
+            if any(s in text for s in secrets.get(c.target, [])):
                 self._abort_all(epoch, committables, "aborted", raise_errors=False)
+                where = f" (target {c.target})" if c.target else ""
                 raise PluginError(
-                    f"backend {self.backend.name!r} put a secret into the committable of "
-                    f"participant {c.participant}; refusing to store it (nothing committed)",
+                    f"backend {owners[c.target].name!r}{where} put a secret into the "
+                    f"committable of participant {c.participant}; refusing to store it "
+                    "(nothing committed)",
                     sink_id=self.sink_id, epoch=epoch, participant=c.participant)
 
     def _commit_one(self, c: Committable) -> CommitOutcome:
@@ -677,7 +748,10 @@ class Coordinator:
             log.debug("sink=%s epoch=%d partition=%d participant=%s: %s", c.sink_id, c.epoch,
                       c.partition, c.participant, outcome.value)
         if failures:
-            names = ", ".join(str(f.participant) for f in failures)
+            targets = {c.participant: c.target for c in record.committables}
+            names = ", ".join((f"target {targets[str(f.participant)]}: "
+                               if targets.get(str(f.participant)) else "") + str(f.participant)
+                              for f in failures)
             error_type: type[CommitError] = (
                 ParticipantLostError if any(isinstance(f, ParticipantLostError)
                                             for f in failures)
@@ -723,7 +797,8 @@ class Coordinator:
             for i in lost:
                 c = record.committables[i]
                 self._last_salvage_attempt = salvage_attempt(self._last_salvage_attempt)
-                ctx = TransactionContext(self.sink_id, record.epoch, c.partition,
+                # The participant's own sink id: a group's target has its own.
+                ctx = TransactionContext(c.sink_id, record.epoch, c.partition,
                                          self._last_salvage_attempt)
                 try:
                     replacements[i] = self.backend.salvage(c, ctx)
@@ -850,6 +925,7 @@ class Coordinator:
         meta = self.store.read_meta() or self._meta
         names = DecisionNames(self.sink_id, self.store, states, protected, self.lease,
                               watermark=meta.committed_watermark if meta else -1,
+                              targets=self._sink_ids() if self.group else None,
                               # Without decisions (at_least_once) tasks commit on their
                               # own: an epoch the target holds and the state does not know
                               # is a crash before it was recorded, not a restored state.
@@ -939,3 +1015,47 @@ class Coordinator:
             expired = expired_chunks(self.store, self.archive_retention_s)
             if expired:
                 self.store.delete_archive(self.lease, expired)
+
+
+def _kept(meta: SinkMeta | None, epoch: int) -> set[tuple[str | None, int]]:
+    """The (target, partition) pairs a forced resolve of ``epoch`` kept committed."""
+    if meta is None:
+        return set()
+    kept: set[tuple[str | None, int]] = {(None, p) for p in meta.kept.get(epoch, ())}
+    for target, partitions in meta.kept_targets.get(epoch, {}).items():
+        kept |= {(target, p) for p in partitions}
+    return kept
+
+
+def _kept_words(kept: set[tuple[str | None, int]]) -> str:
+    return ", ".join(f"{t}:{p}" if t else str(p) for t, p in sorted(
+        kept, key=lambda k: (k[0] or "", k[1])))
+
+
+def record_prepared(store: StateStore, owner: str, epoch: int,
+                    committables: Sequence[Committable], query_id: str | None) -> None:
+    """Add ``committables`` to the RESERVED record of ``epoch`` that ``owner`` holds.
+
+    A grouped write (``txsink.spark.epoch``) prepares its targets one Spark job after
+    the other, each in a process of Spark's choosing: each job's committer records what
+    it prepared here, and the reserving driver decides the epoch from the record. A
+    RESERVED record names nobody: until the decision, its participants are aborted
+    like any other undecided ones. ``query_id`` (the streaming query the tasks ran for)
+    is kept with the write identity, for the decision's check of that query.
+    """
+    lease = store.acquire(owner)  # the reserving owner's own lease, or FencedError
+    record = store.get(epoch)
+    if record is None or record.state is not EpochState.RESERVED or record.owner != owner:
+        raise StateError(
+            f"epoch {epoch} is not reserved by {owner} (found "
+            f"{record.state.value + ' of ' + str(record.owner) if record else 'nothing'}); "
+            "the grouped write's participants are not recorded and will be rolled back",
+            epoch=epoch)
+    write = record.write
+    if write is not None and query_id is not None:
+        if write.query_id is not None and write.query_id != query_id:
+            raise StateError(f"epoch {epoch}: the writes of one grouped epoch report different "
+                             f"streaming queries ({write.query_id}, {query_id})", epoch=epoch)
+        write = dataclasses.replace(write, query_id=query_id)
+    store.put(lease, dataclasses.replace(record, committables=(*record.committables,
+                                                               *committables), write=write))

@@ -31,7 +31,9 @@ def archive_records(store: StateStore, lease: Lease, records: Sequence[EpochReco
     """Add the participant names of ``records`` (about to be pruned) to the archive."""
     by_chunk: dict[int, dict[str, Any]] = {}
     for r in records:
-        names = sorted([c.partition, c.attempt] for c in r.committables)
+        # A group's participants carry their target: [partition, attempt, target].
+        names = sorted([c.partition, c.attempt, *([c.target] if c.target else [])]
+                       for c in r.committables)
         by_chunk.setdefault(r.epoch // ARCHIVE_CHUNK, {})[str(r.epoch)] = {
             "at": r.decided_at, "names": names}
     for chunk, epochs in sorted(by_chunk.items()):
@@ -68,8 +70,12 @@ class DecisionNames(Collection[str]):
 
     def __init__(self, sink_id: str, store: StateStore, states: Mapping[int, EpochState],
                  decided: Collection[str], lease: Lease, *, watermark: int = -1,
-                 holds_epoch: Callable[[int], bool] | None = None) -> None:
+                 holds_epoch: Callable[[int], bool] | None = None,
+                 targets: Mapping[str, str | None] | None = None) -> None:
         self.sink_id = sink_id
+        #: The sink id each name may carry, and its target: a group's participants are
+        #: named after their target's sink id.
+        self._targets: Mapping[str, str | None] = targets or {sink_id: None}
         self._store = store
         self._lease = lease
         self._watermark = watermark
@@ -125,8 +131,9 @@ class DecisionNames(Collection[str]):
         if name in self._decided:
             return True
         ctx = parse_participant(name)
-        if ctx is None or ctx.sink_id != self.sink_id:
+        if ctx is None or ctx.sink_id not in self._targets:
             return False
+        target = self._targets[ctx.sink_id]
         state = self._states.get(ctx.epoch)
         if state is EpochState.COMMITTED:
             if ctx.epoch not in self._records:
@@ -144,7 +151,8 @@ class DecisionNames(Collection[str]):
         if chunk not in self._chunks:
             self._chunks[chunk] = self._store.read_archive(chunk) or {}
         entry = dict(self._chunks[chunk].get("epochs", {})).get(str(ctx.epoch))
-        if entry and [ctx.partition, ctx.attempt] in entry.get("names", []):
+        key = [ctx.partition, ctx.attempt, *([target] if target else [])]
+        if entry and key in entry.get("names", []):
             self.roll_forward[name] = None
             return True
         return False

@@ -25,6 +25,10 @@ from txsink.errors import ConfigError, StateError
 SINK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 COMMITTABLE_VERSION = 1
+#: Version of a committable tagged with its target (a participant of a group of targets).
+#: Untagged committables keep version 1, so single-target states read as before, and a
+#: txsink that predates groups refuses a group's state instead of misreading it.
+TARGETED_COMMITTABLE_VERSION = 2
 
 
 class DeliveryGuarantee(str, enum.Enum):
@@ -167,6 +171,9 @@ class Committable:
     payload: Mapping[str, Any] = field(default_factory=dict)
     payload_version: int = 1
     rows: int = 0
+    #: The target (of a group of targets) this participant belongs to; None for a sink
+    #: with one target. Set by the group, never by a backend.
+    target: str | None = None
 
     @classmethod
     def for_context(
@@ -191,13 +198,14 @@ class Committable:
         )
 
     def describe(self) -> str:
+        where = f"target={self.target} " if self.target else ""
         return (
-            f"sink={self.sink_id} epoch={self.epoch} partition={self.partition} "
+            f"{where}sink={self.sink_id} epoch={self.epoch} partition={self.partition} "
             f"attempt={self.attempt} participant={self.participant}"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "v": COMMITTABLE_VERSION,
             "backend": self.backend,
             "sink_id": self.sink_id,
@@ -209,15 +217,22 @@ class Committable:
             "payload_version": self.payload_version,
             "payload": dict(self.payload),
         }
+        if self.target is not None:
+            data.update(v=TARGETED_COMMITTABLE_VERSION, target=self.target)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Committable:
         version = data.get("v")
-        if version != COMMITTABLE_VERSION:
+        if version not in (COMMITTABLE_VERSION, TARGETED_COMMITTABLE_VERSION):
             raise StateError(
                 f"committable format version {version!r} is not supported by this txsink "
-                f"(supports {COMMITTABLE_VERSION}); upgrade txsink to read this state"
+                f"(supports {COMMITTABLE_VERSION} and {TARGETED_COMMITTABLE_VERSION}); "
+                "upgrade txsink to read this state"
             )
+        if version == TARGETED_COMMITTABLE_VERSION and not isinstance(data.get("target"), str):
+            raise StateError(f"malformed committable {dict(data)!r}: version "
+                             f"{TARGETED_COMMITTABLE_VERSION} needs its 'target'")
         try:
             return cls(
                 backend=str(data["backend"]),
@@ -229,6 +244,7 @@ class Committable:
                 payload=dict(data["payload"]),
                 payload_version=int(data.get("payload_version", 1)),
                 rows=int(data.get("rows", 0)),
+                target=None if version == COMMITTABLE_VERSION else str(data["target"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed committable {dict(data)!r}: {exc}") from exc

@@ -191,6 +191,12 @@ class SinkMeta:
     #: Epochs given up by ``txsink resolve --abort --force`` with some participants
     #: already committed: epoch -> their partitions, which a replay does not write again.
     kept: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    #: A group of targets (``backend`` is ``group``): per target name, its backend, its
+    #: derived sink id and its secret-free options, so ``txsink status``/``resolve``
+    #: can rebuild every target and a run with other targets is refused.
+    targets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Like ``kept``, for a group: epoch -> target -> partitions kept committed.
+    kept_targets: Mapping[int, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -208,6 +214,11 @@ class SinkMeta:
             data["write_queries"] = dict(self.write_queries)
         if self.kept:
             data["kept"] = {str(e): list(p) for e, p in self.kept.items()}
+        if self.targets:
+            data["targets"] = {name: dict(t) for name, t in self.targets.items()}
+        if self.kept_targets:
+            data["kept_targets"] = {str(e): {t: list(p) for t, p in by.items()}
+                                    for e, by in self.kept_targets.items()}
         return data
 
     @classmethod
@@ -221,7 +232,10 @@ class SinkMeta:
                        {str(k): str(v) for k, v in
                         dict(data.get("write_queries", {})).items()},
                        {int(e): tuple(int(p) for p in ps) for e, ps in
-                        dict(data.get("kept", {})).items()})
+                        dict(data.get("kept", {})).items()},
+                       {str(n): dict(t) for n, t in dict(data.get("targets", {})).items()},
+                       {int(e): {str(t): tuple(int(p) for p in ps) for t, ps in by.items()}
+                        for e, by in dict(data.get("kept_targets", {})).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 

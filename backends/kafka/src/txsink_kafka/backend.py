@@ -90,6 +90,11 @@ class KafkaBackend(Backend):
         # Lets check_timeout compare transaction.timeout.ms with the pipeline's trigger.
         return {"trigger.interval.ms": str(interval_ms)}
 
+    @classmethod
+    def target_options(cls) -> Mapping[str, str]:
+        # A group's readers stop at its consistent cut by the epoch of each record.
+        return {"epoch.header": "true"}
+
     def __getstate__(self) -> dict[str, Any]:
         # The parts hold only the config and the shared clients (which pickle without
         # their connections): rebuilt from those on the executor.
@@ -202,6 +207,9 @@ class KafkaBackend(Backend):
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
         return self.recovery.holds_epoch(sink_id, epoch)
+
+    def highest_epoch(self, sink_id: str) -> int | None:
+        return self.recovery.highest_epoch(sink_id)
 
     def is_committed(self, committable: Committable) -> bool | None:
         return self._riding_out(f"{committable.describe()}: checking whether it is committed",

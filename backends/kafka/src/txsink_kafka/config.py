@@ -97,6 +97,9 @@ class KafkaSinkConfig:
     naming: str = "pooled"
     #: Pooled ids per write partition; all of them open at once is an error.
     pool_size: int = 16
+    #: Add a ``txsink-epoch`` header (the epoch, in decimal) to every record, so
+    #: readers can stop at a group's consistent cut (``epoch.header``; on for targets).
+    epoch_header: bool = False
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -192,6 +195,7 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
         takeover=opts.bool("owner.takeover", False),
         naming=naming,
         pool_size=opts.int("transactional.id.pool.size", 16, minimum=1),
+        epoch_header=opts.bool("epoch.header", False),
         secrets=secrets,
     )
     opts.ignore("sink_id", "checkpoint", "checkpointLocation", "path")

@@ -191,6 +191,12 @@ class KafkaRecovery:
                         redact=self.shared.redact)
         return epoch in self.scan_state(sink_id).committed_epochs
 
+    def highest_epoch(self, sink_id: str) -> int:
+        """The newest epoch with a participant ended as committed, per the marker scan
+        (-1: none in the scanned tail); what a group's consistent cut reads."""
+        self.open_markers(sink_id)
+        return max(self.scan_state(sink_id).committed_epochs, default=-1)
+
     def scan_state(self, sink_id: str) -> ScanState:
         return self.shared.driver().scans[f"{self.config.marker_topic}/{sink_id}"]
 

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from confluent_kafka import KafkaError, Message, Producer
 
+#: The record header ``epoch.header`` adds: the epoch of the record's participant.
+EPOCH_HEADER = "txsink-epoch"
+
 log = logging.getLogger(__name__)
 
 _PID_RE = re.compile(r"Acquired PID\{Id:(-?\d+),Epoch:(-?\d+)\}")
@@ -622,14 +625,26 @@ class KafkaWriter:
         headers = batch.column("headers").to_pylist() if "headers" in names else None
         producer = txn.producer
         produce = producer.produce
+        # The group's epoch on every record (epoch.header), for readers of a cut.
+        epoch_header: list[tuple[str, str | bytes | None]] | None = (
+            [(EPOCH_HEADER, str(txn.ctx.epoch).encode())] if self.config.epoch_header
+            else None)
         try:
             if parts is None and headers is None and fixed is not None:
-                for k, v in zip(keys, values, strict=True):
-                    try:
-                        produce(fixed, v, k)
-                    except BufferError:
-                        producer.poll(0.05)
-                        produce(fixed, v, k)
+                if epoch_header is not None:
+                    for k, v in zip(keys, values, strict=True):
+                        try:
+                            produce(fixed, v, k, headers=epoch_header)
+                        except BufferError:
+                            producer.poll(0.05)
+                            produce(fixed, v, k, headers=epoch_header)
+                else:
+                    for k, v in zip(keys, values, strict=True):
+                        try:
+                            produce(fixed, v, k)
+                        except BufferError:
+                            producer.poll(0.05)
+                            produce(fixed, v, k)
                 txn.topics.add(fixed)
             else:
                 for i in range(n):
@@ -644,6 +659,8 @@ class KafkaWriter:
                     row_headers = headers[i] if headers is not None else None
                     if row_headers:
                         kwargs["headers"] = [(h["key"], h["value"]) for h in row_headers]
+                    if epoch_header is not None:
+                        kwargs["headers"] = [*kwargs.get("headers", ()), *epoch_header]
                     try:
                         produce(topic, values[i], keys[i], **kwargs)
                     except BufferError:

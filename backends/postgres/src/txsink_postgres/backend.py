@@ -829,6 +829,21 @@ class PostgresBackend(Backend):
         return self._retry_driver(f"sink={sink_id} epoch={epoch}: reading commit markers",
                                   ask)
 
+    def highest_epoch(self, sink_id: str) -> int | None:
+        """The newest epoch with a visible commit-marker row (-1: none); markers are
+        pruned from the old end only."""
+        from psycopg import sql
+
+        def ask() -> int:
+            with self._driver() as conn:
+                row = conn.execute(
+                    sql.SQL("SELECT max(epoch) FROM {} WHERE sink_id = %s").format(
+                        sql.Identifier(self.marker_table.schema, self.marker_table.table)),
+                    (sink_id,)).fetchone()
+            return -1 if row is None or row[0] is None else int(row[0])
+
+        return self._retry_driver(f"sink={sink_id}: reading the newest commit marker", ask)
+
     def _retry_driver(self, what: str, action: Callable[[], _T]) -> _T:
         """Run a driver-side statement again after the connection broke (server restart)."""
         import psycopg

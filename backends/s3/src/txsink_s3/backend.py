@@ -867,6 +867,41 @@ class S3Backend(Backend):
             raise
         return True
 
+    def highest_epoch(self, sink_id: str) -> int | None:
+        """The newest epoch manifest (-1: none). Manifest keys sort by epoch, so a few
+        listings of one key each find it, however many manifests there are: double a
+        bound until no manifest lies past it, then halve the gap."""
+        base = self.base(sink_id)
+        prefix = keys.manifests_prefix(base)
+
+        def after(epoch: int) -> int | None:
+            """The epoch of the first manifest past ``epoch`` (None: none)."""
+            start = keys.manifest_key(base, epoch) if epoch >= 0 else prefix
+            listed = self._retrying(
+                f"sink={sink_id}: listing epoch manifests",
+                lambda: self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix,
+                                                    StartAfter=start, MaxKeys=1))
+            found = listed.get("Contents") or []
+            if not found:
+                return None
+            name = str(found[0]["Key"]).rsplit("/", 1)[-1]
+            return int(name[len("epoch-"):-len(".json")])
+
+        low = after(-1)  # an epoch that has a manifest: low <= newest
+        if low is None:
+            return -1
+        bound, step = low, 1
+        while (found := after(bound)) is not None:  # gallop until nothing lies past bound
+            low, bound, step = found, found + step, step * 2
+        while bound > low:  # newest is in [low, bound]
+            mid = (low + bound + 1) // 2
+            found = after(mid - 1)
+            if found is None:
+                bound = mid - 1
+            else:
+                low = found
+        return low
+
     def _pruned_epoch_held(self, base: str, sink_id: str, epoch: int) -> bool:
         if not self.manifest_retention_epochs:
             return False

@@ -320,6 +320,28 @@ class FilesBackend(Backend):
             return False
         return f"\0part-{epoch:010d}-" in "\0" + "\0".join(names)
 
+    def highest_epoch(self, sink_id: str) -> int | None:
+        """The newest epoch marker (markers are pruned from the old end only); before
+        the markers existed, the newest final file."""
+        try:
+            owner = json.loads((self._meta / "sink.json").read_text()).get("sink_id")
+        except (OSError, ValueError, AttributeError):
+            return -1
+        if owner != sink_id:
+            return -1
+        try:
+            marked = [int(n) for n in os.listdir(self._epochs) if n.isdigit()]
+        except FileNotFoundError:
+            marked = []
+        if marked:
+            return max(marked)
+        try:
+            names = os.listdir(self.base)
+        except FileNotFoundError:
+            names = []
+        finals = [int(n[5:15]) for n in names if n.startswith("part-") and n[5:15].isdigit()]
+        return max([-1, *finals])
+
     def _epochs_since(self) -> int | None:
         """The first epoch committed with an epoch marker (later ones all have one)."""
         try:
@@ -371,8 +393,11 @@ class FilesBackend(Backend):
     def epoch_committed(self, sink_id: str, epoch: int,
                         committables: Sequence[Committable]) -> None:
         """Mark ``epoch`` published where its tasks published it themselves
-        (``at_least_once``/``none``): :meth:`commit_all` marks exactly-once epochs."""
-        if not any(c.payload.get("final") for c in committables):
+        (``at_least_once``/``none``), or where it published no file at all (every
+        participant empty: the directory holds that epoch too, which the consistent cut
+        of a group of targets reads): :meth:`commit_all` marks the others."""
+        files = [c.payload.get("final") for c in committables]
+        if any(files) and not any(c.payload.get("direct") for c in committables):
             return
         if self._mark_epochs({epoch}):
             _fsync_path(self._epochs, directory=True)

@@ -100,12 +100,55 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
         if not _is_spark_error(exc):
             raise
         raise source_error(cfg, exc) from None
-    if not cfg.transform:
-        return df
-    df.createOrReplaceTempView(SOURCE_VIEW)
-    try:
-        return spark.sql(cfg.transform)
-    except Exception as exc:
-        if not _is_spark_error(exc):
-            raise
-        raise transform_error(exc) from None
+    if cfg.transform:
+        df.createOrReplaceTempView(SOURCE_VIEW)
+        try:
+            df = spark.sql(cfg.transform)
+        except Exception as exc:
+            if not _is_spark_error(exc):
+                raise
+            raise transform_error(exc) from None
+    return check_targets(df, cfg) if cfg.sink.targets else df
+
+
+def check_targets(df: DataFrame, cfg: PipelineConfig) -> DataFrame:
+    """Analyse each target's ``where`` and ``select`` on its own, so an unknown column is
+    one line naming the target; then the frame shaped for the group's tasks."""
+    from txsink.spark.group import shape
+
+    for t in cfg.sink.targets:
+        here = f"sink.targets[{t.name}]"
+        part = df
+        steps = [("where", t.where), ("select", None)] if t.where else [("select", None)]
+        for key, condition in steps:
+            if key == "select" and not t.select:
+                continue
+            try:
+                part = part.where(condition) if condition else part.selectExpr(*t.select)
+            except Exception as exc:
+                if not _is_spark_error(exc):
+                    raise
+                raise ConfigError(f"{here}.{key}: Spark cannot apply it to the rows the sink "
+                                  f"receives: {spark_message(exc)}", field=f"{here}.{key}"
+                                  ) from None
+    return shape(df, cfg.sink.targets)
+
+
+def frame_columns(df: DataFrame, cfg: PipelineConfig) -> list[str]:
+    """The output columns, per target for a group (``txsink validate`` prints them)."""
+    from txsink.targets import ROUTE_PREFIX
+
+    fields = df.schema.fields
+    if not cfg.sink.targets:
+        return [f"{f.name} {f.dataType.simpleString()}" for f in fields]
+    if not any(f.name.startswith(ROUTE_PREFIX) for f in fields):
+        cols = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in fields)
+        return [f"{t.name} ({cols})" for t in cfg.sink.targets]
+    out = []
+    for f in fields:
+        name = f.name[len(ROUTE_PREFIX):]
+        inner = ", ".join(f"{c.name} {c.dataType.simpleString()}"
+                          for c in f.dataType.fields)  # type: ignore[attr-defined]
+        epoch = next((t.epoch_column for t in cfg.sink.targets if t.name == name), None)
+        out.append(f"{name} ({inner}" + (f", {epoch} bigint" if epoch else "") + ")")
+    return out

@@ -47,12 +47,14 @@ from pyspark.sql.datasource import (
 
 from txsink import faults as fault_points
 from txsink.backend import Backend
-from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.coordinator import Coordinator, EpochOutcome, record_prepared
 from txsink.errors import CheckpointChangedError, ConfigError, StateError
+from txsink.group import TargetGroup, with_epoch, write_group
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, validate_sink_id
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_token
 from txsink.state import StateStore, WriteId
+from txsink.targets import GROUP_BACKEND, TargetSpec, decode_targets, parse_targets
 from txsink.writer import write_participant
 
 if TYPE_CHECKING:
@@ -79,7 +81,13 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Options that belong to txsink itself; every other option goes to the backend.
 #: (``queryname`` is added by Spark's ``DataStreamWriter.queryName``.)
 RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location",
-                              "queryname", "txnappid", "txnversion", "guarantee"})
+                              "queryname", "txnappid", "txnversion", "guarantee", "targets",
+                              *(f"txsink.group.{k}" for k in ("epoch", "target", "owner"))})
+#: Options with which ``txsink.spark.epoch`` has a write prepare one target of a group's
+#: epoch it reserved (the epoch, the target's name, the reserving owner): the write
+#: only prepares, and records its committables in the reservation.
+GROUP_EPOCH, GROUP_TARGET, GROUP_OWNER = (f"txsink.group.{k}" for k in ("epoch", "target",
+                                                                       "owner"))
 #: Longest ``txnAppId``: it is kept in the state's metadata.
 MAX_APP_ID = 200
 #: Attempt-id offset of the unreported twin the ``duplicate`` fault prepares.
@@ -102,11 +110,20 @@ class SinkSettings:
     write: WriteId | None = None
     #: What readers may see after failures (option ``guarantee``).
     guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
+    #: The targets of a group (option ``targets``), else empty.
+    targets: tuple[TargetSpec, ...] = ()
+    #: A write that prepares one target of a reserved group epoch (``txsink.spark.epoch``):
+    #: the epoch, the target's name and the owner that reserved it.
+    group_epoch: int | None = None
+    group_target: str | None = None
+    group_owner: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SinkSettings:
         """Validate Spark options (no I/O). Raises ConfigError naming the option."""
         opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+        if "targets" in opts:
+            return cls._parse_group(opts)
         backend = opts.get("backend", "").strip()
         if not backend:
             raise ConfigError(
@@ -134,7 +151,40 @@ class SinkSettings:
             made.close()
         return settings
 
+    @classmethod
+    def _parse_group(cls, opts: dict[str, str]) -> SinkSettings:
+        if opts.get("backend", GROUP_BACKEND) != GROUP_BACKEND:
+            raise ConfigError("txsink: options 'backend' and 'targets' exclude each other: "
+                              "each target names its own backend", field="backend")
+        sink_id = validate_sink_id(opts.get("sink_id") or None)
+        stray = sorted(k for k in opts if k not in RESERVED_OPTIONS)
+        if stray:
+            raise ConfigError(f"txsink: option {stray[0]!r} belongs into a target's options: "
+                              "with 'targets', every backend option goes to its target",
+                              field=stray[0], sink_id=sink_id)
+        guarantee = DeliveryGuarantee.parse(opts.get("guarantee", "exactly_once"))
+        specs = parse_targets(decode_targets(opts["targets"]), sink_id, guarantee=guarantee)
+        state = opts.get("state_location") or ""
+        checkpoint = opts.get("checkpointlocation", "").rstrip("/")
+        if not state:
+            if not checkpoint:
+                raise ConfigError(
+                    "txsink: option 'checkpointLocation' is required: the coordinator keeps "
+                    "its pending-transaction state under it (or set 'state_location')",
+                    field="checkpointLocation", sink_id=sink_id)
+            state = f"{checkpoint}/txsink"
+        epoch = opts.get(GROUP_EPOCH)
+        target = opts.get(GROUP_TARGET)
+        if target is not None and target not in {s.name for s in specs}:
+            raise ConfigError(f"txsink: no target named {target!r} in this group",
+                              field=GROUP_TARGET, sink_id=sink_id)
+        return cls(GROUP_BACKEND, sink_id, state, {}, checkpoint, _write_id(opts, sink_id),
+                   guarantee, specs, None if epoch is None else int(epoch), target,
+                   opts.get(GROUP_OWNER))
+
     def create_backend(self) -> Backend:
+        if self.targets:
+            return TargetGroup.from_specs(self.sink_id, self.targets)
         return get_plugins().create_backend(self.backend, self.backend_options)
 
     def store(self) -> StateStore:
@@ -186,11 +236,15 @@ def _write_id(opts: Mapping[str, str], sink_id: str) -> WriteId | None:
 
 class TxsinkCommitMessage(WriterCommitMessage):
     """Carries one serialized :class:`~txsink.model.Committable` from a task to the driver,
-    with the id of the streaming query the task ran for (None outside a stream)."""
+    with the id of the streaming query the task ran for (None outside a stream). A task
+    of a group carries one committable per target: the first, and the others in
+    ``more``."""
 
-    def __init__(self, committable: bytes, query_id: str | None = None) -> None:
+    def __init__(self, committable: bytes, query_id: str | None = None,
+                 more: tuple[bytes, ...] = ()) -> None:
         self.committable = committable
         self.query_id = query_id
+        self.more = more
 
     def __repr__(self) -> str:
         return f"TxsinkCommitMessage({len(self.committable)} bytes)"
@@ -226,6 +280,7 @@ def decode_messages(messages: Sequence[WriterCommitMessage | None]) -> list[Comm
             out.append(None)
         elif isinstance(m, TxsinkCommitMessage):
             out.append(Committable.from_bytes(m.committable))
+            out += [Committable.from_bytes(b) for b in getattr(m, "more", ())]
         else:
             raise StateError(f"txsink: unexpected commit message {type(m).__name__}")
     return out
@@ -256,10 +311,12 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
     elif batch_id is not None and settings.write is None and tc.partitionId() == 0:
         # A batch write inside foreachBatch: it has its own epoch, but a replayed
         # micro-batch writes again unless the write carries an identity.
+        how = ("pass version=batch_id to txsink.spark.epoch" if settings.group_target
+               else "pass .option('txnAppId', ...).option('txnVersion', batch_id)")
         log.warning("sink=%s epoch=%d: batch write inside foreachBatch (stream batch %s) "
-                    "without txnAppId/txnVersion: if Spark replays that batch, its rows are "
-                    "written again; pass .option('txnAppId', ...).option('txnVersion', "
-                    "batch_id) for exactly once", settings.sink_id, epoch, batch_id)
+                    "without a write identity: if Spark replays that batch, its rows are "
+                    "written again; %s for exactly once", settings.sink_id, epoch, batch_id,
+                    how)
     if epoch is None:
         raise StateError(f"txsink: task has no '{BATCH_ID_PROPERTY}' property; cannot tell "
                          "which epoch it writes", sink_id=settings.sink_id)
@@ -280,6 +337,12 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
             injector.hit(fault_points.TASK_BEFORE_PRE_COMMIT, epoch)
 
     backend = settings.create_backend()
+    if isinstance(backend, TargetGroup):
+        try:
+            return _write_group_task(settings, backend, ctx, stream(), kept, duplicate,
+                                     injector, first_attempt)
+        finally:
+            backend.close()
     try:
         committable = write_participant(backend, ctx, stream(), settings.guarantee)
         if duplicate:
@@ -293,6 +356,35 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
     finally:
         backend.close()
     return TxsinkCommitMessage(committable.to_bytes(), _task_query_id())
+
+
+def _write_group_task(settings: SinkSettings, group: TargetGroup, ctx: TransactionContext,
+                      batches: Iterator[pa.RecordBatch], kept: list[pa.RecordBatch],
+                      duplicate: bool, injector: fault_points.FaultInjector,
+                      first_attempt: bool) -> TxsinkCommitMessage:
+    """A task of a group: a participant in every target (or, for a write that prepares
+    one target of a reserved epoch, in that target alone)."""
+    if settings.group_target is not None:
+        m = group.member(settings.group_target)
+        one = TransactionContext(m.sink_id, ctx.epoch, ctx.partition, ctx.attempt)
+        batches = (with_epoch(m.spec, b, ctx.epoch) for b in batches)
+        c = dataclasses.replace(write_participant(m.backend, one, batches), target=m.name)
+        committables = [c]
+        if duplicate:
+            twin = TransactionContext(m.sink_id, ctx.epoch, ctx.partition,
+                                      ctx.attempt + SPECULATIVE_TWIN_OFFSET)
+            lost = write_participant(m.backend, twin, iter(kept))
+            log.warning("fault injection: prepared unreported twin %s", lost.describe())
+    else:
+        committables = write_group(group, ctx.epoch, ctx.partition, ctx.attempt, batches)
+        if duplicate:
+            for lost in write_group(group, ctx.epoch, ctx.partition,
+                                    ctx.attempt + SPECULATIVE_TWIN_OFFSET, iter(kept)):
+                log.warning("fault injection: prepared unreported twin %s", lost.describe())
+    if first_attempt:
+        injector.hit(fault_points.TASK_AFTER_PRE_COMMIT, ctx.epoch)
+    return TxsinkCommitMessage(committables[0].to_bytes(), _task_query_id(),
+                               tuple(c.to_bytes() for c in committables[1:]))
 
 
 class _Finisher:
@@ -415,6 +507,13 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
         self.owner = owner
         self.skip = False
         self.epoch = -1
+        if settings.group_epoch is not None:
+            # Prepares one target of an epoch txsink.spark.epoch reserved and decides;
+            # epoch -1: the epoch's identity is committed, the write only tells which
+            # streaming query drives it (checked against the one that committed it).
+            self.epoch = settings.group_epoch
+            self.skip = settings.group_epoch < 0
+            return
         backend = settings.create_backend()
         try:
             backend.preflight(settings.sink_id)
@@ -441,6 +540,9 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         query = driving_query(messages) if self.settings.write is not None else None
+        if self.settings.group_epoch is not None and not self.skip:
+            self._record_group_target(messages, query)
+            return
         if self.skip:
             if query is not None and self.settings.write is not None:
                 # Skipped as committed: only if the versions count in this same stream.
@@ -462,7 +564,38 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.skip:
             return
+        if self.settings.group_epoch is not None:
+            # The reserving driver aborts the whole epoch; what this write prepared is
+            # referenced by no record yet: roll it back now.
+            backend = self.settings.create_backend()
+            try:
+                _discard(backend, self.epoch, decode_messages(messages))
+            finally:
+                backend.close()
+            return
         self._run("abort", self.epoch, messages)
+
+    def _record_group_target(self, messages: list[WriterCommitMessage | None],
+                             query: str | None) -> None:
+        """Add this write's committables (one target) to the reserved epoch's record."""
+        committables = decode_messages(messages)
+        failed = sum(1 for c in committables if c is None)
+        done = [c for c in committables if c is not None]
+        if failed:
+            raise StateError(f"sink={self.settings.sink_id} epoch={self.epoch}: {failed} "
+                             "task(s) of the write sent no committable",
+                             sink_id=self.settings.sink_id, epoch=self.epoch)
+        assert self.settings.group_owner is not None
+        try:
+            record_prepared(self.settings.store(), self.settings.group_owner, self.epoch,
+                            done, query)
+        except BaseException:
+            backend = self.settings.create_backend()
+            try:
+                _discard(backend, self.epoch, done)
+            finally:
+                backend.close()
+            raise
 
 
 class TxsinkDataSource(DataSource):

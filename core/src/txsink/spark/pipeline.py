@@ -47,7 +47,17 @@ class RunResult:
     batches: list[int] = field(default_factory=list)
     committed_epochs: list[int] = field(default_factory=list)
     rows: int = 0
+    #: A group's rows per target (``rows`` is their sum).
+    rows_by_target: dict[str, int] = field(default_factory=dict)
     stopped_because: str = ""
+
+    def add(self, record: EpochRecord) -> None:
+        """Count a committed epoch."""
+        self.committed_epochs.append(record.epoch)
+        self.rows += record.rows
+        for c in record.committables:
+            if c.target:
+                self.rows_by_target[c.target] = self.rows_by_target.get(c.target, 0) + c.rows
     #: The signal that interrupted the run (SIGINT, SIGTERM), if one did.
     signal: int | None = None
 
@@ -142,8 +152,9 @@ def check_pipeline(cfg: PipelineConfig, log_path: Path) -> list[str]:
             builder = builder.config("spark.sql.streaming.schemaInference", "true")
         spark = builder.getOrCreate()
         try:
-            frame = build_frame(spark, cfg)
-            return [f"{f.name} {f.dataType.simpleString()}" for f in frame.schema.fields]
+            from txsink.spark.checks import frame_columns
+
+            return frame_columns(build_frame(spark, cfg), cfg)
         finally:
             spark.stop()
 
@@ -205,13 +216,18 @@ def run_pipeline(
     epochs = result.committed_epochs
     span = f"epochs {epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else (
         f"epoch {epochs[0]}" if epochs else "no epoch")
-    out(f"done ({result.stopped_because}): committed {span}, {result.rows} row(s) exactly "
-        f"once to {target}")
+    if result.rows_by_target:
+        per = ", ".join(f"{n} {r}" for n, r in result.rows_by_target.items())
+        out(f"done ({result.stopped_because}): committed {span} exactly once to every "
+            f"target, row(s) per target: {per} ({target})")
+    else:
+        out(f"done ({result.stopped_because}): committed {span}, {result.rows} row(s) "
+            f"exactly once to {target}")
     if result.signal is not None:
         out(f"a batch that was still running is rolled back and replayed by the next "
             f"`txsink run`. "
             f"`txsink status {cfg.checkpoint}` shows the sink's state")
-    if cfg.sink.backend == "files" and result.rows:
+    if cfg.sink.backend == "files" and not cfg.sink.targets and result.rows:
         for line in preview_files(cfg.sink.options.get("path", "")):
             out(line)
     return result
@@ -268,11 +284,15 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
     for the running query's own, longer, bound; the retries are not printed one by
     one: the run stops with one line that says what was tried and for how long.
     """
-    options = dict(cfg.sink.options)
-    option = plugins.backends.get(cfg.sink.backend).value.connect_retry_option
-    if option is not None:
-        options[option] = f"{connect_retry_s:g}"
-    backend = plugins.create_backend(cfg.sink.backend, options)
+    retry_options: dict[str, dict[str, str]] = {}
+    retry_keys = set()
+    for name, backend_name in ([(t.name, t.backend) for t in cfg.sink.targets]
+                               or [(cfg.sink.sink_id, cfg.sink.backend)]):
+        option = plugins.backends.get(backend_name).value.connect_retry_option
+        if option is not None:
+            retry_options[name] = {option: f"{connect_retry_s:g}"}
+            retry_keys.add(option)
+    backend = cfg.create_backend(plugins, retry_options)
     quiet = _QuietRetries()
     handlers = logging.getLogger().handlers
     for handler in handlers:
@@ -281,11 +301,14 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
         backend.preflight(cfg.sink.sink_id)
         return backend.describe()
     except ConfigError as exc:
-        where = f"sink.options.{exc.field}" if exc.field else "sink"
+        if cfg.sink.targets:
+            where = f"sink.{exc.field}" if exc.field else "sink.targets"
+        else:
+            where = f"sink.options.{exc.field}" if exc.field else "sink"
         tried = (f". Before Spark starts a run waits {connect_retry_s:g}s for a server that "
                  "is down (`txsink run --connect-retry SECONDS`; the backend's option bounds "
                  "the wait of a running query)"
-                 if quiet.retries or (option is not None and option in str(exc)) else "")
+                 if quiet.retries or any(k in str(exc) for k in retry_keys) else "")
         raise ConfigError(f"{where}: {exc}{tried}", field=where,
                           sink_id=cfg.sink.sink_id) from None
     finally:
@@ -327,7 +350,7 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
             f"owner {holder['owner']}); stop it before starting another run on "
             f"{cfg.checkpoint}", field="checkpoint", sink_id=cfg.sink.sink_id)
     meta_before = store.read_meta()
-    backend = plugins.create_backend(cfg.sink.backend, cfg.sink.options)
+    backend = cfg.create_backend(plugins)
     try:
         coordinator = Coordinator(backend, store, cfg.sink.sink_id,
                                   backend_options=cfg.sink.options, plugins=plugins,
@@ -422,8 +445,7 @@ def resume_notes(cfg: PipelineConfig, store: StateStore) -> list[str]:
 def _committed_into(result: RunResult, store: StateStore, seen: set[int]) -> None:
     for record in _committed_since(store, seen):
         if record.epoch not in result.committed_epochs:
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+            result.add(record)
 
 
 def preview_files(path: str, rows: int = 3) -> list[str]:
@@ -467,7 +489,13 @@ def _epoch_line(record: EpochRecord, progress: dict[str, Any] | None) -> str:
         took = progress.get("durationMs", {}).get("triggerExecution")
         spark_part = f" (input {progress.get('numInputRows', '?')} rows" + (
             f", batch {took / 1000:.1f} s)" if took is not None else ")")
-    return (f"batch {record.epoch}: {record.rows} row(s) in {len(record.committables)} "
+    targets: dict[str, int] = {}
+    for c in record.committables:
+        if c.target:
+            targets[c.target] = targets.get(c.target, 0) + c.rows
+    rows = (", ".join(f"{n} {r}" for n, r in targets.items()) + " row(s)" if targets
+            else f"{record.rows} row(s)")
+    return (f"batch {record.epoch}: {rows} in {len(record.committables)} "
             f"participant(s){latency}{spark_part}")
 
 
@@ -478,8 +506,7 @@ def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
     result = RunResult(stopped_because="batch write finished")
     for record in _committed_since(store, seen):
         out(_epoch_line(record, None))
-        result.committed_epochs.append(record.epoch)
-        result.rows += record.rows
+        result.add(record)
     return result
 
 
@@ -511,8 +538,7 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
             # Wait for Spark's progress of the batch so the line shows both sides.
             if record.epoch in progress or final:
                 out(_epoch_line(record, progress.get(record.epoch)))
-                result.committed_epochs.append(record.epoch)
-                result.rows += record.rows
+                result.add(record)
                 pending.remove(record)
 
     started = time.monotonic()
@@ -548,12 +574,10 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
         # SIGTERM to the process group stops Spark's JVM too: count from the state alone.
         for record in pending:
             out(_epoch_line(record, progress.get(record.epoch)))
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+            result.add(record)
         for record in _committed_since(store, seen):
             out(_epoch_line(record, None))
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+            result.add(record)
         return result
     error = query.exception()
     if error is not None:

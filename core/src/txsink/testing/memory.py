@@ -181,6 +181,15 @@ class MemoryBackend(Backend):
                        and ctx.sink_id == sink_id and ctx.epoch == epoch
                        for name, _ in self.system.markers)
 
+    def highest_epoch(self, sink_id: str) -> int | None:
+        from txsink.model import parse_participant
+
+        with self.system.lock:
+            epochs = [ctx.epoch for name, _ in self.system.markers
+                      if (ctx := parse_participant(name)) is not None
+                      and ctx.sink_id == sink_id]
+        return max(epochs, default=-1)
+
     def is_committed(self, committable: Committable) -> bool | None:
         with self.system.lock:
             return (committable.participant, str(committable.payload["txn"])) in (

@@ -1,0 +1,288 @@
+"""Groups of targets from Python: one epoch committed in several systems, or none.
+
+Two ways to write a group, both with one decision per epoch:
+
+* **one write** (streaming or batch): the data source writes every target from each
+  task. ``targets(...)`` builds the options and shapes the frame (each target's
+  ``select``/``where`` becomes a struct column the tasks route by)::
+
+      orders = txsink.spark.targets("orders", [
+          txsink.spark.target("events", "kafka", topic="orders", **kafka),
+          txsink.spark.target("totals", "postgres", select=["id", "qty * price AS total"],
+                              dsn=dsn, table="public.totals"),
+      ], checkpoint_location="/chk/orders")
+      orders.write_stream(df).start()
+
+* **grouped writes** in ``foreachBatch`` or a batch job: each ``tx.write`` runs a Spark
+  job that only prepares its target; the end of the block decides and commits them all,
+  an exception aborts them all::
+
+      def batch(df, batch_id):
+          with orders.epoch(df.sparkSession, version=batch_id) as tx:
+              tx.write(events_df, "events")
+              tx.write(totals_df, "totals")
+
+  ``version`` (Delta's ``txnVersion``) makes a replayed batch a no-op, and it is bound
+  to the streaming query that drives the writes: after a checkpoint reset (Spark
+  numbers batches from 0 again) the block refuses instead of skipping new batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from txsink.coordinator import Coordinator
+from txsink.errors import ConfigError, StateError
+from txsink.group import TargetGroup, write_group
+from txsink.model import Committable, validate_sink_id
+from txsink.plugins import get_plugins
+from txsink.spark._proc import owner_token
+from txsink.state import EpochState, StateStore, WriteId
+from txsink.targets import (
+    GROUP_BACKEND,
+    ROUTE_PREFIX,
+    TargetSpec,
+    encode_targets,
+    parse_targets,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+log = logging.getLogger(__name__)
+
+#: The attempt number of the empty participants the driver prepares itself.
+DRIVER_ATTEMPT = 999_999_999
+
+
+def target(name: str, backend: str, *, select: str | Sequence[str] | None = None,
+           where: str | None = None, epoch_column: str | None = None,
+           **options: Any) -> dict[str, Any]:
+    """One target of a group: ``options`` are the backend's (e.g. ``topic=...``)."""
+    item: dict[str, Any] = {"name": name, "backend": backend, "options": options}
+    if select is not None:
+        item["select"] = select
+    if where is not None:
+        item["where"] = where
+    if epoch_column is not None:
+        item["epoch_column"] = epoch_column
+    return item
+
+
+def shape(df: DataFrame, specs: Sequence[TargetSpec]) -> DataFrame:
+    """``df`` as a group's tasks route it: one struct column per target, null where a
+    row does not go to that target; ``df`` itself when no target has select/where."""
+    if not any(s.shaped for s in specs):
+        return df
+    columns = []
+    for s in specs:
+        fields = ", ".join(s.select) if s.select else "*"
+        value = f"struct({fields})"
+        if s.where:
+            value = f"CASE WHEN ({s.where}) THEN {value} END"
+        columns.append(f"{value} AS `{ROUTE_PREFIX}{s.name}`")
+    return df.selectExpr(*columns)
+
+
+class TargetSet:
+    """The targets of one group, validated, with what a write of them needs."""
+
+    def __init__(self, sink_id: str, specs: Sequence[TargetSpec], *,
+                 checkpoint_location: str | None = None, state_location: str | None = None
+                 ) -> None:
+        self.sink_id = validate_sink_id(sink_id)
+        self.specs = tuple(specs)
+        self.checkpoint_location = checkpoint_location
+        self.state_location = state_location
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def spec(self, name: str | None = None, *, backend: str | None = None) -> TargetSpec:
+        """A target by name, or the only one with ``backend``."""
+        if name is not None:
+            for s in self.specs:
+                if s.name == name:
+                    return s
+            raise ConfigError(f"group {self.sink_id!r} has no target {name!r} (targets: "
+                              f"{', '.join(self.names)})", field="target")
+        found = [s for s in self.specs if backend is not None and s.backend == backend]
+        if len(found) != 1:
+            raise ConfigError(
+                f"group {self.sink_id!r}: name the target to write (targets: "
+                f"{', '.join(f'{s.name} ({s.backend})' for s in self.specs)})"
+                + (f"; {len(found)} use backend {backend!r}" if backend else ""),
+                field="target")
+        return found[0]
+
+    def options(self) -> dict[str, str]:
+        """Options for ``format("txsink")`` (target secrets included: Spark's only)."""
+        opts = {"sink_id": self.sink_id, "targets": encode_targets(self.specs)}
+        if self.state_location:
+            opts["state_location"] = self.state_location
+        if self.checkpoint_location:
+            opts["checkpointLocation"] = self.checkpoint_location
+        return opts
+
+    def shape(self, df: DataFrame) -> DataFrame:
+        return shape(df, self.specs)
+
+    def write_stream(self, df: DataFrame) -> DataStreamWriter:
+        """``df.writeStream`` to every target, one decision per micro-batch."""
+        return self.shape(df).writeStream.format("txsink").options(**self.options())
+
+    def write(self, df: DataFrame) -> None:
+        """A batch write of ``df`` to every target: one epoch, all targets or none."""
+        self.shape(df).write.format("txsink").mode("append").options(**self.options()).save()
+
+    def state(self) -> str:
+        if self.state_location:
+            return self.state_location
+        if self.checkpoint_location:
+            return f"{self.checkpoint_location.rstrip('/')}/txsink"
+        raise ConfigError("txsink: give the group a checkpoint_location or state_location: "
+                          "its coordinator state lives there", field="state_location")
+
+    def epoch(self, spark: SparkSession, *, version: int | None = None,
+              app_id: str | None = None) -> GroupEpoch:
+        """One epoch of grouped writes (see the module docstring)."""
+        return GroupEpoch(spark, self, version=version, app_id=app_id)
+
+
+def targets(sink_id: str, items: Sequence[Mapping[str, Any]], *,
+            checkpoint_location: str | None = None,
+            state_location: str | None = None) -> TargetSet:
+    """Validate a group's targets (no I/O); errors name ``targets[name].field``."""
+    specs = parse_targets(list(items), validate_sink_id(sink_id))
+    return TargetSet(sink_id, specs, checkpoint_location=checkpoint_location,
+                     state_location=state_location)
+
+
+_target_set = targets
+
+
+def epoch(spark: SparkSession, group: TargetSet | str, *, version: int | None = None,
+          targets: Sequence[Mapping[str, Any]] | None = None,
+          state_location: str | None = None, app_id: str | None = None) -> GroupEpoch:
+    """``with txsink.spark.epoch(spark, group=orders, version=batch_id) as tx: ...``.
+
+    ``group`` is a :class:`TargetSet`, or the group's sink id with ``targets`` and
+    ``state_location``.
+    """
+    if isinstance(group, str):
+        if targets is None or state_location is None:
+            raise ConfigError("txsink.spark.epoch: with a sink id for the group, give its "
+                              "targets and state_location too", field="targets")
+        group = _target_set(group, targets, state_location=state_location)
+    return GroupEpoch(spark, group, version=version, app_id=app_id)
+
+
+class GroupEpoch:
+    """One reserved epoch of a group: writes prepare, the block's end decides."""
+
+    def __init__(self, spark: SparkSession, group: TargetSet, *, version: int | None,
+                 app_id: str | None) -> None:
+        if version is not None and (not isinstance(version, int) or version < 0):
+            raise ConfigError(f"txsink.spark.epoch: version must be a whole number >= 0 (e.g. "
+                              f"the foreachBatch batch id), got {version!r}", field="version")
+        self.spark = spark
+        self.group = group
+        self.write_id = (None if version is None
+                         else WriteId(app_id or group.sink_id, version))
+        self.epoch = -1
+        self.skipped = False
+        self.owner = owner_token()
+        self.written: dict[str, int] = {}
+        self._store: StateStore | None = None
+
+    # -- the block ------------------------------------------------------------------------
+
+    def _coordinator(self, backend: TargetGroup) -> Coordinator:
+        if self._store is None:
+            self._store = get_plugins().state_store(self.group.state())
+        return Coordinator(backend, self._store, self.group.sink_id, owner=self.owner)
+
+    def __enter__(self) -> GroupEpoch:
+        backend = TargetGroup.from_specs(self.group.sink_id, self.group.specs)
+        try:
+            backend.preflight(self.group.sink_id)
+            coordinator = self._coordinator(backend)
+            coordinator.start(recover=True)
+            if self.write_id is not None and coordinator.committed_write(self.write_id) \
+                    is not None:
+                self.skipped = True
+                log.warning("sink=%s: grouped write %s is already committed; its writes "
+                            "are skipped, nothing is written", self.group.sink_id,
+                            self.write_id)
+                return self
+            self.epoch = coordinator.reserve_epoch(self.write_id)
+        finally:
+            backend.close()
+        return self
+
+    def write(self, df: DataFrame, target: str | None = None, *,
+              backend: str | None = None) -> None:
+        """Prepare ``df`` in one target (by name, or the only one with ``backend``)."""
+        spec = self.group.spec(target, backend=backend)
+        if spec.name in self.written:
+            raise ConfigError(f"group {self.group.sink_id!r} epoch {self.epoch}: target "
+                              f"{spec.name!r} is written once per epoch; union the frames "
+                              "first", field="target")
+        if spec.where:
+            df = df.where(spec.where)
+        if spec.select:
+            df = df.selectExpr(*spec.select)
+        opts = {**self.group.options(), "state_location": self.group.state(),
+                "txsink.group.epoch": str(-1 if self.skipped else self.epoch),
+                "txsink.group.target": spec.name, "txsink.group.owner": self.owner}
+        opts.pop("checkpointLocation", None)
+        if self.write_id is not None:
+            opts.update(txnAppId=self.write_id.app_id, txnVersion=str(self.write_id.version))
+        df.write.format("txsink").mode("append").options(**opts).save()
+        self.written[spec.name] = 1
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.skipped:
+            return
+        backend = TargetGroup.from_specs(self.group.sink_id, self.group.specs)
+        try:
+            coordinator = self._coordinator(backend)
+            record = coordinator.store.get(self.epoch)
+            prepared: list[Committable] = list(record.committables) if (
+                record is not None and record.state is EpochState.RESERVED) else []
+            if exc_type is not None:
+                coordinator.abort_epoch(self.epoch, prepared)
+                log.warning("sink=%s epoch=%d: the grouped write failed (%s); every target's "
+                            "participants were rolled back", self.group.sink_id, self.epoch,
+                            exc_type.__name__)
+                return
+            if record is None or record.state is not EpochState.RESERVED:
+                raise StateError(
+                    f"sink={self.group.sink_id} epoch={self.epoch}: the epoch's reservation "
+                    "is gone (a newer run took it over?); nothing of it is committed",
+                    sink_id=self.group.sink_id, epoch=self.epoch)
+            prepared += self._empty_participants(backend, prepared)
+            query = record.write.query_id if record.write is not None else None
+            coordinator.commit_epoch(self.epoch, prepared, write_query=query)
+        finally:
+            backend.close()
+
+    def _empty_participants(self, backend: TargetGroup,
+                            prepared: Sequence[Committable]) -> list[Committable]:
+        """A target this block did not write still takes part (no rows), so every target
+        records every epoch of the group: what the consistent cut reads."""
+        missing = [n for n in backend.members if n not in {c.target for c in prepared}]
+        if not missing:
+            return []
+        part = TargetGroup(backend.group_id, [backend.members[n] for n in missing])
+        # An attempt number of the driver's own: no Spark task attempt of this run uses it.
+        return write_group(part, self.epoch, 0, DRIVER_ATTEMPT, [])
+
+
+__all__ = ["GROUP_BACKEND", "GroupEpoch", "TargetSet", "epoch", "shape", "target", "targets"]

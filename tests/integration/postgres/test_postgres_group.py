@@ -1,0 +1,69 @@
+"""PostgreSQL as one target of a group, against a real server.
+
+A decided participant that was rolled back by hand (the documented way to lose one)
+stops the group with an error naming the target and the participant; the other
+target keeps the epoch it committed, and the epoch stays DECIDED. The table's epoch
+column and the commit markers give the cut.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from postgres_support import PgServer
+from txsink.coordinator import Coordinator, RetryPolicy
+from txsink.cut import consistent_cut
+from txsink.errors import ParticipantLostError
+from txsink.faults import AFTER_DECIDE, FaultInjector, FaultRule, InjectedFault
+from txsink.group import TargetGroup, write_group
+from txsink.state import DirectoryStateStore, EpochState
+from txsink.targets import parse_targets
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_lost_participant_stops_the_group_naming_target_and_participant(
+        pg_server: PgServer, table_name: str, tmp_path: Path) -> None:
+    sink = f"pg-group-{uuid.uuid4().hex[:6]}"
+    items = [{"name": "totals", "backend": "postgres", "epoch_column": "txsink_epoch",
+              "options": pg_server.options(table_name)},
+             {"name": "files", "backend": "files", "options": {"path": str(tmp_path / "out")}}]
+    with pg_server.connect(autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table_name} ADD COLUMN txsink_epoch bigint")
+    group = TargetGroup.from_specs(sink, parse_targets(items, sink))
+    store = DirectoryStateStore(tmp_path / "state")
+    retry = RetryPolicy(attempts=2, initial_backoff_s=0, sleep=lambda s: None)
+    batch = pa.record_batch({"id": pa.array([1, 2, 3], pa.int64()),
+                             "name": pa.array(["a", "b", "c"]),
+                             "amount": pa.array([1.0, 2.0, 3.0])})
+    try:
+        group.preflight(sink)
+        coordinator = Coordinator(group, store, sink, retry=retry)
+        coordinator.start()
+        coordinator.commit_epoch(0, write_group(group, 0, 0, 0, [batch]))
+        crashing = Coordinator(group, store, sink, retry=retry,
+                               faults=FaultInjector([FaultRule(AFTER_DECIDE, 1, "raise")]))
+        with pytest.raises(InjectedFault):
+            crashing.commit_epoch(1, write_group(group, 1, 0, 0, [batch]))
+        totals = next(c for c in store.get(1).committables  # type: ignore[union-attr]
+                      if c.target == "totals")
+        with pg_server.connect(autocommit=True) as conn:  # an operator rolls it back
+            conn.execute(f"ROLLBACK PREPARED '{totals.payload['gid']}'")
+        with pytest.raises(ParticipantLostError) as info:
+            Coordinator(group, store, sink, retry=retry).start()
+        message = str(info.value)
+        assert f"target totals: {totals.participant}" in message
+        assert "The epoch stays DECIDED" in message
+        assert store.get(1).state is EpochState.DECIDED  # type: ignore[union-attr]
+        assert len(list((tmp_path / "out").glob("part-0000000001-*"))) == 1  # files has it
+        with pg_server.connect() as conn:
+            rows = conn.execute(f"SELECT txsink_epoch, count(*) FROM {table_name} "
+                                "GROUP BY 1").fetchall()
+        assert rows == [(0, 3)]
+        cut = consistent_cut(group, store, sink)
+        assert cut.targets == {"totals": 0, "files": 1} and cut.cut == 0
+    finally:
+        group.close()
