@@ -17,8 +17,8 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,14 +42,29 @@ Printer = Callable[[str], None]
 
 @dataclass
 class RunResult:
-    """What one ``run`` did, for the summary line and for tests."""
+    """What one ``run`` did, for the summary line and for tests.
 
-    batches: list[int] = field(default_factory=list)
-    committed_epochs: list[int] = field(default_factory=list)
+    Counts and bounds only, never one entry per epoch: a streaming run may last months.
+    """
+
+    #: Micro-batches of this run that Spark reported as complete.
+    batches: int = 0
+    #: Epochs committed during this run, and the first and last of them.
+    epochs: int = 0
+    first_epoch: int | None = None
+    last_epoch: int | None = None
     rows: int = 0
     stopped_because: str = ""
     #: The signal that interrupted the run (SIGINT, SIGTERM), if one did.
     signal: int | None = None
+
+    def add(self, record: EpochRecord) -> None:
+        """Count one newly committed epoch."""
+        self.epochs += 1
+        self.rows += record.rows
+        if self.first_epoch is None:
+            self.first_epoch = record.epoch
+        self.last_epoch = record.epoch
 
     @property
     def exit_status(self) -> int:
@@ -202,9 +217,8 @@ def run_pipeline(
                 _quietly(spark.stop, interrupted=result.signal is not None)
             if owner is not None:
                 _release(store, owner)
-    epochs = result.committed_epochs
-    span = f"epochs {epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else (
-        f"epoch {epochs[0]}" if epochs else "no epoch")
+    span = (f"epochs {result.first_epoch}-{result.last_epoch}" if result.epochs > 1 else
+            f"epoch {result.first_epoch}" if result.epochs else "no epoch")
     out(f"done ({result.stopped_because}): committed {span}, {result.rows} row(s) exactly "
         f"once to {target}")
     if result.signal is not None:
@@ -421,9 +435,7 @@ def resume_notes(cfg: PipelineConfig, store: StateStore) -> list[str]:
 
 def _committed_into(result: RunResult, store: StateStore, seen: set[int]) -> None:
     for record in _committed_since(store, seen):
-        if record.epoch not in result.committed_epochs:
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+        result.add(record)
 
 
 def preview_files(path: str, rows: int = 3) -> list[str]:
@@ -447,18 +459,21 @@ def preview_files(path: str, rows: int = 3) -> list[str]:
 
 def _committed_since(store: StateStore, seen: set[int]) -> list[EpochRecord]:
     """Epochs committed since ``seen``: polled while the query runs, so only the new
-    records are read."""
+    records are read. ``seen`` keeps only epochs the state still holds (the coordinator
+    prunes old ones), so it stays as small as the state however long the run."""
     fresh = []
-    for epoch, state in sorted(store.states().items()):
+    states = store.states()
+    for epoch, state in sorted(states.items()):
         if state is EpochState.COMMITTED and epoch not in seen:
             record = store.get(epoch)
             if record is not None:
                 fresh.append(record)
     seen.update(r.epoch for r in fresh)
+    seen.intersection_update(states)
     return fresh
 
 
-def _epoch_line(record: EpochRecord, progress: dict[str, Any] | None) -> str:
+def _epoch_line(record: EpochRecord, progress: Mapping[str, Any] | None) -> str:
     latency = ""
     if record.committed_at is not None:
         latency = f", commit {1000 * (record.committed_at - record.decided_at):.0f} ms"
@@ -478,8 +493,7 @@ def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
     result = RunResult(stopped_because="batch write finished")
     for record in _committed_since(store, seen):
         out(_epoch_line(record, None))
-        result.committed_epochs.append(record.epoch)
-        result.rows += record.rows
+        result.add(record)
     return result
 
 
@@ -497,23 +511,19 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
     seen = {e for e, state in store.states().items() if state is EpochState.COMMITTED}
     query = writer.queryName(cfg.name.replace("-", "_")).start()
     result = RunResult()
-    progress: dict[int, dict[str, Any]] = {}
+    progress = _Progress()
     pending: list[EpochRecord] = []
 
     def report(final: bool = False) -> None:
-        for p in query.recentProgress:
-            progress.setdefault(int(p["batchId"]), p)
-        for b in sorted(progress):
-            if b not in result.batches:
-                result.batches.append(b)
+        result.batches += progress.update(query.recentProgress)
         pending.extend(_committed_since(store, seen))
         for record in list(pending):
             # Wait for Spark's progress of the batch so the line shows both sides.
-            if record.epoch in progress or final:
-                out(_epoch_line(record, progress.get(record.epoch)))
-                result.committed_epochs.append(record.epoch)
-                result.rows += record.rows
+            if progress.has(record.epoch) or final:
+                out(_epoch_line(record, progress.pop(record.epoch)))
+                result.add(record)
                 pending.remove(record)
+        progress.forget_up_to(min((r.epoch for r in pending), default=None))
 
     started = time.monotonic()
     idle_polls = 0
@@ -523,7 +533,7 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
             if not query.isActive:
                 result.stopped_because = "query finished"
                 break
-            if max_batches is not None and len(result.batches) >= max_batches:
+            if max_batches is not None and result.batches >= max_batches:
                 result.stopped_because = f"--max-batches {max_batches} reached"
                 break
             if timeout_s is not None and time.monotonic() - started > timeout_s:
@@ -547,19 +557,67 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
     if result.signal is not None:
         # SIGTERM to the process group stops Spark's JVM too: count from the state alone.
         for record in pending:
-            out(_epoch_line(record, progress.get(record.epoch)))
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+            out(_epoch_line(record, progress.pop(record.epoch)))
+            result.add(record)
         for record in _committed_since(store, seen):
             out(_epoch_line(record, None))
-            result.committed_epochs.append(record.epoch)
-            result.rows += record.rows
+            result.add(record)
         return result
     error = query.exception()
     if error is not None:
         raise TxsinkError(f"the streaming query failed: {_first_lines(str(error))}")
     report(final=True)
     return result
+
+
+class _Progress:
+    """Spark's progress of the batches not yet printed, and which batch ids were counted.
+
+    Spark's ``recentProgress`` repeats its last 100 entries at every poll; a batch is
+    counted once, by its id (ids only grow within a run). Entries are dropped once
+    their epoch's line is printed, or once no pending epoch can use them, so a run of
+    months keeps a few entries, not one per batch.
+    """
+
+    #: Entries kept at most, whatever happens to the epochs they belong to.
+    KEEP = 200
+
+    def __init__(self) -> None:
+        self._by_batch: dict[int, Mapping[str, Any]] = {}
+        self._highest = -1
+
+    def update(self, entries: Sequence[Mapping[str, Any]]) -> int:
+        """Take the entries of one poll; returns how many batches are new."""
+        new = 0
+        for p in entries:
+            batch = int(p["batchId"])
+            if batch > self._highest:
+                self._highest = batch
+                self._by_batch[batch] = p
+                new += 1
+            elif batch == self._highest and batch in self._by_batch:
+                # A later report of the same batch (Spark reports an idle trigger
+                # under the id of the batch that runs next): keep the latest.
+                self._by_batch[batch] = p
+        while len(self._by_batch) > self.KEEP:
+            del self._by_batch[min(self._by_batch)]
+        return new
+
+    def has(self, batch: int) -> bool:
+        return batch in self._by_batch or batch < self._highest - self.KEEP
+
+    def pop(self, batch: int) -> Mapping[str, Any] | None:
+        return self._by_batch.pop(batch, None)
+
+    def forget_up_to(self, oldest_pending: int | None) -> None:
+        """Drop entries older than every epoch still waiting for its line (the newest
+        one stays: its epoch may not be committed yet)."""
+        limit = self._highest - 1 if oldest_pending is None else oldest_pending - 1
+        for batch in [b for b in self._by_batch if b <= limit]:
+            del self._by_batch[batch]
+
+    def __len__(self) -> int:
+        return len(self._by_batch)
 
 
 def _stop_between_batches(query: Any, poll_s: float, wait_s: float = 5.0) -> None:
