@@ -56,7 +56,7 @@ class _Query:
         self.memory: dict[int, int] = {}
 
     @property
-    def recentProgress(self) -> list[dict[str, Any]]:  # noqa: N802 - Spark's name
+    def recentProgress(self) -> list[dict[str, Any]]:
         if not self.isActive:
             return list(self.recent)
         self.batch += 1
@@ -83,7 +83,7 @@ class _Frame:
         self.query = query
 
     @property
-    def writeStream(self) -> _Frame:  # noqa: N802 - Spark's name
+    def writeStream(self) -> _Frame:
         return self
 
     def format(self, _: str) -> _Frame:
@@ -95,7 +95,7 @@ class _Frame:
     def trigger(self, **_: str) -> _Frame:
         return self
 
-    def queryName(self, _: str) -> _Frame:  # noqa: N802 - Spark's name
+    def queryName(self, _: str) -> _Frame:
         return self
 
     def start(self) -> _Query:
