@@ -17,7 +17,7 @@ run, each per backend:
 * **spark** (``--spark-epochs``, directory state store): ``txsink run`` of a pipeline
   file (``rate-micro-batch`` source, a ``0 seconds`` trigger, two partitions) with
   ``--metrics-port``, read line by line; the metrics endpoint is scraped every 15 s as
-  Prometheus would.
+  Prometheus would, and a baseline sink is committed from this process once a second.
 
 Every ``--sample`` epochs a run records commit latency p50/p95 over the window, RSS
 and open descriptors (core: this process; spark: the ``txsink run`` process, the
@@ -80,6 +80,8 @@ BASELINE_EVERY = 10
 SCRAPE_S = 15.0
 #: ``orphan.scan.records`` of the Kafka sinks (the default is 20,000).
 SCAN_WINDOW = 500
+#: Seconds between two commits of a Spark run's baseline sink (written in-process).
+BASELINE_PERIOD_S = 1.0
 
 Bound = Callable[["Soak"], float]
 
@@ -617,7 +619,8 @@ def run_spark(target: Target, work: Path, epochs: int, sample: int,
     metrics_dir.mkdir()
     checkpoint = work / f"chk-{sink}"
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-           "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+           "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", "import sys; from txsink.cli import main; sys.exit(main())",
            "run", str(path), "--max-batches", str(epochs), "--metrics-port", "0"]
     soak = Soak(target.name, "directory", epochs, kind="spark", participants=2)
@@ -638,6 +641,21 @@ def run_spark(target: Target, work: Path, epochs: int, sample: int,
                     r.read()
                 scrapes.append(url)
 
+    # The baseline: a sink of the same backend committed from this process about once
+    # a second while the pipeline runs, so each window has the machine's own pace.
+    base = _Sink(target, store_factory("directory", work), "spark-base")
+    base_window: list[float] = []
+    base_lock = threading.Lock()
+
+    def baseline() -> None:
+        plugins = get_plugins()
+        while not stop_scrapes.wait(BASELINE_PERIOD_S):
+            took = base.commit_one(1, plugins)
+            with base_lock:
+                base_window.append(took)
+
+    threading.Thread(target=baseline, daemon=True).start()
+
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -651,9 +669,15 @@ def run_spark(target: Target, work: Path, epochs: int, sample: int,
             committed += 1
             window.append(float(m.group(2)))
             if committed % sample == 0:
+                with base_lock:
+                    b50 = statistics.median(base_window) if base_window else float("nan")
+                    base_window.clear()
+                p50 = statistics.median(window)
                 point = {"epoch": committed,
-                         "commit_p50_ms": statistics.median(window),
+                         "commit_p50_ms": p50,
                          "commit_p95_ms": percentile(window, 0.95),
+                         "baseline_p50_ms": round(b50, 2),
+                         "commit_p50_ratio": round(p50 / b50, 3),
                          **spark_processes(proc.pid), **state_size(store),
                          **target.measure(sink, None),
                          "metrics_files": len(os.listdir(metrics_dir)),
@@ -672,6 +696,7 @@ def run_spark(target: Target, work: Path, epochs: int, sample: int,
             soak.error = f"txsink run exited {code}: " + " | ".join(tail[-5:])
     finally:
         stop_scrapes.set()
+        base.backend.close()
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 15)
