@@ -3,6 +3,14 @@
 Builds the session, the source, the SQL transform and the ``txsink`` write, then
 reports progress per batch (Spark's input rows, and txsink's committed rows and
 commit latency read from the coordinator's state) until a bounded mode says stop.
+
+The session is a classic one (this process starts the driver JVM) or, with
+``--remote``/``SPARK_REMOTE``, a Spark Connect client: the query then runs in the
+Connect server, whose Python workers run txsink's writers and coordinator. What
+this process reads of the JVM in classic mode has a Connect counterpart here: the
+lease owner is a token of this run, handed to the data source as an option; Spark's
+own log is the server's; an interrupt stops the query (and interrupts a batch write)
+through the server.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from txsink.backend import Backend
 from txsink.config import PipelineConfig
 from txsink.errors import ConfigError, SinkOwnedError, TxsinkError
 from txsink.plugins import Plugins, get_plugins
+from txsink.spark._proc import OWNER_ENV
 from txsink.spark.console import CLIENT_LOGGERS, default_log_path, spark_output_to
 from txsink.state import EpochRecord, EpochState, StateStore, new_owner_token
 
@@ -57,6 +66,9 @@ class RunResult:
     stopped_because: str = ""
     #: The signal that interrupted the run (SIGINT, SIGTERM), if one did.
     signal: int | None = None
+    #: False when stopping the query failed after an interrupt (a Spark Connect server
+    #: that no longer answers may still run it).
+    query_stopped: bool = True
 
     def add(self, record: EpochRecord) -> None:
         """Count one newly committed epoch."""
@@ -110,6 +122,67 @@ def prepare_environment(master: str) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+#: The data source option carrying the lease owner of a ``txsink run --remote`` run.
+LEASE_OWNER_OPTION = "lease_owner"
+
+
+def check_remote(url: str) -> str:
+    """A Spark Connect address (``sc://host:port[/;params]``), or a ConfigError."""
+    if not url.startswith("sc://") or len(url) <= len("sc://"):
+        raise ConfigError(f"--remote / SPARK_REMOTE: {url!r} is not a Spark Connect address; "
+                          "give sc://HOST:PORT (e.g. sc://127.0.0.1:15002)", field="--remote")
+    return url
+
+
+def build_remote_session(cfg: PipelineConfig, remote: str,
+                         out: Printer) -> SparkSession:
+    """A Spark Connect session with the pipeline's settings, txsink registered in it.
+
+    ``spark.master`` is the server's business; of ``spark.conf`` the server takes what
+    a session may set (Spark SQL settings) and refuses the rest, which is said.
+    """
+    try:
+        from pyspark.sql.connect.session import SparkSession as RemoteSession
+    except ImportError as exc:
+        raise ConfigError(f"--remote needs the Spark Connect client: pip install "
+                          f"'txsink[connect]' ({exc})", field="--remote") from None
+    from txsink.spark import register
+
+    builder = RemoteSession.builder.remote(remote).appName(cfg.spark.app_name)
+    spark: SparkSession = builder.create()  # type: ignore[assignment]
+    _bound_retries(spark)
+    conf = dict(cfg.spark.conf)
+    if cfg.source.type == "files" and not cfg.source.schema:
+        conf["spark.sql.streaming.schemaInference"] = "true"
+    refused = []
+    for key, value in conf.items():
+        try:
+            spark.conf.set(key, value)
+        except Exception:  # the server refuses static and cluster settings
+            refused.append(key)
+    if refused:
+        out(f"spark.conf not applied: {', '.join(sorted(refused))} (settings of the Spark "
+            "Connect server itself: set them where the server is started)")
+    register(spark)
+    return spark
+
+
+#: Retries of a call to the Spark Connect server that does not answer: about a minute
+#: (PySpark's own policy waits over ten; a restarted server has lost the session anyway).
+CONNECT_RETRIES = 6
+
+
+def _bound_retries(spark: SparkSession) -> None:
+    """A server that stopped answering stops the run within about a minute."""
+    try:
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        spark.client.set_retry_policies(
+            [DefaultPolicy(max_retries=CONNECT_RETRIES)])
+    except (ImportError, AttributeError):  # another client: keep its own policy
+        log.debug("could not bound the Spark Connect client's retries", exc_info=True)
 
 
 def build_session(cfg: PipelineConfig) -> SparkSession:
@@ -174,11 +247,14 @@ def run_pipeline(
     log_path: Path | None = None,
     pipeline_file: str | None = None,
     connect_retry_s: float = DEFAULT_CONNECT_RETRY_S,
+    remote: str | None = None,
 ) -> RunResult:
     """Run ``cfg`` until it ends, a bound is reached, or SIGINT/SIGTERM.
 
     Preflight and the sink-ownership check run before Spark starts. Spark's own
-    output goes to ``log_path``; errors raised here name it.
+    output goes to ``log_path``; errors raised here name it. With ``remote`` (a Spark
+    Connect address) the query runs in that server; this process still reads the
+    txsink state at the checkpoint, which must be reachable from here too.
     """
     plugins = get_plugins()
     target = preflight(cfg, plugins, connect_retry_s)
@@ -189,33 +265,68 @@ def run_pipeline(
     out(f"delivery: {cfg.sink.guarantee.reader_note()}")
     for line in resume_notes(cfg, store):
         out(line)
-    out(f"spark log: {log_path}")
+    if remote is None:
+        out(f"spark log: {log_path}")
+        logs = f"Spark's log: {log_path}"
+    else:
+        out(f"spark: Spark Connect server {remote} (the query runs there: Spark's own log is "
+            f"the server's; this client's log: {log_path})")
+        if cfg.spark.master != "local[*]":
+            out(f"spark.master {cfg.spark.master} is not used: the Connect server runs the "
+                "query on its own master")
+        logs = f"Spark's log is the Connect server's at {remote}; this client's: {log_path}"
     result = RunResult()
     committed_before = {e for e, state in store.states().items()
                         if state is EpochState.COMMITTED}
     with interrupts_as_exceptions(), spark_output_to(log_path):
         spark = None
         owner = None
+        extra: dict[str, str] = {}
+        #: The Connect server stopped answering: whether it still runs the query is
+        #: unknown here.
+        lost = False
         try:
-            spark = build_session(cfg)
-            _take_back_sigint()
-            owner = _jvm_owner(spark)
+            if remote is None:
+                spark = build_session(cfg)
+                _take_back_sigint()
+                owner = _jvm_owner(spark)
+            else:
+                spark = build_remote_session(cfg, remote, out)
+                # No driver JVM here to name: the lease owner is this run, handed to the
+                # data source in the server.
+                owner = os.environ.get(OWNER_ENV) or remote_owner_token()
+                extra[LEASE_OWNER_OPTION] = owner
             frame = build_frame(spark, cfg)
             if cfg.mode == "batch":
-                result = _run_batch(frame, cfg, store, out)
+                result = _run_batch(frame, cfg, store, out, extra)
             else:
                 result = _run_stream(frame, cfg, store, out, max_batches=max_batches,
-                                     until_idle=until_idle, timeout_s=timeout_s, poll_s=poll_s)
+                                     until_idle=until_idle, timeout_s=timeout_s, poll_s=poll_s,
+                                     extra_options=extra)
         except KeyboardInterrupt as exc:  # while Spark started, or a batch write ran
             result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
             result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
+            if remote is not None and spark is not None:
+                # The server goes on with a batch write this client stopped waiting for.
+                lost = not _quietly(spark.interruptAll, interrupted=True)
             _committed_into(result, store, committed_before)
         except TxsinkError as exc:
-            raise _with_hints(exc, cfg, log_path) from None
+            raise _with_hints(exc, cfg, logs) from None
+        except Exception as exc:
+            if remote is None or not _is_connect_error(exc):
+                raise
+            lost = True
+            # The server went away (killed, restarted) or refused the session: one line,
+            # not the client's stack of gRPC retries.
+            raise _with_hints(TxsinkError(
+                f"the Spark Connect server at {remote} failed or stopped answering: "
+                f"{_first_lines(str(exc))}"), cfg, logs) from None
         finally:
             if spark is not None:
-                _quietly(spark.stop, interrupted=result.signal is not None)
-            if owner is not None:
+                _quietly(spark.stop, interrupted=result.signal is not None or remote is not None)
+            # A Connect server that stopped answering may still run the query: the lease
+            # stays held (`txsink status` shows it as unknown), the next run takes it over.
+            if owner is not None and not lost and result.query_stopped:
                 _release(store, owner)
     span = (f"epochs {result.first_epoch}-{result.last_epoch}" if result.epochs > 1 else
             f"epoch {result.first_epoch}" if result.epochs else "no epoch")
@@ -231,24 +342,46 @@ def run_pipeline(
     return result
 
 
-def _quietly(action: Callable[[], object], *, interrupted: bool) -> None:
-    """Run a cleanup step; after an interrupt, Spark may already be gone: say nothing."""
+def _is_connect_error(exc: BaseException) -> bool:
+    """An error of the Spark Connect client (PySpark's errors, gRPC's)."""
+    module = type(exc).__module__
+    return module.startswith(("pyspark.errors", "grpc"))
+
+
+def _quietly(action: Callable[[], object], *, interrupted: bool) -> bool:
+    """Run a cleanup step; after an interrupt, Spark may already be gone: say nothing.
+    Whether the step succeeded."""
     try:
         action()
     except (Exception, KeyboardInterrupt):
         if not interrupted:
             raise
         log.debug("cleanup after interrupt failed", exc_info=True)
+        return False
+    return True
 
 
 def _jvm_owner(spark: SparkSession) -> str | None:
     """The lease owner token the sink's code in this session's JVM uses."""
-    from txsink.spark._proc import OWNER_ENV, jvm_owner_token
+    from txsink.spark._proc import jvm_owner_token
 
     if os.environ.get(OWNER_ENV):
         return os.environ[OWNER_ENV]
     proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
     return jvm_owner_token(proc.pid) if proc is not None else None
+
+
+def remote_owner_token() -> str:
+    """The lease owner of one ``txsink run --remote`` run: ``host:connect:random``.
+
+    Nothing on this host can tell whether the server still runs a query of a client
+    that died, so the token never reads as alive or gone (``txsink status`` shows
+    ``unknown``); the run releases it when it ends.
+    """
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}:connect:{uuid.uuid4().hex[:12]}"
 
 
 def _release(store: StateStore, owner: str) -> None:
@@ -261,11 +394,11 @@ def _release(store: StateStore, owner: str) -> None:
             store.release(Lease(owner, int(info["generation"])))
 
 
-def _with_hints(exc: TxsinkError, cfg: PipelineConfig, log_path: Path) -> TxsinkError:
+def _with_hints(exc: TxsinkError, cfg: PipelineConfig, logs: str) -> TxsinkError:
     """A failure after Spark started: name Spark's log and where to look next."""
     if isinstance(exc, ConfigError) and (exc.field or "").startswith(("transform", "source")):
         return exc  # reported before any batch ran: the line says it all
-    message = (f"{exc} (Spark's log: {log_path}); `txsink status {cfg.checkpoint}` shows what "
+    message = (f"{exc} ({logs}); `txsink status {cfg.checkpoint}` shows what "
                "the failed batch left, and the next `txsink run` finishes or rolls it back")
     clone = type(exc).__new__(type(exc))
     clone.__dict__.update(exc.__dict__)
@@ -487,9 +620,10 @@ def _epoch_line(record: EpochRecord, progress: Mapping[str, Any] | None) -> str:
 
 
 def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
-               out: Printer) -> RunResult:
+               out: Printer, extra_options: dict[str, str] | None = None) -> RunResult:
     seen = {e for e, state in store.states().items() if state is EpochState.COMMITTED}
-    frame.write.format("txsink").mode("append").options(**cfg.sink_write_options()).save()
+    options = {**cfg.sink_write_options(), **(extra_options or {})}
+    frame.write.format("txsink").mode("append").options(**options).save()
     result = RunResult(stopped_because="batch write finished")
     for record in _committed_since(store, seen):
         out(_epoch_line(record, None))
@@ -499,8 +633,9 @@ def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
 
 def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: Printer, *,
                 max_batches: int | None, until_idle: bool, timeout_s: float | None,
-                poll_s: float) -> RunResult:
-    writer = frame.writeStream.format("txsink").options(**cfg.sink_write_options())
+                poll_s: float, extra_options: dict[str, str] | None = None) -> RunResult:
+    options = {**cfg.sink_write_options(), **(extra_options or {})}
+    writer = frame.writeStream.format("txsink").options(**options)
     trig = cfg.trigger
     if trig.kind == "processing_time" and trig.interval:
         writer = writer.trigger(processingTime=trig.interval)
@@ -553,7 +688,8 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
         result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
     finally:
         interrupted = result.signal is not None
-        _quietly(lambda: query.stop() if query.isActive else None, interrupted=interrupted)
+        result.query_stopped = _quietly(lambda: query.stop() if query.isActive else None,
+                                        interrupted=interrupted)
     if result.signal is not None:
         # SIGTERM to the process group stops Spark's JVM too: count from the state alone.
         for record in pending:
