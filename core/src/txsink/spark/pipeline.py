@@ -326,7 +326,8 @@ def run_pipeline(
                 _quietly(spark.stop, interrupted=result.signal is not None or remote is not None)
             # A Connect server that stopped answering may still run the query: the lease
             # stays held (`txsink status` shows it as unknown), the next run takes it over.
-            if owner is not None and not lost and result.query_stopped:
+            # (In classic Spark the driver JVM ends with spark.stop(): its query too.)
+            if owner is not None and (remote is None or (not lost and result.query_stopped)):
                 _release(store, owner)
     span = (f"epochs {result.first_epoch}-{result.last_epoch}" if result.epochs > 1 else
             f"epoch {result.first_epoch}" if result.epochs else "no epoch")
