@@ -426,8 +426,9 @@ SOAK_PANELS: list[tuple[str, str, list[tuple[str, str]], str | None]] = [
     ("commit p50 / baseline sink in the same window", "ratio", [("commit_p50_ratio", "")],
      None),
     ("commit p50 (Spark runs: txsink run)", "ms", [("commit_p50_ms", "")], "spark"),
-    ("memory", "RSS MB", [("rss_mb", ""), ("driver_rss_mb", " driver JVM"),
-                          ("worker_rss_mb", " Python workers"), ("cli_rss_mb", " txsink run")],
+    ("memory", "MB", [("rss_mb", ""), ("driver_rss_mb", " driver JVM"),
+                      ("driver_heap_mb", " driver heap after GC"),
+                      ("worker_rss_mb", " Python workers"), ("cli_rss_mb", " txsink run")],
      None),
     ("state store", "files / objects", [("state_files", "")], None),
     ("kept by the target (log scale)", "files / objects / rows / records",
@@ -506,6 +507,9 @@ def soak_table(runs: list[dict[str, Any]]) -> list[str]:
             rss_text = (f"driver {rss_text}; workers {first['worker_rss_mb']:g} -> "
                         f"{last['worker_rss_mb']:g}; txsink run {first['cli_rss_mb']:g} -> "
                         f"{last['cli_rss_mb']:g}")
+            if "driver_heap_mb" in last:
+                rss_text += (f"; driver heap after GC {first.get('driver_heap_mb', 0):g} -> "
+                             f"{last['driver_heap_mb']:g}")
         ratio = (f"{first['commit_p50_ratio']:g} -> {last['commit_p50_ratio']:g}"
                  if "commit_p50_ratio" in last else "")
         kept = ", ".join(f"{label} {last[k]:,.0f}" for k, label in (
@@ -560,7 +564,9 @@ def write_soak_section(result: dict[str, Any]) -> str:
              "rows in two partitions, trigger `0 seconds`, `local[2]`) with "
              "`--metrics-port`, scraped every 15 s; their baseline is a sink of the same "
              "backend committed once a second from the soak's own process. *RSS* is the "
-             "driver JVM, its Python workers together, and the `txsink run` process.",
+             "driver JVM, its Python workers together, and the `txsink run` process; the "
+             "driver's heap is measured right after a full GC (`jcmd GC.run`), since a "
+             "JVM's RSS follows its heap's lazy growth toward `spark.driver.memory`.",
              "* A series is *flat* when its value at the end is within 20% of its value at "
              "epoch 1,000 (latencies: medians of three samples at each end), or *bounded* "
              "when it stays under the retention documented for it: 100 state records (the "

@@ -104,6 +104,10 @@ BOUNDS: dict[str, tuple[Bound, str]] = {
     "kafka_scan_epochs": (lambda s: SCAN_WINDOW + SCAN_WINDOW // 10,
                           "kafka: the committed epochs of orphan.scan.records (500 in the "
                           "soak) marker records"),
+    "driver_rss_mb": (lambda s: 1024 + 1024,
+                      "the driver JVM: spark.driver.memory (1g in the soak) for its heap, "
+                      "which it fills lazily, plus metaspace, code cache and threads; what "
+                      "the heap holds after a full GC is driver_heap_mb, judged flat"),
     "spark_checkpoint_files": (lambda s: 2 * 4 * (100 + 10) + 20,
                                "Spark: spark.sql.streaming.minBatchesToRetain (100) offsets "
                                "and commits, with their .crc files"),
@@ -711,17 +715,44 @@ def run_spark(target: Target, work: Path, epochs: int, sample: int,
 
 
 def spark_processes(cli_pid: int) -> dict[str, float]:
-    """RSS and descriptors of ``txsink run``, its driver JVM and that JVM's Python workers."""
+    """RSS and descriptors of ``txsink run``, its driver JVM and that JVM's Python workers,
+    and the JVM's heap after a full GC (what it holds on to)."""
     tree = process_tree(cli_pid)
     jvms = [pid for pid, comm in tree if comm == "java"]
     jvm = jvms[0] if jvms else None
     workers = ([pid for pid, comm in process_tree(jvm) if comm.startswith("python")]
                if jvm is not None else [])
-    return {"cli_rss_mb": round(rss_mb(cli_pid), 1), "cli_fds": open_fds(cli_pid),
-            "driver_rss_mb": round(rss_mb(jvm), 1) if jvm else 0.0,
-            "driver_fds": open_fds(jvm) if jvm else 0,
-            "worker_rss_mb": round(sum(rss_mb(p) for p in workers), 1),
-            "python_workers": len(workers)}
+    out = {"cli_rss_mb": round(rss_mb(cli_pid), 1), "cli_fds": open_fds(cli_pid),
+           "driver_rss_mb": round(rss_mb(jvm), 1) if jvm else 0.0,
+           "driver_fds": open_fds(jvm) if jvm else 0,
+           "worker_rss_mb": round(sum(rss_mb(p) for p in workers), 1),
+           "python_workers": len(workers)}
+    heap = jvm_heap_after_gc(jvm) if jvm else None
+    if heap is not None:
+        out["driver_heap_mb"] = heap
+    return out
+
+
+_HEAP_USED = re.compile(r"heap\s+total \d+K, used (\d+)K")
+
+
+def jvm_heap_after_gc(pid: int) -> float | None:
+    """MB the JVM's heap holds right after a full GC (``jcmd GC.run``, then
+    ``GC.heap_info``): a JVM's RSS follows its heap's lazy growth toward the limit,
+    this follows what it keeps. None without ``jcmd``."""
+    java = shutil.which("java")
+    jcmd = shutil.which("jcmd") or (str(Path(os.path.realpath(java)).with_name("jcmd"))
+                                    if java else None)
+    if not jcmd or not os.path.exists(jcmd):
+        return None
+    try:
+        subprocess.run([jcmd, str(pid), "GC.run"], capture_output=True, timeout=60, check=True)
+        info = subprocess.run([jcmd, str(pid), "GC.heap_info"], capture_output=True, text=True,
+                              timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = _HEAP_USED.search(info)
+    return round(int(found.group(1)) / 1024, 1) if found else None
 
 
 def spark_files(checkpoint: Path) -> dict[str, float]:
