@@ -16,6 +16,11 @@ The results directory holds:
   write with ``--json``;
 * ``notes.json``: ``{name: note}``, where each of those came from or why it is missing.
 
+The soak (``soak.py``, ``tox -e soak``) runs apart, for hours: its JSON
+(``soak.py --json``) renders into ``soak.png`` and the page's section between
+:data:`SOAK_START` and :data:`SOAK_END` (:func:`render_soak`), which a render of the
+benchmarks keeps as it is.
+
 To add a benchmark: give it a ``--json PATH`` output, have ``run_all.py`` run it into
 the results directory (``sub_bench``), and add its rows to ``targets_of`` (the table
 of targets) and, if it has one, its section to ``write_doc``.
@@ -442,6 +447,181 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
 
 
 
+# -- the soak ---------------------------------------------------------------------------
+
+SOAK_START = "<!-- soak: rendered by benchmarks/report.py from soak.py's JSON -->"
+SOAK_END = "<!-- /soak -->"
+#: Panels of the soak chart: (title, y label, [(series, label suffix)], runs drawn).
+SOAK_PANELS: list[tuple[str, str, list[tuple[str, str]], str | None]] = [
+    ("commit p50 / baseline sink in the same window", "ratio", [("commit_p50_ratio", "")],
+     None),
+    ("commit p50 (Spark runs: txsink run)", "ms", [("commit_p50_ms", "")], "spark"),
+    ("memory", "MB", [("rss_mb", ""), ("driver_rss_mb", " driver JVM"),
+                      ("driver_heap_mb", " driver heap after GC"),
+                      ("worker_rss_mb", " Python workers"), ("cli_rss_mb", " txsink run")],
+     None),
+    ("state store", "files / objects", [("state_files", "")], None),
+    ("kept by the target (log scale)", "files / objects / rows / records",
+     [("output_txsink_files", ""), ("s3_manifests", ""), ("pg_marker_rows", ""),
+      ("kafka_marker_records", " markers"), ("kafka_claim_records", " claims")], None),
+    ("descriptors and metrics files", "count",
+     [("open_fds", " fds"), ("driver_fds", " driver fds"), ("metrics_files", " metrics files")],
+     None),
+]
+
+
+def soak_label(run: dict[str, Any]) -> str:
+    return f"{run['backend']}/{run['state']}" + (" Spark" if run.get("kind") == "spark" else "")
+
+
+def soak_chart(runs: list[dict[str, Any]], path: Path, subtitle: str) -> None:
+    """One panel per kind of series, one line per run, epochs on x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 2, figsize=(11, 11), dpi=100)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (title, ylabel, series, kind) in zip(axes.flat, SOAK_PANELS, strict=True):
+        drawn = 0
+        for n, run in enumerate(runs):
+            if kind is not None and run.get("kind", "core") != kind:
+                continue
+            style = "--" if run.get("kind") == "spark" else "-"
+            for name, suffix in series:
+                points = [(s["epoch"], s[name]) for s in run["samples"] if name in s]
+                if not points:
+                    continue
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, style, color=colors[n % len(colors)], linewidth=1.2,
+                        label=soak_label(run) + suffix)
+                drawn += 1
+        ax.axvline(1000, color="#999999", linestyle=":", linewidth=0.8)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("epoch", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        if "log scale" in title:
+            ax.set_yscale("symlog", linthresh=10)
+        else:
+            ax.set_ylim(bottom=0)
+        if drawn:
+            ax.legend(fontsize=6, ncol=2)
+    fig.suptitle("txsink over months of epochs: every series from one soak run\n" + subtitle,
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _first(run: dict[str, Any]) -> dict[str, Any]:
+    steady = [s for s in run["samples"] if s["epoch"] >= run.get("steady_from", 1000)]
+    return (steady or run["samples"])[0]
+
+
+def soak_table(runs: list[dict[str, Any]]) -> list[str]:
+    lines = ["| backend | state store | run | epochs | commit p50 ms, first -> last | "
+             "p50 / baseline | RSS MB, first -> last | state records / files / bytes | "
+             "target keeps (last) | verdict |",
+             "|---|---|---|---:|---|---|---|---|---|---|"]
+    for run in runs:
+        if not run["samples"]:
+            lines.append(f"| {run['backend']} | {run['state']} | {run.get('kind', 'core')} | 0 "
+                         f"| | | | | | {run.get('error') or 'no sample'} |")
+            continue
+        first, last = _first(run), run["samples"][-1]
+        rss = ("rss_mb" if "rss_mb" in last else "driver_rss_mb")
+        rss_text = f"{first[rss]:g} -> {last[rss]:g}"
+        if "worker_rss_mb" in last:
+            rss_text = (f"driver {rss_text}; workers {first['worker_rss_mb']:g} -> "
+                        f"{last['worker_rss_mb']:g}; txsink run {first['cli_rss_mb']:g} -> "
+                        f"{last['cli_rss_mb']:g}")
+            if "driver_heap_mb" in last:
+                rss_text += (f"; driver heap after GC {first.get('driver_heap_mb', 0):g} -> "
+                             f"{last['driver_heap_mb']:g}")
+        ratio = (f"{first['commit_p50_ratio']:g} -> {last['commit_p50_ratio']:g}"
+                 if "commit_p50_ratio" in last else "")
+        kept = ", ".join(f"{label} {last[k]:,.0f}" for k, label in (
+            ("output_txsink_files", "`_txsink/` files"), ("s3_manifests", "manifests"),
+            ("pg_marker_rows", "marker rows"), ("kafka_marker_records", "marker records"),
+            ("kafka_claim_records", "claim records"), ("metrics_files", "metrics files"),
+            ("spark_checkpoint_files", "Spark checkpoint files")) if k in last)
+        grows = [f"{k}: {v}" for k, v in run["verdicts"].items()
+                 if v.startswith(("GROWS", "too short", "FAILED"))]
+        verdict = "flat or bounded" if not grows else "**" + "; ".join(grows) + "**"
+        lines.append(
+            f"| {run['backend']} | {run['state']} | {run.get('kind', 'core')} | "
+            f"{int(last['epoch']):,} | {first['commit_p50_ms']:g} -> {last['commit_p50_ms']:g} "
+            f"| {ratio} | {rss_text} | {last['state_records']:,.0f} / "
+            f"{last['state_files']:,.0f} / {last['state_bytes']:,.0f} B | {kept} | {verdict} |")
+    return lines
+
+
+def soak_section(page: str) -> str:
+    """The soak section of a rendered page (markers included), or ""."""
+    start, end = page.find(SOAK_START), page.find(SOAK_END)
+    return page[start:end + len(SOAK_END)] if start >= 0 and end > start else ""
+
+
+def splice_soak(page: str, section: str) -> str:
+    """``page`` with its soak section replaced by ``section`` (appended if it has none)."""
+    old = soak_section(page)
+    if old:
+        return page.replace(old, section)
+    return page.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def write_soak_section(result: dict[str, Any]) -> str:
+    runs = result["runs"]
+    lines = [SOAK_START, "## Months of epochs (soak)", "",
+             "A streaming query with a 10-second trigger makes 260,000 epochs a month. The "
+             "soak drives tens of thousands of epochs per backend and samples everything "
+             "that could grow with them, every 500 epochs. From one run of:", "",
+             "```sh", "uvx --with tox-uv tox -e soak", "```", "",
+             f"({result.get('command', '')}; {result.get('date', '')}, "
+             f"{result.get('hours', '?')} h on {result.get('cores', '?')} cores shared with "
+             "other work.)", "",
+             "![every soak series over the epochs](soak.png)", "",
+             *soak_table(runs), "",
+             "* **core** runs drive the real backend, coordinator and state store without "
+             "Spark, two participants per epoch, a fresh coordinator per epoch started with "
+             "recovery (what each micro-batch does). A *baseline* sink on the same servers "
+             "commits one epoch per ten of the soaked one; *p50 / baseline* is the soaked "
+             "sink's median commit over the baseline's in the same window, which is what is "
+             "judged: the machine is shared, its load moves the raw figures.",
+             "* **Spark** runs are `txsink run` of a pipeline file (`rate-micro-batch`, ten "
+             "rows in two partitions, trigger `0 seconds`, `local[2]`) with "
+             "`--metrics-port`, scraped every 15 s; their baseline is a sink of the same "
+             "backend committed once a second from the soak's own process. *RSS* is the "
+             "driver JVM, its Python workers together, and the `txsink run` process; the "
+             "driver's heap is measured right after a full GC (`jcmd GC.run`), since a "
+             "JVM's RSS follows its heap's lazy growth toward `spark.driver.memory`.",
+             "* A series is *flat* when its value at the end is within 20% of its value at "
+             "epoch 1,000 (latencies: medians of three samples at each end), or *bounded* "
+             "when it stays under the retention documented for it: 100 state records (the "
+             "coordinator's `retain_epochs`), 1,000 epoch markers (files, "
+             "`marker_retention_epochs`), 1,000 marker rows per participant (PostgreSQL, "
+             "`marker_retention_epochs`), 10,000 manifests (S3, "
+             "`manifest_retention_epochs`), one archive chunk per 1,000 epochs for 14 days "
+             "(the state's archive of decided names), Kafka's compaction of the marker "
+             "topic (segments of 10 s in the soak, `segment.ms` in production), Spark's "
+             "`minBatchesToRetain` (100) for its own checkpoint. "
+             "[Operations](operations.md#what-grows-and-what-bounds-it) lists them all.",
+             SOAK_END]
+    return "\n".join(lines)
+
+
+def render_soak(result: dict[str, Any], out_dir: Path) -> None:
+    """Draw ``soak.png`` and put the soak section into ``performance.md`` in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    soak_chart(result["runs"], out_dir / "soak.png",
+               f"{result.get('date', '')}, {result.get('cores', '?')} cores")
+    page = out_dir / "performance.md"
+    text = page.read_text() if page.exists() else "# Performance\n"
+    page.write_text(splice_soak(text, write_soak_section(result)))
+
+
 # -- a results directory ----------------------------------------------------------------
 
 
@@ -471,8 +651,12 @@ def render(results: Path, out_dir: Path) -> list[Target]:
     chart(writers, out_dir / "performance.png",
           f"{info['date']}, {os.cpu_count()} cores, "
           + ("quick run" if run["quick"] else f"{run['rounds']} rounds"))
-    write_doc(out_dir / "performance.md", writers, sizes, run["rounds"], info,
+    page = out_dir / "performance.md"
+    kept = soak_section(page.read_text()) if page.exists() else ""
+    write_doc(page, writers, sizes, run["rounds"], info,
               run["versions"], run["loads"], commit, run["quick"], run["command"], goals, libs)
+    if kept:
+        page.write_text(splice_soak(page.read_text(), kept))
     return goals
 
 
@@ -481,10 +665,17 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description="render the performance page again from a "
                                      "results directory of run_all.py (--keep-results)")
-    parser.add_argument("results", type=Path)
+    parser.add_argument("results", type=Path, nargs="?")
     parser.add_argument("--out-dir", type=Path,
                         default=Path(__file__).resolve().parent.parent / "docs")
+    parser.add_argument("--soak", type=Path, metavar="SOAK_JSON",
+                        help="render the soak section and soak.png from soak.py --json")
     args = parser.parse_args(argv)
+    if args.soak is not None:
+        render_soak(json.loads(args.soak.read_text()), args.out_dir)
+        print(f"wrote {args.out_dir / 'soak.png'} and the soak section of performance.md")
+    if args.results is None:
+        return 0
     for g in render(args.results, args.out_dir):
         print(g.row())
     print(f"wrote {args.out_dir / 'performance.md'} and performance.png")

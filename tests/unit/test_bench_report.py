@@ -87,3 +87,75 @@ def test_the_multi_target_benchmark_has_its_section_and_target(tmp_path: Path, r
     assert "| built-in | 2,000 | 2.00 | 1.00 | - | - |" in page
     goal = next(g for g in goals if g.source == "multi_bench")
     assert goal.value == 2.9 and goal.met()
+
+
+@pytest.fixture
+def soak(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("soak", None)
+    import soak as module
+
+    return module
+
+
+def _samples(epochs: int, grow: str | None = None) -> list[dict[str, float]]:
+    out = []
+    for epoch in range(500, epochs + 1, 500):
+        point = {"epoch": epoch, "commit_p50_ms": 5.0 + (epoch % 1000) / 1000,
+                 "commit_p95_ms": 9.0, "baseline_p50_ms": 5.0, "baseline_p95_ms": 9.0,
+                 "commit_p50_ratio": 1.0, "commit_p95_ratio": 1.0, "rss_mb": 100.0,
+                 "open_fds": 9, "state_records": 105, "state_files": 108,
+                 "state_bytes": 70_000, "archive_chunks": epoch // 1000 + 1,
+                 "output_txsink_files": min(epoch, 1000) + 6, "load_avg": 3.0,
+                 "elapsed_s": epoch / 50}
+        if grow == "rss_mb":
+            point["rss_mb"] = 100.0 + epoch / 100
+        elif grow == "output_txsink_files":
+            point["output_txsink_files"] = epoch + 6
+        elif grow == "commit_p50_ratio":
+            point["commit_p50_ratio"] = 1.0 + epoch / 5000
+        out.append(point)
+    return out
+
+
+def test_soak_verdicts_flag_what_grows_and_accept_what_a_retention_bounds(soak) -> None:  # type: ignore[no-untyped-def]
+    flat = soak.Soak("files", "directory", 5000, samples=_samples(5000))
+    assert flat.ok(), flat.grows()
+    verdicts = flat.verdicts()
+    assert verdicts["output_txsink_files"].startswith("bounded (max 1006 <= ")
+    assert verdicts["rss_mb"] == "flat (100 -> 100)"
+    assert verdicts["commit_p95_ms"].startswith("info")
+    for series in ("rss_mb", "output_txsink_files", "commit_p50_ratio"):
+        grown = soak.Soak("files", "directory", 5000, samples=_samples(5000, grow=series))
+        assert not grown.ok()
+        assert [g.split(":")[0] for g in grown.grows()] == [series]
+    short = soak.Soak("files", "directory", 1000, samples=_samples(1000))
+    assert short.grows() == ["all: too short: fewer than two samples from epoch 1000"]
+    failed = soak.Soak("kafka", "s3", 0, error="broker did not start")
+    assert failed.grows() == ["run: FAILED: broker did not start"]
+
+
+def test_the_soak_section_renders_from_its_json_and_survives_a_bench_render(
+        tmp_path: Path, report, soak) -> None:  # type: ignore[no-untyped-def]
+    runs = [soak.Soak("files", "directory", 5000, samples=_samples(5000)).to_dict(),
+            soak.Soak("kafka", "s3", 5000, samples=_samples(5000, grow="rss_mb")).to_dict()]
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "performance.md").write_text("# Performance\n\nthe benchmarks' page\n")
+    report.render_soak({"date": "2026-11-24 09:00 UTC", "hours": 3.5, "cores": 2,
+                        "command": "python benchmarks/soak.py --jobs 3", "runs": runs}, docs)
+    assert (docs / "soak.png").stat().st_size > 10_000
+    page = (docs / "performance.md").read_text()
+    assert page.startswith("# Performance\n\nthe benchmarks' page\n")
+    assert "| files | directory | core | 5,000 | 5 -> 5 | 1 -> 1 | 100 -> 100 |" in page
+    assert "| kafka | directory" not in page
+    assert "**rss_mb: GROWS (110 -> 150, limit 132)**" in page
+    section = report.soak_section(page)
+    assert section.startswith(report.SOAK_START) and section.endswith(report.SOAK_END)
+    # Rendering it again replaces the section instead of adding a second one.
+    report.render_soak({"runs": runs[:1]}, docs)
+    again = (docs / "performance.md").read_text()
+    assert again.count(report.SOAK_START) == 1 and "| kafka |" not in again
+    # A render of the benchmarks keeps the soak section as it is.
+    test_the_page_comes_from_json_results_only(tmp_path, report)
+    assert report.soak_section((docs / "performance.md").read_text()) == report.soak_section(again)

@@ -202,3 +202,27 @@ def test_the_run_loop_reports_each_newly_committed_epoch_once(tmp_path: Path) ->
     store.put(lease, record(2, EpochState.COMMITTED))
     assert [r.epoch for r in _committed_since(store, seen)] == [2]
     assert _committed_since(store, seen) == []
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--remote", "localhost:15002"], "--remote / SPARK_REMOTE: 'localhost:15002' is not a "
+     "Spark Connect address; give sc://HOST:PORT"),
+    (["--remote", "sc://127.0.0.1:1", "--metrics-port", "0"],
+     "--metrics-port cannot be used with --remote"),
+])
+def test_run_remote_refuses_what_it_cannot_do_before_spark(
+        capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:
+    pytest.importorskip("pyspark")
+    code, _, err = _run(capsys, "run", str(REPO / "examples/pipelines/demo.yaml"), *argv)
+    assert code == 1
+    assert says in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_spark_remote_from_the_environment_is_checked_like_the_option(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pyspark")
+    monkeypatch.setenv("SPARK_REMOTE", "http://127.0.0.1:15002")
+    code, _, err = _run(capsys, "run", str(REPO / "examples/pipelines/demo.yaml"))
+    assert code == 1
+    assert "'http://127.0.0.1:15002' is not a Spark Connect address" in err

@@ -342,6 +342,31 @@ def test_archived_names_expire_after_their_retention(env: Env) -> None:
     assert expired_chunks(store, 1) == [0, 1]
 
 
+def test_the_archive_expiry_reads_the_chunks_that_go_and_one_more(env: Env) -> None:
+    """At a one-second trigger 14 days of archive are over a thousand chunks; the check
+    made every 1,000 epochs must not read them all."""
+    from txsink.decisions import ARCHIVE_CHUNK, expired_chunks
+
+    store = env.store()
+    coord = env.coordinator(retain_epochs=10, archive_retention_s=3600)
+    coord.start()
+    now = time.time()
+    for chunk in range(40):
+        at = now - 7200 if chunk < 3 else now - 60
+        store.merge_archive(coord.lease, chunk, {str(chunk * ARCHIVE_CHUNK): {
+            "at": at, "names": [[0, 0]]}})
+    read: list[int] = []
+    original = store.read_archive
+
+    def counting(chunk: int) -> dict[str, object] | None:
+        read.append(chunk)
+        return original(chunk)
+
+    store.read_archive = counting  # type: ignore[method-assign]
+    assert expired_chunks(store, 3600) == [0, 1, 2]
+    assert read == [0, 1, 2, 3]
+
+
 def test_a_coordinator_fenced_during_its_orphan_scan_aborts_nothing(env: Env) -> None:
     """A fenced process mutates nothing: a newer run that takes the sink over while an
     older one scans for orphans may be deciding those very participants."""

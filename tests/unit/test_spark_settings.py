@@ -50,11 +50,35 @@ def test_state_location_overrides_checkpoint() -> None:
     (_opts(backend="nosuch"), "backend"),
     (_opts(path="-"), "path"),
     (_opts(colour="red"), "colour"),
+    (_opts(txnStreamCheckpoint="/chk/stream"), "txnStreamCheckpoint"),
+    (_opts(txnAppId="a", txnVersion="1", txnStreamCheckpoint="s3a://b/chk"),
+     "txnStreamCheckpoint"),
+    (_opts(lease_owner="x" * 201), "lease_owner"),
 ])
 def test_bad_options_fail_before_writing(options: dict[str, str], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         TxsinkDataSource(options)
     assert info.value.field == field
+
+
+def test_a_lease_owner_option_names_the_owner_of_both_writers() -> None:
+    """`txsink run --remote` hands its run's token to the data source: a Connect client
+    has no driver JVM the server's workers and the client could both name."""
+    source = TxsinkDataSource({**_opts(), "lease_owner": "host:connect:abc"})
+    assert source.streamWriter(None, False).owner == "host:connect:abc"  # type: ignore[arg-type]
+    assert "lease_owner" not in source.settings.backend_options
+
+
+def test_the_stream_checkpoint_option_reads_the_streams_query_id(tmp_path: Path) -> None:
+    chk = tmp_path / "stream-chk"
+    chk.mkdir()
+    settings = SinkSettings.parse({**_opts(), "txnAppId": "a", "txnVersion": "3",
+                                   "txnStreamCheckpoint": f"file://{chk}"})
+    with pytest.raises(StateError, match="no streaming query id in its metadata"):
+        settings.stream_query_id()
+    (chk / "metadata").write_text('{"id":"6d0039bb-00f6-43f8-9504-ef90a1a6b6fc"}\n')
+    assert settings.stream_query_id() == "6d0039bb-00f6-43f8-9504-ef90a1a6b6fc"
+    assert "txnstreamcheckpoint" not in settings.backend_options
 
 
 def test_overwrite_is_refused() -> None:

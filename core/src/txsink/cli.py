@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import json
 import logging
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -89,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "pipeline runs (needs txsink[metrics])")
     run.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                      help="address the metrics endpoint binds to (default: 127.0.0.1)")
+    run.add_argument("--remote", metavar="sc://HOST:PORT",
+                     help="run on a Spark Connect server instead of starting Spark here "
+                     "(default: $SPARK_REMOTE; needs txsink[connect] here and txsink with "
+                     "the backends on the server)")
     run.set_defaults(func=cmd_run)
 
     validate = sub.add_parser("validate", help="check a pipeline file without running it",
@@ -220,10 +225,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_pipeline(args.file)  # every config error surfaces here, before Spark
     try:
-        from txsink.spark.pipeline import run_pipeline
+        from txsink.spark.pipeline import check_remote, run_pipeline
     except ImportError as exc:
         raise ConfigError(f"`txsink run` needs PySpark: install txsink's spark extra, or "
                           f"pip install 'pyspark>=4.0' ({exc})") from None
+    remote = args.remote or os.environ.get("SPARK_REMOTE") or None
+    if remote is not None:
+        check_remote(remote)
+        if args.metrics_port is not None:
+            raise ConfigError(
+                "--metrics-port cannot be used with --remote: the coordinator runs in the "
+                "Spark Connect server's Python workers, which write their metrics where the "
+                "server's environment says. Start the server with PROMETHEUS_MULTIPROC_DIR=DIR "
+                "and TXSINK_METRICS=1 and serve DIR on its host (docs/spark.md, \"Spark Connect "
+                "and managed platforms\")", field="--metrics-port")
     server = None
     if args.metrics_port is not None:
         from txsink import metrics
@@ -240,7 +255,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                               log_path=Path(args.spark_log) if args.spark_log else None,
                               connect_retry_s=(DEFAULT_CONNECT_RETRY_S
                                                if args.connect_retry is None
-                                               else args.connect_retry))
+                                               else args.connect_retry),
+                              remote=remote)
     finally:
         if server is not None:
             server.close()

@@ -44,7 +44,12 @@ def expired_chunks(store: StateStore, retention_s: float, *,
                    now: float | None = None) -> list[int]:
     """Archive chunks whose newest decision is older than ``retention_s``.
 
-    The newest chunk is never expired: it may still be filling.
+    Read from the oldest chunk on, stopping at the first one still within its
+    retention: epochs are decided in order, so later chunks are younger, and the check
+    (once per 1,000 epochs) reads the chunks that go plus one, not every chunk of the
+    retention (over a thousand of them at a one-second trigger). A later chunk that is
+    somehow older waits for the ones before it: kept longer, never shorter. The newest
+    chunk is never expired: it may still be filling.
     """
     now = time.time() if now is None else now
     chunks = store.archive_chunks()
@@ -52,8 +57,9 @@ def expired_chunks(store: StateStore, retention_s: float, *,
     for chunk in chunks[:-1]:
         data = store.read_archive(chunk) or {}
         times = [float(e.get("at", 0)) for e in dict(data.get("epochs", {})).values()]
-        if not times or max(times) < now - retention_s:
-            old.append(chunk)
+        if times and max(times) >= now - retention_s:
+            break
+        old.append(chunk)
     return old
 
 

@@ -175,6 +175,7 @@ class KafkaRecovery:
                 elif m.kind == OWNER:
                     state.owner = m
             state.cursor = max(high, last + 1)
+            _forget_old_epochs(state, self.config.orphan_scan_records)
             return dict(state.open)
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
@@ -183,7 +184,8 @@ class KafkaRecovery:
         End markers are written once a participant's commit is confirmed on every
         partition it wrote, so they never count prepared data. The scan covers the
         marker partition's tail (``orphan.scan.records`` behind the last stable
-        offset in a new process), where the epochs a replay can bring back are.
+        offset in a new process), where the epochs a replay can bring back are; a
+        process that runs on remembers the newest ``orphan.scan.records`` epochs.
         """
         retry_transient(lambda: self._scan_markers(sink_id),
                         what=f"sink={sink_id} epoch={epoch}: reading the marker partition "
@@ -286,3 +288,17 @@ class KafkaRecovery:
                 self.shared.driver().txn.end_txn(tid, info.identity, commit=False)
             self.committer.fence(tid, info.identity)
 
+
+def _forget_old_epochs(state: ScanState, window: int) -> None:
+    """Keep the committed epochs a fresh process's scan could find, not one per epoch
+    ever scanned: a driver that runs for months would hold every epoch id otherwise.
+
+    A fresh process reads the last ``orphan.scan.records`` marker records, so it never
+    knows more than that many epochs; once this process knows a tenth more, the oldest
+    are forgotten, down to ``window``.
+    """
+    epochs = state.committed_epochs
+    if len(epochs) > window + window // 10:
+        keep = sorted(epochs)[-window:]
+        epochs.clear()
+        epochs.update(keep)

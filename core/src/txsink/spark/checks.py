@@ -92,10 +92,13 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
     """Build the source and analyse the transform; Spark's complaints become ConfigErrors.
 
     Analysis is eager in Spark, so this finds parse errors, unknown columns and
-    functions, and option values the source cannot parse, without reading data.
+    functions, and option values the source cannot parse, without reading data. A Spark
+    Connect client builds plans lazily: asking for the schema has the server analyse
+    them here too.
     """
     try:
         df = build_source(spark, cfg)
+        df.schema  # noqa: B018 - analysed now (Spark Connect), not at the write
     except Exception as exc:
         if not _is_spark_error(exc):
             raise
@@ -104,6 +107,7 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
         df.createOrReplaceTempView(SOURCE_VIEW)
         try:
             df = spark.sql(cfg.transform)
+            df.schema  # noqa: B018 - see above
         except Exception as exc:
             if not _is_spark_error(exc):
                 raise

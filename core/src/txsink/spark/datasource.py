@@ -82,6 +82,7 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: (``queryname`` is added by Spark's ``DataStreamWriter.queryName``.)
 RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location",
                               "queryname", "txnappid", "txnversion", "guarantee", "targets",
+                              "lease_owner", "txnstreamcheckpoint",
                               *(f"txsink.group.{k}" for k in ("epoch", "target", "owner"))})
 #: Options with which ``txsink.spark.epoch`` has a write prepare one target of a group's
 #: epoch it reserved (the epoch, the target's name, the reserving owner): the write
@@ -117,6 +118,13 @@ class SinkSettings:
     group_epoch: int | None = None
     group_target: str | None = None
     group_owner: str | None = None
+    #: The state lease's owner for this write (option ``lease_owner``; ``txsink run
+    #: --remote`` sets it). None: the token of the driver JVM the workers run under.
+    owner: str | None = None
+    #: The checkpoint of the stream whose ``foreachBatch`` makes this batch write
+    #: (option ``txnStreamCheckpoint``): binds its versions to that stream's query id
+    #: where the tasks cannot report it (Spark Connect).
+    stream_checkpoint: str = ""
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SinkSettings:
@@ -141,9 +149,21 @@ class SinkSettings:
             state = f"{checkpoint}/txsink"
         backend_options = {k: v for k, v in opts.items() if k not in RESERVED_OPTIONS}
         guarantee = DeliveryGuarantee.parse(opts.get("guarantee", "exactly_once"))
+        owner = _lease_owner(opts, sink_id)
+        write = _write_id(opts, sink_id)
+        stream_checkpoint = opts.get("txnstreamcheckpoint", "").strip().rstrip("/")
+        if stream_checkpoint and write is None:
+            raise ConfigError("txsink: option 'txnStreamCheckpoint' binds the versions of a "
+                              "batch write's txnAppId to a stream: give txnAppId and "
+                              "txnVersion too", field="txnStreamCheckpoint", sink_id=sink_id)
+        if stream_checkpoint and _local_path(stream_checkpoint) is None:
+            raise ConfigError(f"txsink: option 'txnStreamCheckpoint' {stream_checkpoint!r} must "
+                              "be a local path or file:// URL (txsink reads the stream's query "
+                              "id from its metadata file)", field="txnStreamCheckpoint",
+                              sink_id=sink_id)
         settings = cls(backend, sink_id, state, backend_options,
-                       opts.get("checkpointlocation", "").rstrip("/"), _write_id(opts, sink_id),
-                       guarantee)
+                       opts.get("checkpointlocation", "").rstrip("/"), write,
+                       guarantee, owner=owner, stream_checkpoint=stream_checkpoint)
         made = settings.create_backend()  # eager validation of the backend's options
         try:
             made.check_guarantee(guarantee)
@@ -178,9 +198,11 @@ class SinkSettings:
         if target is not None and target not in {s.name for s in specs}:
             raise ConfigError(f"txsink: no target named {target!r} in this group",
                               field=GROUP_TARGET, sink_id=sink_id)
+        owner = _lease_owner(opts, sink_id)
         return cls(GROUP_BACKEND, sink_id, state, {}, checkpoint, _write_id(opts, sink_id),
-                   guarantee, specs, None if epoch is None else int(epoch), target,
-                   opts.get(GROUP_OWNER))
+                   guarantee, targets=specs,
+                   group_epoch=None if epoch is None else int(epoch), group_target=target,
+                   group_owner=opts.get(GROUP_OWNER), owner=owner)
 
     def create_backend(self) -> Backend:
         if self.targets:
@@ -197,17 +219,44 @@ class SinkSettings:
 
     def query_id(self) -> str | None:
         """Spark's query id from ``<checkpointLocation>/metadata`` (local paths only)."""
-        path = self.checkpoint
-        if path.startswith("file://"):
-            path = path[len("file://"):]
-        elif not path or "://" in path:
+        return checkpoint_query_id(self.checkpoint)
+
+    def stream_query_id(self) -> str | None:
+        """The query id of ``txnStreamCheckpoint``'s stream, None when not given.
+
+        Read when the write commits: the stream wrote its ``metadata`` before its first
+        batch, so a stream checkpoint without one is a wrong path, and refused.
+        """
+        if not self.stream_checkpoint:
             return None
-        try:
-            with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
-                value = json.loads(f.readline()).get("id")
-        except (OSError, ValueError, AttributeError):
-            return None
-        return str(value) if value else None
+        query = checkpoint_query_id(self.stream_checkpoint)
+        if query is None:
+            raise StateError(f"txsink: option 'txnStreamCheckpoint' {self.stream_checkpoint!r}: "
+                             "no streaming query id in its metadata file; give the "
+                             "checkpointLocation of the stream whose foreachBatch makes this "
+                             "write. Nothing of this write is committed",
+                             sink_id=self.sink_id)
+        return query
+
+
+def _local_path(location: str) -> str | None:
+    """A local or ``file://`` location as a path; None for other schemes."""
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    return None if "://" in location else location
+
+
+def checkpoint_query_id(checkpoint: str) -> str | None:
+    """Spark's query id from ``<checkpoint>/metadata`` (local or ``file://`` paths)."""
+    path = _local_path(checkpoint) if checkpoint else None
+    if not path:
+        return None
+    try:
+        with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
+            value = json.loads(f.readline()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(value) if value else None
 
 
 def _write_id(opts: Mapping[str, str], sink_id: str) -> WriteId | None:
@@ -539,7 +588,7 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
         return _write_task(self.settings, self.epoch, iterator, arrow=True)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        query = driving_query(messages) if self.settings.write is not None else None
+        query = self._write_query(messages) if self.settings.write is not None else None
         if self.settings.group_epoch is not None and not self.skip:
             self._record_group_target(messages, query)
             return
@@ -597,6 +646,30 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
                 backend.close()
             raise
 
+    def _write_query(self, messages: Sequence[WriterCommitMessage | None]) -> str | None:
+        """The stream driving this write: as its tasks report it (classic Spark runs a
+        ``foreachBatch`` write on the stream's thread), else from ``txnStreamCheckpoint``
+        (under Spark Connect the write runs on a thread of its own, without the
+        stream's properties). Both given and different: the option names another
+        stream's checkpoint, refused."""
+        reported = driving_query(messages)
+        named = self.settings.stream_query_id()
+        if reported is not None and named is not None and reported != named:
+            raise StateError(
+                f"txsink: option 'txnStreamCheckpoint' {self.settings.stream_checkpoint!r} "
+                f"belongs to the streaming query {named}, but this write is driven by the "
+                f"query {reported}; nothing of this write is committed",
+                sink_id=self.settings.sink_id)
+        return reported or named
+
+
+def _lease_owner(opts: Mapping[str, str], sink_id: str) -> str | None:
+    """Option ``lease_owner``: the lease's owner for a driver that is not the JVM's."""
+    owner = opts.get("lease_owner", "").strip() or None
+    if owner is not None and (len(owner) > MAX_APP_ID or not owner.isprintable()):
+        raise ConfigError(f"txsink: option 'lease_owner' must be at most {MAX_APP_ID} "
+                          "printable characters", field="lease_owner", sink_id=sink_id)
+    return owner
 
 class TxsinkDataSource(DataSource):
     """``df.write.format("txsink")`` and ``df.writeStream.format("txsink")``."""
@@ -611,11 +684,11 @@ class TxsinkDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> TxsinkBatchWriter:
         _refuse_overwrite(overwrite, "mode('overwrite')")
-        return TxsinkBatchWriter(self.settings, owner_token())
+        return TxsinkBatchWriter(self.settings, self.settings.owner or owner_token())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TxsinkStreamWriter:
         _refuse_overwrite(overwrite, "outputMode('complete')")
-        return TxsinkStreamWriter(self.settings, owner_token())
+        return TxsinkStreamWriter(self.settings, self.settings.owner or owner_token())
 
 
 def _refuse_overwrite(overwrite: bool, what: str) -> None:

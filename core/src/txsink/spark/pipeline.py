@@ -3,6 +3,14 @@
 Builds the session, the source, the SQL transform and the ``txsink`` write, then
 reports progress per batch (Spark's input rows, and txsink's committed rows and
 commit latency read from the coordinator's state) until a bounded mode says stop.
+
+The session is a classic one (this process starts the driver JVM) or, with
+``--remote``/``SPARK_REMOTE``, a Spark Connect client: the query then runs in the
+Connect server, whose Python workers run txsink's writers and coordinator. What
+this process reads of the JVM in classic mode has a Connect counterpart here: the
+lease owner is a token of this run, handed to the data source as an option; Spark's
+own log is the server's; an interrupt stops the query (and interrupts a batch write)
+through the server.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +34,7 @@ from txsink.backend import Backend
 from txsink.config import PipelineConfig
 from txsink.errors import ConfigError, SinkOwnedError, TxsinkError
 from txsink.plugins import Plugins, get_plugins
+from txsink.spark._proc import OWNER_ENV
 from txsink.spark.console import CLIENT_LOGGERS, default_log_path, spark_output_to
 from txsink.state import EpochRecord, EpochState, StateStore, new_owner_token
 
@@ -42,24 +51,37 @@ Printer = Callable[[str], None]
 
 @dataclass
 class RunResult:
-    """What one ``run`` did, for the summary line and for tests."""
+    """What one ``run`` did, for the summary line and for tests.
 
-    batches: list[int] = field(default_factory=list)
-    committed_epochs: list[int] = field(default_factory=list)
+    Counts and bounds only, never one entry per epoch: a streaming run may last months.
+    """
+
+    #: Micro-batches of this run that Spark reported as complete.
+    batches: int = 0
+    #: Epochs committed during this run, and the first and last of them.
+    epochs: int = 0
+    first_epoch: int | None = None
+    last_epoch: int | None = None
     rows: int = 0
     #: A group's rows per target (``rows`` is their sum).
     rows_by_target: dict[str, int] = field(default_factory=dict)
     stopped_because: str = ""
+    #: The signal that interrupted the run (SIGINT, SIGTERM), if one did.
+    signal: int | None = None
+    #: False when stopping the query failed after an interrupt (a Spark Connect server
+    #: that no longer answers may still run it).
+    query_stopped: bool = True
 
     def add(self, record: EpochRecord) -> None:
-        """Count a committed epoch."""
-        self.committed_epochs.append(record.epoch)
+        """Count one newly committed epoch."""
+        self.epochs += 1
         self.rows += record.rows
+        if self.first_epoch is None:
+            self.first_epoch = record.epoch
+        self.last_epoch = record.epoch
         for c in record.committables:
             if c.target:
                 self.rows_by_target[c.target] = self.rows_by_target.get(c.target, 0) + c.rows
-    #: The signal that interrupted the run (SIGINT, SIGTERM), if one did.
-    signal: int | None = None
 
     @property
     def exit_status(self) -> int:
@@ -105,6 +127,67 @@ def prepare_environment(master: str) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+#: The data source option carrying the lease owner of a ``txsink run --remote`` run.
+LEASE_OWNER_OPTION = "lease_owner"
+
+
+def check_remote(url: str) -> str:
+    """A Spark Connect address (``sc://host:port[/;params]``), or a ConfigError."""
+    if not url.startswith("sc://") or len(url) <= len("sc://"):
+        raise ConfigError(f"--remote / SPARK_REMOTE: {url!r} is not a Spark Connect address; "
+                          "give sc://HOST:PORT (e.g. sc://127.0.0.1:15002)", field="--remote")
+    return url
+
+
+def build_remote_session(cfg: PipelineConfig, remote: str,
+                         out: Printer) -> SparkSession:
+    """A Spark Connect session with the pipeline's settings, txsink registered in it.
+
+    ``spark.master`` is the server's business; of ``spark.conf`` the server takes what
+    a session may set (Spark SQL settings) and refuses the rest, which is said.
+    """
+    try:
+        from pyspark.sql.connect.session import SparkSession as RemoteSession
+    except ImportError as exc:
+        raise ConfigError(f"--remote needs the Spark Connect client: pip install "
+                          f"'txsink[connect]' ({exc})", field="--remote") from None
+    from txsink.spark import register
+
+    builder = RemoteSession.builder.remote(remote).appName(cfg.spark.app_name)
+    spark: SparkSession = builder.create()  # type: ignore[assignment]
+    _bound_retries(spark)
+    conf = dict(cfg.spark.conf)
+    if cfg.source.type == "files" and not cfg.source.schema:
+        conf["spark.sql.streaming.schemaInference"] = "true"
+    refused = []
+    for key, value in conf.items():
+        try:
+            spark.conf.set(key, value)
+        except Exception:  # the server refuses static and cluster settings
+            refused.append(key)
+    if refused:
+        out(f"spark.conf not applied: {', '.join(sorted(refused))} (settings of the Spark "
+            "Connect server itself: set them where the server is started)")
+    register(spark)
+    return spark
+
+
+#: Retries of a call to the Spark Connect server that does not answer: about a minute
+#: (PySpark's own policy waits over ten; a restarted server has lost the session anyway).
+CONNECT_RETRIES = 6
+
+
+def _bound_retries(spark: SparkSession) -> None:
+    """A server that stopped answering stops the run within about a minute."""
+    try:
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        spark.client.set_retry_policies(
+            [DefaultPolicy(max_retries=CONNECT_RETRIES)])
+    except (ImportError, AttributeError):  # another client: keep its own policy
+        log.debug("could not bound the Spark Connect client's retries", exc_info=True)
 
 
 def build_session(cfg: PipelineConfig) -> SparkSession:
@@ -170,11 +253,14 @@ def run_pipeline(
     log_path: Path | None = None,
     pipeline_file: str | None = None,
     connect_retry_s: float = DEFAULT_CONNECT_RETRY_S,
+    remote: str | None = None,
 ) -> RunResult:
     """Run ``cfg`` until it ends, a bound is reached, or SIGINT/SIGTERM.
 
     Preflight and the sink-ownership check run before Spark starts. Spark's own
-    output goes to ``log_path``; errors raised here name it.
+    output goes to ``log_path``; errors raised here name it. With ``remote`` (a Spark
+    Connect address) the query runs in that server; this process still reads the
+    txsink state at the checkpoint, which must be reachable from here too.
     """
     plugins = get_plugins()
     target = preflight(cfg, plugins, connect_retry_s)
@@ -185,37 +271,72 @@ def run_pipeline(
     out(f"delivery: {cfg.sink.guarantee.reader_note()}")
     for line in resume_notes(cfg, store):
         out(line)
-    out(f"spark log: {log_path}")
+    if remote is None:
+        out(f"spark log: {log_path}")
+        logs = f"Spark's log: {log_path}"
+    else:
+        out(f"spark: Spark Connect server {remote} (the query runs there: Spark's own log is "
+            f"the server's; this client's log: {log_path})")
+        if cfg.spark.master != "local[*]":
+            out(f"spark.master {cfg.spark.master} is not used: the Connect server runs the "
+                "query on its own master")
+        logs = f"Spark's log is the Connect server's at {remote}; this client's: {log_path}"
     result = RunResult()
     committed_before = {e for e, state in store.states().items()
                         if state is EpochState.COMMITTED}
     with interrupts_as_exceptions(), spark_output_to(log_path):
         spark = None
         owner = None
+        extra: dict[str, str] = {}
+        #: The Connect server stopped answering: whether it still runs the query is
+        #: unknown here.
+        lost = False
         try:
-            spark = build_session(cfg)
-            _take_back_sigint()
-            owner = _jvm_owner(spark)
+            if remote is None:
+                spark = build_session(cfg)
+                _take_back_sigint()
+                owner = _jvm_owner(spark)
+            else:
+                spark = build_remote_session(cfg, remote, out)
+                # No driver JVM here to name: the lease owner is this run, handed to the
+                # data source in the server.
+                owner = os.environ.get(OWNER_ENV) or remote_owner_token()
+                extra[LEASE_OWNER_OPTION] = owner
             frame = build_frame(spark, cfg)
             if cfg.mode == "batch":
-                result = _run_batch(frame, cfg, store, out)
+                result = _run_batch(frame, cfg, store, out, extra)
             else:
                 result = _run_stream(frame, cfg, store, out, max_batches=max_batches,
-                                     until_idle=until_idle, timeout_s=timeout_s, poll_s=poll_s)
+                                     until_idle=until_idle, timeout_s=timeout_s, poll_s=poll_s,
+                                     extra_options=extra)
         except KeyboardInterrupt as exc:  # while Spark started, or a batch write ran
             result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
             result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
+            if remote is not None and spark is not None:
+                # The server goes on with a batch write this client stopped waiting for.
+                lost = not _quietly(spark.interruptAll, interrupted=True)
             _committed_into(result, store, committed_before)
         except TxsinkError as exc:
-            raise _with_hints(exc, cfg, log_path) from None
+            raise _with_hints(exc, cfg, logs) from None
+        except Exception as exc:
+            if remote is None or not _is_connect_error(exc):
+                raise
+            lost = True
+            # The server went away (killed, restarted) or refused the session: one line,
+            # not the client's stack of gRPC retries.
+            raise _with_hints(TxsinkError(
+                f"the Spark Connect server at {remote} failed or stopped answering: "
+                f"{_first_lines(str(exc))}"), cfg, logs) from None
         finally:
             if spark is not None:
-                _quietly(spark.stop, interrupted=result.signal is not None)
-            if owner is not None:
+                _quietly(spark.stop, interrupted=result.signal is not None or remote is not None)
+            # A Connect server that stopped answering may still run the query: the lease
+            # stays held (`txsink status` shows it as unknown), the next run takes it over.
+            # (In classic Spark the driver JVM ends with spark.stop(): its query too.)
+            if owner is not None and (remote is None or (not lost and result.query_stopped)):
                 _release(store, owner)
-    epochs = result.committed_epochs
-    span = f"epochs {epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else (
-        f"epoch {epochs[0]}" if epochs else "no epoch")
+    span = (f"epochs {result.first_epoch}-{result.last_epoch}" if result.epochs > 1 else
+            f"epoch {result.first_epoch}" if result.epochs else "no epoch")
     if result.rows_by_target:
         per = ", ".join(f"{n} {r}" for n, r in result.rows_by_target.items())
         out(f"done ({result.stopped_because}): committed {span} exactly once to every "
@@ -233,24 +354,46 @@ def run_pipeline(
     return result
 
 
-def _quietly(action: Callable[[], object], *, interrupted: bool) -> None:
-    """Run a cleanup step; after an interrupt, Spark may already be gone: say nothing."""
+def _is_connect_error(exc: BaseException) -> bool:
+    """An error of the Spark Connect client (PySpark's errors, gRPC's)."""
+    module = type(exc).__module__
+    return module.startswith(("pyspark.errors", "grpc"))
+
+
+def _quietly(action: Callable[[], object], *, interrupted: bool) -> bool:
+    """Run a cleanup step; after an interrupt, Spark may already be gone: say nothing.
+    Whether the step succeeded."""
     try:
         action()
     except (Exception, KeyboardInterrupt):
         if not interrupted:
             raise
         log.debug("cleanup after interrupt failed", exc_info=True)
+        return False
+    return True
 
 
 def _jvm_owner(spark: SparkSession) -> str | None:
     """The lease owner token the sink's code in this session's JVM uses."""
-    from txsink.spark._proc import OWNER_ENV, jvm_owner_token
+    from txsink.spark._proc import jvm_owner_token
 
     if os.environ.get(OWNER_ENV):
         return os.environ[OWNER_ENV]
     proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
     return jvm_owner_token(proc.pid) if proc is not None else None
+
+
+def remote_owner_token() -> str:
+    """The lease owner of one ``txsink run --remote`` run: ``host:connect:random``.
+
+    Nothing on this host can tell whether the server still runs a query of a client
+    that died, so the token never reads as alive or gone (``txsink status`` shows
+    ``unknown``); the run releases it when it ends.
+    """
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}:connect:{uuid.uuid4().hex[:12]}"
 
 
 def _release(store: StateStore, owner: str) -> None:
@@ -263,11 +406,11 @@ def _release(store: StateStore, owner: str) -> None:
             store.release(Lease(owner, int(info["generation"])))
 
 
-def _with_hints(exc: TxsinkError, cfg: PipelineConfig, log_path: Path) -> TxsinkError:
+def _with_hints(exc: TxsinkError, cfg: PipelineConfig, logs: str) -> TxsinkError:
     """A failure after Spark started: name Spark's log and where to look next."""
     if isinstance(exc, ConfigError) and (exc.field or "").startswith(("transform", "source")):
         return exc  # reported before any batch ran: the line says it all
-    message = (f"{exc} (Spark's log: {log_path}); `txsink status {cfg.checkpoint}` shows what "
+    message = (f"{exc} ({logs}); `txsink status {cfg.checkpoint}` shows what "
                "the failed batch left, and the next `txsink run` finishes or rolls it back")
     clone = type(exc).__new__(type(exc))
     clone.__dict__.update(exc.__dict__)
@@ -444,8 +587,7 @@ def resume_notes(cfg: PipelineConfig, store: StateStore) -> list[str]:
 
 def _committed_into(result: RunResult, store: StateStore, seen: set[int]) -> None:
     for record in _committed_since(store, seen):
-        if record.epoch not in result.committed_epochs:
-            result.add(record)
+        result.add(record)
 
 
 def preview_files(path: str, rows: int = 3) -> list[str]:
@@ -469,18 +611,21 @@ def preview_files(path: str, rows: int = 3) -> list[str]:
 
 def _committed_since(store: StateStore, seen: set[int]) -> list[EpochRecord]:
     """Epochs committed since ``seen``: polled while the query runs, so only the new
-    records are read."""
+    records are read. ``seen`` keeps only epochs the state still holds (the coordinator
+    prunes old ones), so it stays as small as the state however long the run."""
     fresh = []
-    for epoch, state in sorted(store.states().items()):
+    states = store.states()
+    for epoch, state in sorted(states.items()):
         if state is EpochState.COMMITTED and epoch not in seen:
             record = store.get(epoch)
             if record is not None:
                 fresh.append(record)
     seen.update(r.epoch for r in fresh)
+    seen.intersection_update(states)
     return fresh
 
 
-def _epoch_line(record: EpochRecord, progress: dict[str, Any] | None) -> str:
+def _epoch_line(record: EpochRecord, progress: Mapping[str, Any] | None) -> str:
     latency = ""
     if record.committed_at is not None:
         latency = f", commit {1000 * (record.committed_at - record.decided_at):.0f} ms"
@@ -500,9 +645,10 @@ def _epoch_line(record: EpochRecord, progress: dict[str, Any] | None) -> str:
 
 
 def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
-               out: Printer) -> RunResult:
+               out: Printer, extra_options: dict[str, str] | None = None) -> RunResult:
     seen = {e for e, state in store.states().items() if state is EpochState.COMMITTED}
-    frame.write.format("txsink").mode("append").options(**cfg.sink_write_options()).save()
+    options = {**cfg.sink_write_options(), **(extra_options or {})}
+    frame.write.format("txsink").mode("append").options(**options).save()
     result = RunResult(stopped_because="batch write finished")
     for record in _committed_since(store, seen):
         out(_epoch_line(record, None))
@@ -512,8 +658,9 @@ def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
 
 def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: Printer, *,
                 max_batches: int | None, until_idle: bool, timeout_s: float | None,
-                poll_s: float) -> RunResult:
-    writer = frame.writeStream.format("txsink").options(**cfg.sink_write_options())
+                poll_s: float, extra_options: dict[str, str] | None = None) -> RunResult:
+    options = {**cfg.sink_write_options(), **(extra_options or {})}
+    writer = frame.writeStream.format("txsink").options(**options)
     trig = cfg.trigger
     if trig.kind == "processing_time" and trig.interval:
         writer = writer.trigger(processingTime=trig.interval)
@@ -524,22 +671,19 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
     seen = {e for e, state in store.states().items() if state is EpochState.COMMITTED}
     query = writer.queryName(cfg.name.replace("-", "_")).start()
     result = RunResult()
-    progress: dict[int, dict[str, Any]] = {}
+    progress = _Progress()
     pending: list[EpochRecord] = []
 
     def report(final: bool = False) -> None:
-        for p in query.recentProgress:
-            progress.setdefault(int(p["batchId"]), p)
-        for b in sorted(progress):
-            if b not in result.batches:
-                result.batches.append(b)
+        result.batches += progress.update(query.recentProgress)
         pending.extend(_committed_since(store, seen))
         for record in list(pending):
             # Wait for Spark's progress of the batch so the line shows both sides.
-            if record.epoch in progress or final:
-                out(_epoch_line(record, progress.get(record.epoch)))
+            if progress.has(record.epoch) or final:
+                out(_epoch_line(record, progress.pop(record.epoch)))
                 result.add(record)
                 pending.remove(record)
+        progress.forget_up_to(min((r.epoch for r in pending), default=None))
 
     started = time.monotonic()
     idle_polls = 0
@@ -549,7 +693,7 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
             if not query.isActive:
                 result.stopped_because = "query finished"
                 break
-            if max_batches is not None and len(result.batches) >= max_batches:
+            if max_batches is not None and result.batches >= max_batches:
                 result.stopped_because = f"--max-batches {max_batches} reached"
                 break
             if timeout_s is not None and time.monotonic() - started > timeout_s:
@@ -569,11 +713,12 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
         result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
     finally:
         interrupted = result.signal is not None
-        _quietly(lambda: query.stop() if query.isActive else None, interrupted=interrupted)
+        result.query_stopped = _quietly(lambda: query.stop() if query.isActive else None,
+                                        interrupted=interrupted)
     if result.signal is not None:
         # SIGTERM to the process group stops Spark's JVM too: count from the state alone.
         for record in pending:
-            out(_epoch_line(record, progress.get(record.epoch)))
+            out(_epoch_line(record, progress.pop(record.epoch)))
             result.add(record)
         for record in _committed_since(store, seen):
             out(_epoch_line(record, None))
@@ -584,6 +729,56 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
         raise TxsinkError(f"the streaming query failed: {_first_lines(str(error))}")
     report(final=True)
     return result
+
+
+class _Progress:
+    """Spark's progress of the batches not yet printed, and which batch ids were counted.
+
+    Spark's ``recentProgress`` repeats its last 100 entries at every poll; a batch is
+    counted once, by its id (ids only grow within a run). Entries are dropped once
+    their epoch's line is printed, or once no pending epoch can use them, so a run of
+    months keeps a few entries, not one per batch.
+    """
+
+    #: Entries kept at most, whatever happens to the epochs they belong to.
+    KEEP = 200
+
+    def __init__(self) -> None:
+        self._by_batch: dict[int, Mapping[str, Any]] = {}
+        self._highest = -1
+
+    def update(self, entries: Sequence[Mapping[str, Any]]) -> int:
+        """Take the entries of one poll; returns how many batches are new."""
+        new = 0
+        for p in entries:
+            batch = int(p["batchId"])
+            if batch > self._highest:
+                self._highest = batch
+                self._by_batch[batch] = p
+                new += 1
+            elif batch == self._highest and batch in self._by_batch:
+                # A later report of the same batch (Spark reports an idle trigger
+                # under the id of the batch that runs next): keep the latest.
+                self._by_batch[batch] = p
+        while len(self._by_batch) > self.KEEP:
+            del self._by_batch[min(self._by_batch)]
+        return new
+
+    def has(self, batch: int) -> bool:
+        return batch in self._by_batch or batch < self._highest - self.KEEP
+
+    def pop(self, batch: int) -> Mapping[str, Any] | None:
+        return self._by_batch.pop(batch, None)
+
+    def forget_up_to(self, oldest_pending: int | None) -> None:
+        """Drop entries older than every epoch still waiting for its line (the newest
+        one stays: its epoch may not be committed yet)."""
+        limit = self._highest - 1 if oldest_pending is None else oldest_pending - 1
+        for batch in [b for b in self._by_batch if b <= limit]:
+            del self._by_batch[batch]
+
+    def __len__(self) -> int:
+        return len(self._by_batch)
 
 
 def _stop_between_batches(query: Any, poll_s: float, wait_s: float = 5.0) -> None:
