@@ -641,3 +641,66 @@ def test_committable_payload_versions() -> None:
     assert decode_payload(PAYLOAD_VERSION, {"ranges": {}}) == {"ranges": {}}
     with pytest.raises(StateError, match="payload version 9"):
         decode_payload(9, {})
+
+
+def _eager_compacted_topic(bootstrap: str, name: str) -> None:
+    """A marker topic the log cleaner compacts within seconds: a new segment every
+    100 ms, cleaned as soon as anything in it is dirty."""
+    import confluent_kafka.admin as kadmin
+
+    admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
+    config = {"cleanup.policy": "compact", "segment.ms": "100",
+              "min.cleanable.dirty.ratio": "0.001", "min.compaction.lag.ms": "0",
+              "delete.retention.ms": "0"}
+    new = kadmin.NewTopic(name, 1, -1, config=config)  # type: ignore[attr-defined]
+    admin.create_topics([new])[name].result(30)
+
+
+def test_a_committed_participant_whose_markers_were_compacted_away_stays_committed(
+        kafka_broker: Broker, sink_id: str, tmp_path: Path) -> None:
+    """Markers are keyed by the pooled transactional id in a compacted topic: once the
+    slot is used again, compaction removes the older participant's begin and end
+    markers. Committing that participant again (its decision restored from an older
+    copy of the state) found neither, was refused by the coordinator and reported
+    DATA AT RISK for data that was committed; the records' own control records now
+    say it was committed."""
+    bootstrap = kafka_broker.bootstrap
+    out, mtopic = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(bootstrap, out, partitions=1)
+    _eager_compacted_topic(bootstrap, mtopic)
+    b = get_plugins().create_backend("kafka", {"kafka.bootstrap.servers": bootstrap,
+                                               "topic": out, "marker.topic": mtopic})
+    assert isinstance(b, KafkaBackend)
+    try:
+        b.preflight(sink_id)
+        coord = coordinator(b, tmp_path, sink_id)
+        coord.start()
+        first = prepare(b, sink_id, 0, 0, range(10))
+        assert coord.commit_epoch(0, [first]) is EpochOutcome.COMMITTED
+        tid, identity, (_, mpart, moffset) = b.payload(first)
+        epoch = 1
+        deadline = time.monotonic() + 180
+        # Later epochs reuse the slot; the cleaner (every log.cleaner.backoff.ms, 15 s by
+        # default) then keeps only the newest marker of the key.
+        while True:
+            c = prepare(b, sink_id, epoch, 0, range(10 * epoch, 10 * epoch + 10))
+            assert c.payload["transactional_id"] == tid
+            assert coord.commit_epoch(epoch, [c]) is EpochOutcome.COMMITTED
+            epoch += 1
+            gone = b.committer.marker_status(first) == kb.MarkerStatus.MISSING
+            if gone and not b.committer.ended_as_committed(mtopic, mpart, moffset, tid,
+                                                           identity):
+                break
+            assert time.monotonic() < deadline, "the log cleaner never compacted the markers"
+            time.sleep(1.0)
+        assert b.commit(first) is CommitOutcome.ALREADY_COMMITTED
+        assert b.is_committed(first) is True
+        assert keys(bootstrap, out) == list(range(10 * epoch))
+        # A participant the broker aborted is still told apart: not committed.
+        lost = prepare(b, sink_id, epoch, 0, range(1000, 1010))
+        b.driver().txn.init_producer_id(str(lost.payload["transactional_id"]), 60_000)
+        assert b.salvager.committed_in_log(lost) is False
+        with pytest.raises(ParticipantLostError):
+            b.commit(lost)
+    finally:
+        b.close()

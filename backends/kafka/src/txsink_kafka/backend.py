@@ -11,10 +11,12 @@ claims). They share one :class:`~txsink_kafka.clients.SinkClients`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
+from txsink.errors import ParticipantLostError
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 
 from txsink_kafka import config as cfg
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 __all__ = ["PRODUCER_COUNTS", "KafkaBackend", "MarkerStatus", "check_hosts",
            "close_kept_producers", "close_shared_clients"]
@@ -164,7 +167,17 @@ class KafkaBackend(Backend):
     # -- driver side --------------------------------------------------------------------
 
     def commit(self, committable: Committable) -> CommitOutcome:
-        return self.committer.commit(committable)
+        try:
+            return self.committer.commit(committable)
+        except ParticipantLostError:
+            # Its markers may be gone (compaction keeps one per pooled id): the
+            # records' own control records say whether it was committed.
+            if not self.salvager.committed_in_log(committable):
+                raise
+            log.info("%s: its begin and end markers are gone from the marker topic "
+                     "(compacted after its pooled id was used again); its records show "
+                     "its transaction committed", committable.describe())
+            return CommitOutcome.ALREADY_COMMITTED
 
     def abort(self, committable: Committable) -> None:
         self.committer.abort(committable)
@@ -213,7 +226,8 @@ class KafkaBackend(Backend):
 
     def is_committed(self, committable: Committable) -> bool | None:
         return self._riding_out(f"{committable.describe()}: checking whether it is committed",
-                                lambda: self.committer.is_committed(committable))
+                                lambda: self.committer.is_committed(committable)
+                                or self.salvager.committed_in_log(committable))
 
     def payload(self, c: Committable) -> tuple[str, ProducerIdentity, tuple[str, int, int]]:
         return self.committer.payload(c)

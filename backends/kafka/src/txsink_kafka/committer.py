@@ -77,7 +77,6 @@ class KafkaCommitter:
         marker topic that was truncated (an unclean leader election) or recreated can
         hold another participant's marker at the same offset, with the same pooled id.
         """
-
         tid, identity, (topic, partition, offset) = self.payload(c)
         d = self.shared.driver()
         timeout = self.config.request_timeout_s

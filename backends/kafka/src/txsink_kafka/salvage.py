@@ -140,6 +140,55 @@ class KafkaSalvage:
                     replacement.participant, replacement.payload["transactional_id"])
         return replacement
 
+    def committed_in_log(self, c: Committable) -> bool:
+        """Do the participant's own records show its transaction committed?
+
+        The output's log is the last word when the marker topic has none: compaction
+        keeps one marker per key, and a pooled id's key is reused every epoch, so an
+        older participant's begin and end markers go once its slot is used again. Its
+        records keep their producer id and epoch, and the producer's next control
+        record in each partition after them ends exactly that transaction. True only
+        if every partition it wrote shows a commit there; False when unknown (no
+        offsets recorded, records gone, still open) or aborted.
+        """
+        tid, identity, _ = self.committer.payload(c)
+        payload = self.committer.decode(c.payload_version, c.payload)
+        if payload.get("ranges") is None:
+            return False
+        try:
+            spans = [s for s in spans_of(payload["ranges"]) if s.records]
+        except (TypeError, ValueError):
+            return False
+        if not spans or sum(s.records for s in spans) != c.rows:
+            return False
+        try:
+            return all(self._ended(span, identity) is True for span in spans)
+        except (RecordsGone, TxnProtocolError) as exc:
+            log.info("%s: its records cannot tell whether transactional.id %s committed: %s",
+                     c.describe(), tid, self.shared.redact(str(exc)))
+            return False
+
+    def _ended(self, span: Span, identity: ProducerIdentity) -> bool | None:
+        """How the producer's transaction over ``span`` ended: True committed, False
+        aborted, None not yet (open)."""
+        offset, size = span.first, FETCH_BYTES
+        while True:
+            answer = self._fetch(span, offset, size)
+            self._raise_for(span, offset, answer)
+            if not answer.batches:
+                if offset >= answer.high_watermark:
+                    return None
+                size = min(size * 2, 256 << 20)
+                continue
+            for batch in answer.batches:
+                if batch.next_offset <= offset:
+                    continue
+                offset = batch.next_offset
+                if (batch.producer_id == identity.producer_id and batch.is_control_batch
+                        and batch.base_offset >= span.first
+                        and batch.producer_epoch >= identity.producer_epoch):
+                    return any(bool(control.commit) for control in batch)
+
     def _write_again(self, c: Committable, ctx: TransactionContext,
                      identity: ProducerIdentity, spans: list[Span]) -> Committable:
         txn = self.writer.begin_salvage(ctx)
