@@ -161,3 +161,39 @@ def test_sink_ids_tell_apart_sinks_whose_names_share_a_prefix() -> None:
         "a-e4-p1-a9"
     assert a.partition_of("txsink-a-p3-t1") == 3 and a.participant_of("txsink-a-p3-t1") is None
     assert not a.owns("txsink-ab-p0-t0") and not a.owns("other-a-p0-t0")
+
+
+def test_two_attempts_that_chose_the_same_slot_still_end_exactly_once(
+        backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Speculation: attempt 1 of a partition asks DescribeTransactions while attempt 0
+    has not added a partition yet, so both take slot t0; attempt 1's InitProducerId then
+    lands after attempt 0 prepared, and the broker aborts attempt 0's transaction. Spark
+    hands the driver attempt 0's message. Before salvage the decided epoch stopped with
+    DATA AT RISK; now attempt 0's records are written again, attempt 1 is an orphan,
+    and every row is there once."""
+    import logging
+
+    from txsink_kafka import writer as kwriter
+
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), sink_id,
+                        plugins=build_plugins())
+    coord.start()
+    rows = batch(range(10))
+    first = write_participant(backend, TransactionContext(sink_id, 0, 0, 0), [rows])
+    slot = str(first.payload["transactional_id"])
+    assert slot.endswith("-p0-t0")
+    # What the second attempt's probe saw before the first one added its partitions.
+    monkeypatch.setattr(kwriter, "acquire_pooled_id", lambda *args, **kwargs: slot)
+    second = write_participant(backend, TransactionContext(sink_id, 0, 0, 1), [rows])
+    monkeypatch.undo()
+    assert second.payload["transactional_id"] == slot
+    with caplog.at_level(logging.WARNING, logger="txsink"):
+        assert coord.commit_epoch(0, [first]) is EpochOutcome.COMMITTED
+    assert any("salvaged" in r.getMessage() for r in caplog.records)
+    # The next start aborts the second attempt, which no decision names.
+    Coordinator(backend, DirectoryStateStore(tmp_path / "state"), sink_id,
+                plugins=build_plugins()).start()
+    assert backend.broker_transactions(sink_id) == {}
+    keys = sorted(int(m.key()) for m in kt.read_topic(backend.config.bootstrap, topic))
+    assert keys == list(range(10))
