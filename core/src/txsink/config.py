@@ -369,17 +369,7 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
     if "targets" in data:
         return _group_sink(data, plugins, check_backend, trigger_ms)
     backend = _str(data, "backend", "sink", required=True)
-    if "sink_id" not in data or data["sink_id"] in (None, ""):
-        raise ConfigError("sink.sink_id: required: a globally unique name for this output, "
-                          "e.g. 'orders-to-parquet' (it becomes part of transaction ids, "
-                          "object keys and file names)", field="sink.sink_id")
-    if not isinstance(data["sink_id"], str):
-        raise ConfigError(f"sink.sink_id: must be a string, got {_type_name(data['sink_id'])}",
-                          field="sink.sink_id")
-    try:
-        sink_id = validate_sink_id(data["sink_id"], field_name="sink.sink_id")
-    except ConfigError as exc:
-        raise ConfigError(str(exc), field="sink.sink_id") from None
+    sink_id = _sink_id(data)
     guarantee = DeliveryGuarantee.parse(data.get("guarantee", "exactly_once"),
                                         field_name="sink.guarantee")
     # Spark lower-cases option keys: validate what the backend will really receive.

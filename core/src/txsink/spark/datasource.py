@@ -138,15 +138,7 @@ class SinkSettings:
                 "txsink: option 'backend' is required, e.g. .option('backend', 'files'); "
                 "`txsink backends` lists the installed ones", field="backend")
         sink_id = validate_sink_id(opts.get("sink_id") or None)
-        state = opts.get("state_location") or ""
-        if not state:
-            checkpoint = opts.get("checkpointlocation", "").rstrip("/")
-            if not checkpoint:
-                raise ConfigError(
-                    "txsink: option 'checkpointLocation' is required: the coordinator keeps "
-                    "its pending-transaction state under it (or set 'state_location')",
-                    field="checkpointLocation", sink_id=sink_id)
-            state = f"{checkpoint}/txsink"
+        state = _state_location(opts, sink_id)
         backend_options = {k: v for k, v in opts.items() if k not in RESERVED_OPTIONS}
         guarantee = DeliveryGuarantee.parse(opts.get("guarantee", "exactly_once"))
         owner = _lease_owner(opts, sink_id)
@@ -184,15 +176,8 @@ class SinkSettings:
                               field=stray[0], sink_id=sink_id)
         guarantee = DeliveryGuarantee.parse(opts.get("guarantee", "exactly_once"))
         specs = parse_targets(decode_targets(opts["targets"]), sink_id, guarantee=guarantee)
-        state = opts.get("state_location") or ""
+        state = _state_location(opts, sink_id)
         checkpoint = opts.get("checkpointlocation", "").rstrip("/")
-        if not state:
-            if not checkpoint:
-                raise ConfigError(
-                    "txsink: option 'checkpointLocation' is required: the coordinator keeps "
-                    "its pending-transaction state under it (or set 'state_location')",
-                    field="checkpointLocation", sink_id=sink_id)
-            state = f"{checkpoint}/txsink"
         epoch = opts.get(GROUP_EPOCH)
         target = opts.get(GROUP_TARGET)
         if target is not None and target not in {s.name for s in specs}:
@@ -662,6 +647,19 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
                 sink_id=self.settings.sink_id)
         return reported or named
 
+
+def _state_location(opts: Mapping[str, str], sink_id: str) -> str:
+    """Option ``state_location``, else ``<checkpointLocation>/txsink``."""
+    state = opts.get("state_location") or ""
+    if state:
+        return state
+    checkpoint = opts.get("checkpointlocation", "").rstrip("/")
+    if not checkpoint:
+        raise ConfigError(
+            "txsink: option 'checkpointLocation' is required: the coordinator keeps "
+            "its pending-transaction state under it (or set 'state_location')",
+            field="checkpointLocation", sink_id=sink_id)
+    return f"{checkpoint}/txsink"
 
 def _lease_owner(opts: Mapping[str, str], sink_id: str) -> str | None:
     """Option ``lease_owner``: the lease's owner for a driver that is not the JVM's."""
