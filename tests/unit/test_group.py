@@ -371,3 +371,32 @@ def test_a_group_resets_every_target_or_none(genv: GroupEnv, tmp_path: Path) -> 
                        "cannot delete what a sink wrote, so no target of the group is reset"):
         g.reset_sink(GROUP)
     assert list((tmp_path / "out").glob("part-*"))  # nothing deleted
+
+
+def test_a_target_that_aborted_a_decided_participant_salvages_it_under_its_own_sink_id(
+        genv: GroupEnv) -> None:
+    """The driver of a group was down too long: one target aborted its prepared
+    participants on its own. The group hands each to its own target, which writes it
+    again under the target's sink id; every target then holds the epoch once."""
+    from txsink.faults import AFTER_DECIDE
+    from txsink.model import parse_participant
+
+    msgs = genv.prepare(0)
+    with pytest.raises(InjectedFault):
+        genv.coordinator(FaultInjector([FaultRule(AFTER_DECIDE, 0, "raise")])
+                         ).commit_epoch(0, msgs)
+    lost = [c for c in msgs if c.target == "totals"]
+    for c in lost:
+        memory.system(genv.systems["totals"]).expire(c.participant)
+    assert genv.coordinator().start().recommitted_epochs == [0]
+    for name in NAMES:
+        assert genv.ids(name) == want(range(1)), name
+        assert genv.prepared(name) == 0, name
+    record = genv.store().get(0)
+    assert record is not None and record.state is EpochState.COMMITTED
+    assert sorted(o for _, o in record.salvaged) == sorted(c.participant for c in lost)
+    for replacement, _ in record.salvaged:
+        ctx = parse_participant(replacement)
+        assert ctx is not None and ctx.sink_id == f"{GROUP}--totals"
+        c = next(c for c in record.committables if c.participant == replacement)
+        assert c.target == "totals"
