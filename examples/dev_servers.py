@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ENV_FILE = Path("out/dev-servers.env")
@@ -138,6 +138,20 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(option: str, top: int) -> Callable[[str], int]:
+    """An argparse type: a port number from 1 to ``top`` (argparse names the option)."""
+    def parse(text: str) -> int:
+        try:
+            port = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 1 <= port <= top:
+            raise argparse.ArgumentTypeError(f"{port} is not a port from 1 to {top}" + (
+                " (SeaweedFS also listens on PORT + 10000)" if option == "s3-port" else ""))
+        return port
+    return parse
+
+
 def _start_detached(args: argparse.Namespace) -> int:
     """Run ``start`` in a session of its own, output in a log file; return once ready."""
     if _running_pid() is not None:
@@ -155,10 +169,13 @@ def _start_detached(args: argparse.Namespace) -> int:
     PID_FILE.write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + args.wait
     while not ENV_FILE.is_file():
-        if proc.poll() is not None or time.monotonic() > deadline:
+        if proc.poll() is not None:
+            PID_FILE.unlink(missing_ok=True)
+            sys.exit(f"dev servers exited with status {proc.returncode} before they were "
+                     f"ready; see {LOG_FILE}")
+        if time.monotonic() > deadline:
             _stop(proc.pid)
-            sys.exit(f"dev servers did not start within {args.wait:.0f}s (exit "
-                     f"{proc.returncode}); see {LOG_FILE}")
+            sys.exit(f"dev servers did not start within {args.wait:.0f}s; see {LOG_FILE}")
         time.sleep(0.5)
     print(f"dev servers running in the background (pid {proc.pid}, log {LOG_FILE}); "
           f"variables: . {ENV_FILE}; stop: uv run python examples/dev_servers.py stop")
@@ -264,9 +281,11 @@ def main(argv: list[str] | None = None) -> int:
                        f"{LOG_FILE}); return once the servers are ready")
     start.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
                        help="with --detach: how long to wait for the servers (default 600)")
-    for name, what in (("pg-port", "PostgreSQL"), ("s3-port", "the S3 endpoint"),
-                       ("kafka-port", "Kafka")):
-        start.add_argument(f"--{name}", type=int, metavar="PORT",
+    for name, what, top in (("pg-port", "PostgreSQL", 65535),
+                            ("s3-port", "the S3 endpoint (SeaweedFS also takes PORT + 10000 "
+                             "for gRPC)", 65535 - 10000),
+                            ("kafka-port", "Kafka", 65535)):
+        start.add_argument(f"--{name}", type=_port(name, top), metavar="PORT",
                            help=f"port for {what} on 127.0.0.1 (default: a free one)")
     start.set_defaults(func=cmd_start)
     sub.add_parser("stop", help="stop servers started with --detach").set_defaults(

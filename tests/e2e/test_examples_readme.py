@@ -63,6 +63,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _free_s3_port() -> int:
+    """A free port whose + 10000 is free too (SeaweedFS puts its gRPC there), so at
+    most 55535: an ephemeral port from the OS is often above."""
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for SeaweedFS")
+
+
 def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
     blocks = _blocks()
     start, load, postgres, s3, kafka, multi = blocks
@@ -151,7 +169,8 @@ def test_dev_servers_start_detached_on_chosen_ports_and_stop(tmp_path: Path) -> 
     shutil.copytree(REPO / "examples", tmp_path / "examples",
                     ignore=shutil.ignore_patterns("sqlite-backend"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TXSINK_", "AWS_"))}
-    pg_port, s3_port, kafka_port = _free_port(), _free_port(), _free_port()
+    pg_port, kafka_port = _free_port(), _free_port()
+    s3_port = _free_s3_port()
     script = tmp_path / "examples" / "dev_servers.py"
     started = subprocess.run(
         [sys.executable, str(script), "start", "--detach", "--pg-port", str(pg_port),

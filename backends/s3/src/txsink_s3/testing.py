@@ -47,6 +47,10 @@ def _port_free(port: int) -> bool:
         return True
 
 
+#: weed's gRPC port is its HTTP port plus this.
+GRPC_OFFSET = 10000
+
+
 def _free_ports(count: int) -> list[int]:
     """Ports ``p`` with ``p`` and ``p + 10000`` free: weed puts gRPC on port + 10000."""
     chosen: list[int] = []
@@ -74,6 +78,10 @@ class LocalSeaweedFS:
         self.directory = Path(directory or tempfile.mkdtemp(prefix="txsink-weed-"))
         self.access_key = access_key
         self.secret_key = secret_key or uuid.uuid4().hex
+        if s3_port is not None and not 1 <= s3_port <= 65535 - GRPC_OFFSET:
+            raise ValueError(f"s3_port {s3_port}: weed listens for gRPC on the S3 port + "
+                             f"{GRPC_OFFSET}, so the S3 port must be at most "
+                             f"{65535 - GRPC_OFFSET}")
         self.master_port, self.volume_port, self.filer_port, free_s3 = _free_ports(4)
         self.s3_port = s3_port or free_s3
         self.process: subprocess.Popen[bytes] | None = None
