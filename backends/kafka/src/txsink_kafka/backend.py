@@ -172,7 +172,13 @@ class KafkaBackend(Backend):
         except ParticipantLostError:
             # Its markers may be gone (compaction keeps one per pooled id): the
             # records' own control records say whether it was committed.
-            if not self.salvager.committed_in_log(committable):
+            try:
+                committed = self.salvager.committed_in_log(committable)
+            except Exception as exc:  # the loss stands, with why it was not checked
+                log.warning("%s: reading its records to check the commit failed: %s",
+                            committable.describe(), self.shared.redact(str(exc)))
+                committed = False
+            if not committed:
                 raise
             log.info("%s: its begin and end markers are gone from the marker topic "
                      "(compacted after its pooled id was used again); its records show "

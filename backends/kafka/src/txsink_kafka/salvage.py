@@ -180,6 +180,7 @@ class KafkaSalvage:
                     return None
                 size = min(size * 2, 256 << 20)
                 continue
+            before = offset
             for batch in answer.batches:
                 if batch.next_offset <= offset:
                     continue
@@ -188,6 +189,8 @@ class KafkaSalvage:
                         and batch.base_offset >= span.first
                         and batch.producer_epoch >= identity.producer_epoch):
                     return any(bool(control.commit) for control in batch)
+            if offset == before:  # nothing past the offset asked for: cannot tell
+                return None
 
     def _write_again(self, c: Committable, ctx: TransactionContext,
                      identity: ProducerIdentity, spans: list[Span]) -> Committable:

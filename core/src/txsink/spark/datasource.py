@@ -661,6 +661,7 @@ def _state_location(opts: Mapping[str, str], sink_id: str) -> str:
             field="checkpointLocation", sink_id=sink_id)
     return f"{checkpoint}/txsink"
 
+
 def _lease_owner(opts: Mapping[str, str], sink_id: str) -> str | None:
     """Option ``lease_owner``: the lease's owner for a driver that is not the JVM's."""
     owner = opts.get("lease_owner", "").strip() or None
