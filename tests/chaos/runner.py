@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", action="store_true", help="200 faults per backend")
     ap.add_argument("--seed", type=int, default=None, help="seed (default: random, printed)")
     args = ap.parse_args(argv)
+    # SIGTERM (kill PID, a CI time limit) unwinds like ^C, so the servers it started stop.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     faults = 200 if args.long else args.faults
     print(f"chaos: seed {seed}, {faults} faults per backend", flush=True)
