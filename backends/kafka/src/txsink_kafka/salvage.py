@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from txsink.errors import FatalCommitError, ParticipantLostError, RetriableCommitError
 from txsink.model import Committable, TransactionContext
@@ -171,26 +172,33 @@ class KafkaSalvage:
     def _ended(self, span: Span, identity: ProducerIdentity) -> bool | None:
         """How the producer's transaction over ``span`` ended: True committed, False
         aborted, None not yet (open)."""
+        for batch in self._producer_batches(span, identity.producer_id):
+            if (batch.is_control_batch and batch.base_offset >= span.first
+                    and batch.producer_epoch >= identity.producer_epoch):
+                return any(bool(control.commit) for control in batch)
+        return None
+
+    def _producer_batches(self, span: Span, producer_id: int) -> Iterator[Any]:
+        """The batches of ``producer_id`` in the span's partition from its first offset
+        on, in log order, until the end of the log (or a read that gets no further)."""
         offset, size = span.first, FETCH_BYTES
         while True:
             answer = self._fetch(span, offset, size)
             self._raise_for(span, offset, answer)
             if not answer.batches:
                 if offset >= answer.high_watermark:
-                    return None
-                size = min(size * 2, 256 << 20)
+                    return
+                size = min(size * 2, 256 << 20)  # no whole batch fitted: ask for more
                 continue
             before = offset
             for batch in answer.batches:
                 if batch.next_offset <= offset:
                     continue
                 offset = batch.next_offset
-                if (batch.producer_id == identity.producer_id and batch.is_control_batch
-                        and batch.base_offset >= span.first
-                        and batch.producer_epoch >= identity.producer_epoch):
-                    return any(bool(control.commit) for control in batch)
-            if offset == before:  # nothing past the offset asked for: cannot tell
-                return None
+                if batch.producer_id == producer_id:
+                    yield batch
+            if offset == before:
+                return
 
     def _write_again(self, c: Committable, ctx: TransactionContext,
                      identity: ProducerIdentity, spans: list[Span]) -> Committable:
@@ -268,50 +276,37 @@ class KafkaSalvage:
         """The span's records of ``identity``, checked whole and aborted, in order."""
         if span.records == 0:
             return
-        offset, size, found = span.first, FETCH_BYTES, 0
-        while True:
-            answer = self._fetch(span, offset, size)
-            self._raise_for(span, offset, answer)
-            if not answer.batches:
-                if offset >= answer.high_watermark:
-                    # No end of this transaction in the partition: it is open there.
-                    raise RetriableCommitError(
-                        f"{span.describe()}: the transaction of producer "
-                        f"{identity.producer_id} epoch {identity.producer_epoch} has no "
-                        "commit or abort marker there yet (still open); salvage waits")
-                size = min(size * 2, 256 << 20)  # no whole batch fitted: ask for more
+        found = 0
+        for batch in self._producer_batches(span, identity.producer_id):
+            if batch.is_control_batch:
+                if batch.base_offset < span.first:
+                    continue
+                # The producer's next control record ends its transaction here. (A
+                # timeout abort carries the epoch the coordinator bumped to.)
+                commit = any(bool(control.commit) for control in batch)
+                if commit:
+                    raise FatalCommitError(
+                        f"{span.describe()}: not salvaged: the transaction of producer "
+                        f"{identity.producer_id} epoch {identity.producer_epoch} was "
+                        "committed there, not aborted (a broker lost markers "
+                        "elsewhere?); check the output by hand")
+                if found != span.records:
+                    raise RecordsGone(span, f"{found} of its {span.records} records are "
+                                      "left (compaction, or a truncation, removed the "
+                                      "others)")
+                return
+            if batch.producer_epoch != identity.producer_epoch or not batch.is_transactional:
                 continue
-            for batch in answer.batches:
-                if batch.next_offset <= offset:
-                    continue
-                offset = batch.next_offset
-                if batch.producer_id != identity.producer_id:
-                    continue
-                if batch.is_control_batch:
-                    if batch.base_offset < span.first:
-                        continue
-                    # The producer's next control record ends its transaction here. (A
-                    # timeout abort carries the epoch the coordinator bumped to.)
-                    commit = any(bool(control.commit) for control in batch)
-                    if commit:
-                        raise FatalCommitError(
-                            f"{span.describe()}: not salvaged: the transaction of producer "
-                            f"{identity.producer_id} epoch {identity.producer_epoch} was "
-                            "committed there, not aborted (a broker lost markers "
-                            "elsewhere?); check the output by hand")
-                    if found != span.records:
-                        raise RecordsGone(span, f"{found} of its {span.records} records are "
-                                          "left (compaction, or a truncation, removed the "
-                                          "others)")
-                    return
-                if (batch.producer_epoch != identity.producer_epoch
-                        or not batch.is_transactional):
-                    continue
-                log_append = batch.timestamp_type == _LOG_APPEND_TIME
-                for rec in batch:
-                    if span.first <= rec.offset <= span.last:
-                        found += 1
-                        yield LogRecord(span.topic, span.partition, rec.key, rec.value,
-                                        tuple(rec.headers or ()),
-                                        None if log_append else int(rec.timestamp))
+            log_append = batch.timestamp_type == _LOG_APPEND_TIME
+            for rec in batch:
+                if span.first <= rec.offset <= span.last:
+                    found += 1
+                    yield LogRecord(span.topic, span.partition, rec.key, rec.value,
+                                    tuple(rec.headers or ()),
+                                    None if log_append else int(rec.timestamp))
+        # No end of this transaction in the partition: it is open there.
+        raise RetriableCommitError(
+            f"{span.describe()}: the transaction of producer {identity.producer_id} epoch "
+            f"{identity.producer_epoch} has no commit or abort marker there yet (still open); "
+            "salvage waits")
 
