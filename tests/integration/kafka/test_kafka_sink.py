@@ -643,17 +643,10 @@ def test_committable_payload_versions() -> None:
         decode_payload(9, {})
 
 
-def _eager_compacted_topic(bootstrap: str, name: str) -> None:
-    """A marker topic the log cleaner compacts within seconds: a new segment every
-    100 ms, cleaned as soon as anything in it is dirty."""
-    import confluent_kafka.admin as kadmin
-
-    admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
-    config = {"cleanup.policy": "compact", "segment.ms": "100",
-              "min.cleanable.dirty.ratio": "0.001", "min.compaction.lag.ms": "0",
-              "delete.retention.ms": "0"}
-    new = kadmin.NewTopic(name, 1, -1, config=config)  # type: ignore[attr-defined]
-    admin.create_topics([new])[name].result(30)
+#: Topic configs of a marker topic the log cleaner compacts within seconds: a new
+#: segment every 100 ms, cleaned as soon as anything in it is dirty.
+EAGER_COMPACTION = {"segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
+                    "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
 
 
 def test_a_committed_participant_whose_markers_were_compacted_away_stays_committed(
@@ -667,7 +660,7 @@ def test_a_committed_participant_whose_markers_were_compacted_away_stays_committ
     bootstrap = kafka_broker.bootstrap
     out, mtopic = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
     kt.create_topic(bootstrap, out, partitions=1)
-    _eager_compacted_topic(bootstrap, mtopic)
+    kt.create_topic(bootstrap, mtopic, compacted=True, config=EAGER_COMPACTION)
     b = get_plugins().create_backend("kafka", {"kafka.bootstrap.servers": bootstrap,
                                                "topic": out, "marker.topic": mtopic})
     assert isinstance(b, KafkaBackend)

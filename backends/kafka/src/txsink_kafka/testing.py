@@ -24,7 +24,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,13 +252,15 @@ def _close_clients() -> None:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 1,
-                 timeout_s: float = 30.0, *, compacted: bool = False) -> None:
-    """Create ``topic``; ``compacted`` for a txsink marker or claim topic."""
+                 timeout_s: float = 30.0, *, compacted: bool = False,
+                 config: Mapping[str, str] | None = None) -> None:
+    """Create ``topic``; ``compacted`` for a txsink marker or claim topic; ``config``
+    adds topic configs (e.g. a short ``segment.ms``)."""
     import confluent_kafka.admin as kadmin
 
     admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
-    config = {"cleanup.policy": "compact"} if compacted else {}
-    new = kadmin.NewTopic(topic, partitions, -1, config=config)  # type: ignore[attr-defined]
+    configs = {**({"cleanup.policy": "compact"} if compacted else {}), **(config or {})}
+    new = kadmin.NewTopic(topic, partitions, -1, config=configs)  # type: ignore[attr-defined]
     admin.create_topics([new])[topic].result(timeout_s)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
