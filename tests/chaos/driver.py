@@ -120,6 +120,9 @@ def main(argv: list[str]) -> int:
     fired = set((state / "faults.log").read_text().split("\n")) if (
         state / "faults.log").exists() else set()
     attempts: dict[tuple[int, int], int] = {}
+    # pyarrow imports pandas the first time a batch is built from a dict: pay that here,
+    # once, rather than in every forked writer.
+    make_batch(spec["kind"], 0, 0)
     for epoch in range(done + 1, spec["epochs"]):
         if failover is not None:
             failover.epoch_starting(epoch)

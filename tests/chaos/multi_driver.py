@@ -102,6 +102,7 @@ def main(argv: list[str]) -> int:
     fired = set((state / "faults.log").read_text().split("\n")) if (
         state / "faults.log").exists() else set()
     attempts: dict[tuple[int, int], int] = {}
+    shaped_batch(list(group.members), 0, 0)  # pyarrow's lazy pandas import, before forking
     for epoch in range(done + 1, spec["epochs"]):
         msgs: list[Committable] = []
         for p in range(spec["partitions"]):
