@@ -125,6 +125,7 @@ def test_soak_verdicts_flag_what_grows_and_accept_what_a_retention_bounds(soak) 
     assert verdicts["output_txsink_files"].startswith("bounded (max 1006 <= ")
     assert verdicts["rss_mb"] == "flat (100 -> 100)"
     assert verdicts["commit_p95_ms"].startswith("info")
+    assert verdicts["commit_p50_ms"].startswith("info")  # judged as commit_p50_ratio
     for series in ("rss_mb", "output_txsink_files", "commit_p50_ratio"):
         grown = soak.Soak("files", "directory", 5000, samples=_samples(5000, grow=series))
         assert not grown.ok()
