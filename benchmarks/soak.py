@@ -841,6 +841,25 @@ def soak_parallel(jobs: list[list[str]], at_once: int,
         return [s for done in pool.map(one, jobs) for s in done]
 
 
+def rejudge(source: Path, out: Path | None, render: Path | None) -> int:
+    """Judge the samples of an earlier run again (bounds and bands as they are now):
+    hours of epochs need not be run again to render them or to fix a verdict."""
+    result = json.loads(source.read_text())
+    soaks = [Soak.from_dict(d) for d in result["runs"]]
+    result["runs"] = [s.to_dict() for s in soaks]
+    print(table(soaks))
+    if out:
+        out.write_text(json.dumps(result, indent=1))
+    if render:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import report
+
+        report.render_soak(result, render)
+        print(f"wrote {render / 'soak.png'} and the soak section of "
+              f"{render / 'performance.md'}")
+    return 0 if all(s.ok() for s in soaks) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--backends", default=",".join(BACKENDS))
@@ -861,7 +880,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the samples and verdicts here")
     parser.add_argument("--render", type=Path, metavar="DOCS_DIR",
                         help="draw soak.png and the soak section of performance.md there")
+    parser.add_argument("--from-json", type=Path, metavar="PATH",
+                        help="run nothing: judge the samples an earlier --json kept with "
+                             "this script's verdicts, print the table and --render them")
     args = parser.parse_args(argv)
+    if args.from_json:
+        return rejudge(args.from_json, args.json, args.render)
     backends = [b for b in args.backends.split(",") if b]
     states = [s for s in args.states.split(",") if s]
     started = time.time()

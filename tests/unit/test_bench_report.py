@@ -160,3 +160,17 @@ def test_the_soak_section_renders_from_its_json_and_survives_a_bench_render(
     # A render of the benchmarks keeps the soak section as it is.
     test_the_page_comes_from_json_results_only(tmp_path, report)
     assert report.soak_section((docs / "performance.md").read_text()) == report.soak_section(again)
+
+
+def test_an_earlier_soak_is_judged_again_from_its_json_without_running_anything(
+        tmp_path: Path, soak) -> None:  # type: ignore[no-untyped-def]
+    kept = soak.Soak("files", "directory", 5000, samples=_samples(5000, grow="rss_mb")).to_dict()
+    kept["verdicts"], kept["ok"] = {"rss_mb": "flat (stale)"}, True  # judged by older code
+    source, out = tmp_path / "soak.json", tmp_path / "again.json"
+    source.write_text(json.dumps({"date": "2026-11-24 09:00 UTC", "runs": [kept]}))
+    assert soak.main(["--from-json", str(source), "--json", str(out)]) == 1
+    again = json.loads(out.read_text())
+    assert again["date"] == "2026-11-24 09:00 UTC"
+    assert again["runs"][0]["ok"] is False
+    assert again["runs"][0]["verdicts"]["rss_mb"].startswith("GROWS (110 -> 150")
+    assert again["runs"][0]["samples"] == kept["samples"]
