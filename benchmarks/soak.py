@@ -44,6 +44,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -80,6 +81,9 @@ BASELINE_EVERY = 10
 SCRAPE_S = 15.0
 #: ``orphan.scan.records`` of the Kafka sinks (the default is 20,000).
 SCAN_WINDOW = 500
+#: ``manifest_retention_epochs`` of the soaked S3 sinks (the default is 10,000): a run of a
+#: few thousand epochs then prunes manifests as a months-long one does.
+S3_MANIFEST_RETENTION = 1000
 #: Seconds between two commits of a Spark run's baseline sink (written in-process).
 BASELINE_PERIOD_S = 1.0
 
@@ -93,8 +97,9 @@ BOUNDS: dict[str, tuple[Bound, str]] = {
                        "one chunk per 1,000 epochs, deleted after 14 days"),
     "output_txsink_files": (lambda s: 1000 + 100 + 8 + 3 * s.participants,
                             "files: marker_retention_epochs (1,000) + one prune step"),
-    "s3_manifests": (lambda s: min(s.last_epoch, 10_000 + 100),
-                     "s3: manifest_retention_epochs (10,000) + one prune step"),
+    "s3_manifests": (lambda s: min(s.last_epoch, S3_MANIFEST_RETENTION + 100),
+                     "s3: manifest_retention_epochs (1,000 in the soak, 10,000 by default) "
+                     "+ one prune step"),
     "pg_marker_rows": (lambda s: s.participants * (1000 + 1),
                        "postgres: marker_retention_epochs (1,000) per participant"),
     "kafka_marker_records": (lambda s: 4000,
@@ -450,7 +455,8 @@ def _s3() -> Target:
     def options(sink: str) -> dict[str, str]:
         return {"bucket": S3_SERVER["bucket"], "prefix": sink, "format": "jsonl",
                 "endpoint_url": S3_SERVER["endpoint"], "region": "us-east-1",
-                "access_key_id": S3_SERVER["key"], "secret_access_key": S3_SERVER["secret"]}
+                "access_key_id": S3_SERVER["key"], "secret_access_key": S3_SERVER["secret"],
+                "manifest_retention_epochs": str(S3_MANIFEST_RETENTION)}
 
     def make(sink: str) -> Backend:
         b = get_plugins().create_backend("s3", options(sink))
@@ -884,6 +890,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: judge the samples an earlier --json kept with "
                              "this script's verdicts, print the table and --render them")
     args = parser.parse_args(argv)
+    # SIGTERM (kill PID, a job's time limit) unwinds like ^C: the servers it started stop.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     if args.from_json:
         return rejudge(args.from_json, args.json, args.render)
     backends = [b for b in args.backends.split(",") if b]
