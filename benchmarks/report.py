@@ -574,14 +574,20 @@ def splice_soak(page: str, section: str) -> str:
 
 def write_soak_section(result: dict[str, Any]) -> str:
     runs = result["runs"]
-    lines = [SOAK_START, "## Months of epochs (soak)", "",
-             "A streaming query with a 10-second trigger makes 260,000 epochs a month. The "
-             "soak drives tens of thousands of epochs per backend and samples everything "
-             "that could grow with them, every 500 epochs. From one run of:", "",
-             "```sh", "uvx --with tox-uv tox -e soak", "```", "",
-             f"({result.get('command', '')}; {result.get('date', '')}, "
-             f"{result.get('hours', '?')} h on {result.get('cores', '?')} cores shared with "
-             "other work.)", "",
+    intro = ("A streaming query with a 10-second trigger makes 260,000 epochs a month. The "
+             "soak drives thousands of epochs per backend and samples everything that could "
+             "grow with them, every 500 epochs.")
+    if result.get("parts"):  # several invocations, put together with --from-json
+        head = [intro + " From these runs, on one machine:", "",
+                *[f"* `{p['command']}`: {p['what']} ({p['date']}, {p['hours']} h)"
+                  for p in result["parts"]], "", str(result.get("why", "")), ""]
+    else:
+        head = [intro + " From one run of:", "",
+                "```sh", "uvx --with tox-uv tox -e soak", "```", "",
+                f"({result.get('command', '')}; {result.get('date', '')}, "
+                f"{result.get('hours', '?')} h on {result.get('cores', '?')} cores shared "
+                "with other work.)", ""]
+    lines = [SOAK_START, "## Months of epochs (soak)", "", *head,
              "![every soak series over the epochs](soak.png)", "",
              *soak_table(runs), "",
              "* **core** runs drive the real backend, coordinator and state store without "

@@ -174,3 +174,16 @@ def test_an_earlier_soak_is_judged_again_from_its_json_without_running_anything(
     assert again["runs"][0]["ok"] is False
     assert again["runs"][0]["verdicts"]["rss_mb"].startswith("GROWS (110 -> 150")
     assert again["runs"][0]["samples"] == kept["samples"]
+
+
+def test_a_soak_put_together_from_several_runs_names_each(
+        tmp_path: Path, report, soak) -> None:  # type: ignore[no-untyped-def]
+    runs = [soak.Soak("files", "directory", 5000, samples=_samples(5000)).to_dict()]
+    parts = [{"command": "tox -e soak -- --epochs 5000 --spark-epochs 0", "what": "core runs",
+              "date": "2026-11-24 17:12 UTC", "hours": 1.2}]
+    report.render_soak({"parts": parts, "why": "The full run takes hours.", "runs": runs},
+                       tmp_path)
+    page = (tmp_path / "performance.md").read_text()
+    assert ("* `tox -e soak -- --epochs 5000 --spark-epochs 0`: core runs "
+            "(2026-11-24 17:12 UTC, 1.2 h)") in page
+    assert "The full run takes hours." in page and "From one run of" not in page
