@@ -890,8 +890,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: judge the samples an earlier --json kept with "
                              "this script's verdicts, print the table and --render them")
     args = parser.parse_args(argv)
-    # SIGTERM (kill PID, a job's time limit) unwinds like ^C: the servers it started stop.
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     if args.from_json:
         return rejudge(args.from_json, args.json, args.render)
     backends = [b for b in args.backends.split(",") if b]
@@ -936,4 +934,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM (kill PID, a job's time limit) unwinds like ^C: the servers it started stop.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     sys.exit(main())
