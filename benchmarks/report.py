@@ -508,7 +508,7 @@ def soak_chart(runs: list[dict[str, Any]], path: Path, subtitle: str) -> None:
             ax.set_ylim(bottom=0)
         if drawn:
             ax.legend(fontsize=6, ncol=2)
-    fig.suptitle("txsink over months of epochs: every series from one soak run\n" + subtitle,
+    fig.suptitle("txsink over months of epochs: every series of the soak\n" + subtitle,
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
@@ -622,8 +622,9 @@ def write_soak_section(result: dict[str, Any]) -> str:
 def render_soak(result: dict[str, Any], out_dir: Path) -> None:
     """Draw ``soak.png`` and put the soak section into ``performance.md`` in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    runs_of = f"{len(result['parts'])} runs from " if result.get("parts") else ""
     soak_chart(result["runs"], out_dir / "soak.png",
-               f"{result.get('date', '')}, {result.get('cores', '?')} cores")
+               f"{runs_of}{result.get('date', '')}, {result.get('cores', '?')} cores")
     page = out_dir / "performance.md"
     text = page.read_text() if page.exists() else "# Performance\n"
     page.write_text(splice_soak(text, write_soak_section(result)))
