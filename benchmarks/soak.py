@@ -853,6 +853,12 @@ def rejudge(source: Path, out: Path | None, render: Path | None) -> int:
     result = json.loads(source.read_text())
     soaks = [Soak.from_dict(d) for d in result["runs"]]
     result["runs"] = [s.to_dict() for s in soaks]
+    return publish(soaks, result, out, render)
+
+
+def publish(soaks: list[Soak], result: dict[str, Any], out: Path | None,
+            render: Path | None) -> int:
+    """Print the table, keep ``result`` as JSON and render it; the exit status of a soak."""
     print(table(soaks))
     if out:
         out.write_text(json.dumps(result, indent=1))
@@ -916,21 +922,11 @@ def main(argv: list[str] | None = None) -> int:
                              steady_from=args.steady_from, flat=args.flat)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(table(soaks))
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
               "hours": round((time.time() - started) / 3600, 2), "cores": os.cpu_count(),
               "command": " ".join(["python benchmarks/soak.py", *(argv or sys.argv[1:])]),
               "runs": [s.to_dict() for s in soaks]}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    if args.render:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import report
-
-        report.render_soak(result, args.render)
-        print(f"wrote {args.render / 'soak.png'} and the soak section of "
-              f"{args.render / 'performance.md'}")
-    return 0 if all(s.ok() for s in soaks) else 1
+    return publish(soaks, result, args.json, args.render)
 
 
 if __name__ == "__main__":
