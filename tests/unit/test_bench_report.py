@@ -187,3 +187,13 @@ def test_a_soak_put_together_from_several_runs_names_each(
     assert ("* `tox -e soak -- --epochs 5000 --spark-epochs 0`: core runs "
             "(2026-11-24 17:12 UTC, 1.2 h)") in page
     assert "The full run takes hours." in page and "From one run of" not in page
+
+
+def test_the_soak_samples_in_the_docs_are_judged_flat_by_the_current_bounds(
+        tmp_path: Path, soak) -> None:  # type: ignore[no-untyped-def]
+    """What docs/operations.md says to run: the published figures still pass."""
+    out = tmp_path / "again.json"
+    assert soak.main(["--from-json", str(BENCHMARKS.parent / "docs" / "soak.json"),
+                      "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 12 and all(r["ok"] for r in runs)
