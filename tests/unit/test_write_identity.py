@@ -173,7 +173,7 @@ def test_a_committed_version_survives_a_crash_before_it_is_remembered_and_prunin
 
 def test_the_write_identities_kept_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """A job with a new txnAppId per run grew the metadata every commit reads."""
-    from txsink import coordinator as coordinator_module
+    from txsink.coordinator import identity as coordinator_module
 
     monkeypatch.setattr(coordinator_module, "MAX_WRITE_IDS", 3)
     coord = env.coordinator(owner="d")
