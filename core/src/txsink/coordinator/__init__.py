@@ -89,16 +89,23 @@ class Coordinator(Sink):
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self, *, recover: bool = True, up_to_epoch: int | None = None,
-              query_id: str | None = None) -> RecoveryReport:
+              query_id: str | None = None, stream: bool = False) -> RecoveryReport:
         """Take the state's lease, bind it to this sink, and (by default) recover.
 
         :param query_id: the identity of the engine's checkpoint (Spark's query id). The
             state remembers the first one it sees; another one means the checkpoint was
             deleted or replaced while the state was kept, and its batch numbers mean
             nothing to this state, so the start is refused.
+        :param stream: this run commits the streaming sink's micro-batches (of the
+            query ``query_id``): the state fixes the epoch of micro-batch 0 the first
+            time (:meth:`stream_epoch`), and refuses batch writes from then on.
         """
         self._lease = self.store.acquire(self.owner)
         meta = self.store.read_meta()
+        # A stream wrote here under a release that did not record where its epochs
+        # start: they were its batch ids.
+        legacy_stream = (meta is not None and meta.query_id is not None
+                         and meta.stream_from is None)
         if meta is not None and meta.sink_id != self.sink_id:
             raise ConfigError(
                 f"the txsink state at {self.store.location} belongs to sink "
@@ -141,6 +148,9 @@ class Coordinator(Sink):
             self.store.write_meta(self._lease, meta)
         meta = self._check_targets(meta)
         self.cached_meta = meta
+        if stream:
+            self.stream, self.query_id = True, query_id or meta.query_id
+            self.epochs.bind_stream(legacy_stream)
         # Before recovery can abort anything as an orphan: make sure no other query
         # (another state) writes under this sink id.
         self.backend.claim_sink(self.sink_id, meta.state_id, self.store.location)
@@ -158,6 +168,10 @@ class Coordinator(Sink):
     def allocate_epoch(self) -> int:
         """The next unused epoch (not reserved: see :meth:`reserve_epoch`)."""
         return self.epochs.allocate_epoch()
+
+    def stream_epoch(self, batch_id: int) -> int:
+        """The epoch of the streaming sink's micro-batch ``batch_id`` (see :meth:`start`)."""
+        return self.epochs.stream_from() + batch_id
 
     def reserve_epoch(self, write: WriteId | None = None) -> int:
         """Reserve a fresh epoch for one batch write (:meth:`Epochs.reserve_epoch`)."""

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 
 from txsink.backend import Backend, CommitOutcome
-from txsink.coordinator.identity import Epochs, kept_words
+from txsink.coordinator.identity import BATCH, STREAM, Epochs, kept_words
 from txsink.coordinator.identity import kept as kept_partitions
 from txsink.coordinator.sink import Sink
 from txsink.errors import (
@@ -89,6 +89,7 @@ class Decision:
         lease = sink.lease
         committables = self._validate(epoch, messages)
         record = sink.store.get(epoch)
+        self._refuse_stranger(epoch, record, committables)
         write: WriteId | None = None
         reserved = record is not None and record.state is EpochState.RESERVED
         if record is not None and record.state is EpochState.RESERVED:
@@ -100,8 +101,9 @@ class Decision:
                     "were aborted and nothing was committed", sink_id=sink.sink_id,
                     epoch=epoch)
             write = record.write
-            if write is not None and write_query is not None:
-                write = dataclasses.replace(write, query_id=write_query)
+            if write is not None:
+                if write_query is not None:
+                    write = dataclasses.replace(write, query_id=write_query)
                 try:
                     self.epochs.check_write_query(write)
                 except StateError:
@@ -117,12 +119,7 @@ class Decision:
                         f"{len(committables)} participant(s) were aborted and nothing of it "
                         "is committed", sink_id=sink.sink_id, epoch=epoch)
             record = None
-        if record is None and not reserved and epoch <= self.epochs.watermark():
-            record_state: EpochState | None = EpochState.COMMITTED
-        else:
-            record_state = record.state if record else None
-
-        if record_state is EpochState.COMMITTED:
+        if self.epochs.seen_before(epoch, record, reserved=reserved):
             # Spark replays a batch whose commit it did not log: the output already
             # holds it exactly once, so everything this attempt prepared goes.
             log.info("sink=%s epoch=%d already committed; aborting %d replayed participant(s)",
@@ -154,8 +151,9 @@ class Decision:
         self._check_secrets(epoch, committables)
         sink.plugins.epoch_prepared(sink.sink_id, epoch, committables)
         sink.faults.hit(BEFORE_DECIDE, epoch)
+        origin, query = self._origin(reserved=reserved)
         record = EpochRecord(epoch, EpochState.DECIDED, tuple(committables), time.time(),
-                             write=write)
+                             write=write, origin=origin, query_id=query)
         sink.store.put(lease, record)  # the commit point of the epoch
         log.info("sink=%s epoch=%d decided: %d participant(s), %d row(s)",
                  sink.sink_id, epoch, len(committables), record.rows)
@@ -201,17 +199,17 @@ class Decision:
                         "committed before failing stays visible", sink.sink_id, epoch,
                         missing, guarantee.value)
         record = sink.store.get(epoch)
+        self._refuse_stranger(epoch, record, [])  # its tasks' rows are visible: say so
         write = record.write if record is not None else None
-        if write is not None and write_query is not None:
-            write = dataclasses.replace(write, query_id=write_query)
+        if write is not None:
+            if write_query is not None:
+                write = dataclasses.replace(write, query_id=write_query)
             self.epochs.check_write_query(write)  # its tasks' rows are visible already: say so
         if record is not None and record.state is EpochState.DECIDED:
             # An exactly-once run crashed after deciding this epoch: finish it first.
             self.finish(record)
             record = sink.store.get(epoch)
-        seen_before = (record is not None and record.state is EpochState.COMMITTED) or (
-            record is None and epoch <= self.epochs.watermark())
-        if seen_before:
+        if self.epochs.seen_before(epoch, record, reserved=False):
             log.warning("sink=%s epoch=%d: Spark replayed an epoch that was written before; "
                         "under %s its tasks wrote %d row(s) again, so readers see them twice",
                         sink.sink_id, epoch, guarantee.value, rows)
@@ -222,8 +220,10 @@ class Decision:
         now = time.time()
         if write is not None:
             self.epochs.remember_write(write)  # before the record can be pruned (see _finish)
+        origin, query = self._origin(
+            reserved=record is not None and record.state is EpochState.RESERVED)
         sink.store.put(lease, EpochRecord(epoch, EpochState.COMMITTED, tuple(committables),
-                                          now, now, write))
+                                          now, now, write, origin=origin, query_id=query))
         log.info("sink=%s epoch=%d written by its tasks (%s): %d participant(s), %d row(s)",
                  sink.sink_id, epoch, guarantee.value, len(committables), rows)
         # The same crash point as after an exactly-once decision: the epoch is durable
@@ -241,7 +241,7 @@ class Decision:
         self.abort_all(epoch, committables, "aborted", raise_errors=False)
         record = sink.store.get(epoch)
         if record is not None and record.state is EpochState.RESERVED:
-            sink.store.delete(sink.lease, [epoch])
+            self.epochs.give_up([epoch])
 
     def _held_by_target(self, epoch: int, committables: Sequence[Committable],
                         *, reserved: bool) -> EpochOutcome:
@@ -302,7 +302,7 @@ class Decision:
         self.abort_all(epoch, to_abort, "aborted", raise_errors=False)
         if (record is not None and record.state is EpochState.RESERVED
                 and record.owner == sink.owner):
-            sink.store.delete(lease, [epoch])  # the batch write gave up its epoch
+            self.epochs.give_up([epoch])  # the batch write gave up its epoch
         try:
             sink.store.check(lease)
             sink.abort_orphans(epoch)
@@ -313,6 +313,34 @@ class Decision:
                           "start will retry it", sink.sink_id, epoch)
 
     # -- internals ----------------------------------------------------------------------
+
+    def _origin(self, *, reserved: bool) -> tuple[str | None, str | None]:
+        """What a record says wrote it: a batch write (its reservation), or this run's
+        stream (and its query), or nothing (a caller driving the coordinator itself)."""
+        if reserved:
+            return BATCH, None
+        if self.sink.stream:
+            return STREAM, self.sink.query_id
+        return None, None
+
+    def _refuse_stranger(self, epoch: int, record: EpochRecord | None,
+                         committables: Sequence[Committable]) -> None:
+        """A micro-batch meeting an epoch the state recorded for another write is not a
+        replay of it: roll it back and say so (:meth:`Epochs.stranger`)."""
+        other = self.epochs.stranger(epoch, record)
+        if other is None:
+            return
+        sink = self.sink
+        self.abort_all(epoch, committables, "aborted", raise_errors=False)
+        batch = epoch - self.epochs.stream_from()
+        raise StateError(
+            f"sink={sink.sink_id} epoch={epoch}: micro-batch {batch} of the streaming query "
+            f"{sink.query_id or '(id unknown)'} is epoch {epoch}, which this sink's state "
+            f"records for {other}: an epoch number holds one set of rows, so the batch is "
+            f"not taken for a replay of it. Its {len(committables)} participant(s) "
+            f"({sum(c.rows for c in committables)} row(s)) were rolled back and nothing of "
+            "it was written. Write batch jobs and the stream under separate sink_ids and "
+            "checkpoints", sink_id=sink.sink_id, epoch=epoch)
 
     def _validate(self, epoch: int, messages: Sequence[Committable | None]) -> list[Committable]:
         sink = self.sink

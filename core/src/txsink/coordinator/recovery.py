@@ -78,7 +78,7 @@ class Recovery:
                             "decided (that run crashed or was fenced); its participants "
                             "were aborted and nothing of it is committed", sink.sink_id,
                             r.epoch, f" {r.write}" if r.write else "", r.owner)
-            sink.store.delete(lease, [r.epoch for r in stale])
+            self.decision.epochs.give_up([r.epoch for r in stale])
         if report:
             log.info("sink=%s recovery: re-committed epochs %s, aborted %d orphan(s)",
                      sink.sink_id, report.recommitted_epochs, len(report.aborted_orphans))

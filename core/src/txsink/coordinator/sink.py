@@ -80,11 +80,15 @@ class Sink:
         self.cached_meta: SinkMeta | None = None
         #: The group of targets this coordinator drives, if it drives one.
         self.group = backend if isinstance(backend, TargetGroup) else None
+        #: Whether this run commits the streaming sink's micro-batches, and of which
+        #: Spark query (set by ``start``).
+        self.stream = False
+        self.query_id: str | None = None
 
     # -- what the facade provides ---------------------------------------------------------
 
     def start(self, *, recover: bool = True, up_to_epoch: int | None = None,
-              query_id: str | None = None) -> RecoveryReport:
+              query_id: str | None = None, stream: bool = False) -> RecoveryReport:
         """Take the lease and bind the state to this sink (the facade implements it)."""
         raise NotImplementedError
 
