@@ -298,7 +298,7 @@ class KafkaSalvage:
             if batch.producer_epoch != identity.producer_epoch or not batch.is_transactional:
                 continue
             log_append = batch.timestamp_type == _LOG_APPEND_TIME
-            for rec in batch:
+            for rec in _decoded(batch, span):
                 if span.first <= rec.offset <= span.last:
                     found += 1
                     yield LogRecord(span.topic, span.partition, rec.key, rec.value,
@@ -310,3 +310,18 @@ class KafkaSalvage:
             f"{identity.producer_epoch} has no commit or abort marker there yet (still open); "
             "salvage waits")
 
+
+
+def _decoded(batch: Any, span: Span) -> list[Any]:
+    """The records of one batch, decompressed (gzip, snappy, lz4 or zstd, as the producer
+    wrote them); a codec whose library is missing stops the salvage with the remedy."""
+    from kafka.errors import UnsupportedCodecError  # type: ignore[import-untyped]
+
+    try:
+        return list(batch)
+    except UnsupportedCodecError as exc:
+        raise FatalCommitError(
+            f"{span.describe()}: not salvaged: cannot decompress its record batch at "
+            f"offset {batch.base_offset} ({exc}); install txsink-kafka with its "
+            "dependencies (kafka-python[lz4,snappy,zstd]: lz4, python-snappy, zstandard) "
+            "in the driver's environment and restart. The epoch stays DECIDED") from None
