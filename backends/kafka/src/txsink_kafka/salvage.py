@@ -127,7 +127,7 @@ class KafkaSalvage:
         try:
             # Before a replacement is opened: are the records still there at all?
             for span in spans:
-                self._check_start(span)
+                self._check_start(span, identity)
             replacement = self._write_again(c, ctx, identity, spans)
         except RecordsGone as gone:
             raise self._lost(c, tid, identity, why, str(gone)) from None
@@ -245,11 +245,38 @@ class KafkaSalvage:
                 return answer
             time.sleep(0.2)
 
-    def _check_start(self, span: Span) -> None:
+    def _check_start(self, span: Span, identity: ProducerIdentity) -> None:
+        """The span's first offset must still hold a batch of the participant's producer.
+
+        The writer recorded that offset from the broker's own delivery report, so
+        anything else there means the log there was replaced: the topic was deleted and
+        recreated (its offsets start again and others' records fill them), or the
+        partition was truncated and written again. Without this check the salvage found
+        no end of the producer's transaction after that offset and waited for it on
+        every restart, forever.
+        """
         if span.records == 0:
             return
         answer = self._fetch(span, span.first, 1)
         self._raise_for(span, span.first, answer)
+        batch = next((b for b in answer.batches if b.next_offset > span.first), None)
+        if batch is None:
+            if span.first >= answer.high_watermark:
+                raise RecordsGone(span, f"the partition now ends at offset "
+                                  f"{answer.high_watermark} (the topic was deleted and "
+                                  "recreated, or truncated)")
+            return  # no whole batch came back: _records reads on with larger fetches
+        if batch.base_offset > span.first:
+            raise RecordsGone(span, f"offset {span.first} is no longer in the log (the next "
+                              f"batch starts at {batch.base_offset}: compaction, or the "
+                              "topic was deleted and recreated)")
+        if (batch.producer_id, batch.producer_epoch) != (
+                identity.producer_id, identity.producer_epoch) or batch.is_control_batch:
+            raise RecordsGone(span, f"offset {span.first} now holds a record of producer "
+                              f"{batch.producer_id} epoch {batch.producer_epoch}, not of "
+                              f"producer {identity.producer_id} epoch "
+                              f"{identity.producer_epoch} (the topic was deleted and "
+                              "recreated, or the partition truncated and written again)")
 
     def _raise_for(self, span: Span, offset: int, answer: FetchAnswer) -> None:
         code = answer.error_code
@@ -298,7 +325,7 @@ class KafkaSalvage:
             if batch.producer_epoch != identity.producer_epoch or not batch.is_transactional:
                 continue
             log_append = batch.timestamp_type == _LOG_APPEND_TIME
-            for rec in batch:
+            for rec in _decoded(batch, span):
                 if span.first <= rec.offset <= span.last:
                     found += 1
                     yield LogRecord(span.topic, span.partition, rec.key, rec.value,
@@ -310,3 +337,18 @@ class KafkaSalvage:
             f"{identity.producer_epoch} has no commit or abort marker there yet (still open); "
             "salvage waits")
 
+
+
+def _decoded(batch: Any, span: Span) -> list[Any]:
+    """The records of one batch, decompressed (gzip, snappy, lz4 or zstd, as the producer
+    wrote them); a codec whose library is missing stops the salvage with the remedy."""
+    from kafka.errors import UnsupportedCodecError  # type: ignore[import-untyped]
+
+    try:
+        return list(batch)
+    except UnsupportedCodecError as exc:
+        raise FatalCommitError(
+            f"{span.describe()}: not salvaged: cannot decompress its record batch at "
+            f"offset {batch.base_offset} ({exc}); install txsink-kafka with its "
+            "dependencies (kafka-python[lz4,snappy,zstd]: lz4, python-snappy, zstandard) "
+            "in the driver's environment and restart. The epoch stays DECIDED") from None

@@ -903,19 +903,27 @@ class S3Backend(Backend):
         return low
 
     def _pruned_epoch_held(self, base: str, sink_id: str, epoch: int) -> bool:
-        if not self.manifest_retention_epochs:
+        """A data object of an epoch whose manifest may have been pruned: one below the
+        recorded prune horizon, or (sinks pruned before the horizon was recorded) one
+        ``manifest_retention_epochs`` older than some manifest."""
+        horizon = self.manifests_pruned_below(sink_id)
+        if horizon is not None and epoch < horizon:
+            pruned = True
+        elif not self.manifest_retention_epochs:
             return False
-        newer = keys.manifest_key(base, epoch + self.manifest_retention_epochs)
-        # A manifest that far ahead exists only once this epoch's may have been pruned.
-        listed = self._retrying(
+        else:
+            newer = keys.manifest_key(base, epoch + self.manifest_retention_epochs)
+            # A manifest that far ahead exists only once this epoch's may have been pruned.
+            pruned = bool(self._retrying(
+                f"sink={sink_id} epoch={epoch}: looking for newer manifests",
+                lambda: self.client.list_objects_v2(
+                    Bucket=self.bucket, Prefix=keys.manifests_prefix(base), StartAfter=newer,
+                    MaxKeys=1).get("KeyCount", 0)))
+        return pruned and bool(self._retrying(
             f"sink={sink_id} epoch={epoch}: looking for data of an older epoch",
             lambda: self.client.list_objects_v2(
-                Bucket=self.bucket, Prefix=keys.manifests_prefix(base), StartAfter=newer,
-                MaxKeys=1).get("KeyCount", 0)
-            and self.client.list_objects_v2(
                 Bucket=self.bucket, Prefix=f"{base}/epoch={epoch}/", MaxKeys=1
-            ).get("KeyCount", 0))
-        return bool(listed)
+            ).get("KeyCount", 0)))
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every multipart upload under the sink's prefix whose key txsink made.
@@ -986,20 +994,73 @@ class S3Backend(Backend):
         if retention and epoch % MANIFEST_PRUNE_EVERY == 0 and epoch >= retention:
             self._prune_manifests(sink_id, epoch - retention)
 
+    def manifests_pruned_below(self, sink_id: str, *, retry: bool = True) -> int | None:
+        """The prune horizon: manifests of epochs below it may have been pruned, none at
+        or above it ever were (None: no prune recorded one). Readers list the folders of
+        epochs below it that have no manifest, whatever holes a prune left."""
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        key = keys.pruned_key(self.base(sink_id))
+
+        def read() -> bytes:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+        try:
+            body = (self._retrying(f"sink={sink_id}: reading the manifest prune horizon", read)
+                    if retry else read())
+        except ClientError as exc:
+            if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "404"):
+                return None
+            raise
+        try:
+            return int(json.loads(body)["below"])
+        except (ValueError, KeyError, TypeError):
+            raise TxsinkError(f"sink={sink_id}: s3://{self.bucket}/{key} is not txsink's "
+                              "manifest prune horizon; delete it and the next prune "
+                              "writes it again") from None
+
     def _prune_manifests(self, sink_id: str, below: int) -> None:
-        """Delete the manifests of the ``MANIFEST_PRUNE_EVERY`` epochs below ``below`` (their
-        keys are known: no listing); best effort, the next prune catches up. An epoch
-        whose manifest is gone is still held: :meth:`holds_epoch` then finds its data."""
+        """Delete every manifest of an epoch below ``below``.
+
+        The horizon is recorded first (``manifests-pruned-below.json``), so a reader knows
+        which missing manifests may have been pruned however this prune ends. It lists
+        what is left below ``below`` instead of deleting one fixed range, so a prune that
+        failed (a transient ``SlowDown``) or deleted part of its keys is finished by the
+        next one. Best effort: a failure is logged and retried ``MANIFEST_PRUNE_EVERY``
+        epochs later; an epoch whose manifest is gone is still held (its data)."""
         from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
 
-        base = self.base(sink_id)
-        doomed = [{"Key": keys.manifest_key(base, e)}
-                  for e in range(max(0, below - MANIFEST_PRUNE_EVERY), below)]
-        if not doomed:
+        if below <= 0:
             return
+        base = self.base(sink_id)
+        prefix, stop = keys.manifests_prefix(base), keys.manifest_key(base, below)
         try:
-            self.client.delete_objects(Bucket=self.bucket,
-                                       Delete={"Objects": doomed, "Quiet": True})
-        except (ClientError, BotoCoreError) as exc:
+            recorded = self.manifests_pruned_below(sink_id, retry=False)
+            if recorded is None or recorded < below:
+                body = json.dumps({"sink_id": sink_id, "below": below}).encode()
+                self.client.put_object(Bucket=self.bucket, Key=keys.pruned_key(base),
+                                       Body=body, ContentType="application/json")
+            doomed: list[str] = []
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=prefix, StartAfter=prefix):
+                names = [str(o["Key"]) for o in page.get("Contents", []) or []]
+                doomed += [n for n in names if n < stop]
+                if names and names[-1] >= stop:
+                    break
+            errors: list[str] = []
+            for i in range(0, len(doomed), 1000):  # DeleteObjects takes 1,000 keys at most
+                answer = self.client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": k} for k in doomed[i:i + 1000]], "Quiet": True})
+                errors += [f"{e.get('Key')}: {e.get('Code')}"
+                           for e in answer.get("Errors", []) or []]
+        except (ClientError, BotoCoreError, TxsinkError) as exc:
             log.warning("sink=%s: pruning manifests below epoch %d failed (%s); the next "
                         "prune tries again", sink_id, below, self._redact(str(exc)))
+            return
+        if errors:
+            log.warning("sink=%s: pruning manifests below epoch %d left %d of them (%s); "
+                        "the next prune tries again", sink_id, below, len(errors),
+                        "; ".join(errors[:3]))
+        elif doomed:
+            log.debug("sink=%s: pruned %d manifest(s) below epoch %d", sink_id, len(doomed),
+                      below)

@@ -61,6 +61,11 @@ def manifests_prefix(base: str) -> str:
     return f"{base}/{BOOKKEEPING_DIR}/manifests/"
 
 
+def pruned_key(base: str) -> str:
+    """The prune horizon: every epoch below it may have lost its manifest to pruning."""
+    return f"{base}/{BOOKKEEPING_DIR}/manifests-pruned-below.json"
+
+
 def preflight_key(base: str) -> str:
     return f"{base}/{BOOKKEEPING_DIR}/preflight-probe"
 

@@ -26,6 +26,7 @@ from txsink.coordinator.sink import Sink
 from txsink.errors import (
     CommitError,
     FatalCommitError,
+    FencedError,
     ParticipantLostError,
     PluginError,
     RetriableCommitError,
@@ -510,10 +511,13 @@ class Decision:
         an orphan (the next start salvages the original again and the orphan scan
         aborts it); a recorded one is committed like any decided participant, or
         salvaged in turn if it was lost too. A participant whose data is gone keeps the
-        backend's :class:`ParticipantLostError`, which says why.
+        backend's :class:`ParticipantLostError`, which says why. A fenced driver opens
+        no replacement, and ends those it opened when its record of them is refused:
+        no decision names them, and left open they would hold readers back.
         """
         sink = self.sink
         results = list(results)
+        sink.store.check(sink.lease)
         for _ in range(MAX_SALVAGE_ROUNDS):
             lost = [i for i, r in enumerate(results) if isinstance(r, ParticipantLostError)]
             replacements: dict[int, Committable] = {}
@@ -540,7 +544,12 @@ class Decision:
             originals = {i: record.committables[i] for i in replacements}
             record = record.with_replacements(
                 {originals[i].participant: r for i, r in replacements.items()})
-            sink.store.put(sink.lease, record)  # before any replacement is committed
+            try:
+                sink.store.put(sink.lease, record)  # before any replacement is committed
+            except FencedError:
+                self.abort_all(record.epoch, list(replacements.values()),
+                               "fenced before the salvage was recorded", raise_errors=False)
+                raise
             for i, r in sorted(replacements.items()):
                 c = originals[i]
                 log.warning("sink=%s epoch=%d partition=%d participant=%s: the target aborted "
