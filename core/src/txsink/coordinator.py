@@ -58,7 +58,7 @@ from txsink.model import (
     validate_sink_id,
 )
 from txsink.plugins import Plugins, get_plugins
-from txsink.redact import redact
+from txsink.redact import leaked_secret, redact
 from txsink.state import (
     EpochRecord,
     EpochState,
@@ -656,8 +656,9 @@ class Coordinator:
         if not any(secrets.values()):
             return
         for c in committables:
-            text = c.to_bytes().decode()
-            if any(s in text for s in secrets.get(c.target, [])):
+            owner = owners.get(c.target, self.backend)
+            if leaked_secret(c.to_dict(), secrets.get(c.target, []), (
+                    owner.name, owner.describe(), c.sink_id, c.participant, c.target or "")):
                 self._abort_all(epoch, committables, "aborted", raise_errors=False)
                 where = f" (target {c.target})" if c.target else ""
                 raise PluginError(
