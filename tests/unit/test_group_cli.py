@@ -19,6 +19,7 @@ from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, Injected
 from txsink.group import TargetGroup, write_group
 from txsink.model import Committable
 from txsink.state import DirectoryStateStore, EpochState
+from txsink.targets import ROUTE_PREFIX
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -49,8 +50,20 @@ sink:
 
 
 def batch(epoch: int, partition: int) -> pa.RecordBatch:
+    """One task's rows shaped for the group, as Spark hands them to the data source:
+    events gets every id, totals (``where: id % 2 = 0``) the even ones with ``twice``."""
     base = epoch * 100 + partition * 10
-    return pa.record_batch({"id": pa.array(range(base, base + 3), pa.int64())})
+    ids = pa.array(range(base, base + 3), pa.int64())
+    return pa.record_batch({
+        ROUTE_PREFIX + "events": pa.StructArray.from_arrays([ids], ["id"]),
+        ROUTE_PREFIX + "totals": pa.StructArray.from_arrays(
+            [ids, pa.array([2 * i for i in ids.to_pylist()], pa.int64())], ["id", "twice"],
+            mask=pa.array([i % 2 != 0 for i in ids.to_pylist()]))})
+
+
+def evens(epochs: range) -> list[int]:
+    return sorted(i for e in epochs for p in range(2)
+                  for i in range(e * 100 + p * 10, e * 100 + p * 10 + 3) if i % 2 == 0)
 
 
 def run_epochs(f: Path, epochs: range, *, crash: str | None = None) -> None:
@@ -146,12 +159,10 @@ def test_status_resolve_and_cut_of_a_group(tmp_path: Path,
     code, out, _ = _run(capsys, "cut", str(f), "--json")
     assert json.loads(out) == {"sink_id": "shop", "targets": {"events": 2, "totals": 2},
                                "cut": 2, "unfinished": None}
-    # Unshaped rows (select/where are Spark's to apply) go whole to every target.
     rows = [json.loads(line) for p in sorted((tmp_path / "totals").glob("part-*"))
             for line in p.read_text().splitlines()]
-    assert sorted(r["id"] for r in rows) == sorted(
-        i for e in range(3) for p in range(2) for i in range(e * 100 + p * 10,
-                                                             e * 100 + p * 10 + 3))
+    assert sorted(r["id"] for r in rows) == evens(range(3))
+    assert all(r["twice"] == 2 * r["id"] for r in rows)
     assert {r["txsink_epoch"] for r in rows if r["id"] >= 200} == {2}
 
 
@@ -209,11 +220,102 @@ def test_resolve_force_abort_keeps_what_a_target_committed_and_the_replay_adds_t
     assert code == 0, out
     assert "1 participant(s) (3 row(s)) were committed already and stay visible" in out
     assert "their partitions (events 0) are not written again" in out
-    assert "3 participant(s), 9 row(s) dropped" in out
+    assert "3 participant(s), 7 row(s) dropped" in out
     run_epochs(f, range(2, 3))  # Spark replays epoch 2: only the others are written
     for name in ("events", "totals"):
         ids = sorted(json.loads(line)["id"] for p in (tmp_path / name).glob("part-*")
                      for line in p.read_text().splitlines())
-        assert ids == sorted(i for e in range(3) for p in range(2)
-                             for i in range(e * 100 + p * 10, e * 100 + p * 10 + 3)), name
+        assert ids == (evens(range(3)) if name == "totals" else sorted(
+            i for e in range(3) for p in range(2)
+            for i in range(e * 100 + p * 10, e * 100 + p * 10 + 3))), name
         assert not list((tmp_path / name / "_txsink" / "pending").iterdir())
+
+
+def test_reset_after_a_target_was_renamed_refuses_before_deleting_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: events was reset, the renamed totals not ("nothing deleted"), and the
+    checkpoint was gone; put back, the file's cut named an epoch totals lacked."""
+    f = pipeline(tmp_path)
+    run_epochs(f, range(2))
+    original = f.read_text()
+    f.write_text(original.replace("name: totals", "name: sums"))
+    code, out, err = _run(capsys, "reset", str(f), "--yes")
+    assert code == 1
+    assert ("config error: sink.targets: sink 'shop': its targets were events (files), "
+            "totals (files), this file has events (files), sums (files) (missing here: "
+            "totals; new here: sums)") in err
+    assert ("reset deletes what the recorded targets wrote: put the targets back in "
+            f"{f} as the state recorded them, run `txsink reset {f}` again, then change "
+            "them; nothing was deleted") in err
+    assert "deleted" not in out
+    assert len(list(tmp_path.glob("events/part-*"))) == 4
+    assert len(list(tmp_path.glob("totals/part-*"))) == 4
+    assert (tmp_path / "chk" / "txsink" / "meta.json").is_file()
+    f.write_text(original)  # the way out the refusal names
+    assert pipeline_cut(str(f)).cut == 1
+    code, out, err = _run(capsys, "reset", str(f), "--yes")
+    assert code == 0, err
+    assert not list(tmp_path.glob("events/part-*")) and not list(tmp_path.glob("totals/part-*"))
+    assert not (tmp_path / "chk").exists()
+
+
+def test_a_run_with_changed_targets_is_refused_before_claiming_the_new_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: preflight had claimed the new target's directory for the refused group, so
+    the refusal's way out (the new targets under a new sink_id) then failed there."""
+    from txsink.plugins import get_plugins
+    from txsink.spark.pipeline import preflight
+
+    f = pipeline(tmp_path)
+    run_epochs(f, range(1))
+    archive = (f"    - name: archive\n      backend: files\n"
+               f"      options: {{path: {tmp_path}/archive, format: jsonl}}\n")
+    f.write_text(f.read_text() + archive)
+    code, _, err = _run(capsys, "run", str(f))
+    assert code == 1
+    assert ("config error: sink.targets: sink 'shop': its targets were events (files), totals "
+            "(files), this run has events (files), totals (files), archive (files) (new here: "
+            "archive)") in err
+    assert "nothing was written or claimed" in err
+    assert not (tmp_path / "archive").exists()
+    # The way out: the new set of targets under a new sink_id with a new checkpoint.
+    f.write_text(f.read_text().replace("sink_id: shop", "sink_id: shop2")
+                 .replace(f"{tmp_path}/chk", f"{tmp_path}/chk2")
+                 .replace(f"{tmp_path}/events", f"{tmp_path}/events2")
+                 .replace(f"{tmp_path}/totals", f"{tmp_path}/totals2"))
+    preflight(load_pipeline(f), get_plugins(), 1)
+
+
+def test_resolve_abort_of_a_crashed_grouped_write_drops_its_reservation_and_lease(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: the reserved epoch stayed listed, and resolve's own lease read as "held by
+    a driver that is gone"."""
+    from txsink.coordinator import record_prepared
+
+    f = pipeline(tmp_path)
+    run_epochs(f, range(1))
+    cfg = load_pipeline(f)
+    group = cfg.create_backend()
+    assert isinstance(group, TargetGroup)
+    store = DirectoryStateStore(tmp_path / "chk" / "txsink")
+    crashed = Coordinator(group, store, "shop", owner="crashed-grouped-write")
+    crashed.start()
+    epoch = crashed.reserve_epoch()
+    record_prepared(store, "crashed-grouped-write", epoch,
+                    write_group(group, epoch, 0, 7, [batch(epoch, 0)]), None)
+    group.close()  # the driver dies here: no decision, no release
+    chk = str(tmp_path / "chk")
+    code, out, _ = _run(capsys, "status", chk)
+    assert f"{epoch:>6}  reserved" in out
+    code, out, err = _run(capsys, "resolve", chk, "--epoch", str(epoch), "--abort")
+    assert code == 0, err
+    assert f"aborted epoch {epoch} of sink 'shop': 2 prepared participant(s) rolled back" in out
+    assert "the reservation of the write that did not finish is dropped" in out
+    assert store.get(epoch) is None
+    assert store.lease_info().get("released_at") is not None
+    code, out, _ = _run(capsys, "status", chk)
+    assert "reserved" not in out and "lease: released at" in out, out
+    assert not list((tmp_path / "events" / "_txsink" / "pending").iterdir())
+    assert not list((tmp_path / "totals" / "_txsink" / "pending").iterdir())
+    run_epochs(f, range(epoch + 1, epoch + 2))  # the next run goes on
+    assert pipeline_cut(str(f)).cut == epoch + 1

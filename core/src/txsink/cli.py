@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator
@@ -26,7 +26,10 @@ from txsink.model import Committable, DeliveryGuarantee
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
 from txsink.state import EpochRecord, EpochState, SinkMeta, StateStore
-from txsink.targets import GROUP_BACKEND
+from txsink.targets import GROUP_BACKEND, changed_targets
+
+if TYPE_CHECKING:
+    from txsink.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +294,22 @@ def _refuse_reset_under_a_holder(lease: dict[str, Any], sink_id: str,
                     "still run", sink_id, lease["owner"])
 
 
+def _refuse_reset_of_other_targets(meta: SinkMeta | None, cfg: PipelineConfig,
+                                   file: str) -> None:
+    """A group's reset is all-or-none over the targets its state recorded: with other
+    targets in the file, one would be reset and another not, so nothing is deleted."""
+    if meta is None or meta.backend != GROUP_BACKEND or meta.sink_id != cfg.sink.sink_id:
+        return
+    refusal = changed_targets(
+        meta.targets, cfg.sink.targets, cfg.sink.sink_id, here="this file has",
+        remedy=("txsink reset deletes what the recorded targets wrote: put the targets back "
+                f"in {file} as the state recorded them, run `txsink reset {file}` again, "
+                "then change them; nothing was deleted"))
+    if refusal is not None:
+        refusal.field = "sink.targets"
+        raise refusal
+
+
 def cmd_reset(args: argparse.Namespace) -> int:
     import shutil
 
@@ -305,8 +324,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
     plugins = get_plugins()
     store_dir = chk / "txsink"
     if (store_dir / "meta.json").is_file():
-        _refuse_reset_under_a_holder(plugins.state_store(str(store_dir)).lease_info(),
-                                     cfg.sink.sink_id, args)
+        store = plugins.state_store(str(store_dir))
+        _refuse_reset_under_a_holder(store.lease_info(), cfg.sink.sink_id, args)
+        _refuse_reset_of_other_targets(store.read_meta(), cfg, args.file)
     backend = cfg.create_backend(plugins)
     try:
         target = backend.describe()
@@ -702,6 +722,24 @@ def _where(c: Committable) -> str:
     return f"{c.target} {c.partition}" if c.target else str(c.partition)
 
 
+def _drop_reservation(coordinator: Coordinator, store: StateStore, epoch: int) -> None:
+    """The RESERVED record of a batch or grouped write that died before its decision:
+    its participants are rolled back, so the epoch is given up (the resolve owns the
+    lease now; the dead writer, if it came back, is fenced)."""
+    store.delete(coordinator.lease, [epoch])
+
+
+def _release_own_lease(store: StateStore, owner: str) -> None:
+    """``resolve`` is not a query: once done it gives the lease up, so ``status`` does
+    not read it as held by a driver that is gone, and the next run takes it plainly."""
+    info = store.lease_info()
+    if owner and info.get("owner") == owner and info.get("released_at") is None:
+        from txsink.state import Lease
+
+        with contextlib.suppress(TxsinkError, OSError):
+            store.release(Lease(owner, int(info["generation"])))
+
+
 def cmd_resolve(args: argparse.Namespace) -> int:
     plugins = get_plugins()
     store = open_state(args.checkpoint, plugins)
@@ -709,11 +747,15 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     assert meta is not None
     epoch: int = args.epoch
     backend = _backend_for(store, plugins, _parse_options(args.option))
+    coordinator_owner = ""
     try:
         coordinator = Coordinator(backend, store, meta.sink_id, backend_options=meta.options,
                                   plugins=plugins, scan_orphans=False)
+        coordinator_owner = coordinator.owner
         record = store.get(epoch)
-        if record is not None and record.state is EpochState.RESERVED:
+        reserved = record if record is not None and record.state is EpochState.RESERVED \
+            else None
+        if reserved is not None:
             record = None  # a batch write's reservation: nothing was decided
         if record is None and epoch <= meta.committed_watermark:
             print(f"epoch {epoch} of sink {meta.sink_id!r} is committed; nothing to do")
@@ -766,12 +808,21 @@ def cmd_resolve(args: argparse.Namespace) -> int:
             mine = [c for c in backend.list_prepared(meta.sink_id) if c.epoch == epoch]
         except NotImplementedError:
             mine = []
+        if reserved is not None:  # what the write recorded, also where nothing lists it
+            listed = {(c.target, c.participant) for c in mine}
+            mine += [c for c in reserved.committables
+                     if (c.target, c.participant) not in listed]
         coordinator.abort_epoch(epoch, mine)
+        dropped = ""
+        if reserved is not None and store.get(epoch) is not None:
+            _drop_reservation(coordinator, store, epoch)
+            dropped = "; the reservation of the write that did not finish is dropped"
         print(f"aborted epoch {epoch} of sink {meta.sink_id!r}: {len(mine)} prepared "
-              "participant(s) rolled back")
+              f"participant(s) rolled back{dropped}")
         return 0
     finally:
         backend.close()
+        _release_own_lease(store, coordinator_owner)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from txsink.backend import Backend, CommitOutcome, Transaction
 from txsink.errors import ConfigError, PluginError, StateError
 from txsink.model import Committable, TransactionContext
-from txsink.targets import GROUP_BACKEND, ROUTE_PREFIX, TargetSpec, target_sink_id
+from txsink.targets import (
+    GROUP_BACKEND,
+    ROUTE_PREFIX,
+    TargetSpec,
+    check_columns,
+    target_sink_id,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -292,11 +298,15 @@ def route(group: TargetGroup, batch: pa.RecordBatch, epoch: int) -> list[tuple[M
     A batch without route columns goes whole to every target. A shaped batch (see
     :data:`~txsink.targets.ROUTE_PREFIX`) holds one struct column per target: a target
     gets the non-null values of its column, as a batch of the struct's fields. A
-    target with an ``epoch_column`` gets that column too.
+    target with an ``epoch_column`` gets that column too. A batch the group would
+    misroute or corrupt (see :func:`~txsink.targets.check_columns`) is refused before
+    any of its rows is written.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    check_columns(group.group_id, [m.spec for m in group.members.values()],
+                  arrow_columns(batch.schema))
     routed = any(n.startswith(ROUTE_PREFIX) for n in batch.schema.names)
     out: list[tuple[Member, pa.RecordBatch]] = []
     for m in group.members.values():
@@ -319,13 +329,24 @@ def route(group: TargetGroup, batch: pa.RecordBatch, epoch: int) -> list[tuple[M
 
 
 def with_epoch(spec: TargetSpec, batch: pa.RecordBatch, epoch: int) -> pa.RecordBatch:
-    """``batch`` with the target's ``epoch_column`` added, if it has one."""
+    """``batch`` with the target's ``epoch_column`` added, if it has one (refused if
+    the rows already carry a column of that name)."""
     import pyarrow as pa
 
     if not spec.epoch_column:
         return batch
+    check_columns("", [spec], {n: [] for n in batch.schema.names}, only=spec.name)
     return batch.append_column(spec.epoch_column,
                                pa.repeat(pa.scalar(epoch, pa.int64()), batch.num_rows))
+
+
+def arrow_columns(schema: pa.Schema) -> dict[str, list[str]]:
+    """Top-level column names of ``schema`` with their struct fields (see
+    :func:`~txsink.targets.check_columns`)."""
+    import pyarrow as pa
+
+    return {f.name: ([c.name for c in f.type] if pa.types.is_struct(f.type) else [])
+            for f in schema}
 
 
 def write_group(group: TargetGroup, epoch: int, partition: int, attempt: int,

@@ -231,3 +231,93 @@ def _select(value: object, here: str) -> tuple[str, ...]:
         raise ConfigError(f"{here}: must be a list of SQL expressions over the sink's "
                           "columns, e.g. ['order_id', 'qty * price AS total']", field=here)
     return tuple(v.strip() for v in value)
+
+
+def changed_targets(recorded: Mapping[str, Mapping[str, Any]], specs: Sequence[TargetSpec],
+                    group_id: str, *, here: str = "this run has",
+                    remedy: str | None = None) -> ConfigError | None:
+    """The refusal for a run whose targets are not the ones the state recorded (None
+    when they are, or when the state recorded none yet).
+
+    A group's targets cannot change: recovery must reach every target an epoch was
+    decided in. Callers ask *before* any side effect (a claim, a directory, a reset),
+    so the refusal's way out still works afterwards.
+    """
+    before = {n: str(t.get("backend")) for n, t in recorded.items()}
+    given = {s.name: s.backend for s in specs}
+    if not recorded or before == given:
+        return None
+
+    def words(targets: Mapping[str, str]) -> str:
+        return ", ".join(f"{n} ({b})" for n, b in targets.items())
+
+    gone = [n for n in before if n not in given]
+    new = [n for n in given if n not in before]
+    moved = [n for n in given if n in before and before[n] != given[n]]
+    diff = "; ".join(part for part in (
+        f"missing here: {', '.join(gone)}" if gone else "",
+        f"new here: {', '.join(new)}" if new else "",
+        f"other backend: {', '.join(moved)}" if moved else "") if part)
+    return ConfigError(
+        f"sink {group_id!r}: its targets were {words(before)}, {here} "
+        f"{words(given)} ({diff}). A group's targets cannot change: recovery must reach every "
+        "target an epoch was decided in. " + (remedy or (
+            "Run with the targets as they were, or write the new set of targets under a new "
+            "sink_id with a new checkpoint; nothing was written or claimed")),
+        field="targets", sink_id=group_id)
+
+
+def check_columns(group_id: str, specs: Sequence[TargetSpec],
+                  columns: Mapping[str, Sequence[str]], *, prefix: str = "targets",
+                  only: str | None = None) -> None:
+    """Refuse, before any row is written, a frame the group would misroute or corrupt.
+
+    ``columns`` maps the frame's top-level column names to their struct fields (empty
+    for other types). A frame shaped for the group (:data:`ROUTE_PREFIX` columns)
+    must hold exactly one route column per target; an unshaped frame goes whole to
+    every target, which is only right when no target has ``select``/``where`` (else
+    every row and every column, secrets included, would reach every target). A
+    target's ``epoch_column`` must not name a column its rows already carry (Parquet
+    would get it twice, JSON lines would lose the rows' own value). ``only``: the
+    frame is one target's own rows (a grouped write), already selected.
+    """
+    def refuse(message: str, field: str) -> ConfigError:
+        return ConfigError(f"{field}: {message}", field=field, sink_id=group_id or None)
+
+    per_target: dict[str, Sequence[str]] = {}
+    routes = [c for c in columns if c.startswith(ROUTE_PREFIX)]
+    if only is not None:
+        per_target = {only: list(columns)}
+    elif routes:
+        want = {ROUTE_PREFIX + s.name for s in specs}
+        if set(columns) != want:
+            names = sorted(c[len(ROUTE_PREFIX):] if c.startswith(ROUTE_PREFIX) else c
+                           for c in set(columns) ^ want)
+            raise refuse(
+                f"the frame is shaped for other targets than this group's ({', '.join(names)} "
+                f"differ from {', '.join(s.name for s in specs)}); nothing was written. Shape "
+                "it with this group's own targets (TargetSet.write / write_stream do)",
+                prefix)
+        per_target = {s.name: columns[ROUTE_PREFIX + s.name] for s in specs}
+    else:
+        shaped = [s.name for s in specs if s.shaped]
+        if shaped:
+            raise refuse(
+                f"target(s) {', '.join(shaped)} have select/where, but the frame was not "
+                "shaped by the group, so every row and column would go to every target; "
+                "nothing was written. Write through txsink.spark.targets(...).write(df) or "
+                ".write_stream(df) (they apply each target's select/where), or pass "
+                "TargetSet.shape(df) to the data source", prefix)
+        per_target = {s.name: list(columns) for s in specs}
+    for s in specs:
+        if not s.epoch_column or s.name not in per_target:
+            continue
+        clash = [c for c in per_target[s.name] if c.lower() == s.epoch_column.lower()]
+        if clash:
+            raise refuse(
+                f"the rows of target {s.name!r} already have a column {clash[0]!r}, and "
+                f"txsink would add its epoch column {s.epoch_column!r} beside it (Parquet "
+                "would hold the name twice, JSON lines would lose the rows' own value); "
+                "nothing was written. Name the epoch column differently, or drop or rename "
+                "the rows' column in the target's select",
+                f"{prefix}[{s.name}].epoch_column")

@@ -49,7 +49,7 @@ from txsink.model import (
     TransactionContext,
     salvage_attempt,
 )
-from txsink.redact import redact
+from txsink.redact import leaked_secret, redact
 from txsink.state import EpochRecord, EpochState, WriteId
 
 log = logging.getLogger(__name__)
@@ -383,8 +383,9 @@ class Decision:
         if not any(secrets.values()):
             return
         for c in committables:
-            text = c.to_bytes().decode()
-            if any(s in text for s in secrets.get(c.target, [])):
+            owner = owners.get(c.target, sink.backend)
+            if leaked_secret(c.to_dict(), secrets.get(c.target, []), (
+                    owner.name, owner.describe(), c.sink_id, c.participant, c.target or "")):
                 self.abort_all(epoch, committables, "aborted", raise_errors=False)
                 where = f" (target {c.target})" if c.target else ""
                 raise PluginError(

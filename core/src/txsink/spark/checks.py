@@ -118,7 +118,7 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
 def check_targets(df: DataFrame, cfg: PipelineConfig) -> DataFrame:
     """Analyse each target's ``where`` and ``select`` on its own, so an unknown column is
     one line naming the target; then the frame shaped for the group's tasks."""
-    from txsink.spark.group import shape
+    from txsink.spark.group import checked_shape
 
     for t in cfg.sink.targets:
         here = f"sink.targets[{t.name}]"
@@ -135,7 +135,7 @@ def check_targets(df: DataFrame, cfg: PipelineConfig) -> DataFrame:
                 raise ConfigError(f"{here}.{key}: Spark cannot apply it to the rows the sink "
                                   f"receives: {spark_message(exc)}", field=f"{here}.{key}"
                                   ) from None
-    return shape(df, cfg.sink.targets)
+    return checked_shape(df, cfg.sink.targets, cfg.sink.sink_id, prefix="sink.targets")
 
 
 def frame_columns(df: DataFrame, cfg: PipelineConfig) -> list[str]:

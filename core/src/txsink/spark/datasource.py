@@ -57,7 +57,13 @@ from txsink.model import Committable, DeliveryGuarantee, TransactionContext, val
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_token
 from txsink.state import StateStore, WriteId
-from txsink.targets import GROUP_BACKEND, TargetSpec, decode_targets, parse_targets
+from txsink.targets import (
+    GROUP_BACKEND,
+    TargetSpec,
+    check_columns,
+    decode_targets,
+    parse_targets,
+)
 from txsink.writer import write_participant
 
 if TYPE_CHECKING:
@@ -700,11 +706,31 @@ class TxsinkDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> TxsinkBatchWriter:
         _refuse_overwrite(overwrite, "mode('overwrite')")
+        self._check_group(schema)
         return TxsinkBatchWriter(self.settings, self.settings.owner or owner_token())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TxsinkStreamWriter:
         _refuse_overwrite(overwrite, "outputMode('complete')")
+        self._check_group(schema)
         return TxsinkStreamWriter(self.settings, self.settings.owner or owner_token())
+
+    def _check_group(self, schema: StructType) -> None:
+        """A group's frame is refused before any task runs if it would be misrouted (not
+        shaped while a target has select/where) or corrupted (an epoch column named like
+        a column of the rows), and so is a set of targets the state did not record: here
+        rather than when the writer is pickled, where the refusal drowned in a
+        PicklingError."""
+        settings = self.settings
+        if not settings.targets:
+            return
+        from txsink.spark.group import recorded_targets_refusal, spark_columns
+
+        check_columns(settings.sink_id, settings.targets, spark_columns(schema),
+                      only=settings.group_target)
+        refusal = recorded_targets_refusal(settings.state_location, settings.sink_id,
+                                           settings.targets)
+        if refusal is not None:
+            raise refusal
 
 
 def _refuse_overwrite(overwrite: bool, what: str) -> None:

@@ -45,6 +45,7 @@ from txsink.targets import (
     GROUP_BACKEND,
     ROUTE_PREFIX,
     TargetSpec,
+    check_columns,
     encode_targets,
     parse_targets,
 )
@@ -52,6 +53,7 @@ from txsink.targets import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.readwriter import DataStreamWriter
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,25 @@ def shape(df: DataFrame, specs: Sequence[TargetSpec]) -> DataFrame:
             value = f"CASE WHEN ({s.where}) THEN {value} END"
         columns.append(f"{value} AS `{ROUTE_PREFIX}{s.name}`")
     return df.selectExpr(*columns)
+
+
+def spark_columns(schema: StructType) -> dict[str, list[str]]:
+    """Top-level columns of a Spark schema with their struct fields (for
+    :func:`~txsink.targets.check_columns`)."""
+    from pyspark.sql.types import StructType
+
+    return {f.name: ([c.name for c in f.dataType.fields]
+                     if isinstance(f.dataType, StructType) else [])
+            for f in schema.fields}
+
+
+def checked_shape(df: DataFrame, specs: Sequence[TargetSpec], group_id: str, *,
+                  prefix: str = "targets") -> DataFrame:
+    """``df`` shaped for the group's tasks, refused (one line, before any job runs) if
+    a target's ``epoch_column`` clashes with a column of its rows."""
+    shaped = shape(df, specs)
+    check_columns(group_id, specs, spark_columns(shaped.schema), prefix=prefix)
+    return shaped
 
 
 class TargetSet:
@@ -130,15 +151,29 @@ class TargetSet:
         return opts
 
     def shape(self, df: DataFrame) -> DataFrame:
-        return shape(df, self.specs)
+        """``df`` as the data source's ``targets`` option needs it (each target's
+        select/where applied as a struct column); the data source refuses other frames
+        when a target has select/where."""
+        return checked_shape(df, self.specs, self.sink_id)
 
     def write_stream(self, df: DataFrame) -> DataStreamWriter:
         """``df.writeStream`` to every target, one decision per micro-batch."""
-        return self.shape(df).writeStream.format("txsink").options(**self.options())
+        shaped = self.shape(df)
+        self.check_state()
+        return shaped.writeStream.format("txsink").options(**self.options())
 
     def write(self, df: DataFrame) -> None:
         """A batch write of ``df`` to every target: one epoch, all targets or none."""
-        self.shape(df).write.format("txsink").mode("append").options(**self.options()).save()
+        shaped = self.shape(df)
+        self.check_state()
+        shaped.write.format("txsink").mode("append").options(**self.options()).save()
+
+    def check_state(self) -> None:
+        """Refuse here, in one line, targets other than the ones the group's state
+        recorded: before Spark plans the write, and before any target is touched."""
+        refusal = recorded_targets_refusal(self.state(), self.sink_id, self.specs)
+        if refusal is not None:
+            raise refusal
 
     def state(self) -> str:
         if self.state_location:
@@ -164,6 +199,23 @@ def targets(sink_id: str, items: Sequence[Mapping[str, Any]], *,
 
 
 _target_set = targets
+
+
+def recorded_targets_refusal(state_location: str, sink_id: str,
+                             specs: Sequence[TargetSpec]) -> ConfigError | None:
+    """The refusal of ``specs`` if the state at ``state_location`` recorded other
+    targets for the group (read only: no lease is taken, nothing is written)."""
+    import os
+
+    from txsink.targets import changed_targets
+
+    local = state_location.removeprefix("file://")
+    if "://" not in local and not os.path.isfile(os.path.join(local, "meta.json")):
+        return None  # no state yet (and opening one would create its directory)
+    meta = get_plugins().state_store(state_location).read_meta()
+    if meta is None or meta.sink_id != sink_id:
+        return None  # a new state, or another sink's: the coordinator says so
+    return changed_targets(meta.targets, specs, sink_id)
 
 
 def epoch(spark: SparkSession, group: TargetSet | str, *, version: int | None = None,
@@ -208,6 +260,7 @@ class GroupEpoch:
         return Coordinator(backend, self._store, self.group.sink_id, owner=self.owner)
 
     def __enter__(self) -> GroupEpoch:
+        self.group.check_state()  # before preflight claims a new target's output
         backend = TargetGroup.from_specs(self.group.sink_id, self.group.specs)
         try:
             backend.preflight(self.group.sink_id)
@@ -237,6 +290,7 @@ class GroupEpoch:
             df = df.where(spec.where)
         if spec.select:
             df = df.selectExpr(*spec.select)
+        check_columns(self.group.sink_id, [spec], spark_columns(df.schema), only=spec.name)
         opts = {**self.group.options(), "state_location": self.group.state(),
                 "txsink.group.epoch": str(-1 if self.skipped else self.epoch),
                 "txsink.group.target": spec.name, "txsink.group.owner": self.owner}

@@ -427,6 +427,7 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
     for the running query's own, longer, bound; the retries are not printed one by
     one: the run stops with one line that says what was tried and for how long.
     """
+    _refuse_changed_targets(cfg, plugins)
     retry_options: dict[str, dict[str, str]] = {}
     retry_keys = set()
     for name, backend_name in ([(t.name, t.backend) for t in cfg.sink.targets]
@@ -458,6 +459,27 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
         for handler in handlers:
             handler.removeFilter(quiet)
         backend.close()
+
+
+def _refuse_changed_targets(cfg: PipelineConfig, plugins: Plugins) -> None:
+    """Targets other than the ones the state recorded are refused before the backends'
+    preflight claims a new target's output: the refusal's way out (a new sink_id)
+    must still work after it."""
+    if not cfg.sink.targets:
+        return
+    from txsink.targets import changed_targets
+
+    root = cfg.checkpoint.rstrip("/") + "/txsink"
+    local = root.removeprefix("file://")
+    if "://" not in local and not Path(local, "meta.json").is_file():
+        return
+    meta = plugins.state_store(root).read_meta()
+    if meta is None or meta.sink_id != cfg.sink.sink_id:
+        return
+    refusal = changed_targets(meta.targets, cfg.sink.targets, cfg.sink.sink_id)
+    if refusal is not None:
+        refusal.field = "sink.targets"
+        raise refusal
 
 
 class _QuietRetries(logging.Filter):
