@@ -6,14 +6,16 @@ tests/integration/kafka/test_kafka_salvage.py)."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from txsink.backend import CommitOutcome
 from txsink.cli import main as cli_main
 from txsink.coordinator import EpochOutcome
-from txsink.errors import ParticipantLostError
+from txsink.errors import FencedError, ParticipantLostError
 from txsink.faults import (
     AFTER_FIRST_COMMIT,
+    AFTER_SALVAGE_PREPARE,
     SALVAGE_POINTS,
     FaultInjector,
     FaultRule,
@@ -177,3 +179,34 @@ def test_salvage_attempts_are_unique_and_far_above_task_attempts() -> None:
     assert is_salvage_attempt(a) and not is_salvage_attempt(10**9)
     assert salvage_attempt(a, now=1_800_000_000.0) == a + 1
     assert CommitOutcome.COMMITTED.value == "committed"
+
+
+@pytest.mark.parametrize("when", ["before", "while"])
+def test_a_fenced_driver_leaves_no_replacement_behind(env: Env, when: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver fenced before its salvage opens no replacement; one fenced while it
+    salvaged (its record of the replacements is refused) aborts those it prepared: no
+    decision names them, and left open (Kafka) they hold read_committed readers back."""
+    crash_after_first_commit(env)
+    salvaged: list[str] = []
+    real = env.backend.salvage
+
+    def counting(c: Any, ctx: Any) -> Any:
+        salvaged.append(c.participant)
+        return real(c, ctx)
+
+    monkeypatch.setattr(env.backend, "salvage", counting)
+    point = AFTER_FIRST_COMMIT if when == "before" else AFTER_SALVAGE_PREPARE
+
+    def take_over(at: str, epoch: int | None) -> None:
+        if at == point:
+            env.store().acquire("the-next-driver")
+
+    with pytest.raises(FencedError):
+        env.coordinator(FaultInjector(callback=take_over)).start()
+    assert bool(salvaged) == (when == "while"), salvaged
+    assert env.system.prepared == {}  # nothing of the fenced driver is left open
+    record = env.store().get(0)
+    assert record is not None and record.state is EpochState.DECIDED and record.salvaged == ()
+    env.coordinator().start()
+    assert env.ids() == expected_ids(range(1), 3)
