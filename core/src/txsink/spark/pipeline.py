@@ -381,9 +381,18 @@ def run_pipeline(
         except Exception as exc:
             if remote is None or not _is_connect_error(exc):
                 raise
-            lost = True
-            # The server went away (killed, restarted) or refused the session: one line,
-            # not the client's stack of gRPC retries.
+            lost = True  # whether a query of this run goes on there is not known here
+            if not _server_gone(exc):
+                # The server answered, with an error of the query (e.g. its checkpoint is
+                # in use by another query there): say that, not that the server is gone.
+                text = _first_lines(str(exc))
+                in_use = any(w in str(exc) for w in _IN_USE_WORDS)
+                raise _with_hints(TxsinkError(
+                    f"the Spark Connect server at {remote} refused the query: "
+                    + (f"checkpoint {cfg.checkpoint} is in use by another query there ("
+                       f"{text})" if in_use else text)), cfg, logs) from None
+            # The server went away (killed, restarted) or lost the session: one line, not
+            # the client's stack of gRPC retries.
             raise _with_hints(TxsinkError(
                 f"the Spark Connect server at {remote} failed or stopped answering: "
                 f"{_first_lines(str(exc))}"), cfg, logs) from None
@@ -412,6 +421,25 @@ def run_pipeline(
         for line in preview_files(cfg.sink.options.get("path", "")):
             out(line)
     return result
+
+
+#: Spark's words for a streaming query whose checkpoint another active query uses.
+_IN_USE_WORDS = ("already active", "CONCURRENT_QUERY", "ConcurrentModification")
+
+
+def _server_gone(exc: BaseException) -> bool:
+    """The Connect client lost its server (no answer within the retries, a deadline, a
+    session the server no longer knows), as opposed to an error the server answered
+    with: every server-side error reaches the client as a PySpark error too."""
+    if type(exc).__module__.startswith("grpc") or type(exc).__name__ == "RetriesExceeded":
+        return True
+    status = getattr(exc, "getGrpcStatusCode", None)
+    code = getattr(status() if callable(status) else None, "name", "")
+    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+        return True
+    error_class = getattr(exc, "getCondition", getattr(exc, "getErrorClass", None))
+    return str((error_class() if callable(error_class) else None) or "").startswith(
+        "INVALID_HANDLE")
 
 
 def _is_connect_error(exc: BaseException) -> bool:
