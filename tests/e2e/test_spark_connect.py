@@ -15,6 +15,9 @@ every input row once (ids compared whole), nothing else.
   a reset stream checkpoint is refused instead of taking new batches for written ones;
 * the server SIGKILLed mid-epoch (its committer paused after the decision), started
   again, and the pipeline run again: the decided epoch is committed, nothing twice;
+* a second ``txsink run --remote`` while a query runs: with a mistyped address it
+  fails fast and takes nothing; on the same checkpoint it is refused as in use; the
+  running query is never fenced;
 * (``tox -e e2e-long``) ``txsink run --remote`` interrupted by SIGINT.
 """
 
@@ -35,6 +38,7 @@ from typing import Any
 
 import pytest
 from txsink.state import DirectoryStateStore, EpochState
+from txsink.testing.spark_cluster import free_port
 from txsink.testing.spark_connect import LocalSparkConnect
 
 from tests.long_runs import long_run
@@ -47,6 +51,10 @@ CLIENT = Path(__file__).with_name("connect_client.py")
 TXSINK = str(Path(sys.executable).with_name("txsink"))
 #: A guard against a hung client, far above what a run takes on a loaded machine.
 RUN_TIMEOUT_S = 600
+#: What a run with a mistyped --remote may take in all: the connect bound
+#: (--connect-retry 3) plus the start of the CLI (imports, the backend's preflight), on
+#: a loaded machine (12.7 s measured at a load of about 8 on 2 cores).
+FAIL_FAST_S = 60
 #: The kill test's fault: its committer pauses after deciding epoch 1. Disarmed (its
 #: once-marker exists) until that test removes the marker.
 PAUSE_RULE = "after-decide@1:pause"
@@ -297,6 +305,104 @@ def test_server_killed_mid_epoch_then_restarted_exactly_once(servers: Servers) -
     assert done.returncode == 0, done.stdout + done.stderr
     assert written_ids(servers, "postgres", spec["sink"]["options"]) == IDS
     assert set(states(spec).values()) == {EpochState.COMMITTED}
+
+
+def add_file(folder: Path, n: int) -> None:
+    (folder / f"part-{n}.json").write_text("".join(
+        json.dumps({"id": n * PER_FILE + i}) + "\n" for i in range(PER_FILE)))
+
+
+def written_jsonl(out: Path) -> list[int]:
+    return sorted(json.loads(line)["id"] for f in out.glob("part-*")
+                  for line in f.read_text().splitlines())
+
+
+def committed_epochs(store: DirectoryStateStore) -> int:
+    return sum(s is EpochState.COMMITTED for s in store.states().values())
+
+
+def wait_while_running(what: str, check: Any, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not check():
+        assert proc.poll() is None, f"the first run ended: {proc.communicate()}"
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_a_second_remote_run_never_fences_a_healthy_query(servers: Servers,
+                                                         tmp_path: Path) -> None:
+    """While a query started by ``txsink run --remote`` runs: a second run with a
+    mistyped ``--remote`` (a port nothing listens on) took the lease before reaching
+    any server, fencing the healthy query, then hung in PySpark's default Connect
+    retries (over ten minutes); now it reaches the server first, within
+    ``--connect-retry``, and stops with one line naming ``--remote`` /
+    ``SPARK_REMOTE``. A second run against the right server was told the server
+    "failed or stopped answering" (or fenced the first); now it says the checkpoint is
+    in use by another run and names it. The first query goes on, exactly once."""
+    connect = servers.connect
+    sink = f"lease-{uuid.uuid4().hex[:6]}"
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    add_file(inputs, 0)
+    pipeline = tmp_path / "pipeline.json"
+    pipeline.write_text(json.dumps({
+        "name": sink, "mode": "streaming",
+        "source": {"type": "files", "format": "json", "path": str(inputs),
+                   "schema": "id BIGINT", "options": {"maxFilesPerTrigger": "1"}},
+        "sink": {"backend": "files", "sink_id": sink,
+                 "options": {"path": str(out), "format": "jsonl"}},
+        "trigger": {"processing_time": "1 second"},
+        "checkpoint": str(tmp_path / "chk")}))
+    store = DirectoryStateStore(tmp_path / "chk" / "txsink")
+    first = subprocess.Popen([TXSINK, "run", str(pipeline), "--remote", connect.url],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_while_running("the first run committed no epoch",
+                           lambda: committed_epochs(store) >= 1, first)
+        lease = store.lease_info()
+        assert ":connect:" in lease["owner"] and lease.get("released_at") is None, lease
+
+        # A mistyped --remote: nothing listens on that port.
+        wrong = f"sc://127.0.0.1:{free_port()}"
+        started = time.monotonic()
+        typo = subprocess.run([TXSINK, "run", str(pipeline), "--remote", wrong,
+                               "--connect-retry", "3", "--until-idle"], capture_output=True,
+                              text=True, timeout=2 * FAIL_FAST_S)
+        took = time.monotonic() - started
+        assert typo.returncode != 0, typo.stdout + typo.stderr
+        mistyped = typo.stderr.strip()
+        assert len(mistyped.splitlines()) == 1, mistyped
+        assert wrong in mistyped and "--remote" in mistyped and "SPARK_REMOTE" in mistyped
+        assert took < FAIL_FAST_S, f"{took:.0f}s: {mistyped}"
+        assert store.lease_info() == lease  # not taken, not fenced
+
+        # The right server, the same checkpoint: in use by the first run.
+        second = subprocess.run([TXSINK, "run", str(pipeline), "--remote", connect.url,
+                                 "--until-idle"], capture_output=True, text=True,
+                                timeout=RUN_TIMEOUT_S)
+        assert second.returncode != 0, second.stdout + second.stderr
+        error = second.stderr.strip()
+        assert len(error.splitlines()) == 1, error
+        assert "failed or stopped answering" not in error, error
+        assert "in use" in error and lease["owner"] in error, error
+        assert store.lease_info() == lease
+
+        # The first query goes on: the next file is committed by it, exactly once.
+        add_file(inputs, 1)
+        wait_while_running("the first run did not take the next file",
+                 lambda: written_jsonl(out) == list(range(2 * PER_FILE)), first)
+        assert first.poll() is None
+        print(f"\nmistyped --remote failed in {took:.1f}s: {mistyped}\nin use: {error}")
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGINT)
+            try:
+                first.communicate(timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                first.kill()
+                first.communicate()
+    assert written_jsonl(out) == list(range(2 * PER_FILE))
+    assert os.path.isdir(tmp_path / "chk")
 
 
 @long_run

@@ -219,6 +219,30 @@ def test_run_remote_refuses_what_it_cannot_do_before_spark(
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_query_error_from_the_connect_server_is_not_called_a_lost_server() -> None:
+    """Every error the server answers with reaches a Connect client as a PySpark error;
+    only a server that does not answer (or lost the session) is "failed or stopped
+    answering": a query refused because its checkpoint is in use was called that too."""
+    pytest.importorskip("grpc")
+    import grpc
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+    from txsink.spark.pipeline import _is_connect_error, _server_gone
+
+    def error(message: str, code: grpc.StatusCode, cls: str | None = None) -> Exception:
+        return SparkConnectGrpcException(message, errorClass=cls,
+                                         messageParameters={} if cls else None,
+                                         grpc_status_code=code)
+
+    down = error("failed to connect to all addresses", grpc.StatusCode.UNAVAILABLE)
+    restarted = error("[INVALID_HANDLE.SESSION_NOT_FOUND] The handle x is invalid.",
+                      grpc.StatusCode.INTERNAL, "INVALID_HANDLE.SESSION_NOT_FOUND")
+    in_use = error("[CONCURRENT_QUERY] Another instance of this query was just started by "
+                   "a concurrent session.", grpc.StatusCode.INTERNAL)
+    assert all(_is_connect_error(e) for e in (down, restarted, in_use))
+    assert _server_gone(down) and _server_gone(restarted)
+    assert not _server_gone(in_use)
+
+
 def test_spark_remote_from_the_environment_is_checked_like_the_option(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("pyspark")

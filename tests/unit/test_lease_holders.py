@@ -140,3 +140,27 @@ def test_reset_after_a_zombie_driver(tmp_path: Path, zombie: int) -> None:
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "chk").exists()
 
+
+
+def test_a_remote_client_token_is_running_while_the_client_lives_and_unknown_after(
+        zombie: int) -> None:
+    """``txsink run --remote`` names its client process in the lease: a second run on
+    this host sees it running (and is refused, naming it) instead of fencing a healthy
+    query; once the client ended its query may still run on the server: unknown (never
+    gone, which would let `txsink reset` delete output under it)."""
+    from txsink import procfs
+    from txsink.spark.pipeline import remote_owner_token
+
+    token = remote_owner_token()
+    host = socket.gethostname()
+    assert token.startswith(f"{host}:connect:{os.getpid()}:")
+    assert _proc.owner_alive(token) is True
+    assert _proc.lease_holder({"owner": token}) == "running"
+    info = procfs.stat(zombie)
+    assert info is not None
+    assert _proc.owner_alive(f"{host}:connect:{zombie}:{info[2]}") is None
+    started = procfs.stat(os.getpid())
+    assert started is not None
+    assert _proc.owner_alive(f"{host}:connect:{os.getpid()}:{started[2] + 1}") is None
+    assert _proc.owner_alive(f"{host}:connect:6325feb3960e") is None  # an older token
+    assert _proc.owner_alive(f"elsewhere:connect:{os.getpid()}:{started[2]}") is None

@@ -58,12 +58,26 @@ def jvm_owner_token(pid: int) -> str | None:
 def owner_alive(owner: str) -> bool | None:
     """Whether the process named by an owner token still runs on this host.
 
-    Driver JVM tokens (``host:jvmPID:START``) are exact: the start time tells a reused
+    A ``txsink run --remote`` client token (``host:connect:PID:START``) is alive while
+    that client runs, unknown after (its query may go on in the server). Driver JVM
+    tokens (``host:jvmPID:START``) are exact: the start time tells a reused
     pid from the original, and a zombie (killed, not yet reaped) is dead — it can never
     write again. Plain process tokens (``host:PID:RANDOM``, coordinators outside Spark)
     are dead when their pid is gone or a zombie; a live pid may be a reuse, so that
     answer is None. None too for a token of another host: nothing here can tell.
     """
+    host, sep, rest = owner.partition(":connect:")
+    if sep:
+        # A ``txsink run --remote`` client (``host:connect:PID:START``): its run holds
+        # the lease while that process lives. Once it ended, whether its query still
+        # runs on the server nothing here can tell: unknown, never gone. Older tokens
+        # (``host:connect:RANDOM``) name no process: unknown.
+        pid_text, _, started = rest.partition(":")
+        if host != socket.gethostname() or not pid_text.isdigit() or not started.isdigit():
+            return None
+        info = procfs.stat(int(pid_text))
+        return True if (info is not None and info[2] == int(started)
+                        and info[3] not in procfs.ENDED_STATES) else None
     host, sep, rest = owner.partition(":jvm")
     if sep:
         pid_text, _, started = rest.partition(":")

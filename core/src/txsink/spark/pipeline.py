@@ -155,9 +155,12 @@ def build_remote_session(cfg: PipelineConfig, remote: str,
                           f"'txsink[connect]' ({exc})", field="--remote") from None
     from txsink.spark import register
 
-    builder = RemoteSession.builder.remote(remote).appName(cfg.spark.app_name)
-    spark: SparkSession = builder.create()  # type: ignore[assignment]
+    # No option on the builder: create() would send it to the server under PySpark's
+    # default retry policy (over ten minutes against a server that is not there).
+    spark: SparkSession = RemoteSession.builder.remote(remote).create()  # type: ignore[assignment]
     _bound_retries(spark)
+    with contextlib.suppress(Exception):  # a static setting some servers refuse
+        spark.conf.set("spark.app.name", cfg.spark.app_name)
     conf = dict(cfg.spark.conf)
     if cfg.source.type == "files" and not cfg.source.schema:
         conf["spark.sql.streaming.schemaInference"] = "true"
@@ -172,6 +175,52 @@ def build_remote_session(cfg: PipelineConfig, remote: str,
             "Connect server itself: set them where the server is started)")
     register(spark)
     return spark
+
+
+def reach_remote(remote: str, bound_s: float) -> None:
+    """Wait up to ``bound_s`` for the Spark Connect server at ``remote`` to accept a
+    connection, or stop with one line naming ``--remote`` / ``SPARK_REMOTE``.
+
+    Runs before the run takes the checkpoint's lease: a mistyped address must never
+    fence a healthy query, and must fail within txsink's bound, not after PySpark's
+    own Connect retries (over ten minutes).
+    """
+    try:
+        import grpc  # type: ignore[import-untyped,unused-ignore]
+        from pyspark.sql.connect.client import DefaultChannelBuilder
+    except ImportError as exc:  # (DefaultChannelBuilder: PySpark 4.0 and later)
+        raise ConfigError(f"--remote needs the Spark Connect client: pip install "
+                          f"'txsink[connect]' ({exc})", field="--remote") from None
+    try:
+        channel = DefaultChannelBuilder(remote).toChannel()
+    except Exception as exc:  # a malformed address or parameter
+        raise ConfigError(f"--remote / SPARK_REMOTE: {remote!r} is not a usable Spark Connect "
+                          f"address: {_first_lines(str(exc))}", field="--remote") from None
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(bound_s, 0.1))
+    except grpc.FutureTimeoutError:
+        raise ConfigError(
+            f"--remote / SPARK_REMOTE: no Spark Connect server answered at {remote} within "
+            f"{bound_s:g}s: check the address (host, port) and that the server runs. "
+            "Nothing was started and the checkpoint was not touched; `txsink run "
+            "--connect-retry SECONDS` waits longer", field="--remote") from None
+    finally:
+        channel.close()
+
+
+def connect_remote(cfg: PipelineConfig, remote: str, bound_s: float,
+                   out: Printer) -> SparkSession:
+    """The run's Connect session, made before the lease is taken (see
+    :func:`reach_remote`); a server that refuses the session is one line too."""
+    reach_remote(remote, bound_s)
+    try:
+        return build_remote_session(cfg, remote, out)
+    except Exception as exc:
+        if not _is_connect_error(exc):
+            raise
+        raise ConfigError(f"--remote / SPARK_REMOTE: the Spark Connect server at {remote} "
+                          f"did not open a session: {_first_lines(str(exc))}",
+                          field="--remote") from None
 
 
 #: Retries of a call to the Spark Connect server that does not answer: about a minute
@@ -265,8 +314,18 @@ def run_pipeline(
     plugins = get_plugins()
     target = preflight(cfg, plugins, connect_retry_s)
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
-    check_ownership(cfg, plugins, store, pipeline_file or cfg.path or "PIPELINE_FILE")
     log_path = log_path or default_log_path(cfg.checkpoint, cfg.name)
+    remote_spark = None
+    if remote is not None:
+        # The server first: taking the lease fences whatever query holds it.
+        with spark_output_to(log_path):
+            remote_spark = connect_remote(cfg, remote, connect_retry_s, out)
+    try:
+        check_ownership(cfg, plugins, store, pipeline_file or cfg.path or "PIPELINE_FILE")
+    except BaseException:
+        if remote_spark is not None:
+            _quietly(remote_spark.stop, interrupted=True)
+        raise
     out(cfg.summary())
     out(f"delivery: {cfg.sink.guarantee.reader_note()}")
     for line in resume_notes(cfg, store):
@@ -297,7 +356,8 @@ def run_pipeline(
                 _take_back_sigint()
                 owner = _jvm_owner(spark)
             else:
-                spark = build_remote_session(cfg, remote, out)
+                spark = remote_spark
+                assert spark is not None
                 # No driver JVM here to name: the lease owner is this run, handed to the
                 # data source in the server.
                 owner = os.environ.get(OWNER_ENV) or remote_owner_token()
@@ -321,9 +381,18 @@ def run_pipeline(
         except Exception as exc:
             if remote is None or not _is_connect_error(exc):
                 raise
-            lost = True
-            # The server went away (killed, restarted) or refused the session: one line,
-            # not the client's stack of gRPC retries.
+            lost = True  # whether a query of this run goes on there is not known here
+            if not _server_gone(exc):
+                # The server answered, with an error of the query (e.g. its checkpoint is
+                # in use by another query there): say that, not that the server is gone.
+                text = _first_lines(str(exc))
+                in_use = any(w in str(exc) for w in _IN_USE_WORDS)
+                raise _with_hints(TxsinkError(
+                    f"the Spark Connect server at {remote} refused the query: "
+                    + (f"checkpoint {cfg.checkpoint} is in use by another query there ("
+                       f"{text})" if in_use else text)), cfg, logs) from None
+            # The server went away (killed, restarted) or lost the session: one line, not
+            # the client's stack of gRPC retries.
             raise _with_hints(TxsinkError(
                 f"the Spark Connect server at {remote} failed or stopped answering: "
                 f"{_first_lines(str(exc))}"), cfg, logs) from None
@@ -352,6 +421,25 @@ def run_pipeline(
         for line in preview_files(cfg.sink.options.get("path", "")):
             out(line)
     return result
+
+
+#: Spark's words for a streaming query whose checkpoint another active query uses.
+_IN_USE_WORDS = ("already active", "CONCURRENT_QUERY", "ConcurrentModification")
+
+
+def _server_gone(exc: BaseException) -> bool:
+    """The Connect client lost its server (no answer within the retries, a deadline, a
+    session the server no longer knows), as opposed to an error the server answered
+    with: every server-side error reaches the client as a PySpark error too."""
+    if type(exc).__module__.startswith("grpc") or type(exc).__name__ == "RetriesExceeded":
+        return True
+    status = getattr(exc, "getGrpcStatusCode", None)
+    code = getattr(status() if callable(status) else None, "name", "")
+    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+        return True
+    error_class = getattr(exc, "getCondition", getattr(exc, "getErrorClass", None))
+    return str((error_class() if callable(error_class) else None) or "").startswith(
+        "INVALID_HANDLE")
 
 
 def _is_connect_error(exc: BaseException) -> bool:
@@ -384,16 +472,20 @@ def _jvm_owner(spark: SparkSession) -> str | None:
 
 
 def remote_owner_token() -> str:
-    """The lease owner of one ``txsink run --remote`` run: ``host:connect:random``.
+    """The lease owner of one ``txsink run --remote`` run: ``host:connect:PID:START``,
+    this client process (its pid and start time, which pid reuse cannot repeat).
 
-    Nothing on this host can tell whether the server still runs a query of a client
-    that died, so the token never reads as alive or gone (``txsink status`` shows
-    ``unknown``); the run releases it when it ends.
+    While the client lives its run holds the checkpoint: a second run on this host is
+    refused, naming it. Whether the server still runs the query of a client that died
+    nothing here can tell; the run releases the lease when it ends.
     """
     import socket
-    import uuid
 
-    return f"{socket.gethostname()}:connect:{uuid.uuid4().hex[:12]}"
+    from txsink import procfs
+
+    info = procfs.stat(os.getpid())
+    started = info[2] if info is not None else 0
+    return f"{socket.gethostname()}:connect:{os.getpid()}:{started}"
 
 
 def _release(store: StateStore, owner: str) -> None:
@@ -510,10 +602,16 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
     holder = store.lease_info()
     if holder.get("owner") and holder.get("released_at") is None and owner_alive(
             str(holder["owner"])):
+        owner = str(holder["owner"])
+        remote_pid = owner.split(":connect:", 1)[1].split(":")[0] if ":connect:" in owner \
+            else None
+        who = (f"the `txsink run --remote` client pid {remote_pid} on this host, whose "
+               "query runs on its Spark Connect server" if remote_pid else "a running query")
         raise ConfigError(
-            f"sink {cfg.sink.sink_id!r} is being written by a running query (lease "
-            f"owner {holder['owner']}); stop it before starting another run on "
-            f"{cfg.checkpoint}", field="checkpoint", sink_id=cfg.sink.sink_id)
+            f"checkpoint {cfg.checkpoint} is in use by another run: sink "
+            f"{cfg.sink.sink_id!r} is being written by {who} (lease owner {owner}); stop "
+            "it (Ctrl-C) before starting another run on this checkpoint",
+            field="checkpoint", sink_id=cfg.sink.sink_id)
     meta_before = store.read_meta()
     backend = cfg.create_backend(plugins)
     try:
