@@ -5,19 +5,25 @@ in ``tox -e operations-long``; and the counterexamples it found, as regression t
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 from txsink.errors import StateError
 from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
 
+from tests.operations_entry_points import EntryPointsModel, Op
 from tests.operations_model import DirectoryOperations, settings_for
 
 from .conftest import Env, expected_ids
 
 TestDirectoryOperations = DirectoryOperations.TestCase
 TestDirectoryOperations.settings = settings(**settings_for(300))
+#: Every public entry point (data source, grouped epochs, CLI), on a sink and a group.
+TestEntryPoints = EntryPointsModel.TestCase
+TestEntryPoints.settings = settings(**settings_for(300))
 
 
 def test_a_state_restored_mid_commit_stops_instead_of_aborting_the_rest(env: Env) -> None:
@@ -75,3 +81,120 @@ def test_a_failed_attempt_of_a_replay_after_a_state_restore_is_loud_with_a_way_o
 def _put_back(state: Path, copy: Path) -> None:
     shutil.rmtree(state)
     shutil.copytree(copy, state)
+
+
+# -- what the entry-points model found (issue 31) ------------------------------------------
+#
+# Each test drives the public entry points the way the model does (data source, grouped
+# epochs, CLI) and asks for the model's oracle: the write is exact in every target, or
+# it was refused loudly and wrote nothing. The strict xfails name the item of issue 31
+# whose fix makes them pass; remove the mark (and the item from
+# ``operations_entry_points.KNOWN_ISSUES``) when merging it.
+
+
+@pytest.fixture
+def world() -> Iterator[EntryPointsModel]:
+    model = EntryPointsModel()
+    model.strict = True  # a known failure of issue 31 fails here, it is not discarded
+    yield model
+    model.teardown()
+
+
+def _run(world: EntryPointsModel, kind: str, *, kill: str | None = None, **kw: Any) -> Op:
+    op = world.make_op(kind, **kw)
+    with world.faults(kill, None, None):
+        world.run_ops([op], [], None, None)
+    return op
+
+
+def _exact_or_loud(world: EntryPointsModel, op: Op) -> None:
+    """``op`` is in every target exactly, or it was refused (a TxsinkError) with none of
+    its rows anywhere."""
+    held = {t: sorted(i for _, _, i in world.visible(t) if i // 1000 == op.data.wid)
+            for t in world.names}
+    if op.state == "failed":
+        assert op.error.split(":")[0] in _LOUD, f"{op.what} failed without a refusal: {op.error}"
+        assert not any(held.values()), f"{op.what} was refused but wrote {held}"
+        return
+    assert op.state == "ok"
+    for t, ids in held.items():
+        assert ids == sorted(op.data.ids()), (
+            f"{op.what} succeeded, but target {t} holds {len(ids)} of its "
+            f"{len(op.data.ids())} rows")
+
+
+_LOUD = {"StateError", "CheckpointChangedError", "ConfigError", "FencedError"}
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 item 1: a stream's batch ids are taken "
+                   "for replays of a backfill's epochs")
+def test_a_stream_after_a_backfill_on_one_groups_state_writes_its_batches(
+        world: EntryPointsModel) -> None:
+    """Found by the model: ``TargetSet.write(df)`` (a backfill) then ``write_stream(df)``
+    on the same checkpoint: the stream's batch 0 ends without an error, in no target."""
+    world.choose("group", "datasource")
+    assert _run(world, "backfill").state == "ok"
+    _exact_or_loud(world, _run(world, "stream"))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 item 1: a batch write between two runs "
+                   "of a stream takes the stream's next epoch number")
+def test_a_batch_write_between_two_stream_batches_does_not_drop_the_next_batch(
+        world: EntryPointsModel) -> None:
+    """Found by the model, on one sink: stream batch 0, a batch write (epoch 1), then
+    stream batch 1 is taken for a replay of epoch 1 and dropped."""
+    world.choose("single", "datasource")
+    assert _run(world, "stream").state == "ok"
+    assert _run(world, "backfill").state == "ok"
+    _exact_or_loud(world, _run(world, "stream"))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 item 2: foreachBatch versions are "
+                   "skipped for a batch job's version of the same txnAppId")
+@pytest.mark.parametrize("kind", ["group", "single"])
+def test_foreach_batch_versions_are_not_skipped_for_a_batch_jobs_version(
+        world: EntryPointsModel, kind: str) -> None:
+    """Found by the model: a batch job ``epoch(spark, version=1)`` (one sink:
+    ``txnAppId``/``txnVersion=1``), then the documented ``foreachBatch`` pattern with
+    ``version=batch_id`` on the same sink: batches 0 and 1 are skipped as written."""
+    world.choose(kind, "foreachBatch")
+    assert _run(world, "grouped job", version=1).state == "ok"
+    for _ in range(2):
+        _exact_or_loud(world, _run(world, "stream"))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 item 3: a forced resolve lets the next "
+                   "batch write reuse the epoch number it gave up")
+def test_an_epoch_number_given_up_by_a_forced_resolve_is_never_reused(
+        world: EntryPointsModel) -> None:
+    """Found by the model: a grouped write is killed with target a committed and b not;
+    ``txsink resolve --epoch N --abort --force`` keeps a's rows; the next batch write
+    gets epoch N again, so N holds two writes' rows in a and another's in b."""
+    world.choose("group", "datasource")
+    crashed = _run(world, "grouped", kill=AFTER_FIRST_COMMIT)
+    assert crashed.state == "failed"
+    code, text = world.cli("resolve", str(world.chk), "--epoch", "0", "--abort", "--force")
+    assert code == 0, text
+    later = _run(world, "backfill")
+    _exact_or_loud(world, later)  # today: a's part is taken for the kept one, and dropped
+    at_0 = {t: {i // 1000 for e, _, i in world.visible(t) if e == 0} for t in world.names}
+    assert at_0 == {"a": {crashed.data.wid}, "b": set()}, f"epoch 0 now holds {at_0}"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 item 4: reset of a group whose targets "
+                   "changed in the file resets some targets only")
+@pytest.mark.parametrize("names", [("a",), ("a", "c")], ids=["removed", "renamed"])
+def test_reset_after_a_target_changed_in_the_file_resets_every_target_or_none(
+        world: EntryPointsModel, names: tuple[str, ...]) -> None:
+    """Found by the model: ``txsink reset`` with target b removed from (or renamed in)
+    the pipeline file deletes target a's output and the state, says it started over,
+    and leaves b's rows, which no state knows any more."""
+    world.choose("group", "datasource")
+    assert _run(world, "stream").state == "ok"
+    world.write_pipeline(names)
+    code, text = world.cli("reset", str(world.pipeline), "--yes", "--force")
+    held = {t: len(world.visible(t)) for t in world.names}
+    if code == 0:
+        assert not any(held.values()), f"reset said it started over: {text}; left {held}"
+    else:
+        assert all(held.values()) and world.records(), f"refused ({text}) but deleted {held}"
