@@ -1022,8 +1022,11 @@ class Op:
 
 
 def settings_for(default: int) -> dict[str, Any]:
+    """Hypothesis settings: ``default`` sequences (or ``TXSINK_OPERATIONS_EXAMPLES``) of
+    up to 20 steps; a step here is a whole operation (a write runs its Spark plan, its
+    tasks and its commit), so sequences are shorter than the coordinator model's."""
     from tests.operations_model import settings_for as base
 
-    return base(default)
+    return {**base(default), "stateful_step_count": 20}
 
 

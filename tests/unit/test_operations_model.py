@@ -15,6 +15,7 @@ from txsink.cut import consistent_cut
 from txsink.errors import StateError
 from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
 
+from tests import operations_entry_points
 from tests.operations_entry_points import SINK, EntryPointsModel, Op, ResettableMemory
 from tests.operations_model import DirectoryOperations, settings_for
 
@@ -24,7 +25,7 @@ TestDirectoryOperations = DirectoryOperations.TestCase
 TestDirectoryOperations.settings = settings(**settings_for(300))
 #: Every public entry point (data source, grouped epochs, CLI), on a sink and a group.
 TestEntryPoints = EntryPointsModel.TestCase
-TestEntryPoints.settings = settings(**settings_for(300))
+TestEntryPoints.settings = settings(**operations_entry_points.settings_for(300))
 
 
 def test_a_state_restored_mid_commit_stops_instead_of_aborting_the_rest(env: Env) -> None:
