@@ -132,8 +132,10 @@ def test_foreach_batch_versions_of_another_query_are_refused_not_skipped(env: En
     # Pruned records do not forget which query wrote the versions.
     coord.store.delete(coord.lease, list(env.store().records()))
     assert coord.write_query("orders") == "q-old"
-    # Writes no stream drives (a batch job) are not bound to any query.
-    coord.check_write_query(WriteId("orders", 9))
+    # A write no stream drives (a batch job) does not count in the stream's versions
+    # either (issue 31): its version 9 would have the stream's batches up to 9 skipped.
+    with pytest.raises(StateError, match="driven by no streaming query"):
+        coord.check_write_query(WriteId("orders", 9))
 
 
 def test_a_committed_version_survives_a_crash_before_it_is_remembered_and_pruning(
@@ -173,7 +175,7 @@ def test_a_committed_version_survives_a_crash_before_it_is_remembered_and_prunin
 
 def test_the_write_identities_kept_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """A job with a new txnAppId per run grew the metadata every commit reads."""
-    from txsink import coordinator as coordinator_module
+    from txsink.coordinator import identity as coordinator_module
 
     monkeypatch.setattr(coordinator_module, "MAX_WRITE_IDS", 3)
     coord = env.coordinator(owner="d")

@@ -676,7 +676,9 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
         else:
             kept = {**meta.kept, record.epoch: tuple(sorted(c.partition for c in committed))}
             store.write_meta(coordinator.lease, dataclasses.replace(meta, kept=kept))
-    store.delete(coordinator.lease, [record.epoch])
+    # The number is given up for good: no later write is allocated it (it may hold
+    # rows in some targets now).
+    coordinator.epochs.give_up([record.epoch])
     parts = [f"aborted DECIDED epoch {record.epoch} of sink {sink!r} (--force):"]
     if committed:
         parts.append(

@@ -5,9 +5,19 @@ shows it and another does not yet. What readers can rely on: each target says,
 from its own markers, the highest epoch it holds (:meth:`Backend.highest_epoch`),
 and no target ever shows an epoch without a decision. The cut is the lowest of
 those, also bounded below the lowest epoch the state has not finished (a decided
-epoch still being committed, or a grouped write still in flight): every epoch up to
+epoch still being committed, or a batch write still in flight): every epoch up to
 the cut is in every target, and stays there. A reader that takes epochs ``<= cut``
 from each target sees the same epochs everywhere.
+
+The order of the reads is what makes it hold while writes go on: the targets are
+read first, the state's unfinished epochs after them. A target can only show an
+epoch after its decision was recorded, so any epoch a target showed (in part: one
+partition's marker, or one target of a group) is, when the state is read after
+it, either still DECIDED (and bounds the cut) or COMMITTED everywhere. Read the
+other way round, a write decided between the two reads was in no bound, and the
+cut named it while some of its participants or targets did not hold it yet.
+Epochs reserved later are allocated above every epoch the state knows, so above
+the cut.
 """
 
 from __future__ import annotations
@@ -70,8 +80,7 @@ def consistent_cut(backend: Backend, store: StateStore, sink_id: str) -> Cut:
     if meta.sink_id != sink_id:
         raise ConfigError(f"the txsink state at {store.location} belongs to sink "
                           f"{meta.sink_id!r}, not {sink_id!r}", field="sink_id")
-    states = store.states()
-    top = max([meta.committed_watermark, *states])
+    top = max([meta.committed_watermark, *store.states()])
     members: dict[str, tuple[Backend, str]] = (
         {m.name: (m.backend, m.sink_id) for m in backend.members.values()}
         if isinstance(backend, TargetGroup) else {sink_id: (backend, sink_id)})
@@ -85,6 +94,9 @@ def consistent_cut(backend: Backend, store: StateStore, sink_id: str) -> Cut:
             high = next((e for e in range(top, max(-1, top - PROBE_LIMIT), -1)
                          if b.holds_epoch(sid, e)), -1)
         highs[name] = high
+    # After the targets (see the module docstring): what is unfinished now bounds
+    # everything the targets were seen to hold.
+    states = store.states()
     unfinished = min(((e, s.value) for e, s in states.items()
                       if s is not EpochState.COMMITTED), default=None)
     cut = min(highs.values())

@@ -105,6 +105,14 @@ class EpochRecord:
     #: replacement, which took its place in :attr:`committables` (see
     #: :meth:`txsink.backend.Backend.salvage`).
     salvaged: tuple[tuple[str, str], ...] = ()
+    #: What wrote the epoch: ``stream`` (a micro-batch of the streaming sink), ``batch``
+    #: (a batch write's reserved epoch), None (not said: a record of an older release,
+    #: or a caller driving the coordinator directly). See
+    #: :mod:`txsink.coordinator.identity`.
+    origin: str | None = None
+    #: The streaming query whose micro-batch this epoch is (``origin`` ``stream``), when
+    #: known.
+    query_id: str | None = None
 
     @property
     def participants(self) -> frozenset[str]:
@@ -117,7 +125,7 @@ class EpochRecord:
     def committed(self, at: float | None = None) -> EpochRecord:
         return EpochRecord(self.epoch, EpochState.COMMITTED, self.committables,
                            self.decided_at, time.time() if at is None else at, self.write,
-                           salvaged=self.salvaged)
+                           salvaged=self.salvaged, origin=self.origin, query_id=self.query_id)
 
     def with_replacements(self, replacements: Mapping[str, Committable]) -> EpochRecord:
         """This decision with each participant named in ``replacements`` (original name
@@ -143,6 +151,10 @@ class EpochRecord:
             data["owner"] = self.owner
         if self.salvaged:
             data["salvaged"] = [list(pair) for pair in self.salvaged]
+        if self.origin is not None:
+            data["origin"] = self.origin
+        if self.query_id is not None:
+            data["query_id"] = self.query_id
         return data
 
     @classmethod
@@ -160,6 +172,8 @@ class EpochRecord:
                 write=None if data.get("write") is None else WriteId.from_dict(data["write"]),
                 owner=None if data.get("owner") is None else str(data["owner"]),
                 salvaged=tuple((str(r), str(o)) for r, o in data.get("salvaged", ())),
+                origin=None if data.get("origin") is None else str(data["origin"]),
+                query_id=None if data.get("query_id") is None else str(data["query_id"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state record: {exc}") from exc
@@ -197,6 +211,15 @@ class SinkMeta:
     targets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Like ``kept``, for a group: epoch -> target -> partitions kept committed.
     kept_targets: Mapping[int, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    #: The epoch of the streaming sink's micro-batch 0, fixed when a stream first wrote
+    #: through this state (None: no stream did). Its batch ``b`` is epoch
+    #: ``stream_from + b``: epochs batch writes used before are never its own, and
+    #: batch writes are refused from then on (they would take its next batches' numbers).
+    stream_from: int | None = None
+    #: The highest epoch number ever given up without being committed (a forced
+    #: resolve, a batch write's reservation dropped): a new epoch is allocated above it,
+    #: so a number never means two different sets of rows.
+    given_up: int = -1
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -219,6 +242,10 @@ class SinkMeta:
         if self.kept_targets:
             data["kept_targets"] = {str(e): {t: list(p) for t, p in by.items()}
                                     for e, by in self.kept_targets.items()}
+        if self.stream_from is not None:
+            data["stream_from"] = self.stream_from
+        if self.given_up >= 0:
+            data["given_up"] = self.given_up
         return data
 
     @classmethod
@@ -235,7 +262,9 @@ class SinkMeta:
                         dict(data.get("kept", {})).items()},
                        {str(n): dict(t) for n, t in dict(data.get("targets", {})).items()},
                        {int(e): {str(t): tuple(int(p) for p in ps) for t, ps in by.items()}
-                        for e, by in dict(data.get("kept_targets", {})).items()})
+                        for e, by in dict(data.get("kept_targets", {})).items()},
+                       None if data.get("stream_from") is None else int(data["stream_from"]),
+                       int(data.get("given_up", -1)))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 

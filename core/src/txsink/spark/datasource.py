@@ -9,7 +9,9 @@ Which process runs what (checked with PySpark 4.3):
   participant that a decision still holds.
 * **executors**: ``write`` = begin / write Arrow batches / pre_commit; the
   committable travels back in a :class:`TxsinkCommitMessage`. The epoch is Spark's
-  batch id (task local property ``streaming.sql.batchId``); the participant's
+  batch id (task local property ``streaming.sql.batchId``) plus the epoch the state
+  fixed for micro-batch 0 (0 unless batch writes used the state first; the planner
+  reads it for the tasks: :meth:`Coordinator.stream_epoch`); the participant's
   attempt is Spark's task attempt id, unique within the driver across retries,
   speculative copies and stage retries, so two attempts never share a name.
 * **committer** (driver-side Python worker): ``commit(messages, batchId)`` decides
@@ -20,7 +22,8 @@ The coordinator state lives in ``<checkpointLocation>/txsink`` unless
 ``state_location`` is given. Spark lower-cases option keys, so backend option
 names must be lower case.
 
-Batch writes (``df.write``) reserve a fresh epoch each. Given ``txnAppId`` and
+Batch writes (``df.write``) reserve a fresh epoch each, and are refused on a state a
+stream writes through (its next batches need the next numbers). Given ``txnAppId`` and
 ``txnVersion`` (Delta's names, same meaning), a write whose version is at or below
 the highest committed version of its app id is skipped: that is what makes a re-run
 batch job, or ``foreachBatch(lambda df, i: df.write...option("txnVersion", i))``,
@@ -332,8 +335,9 @@ def _rows_to_batches(rows: Iterator[Any]) -> Iterator[pa.RecordBatch]:  # pragma
 
 
 def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[Any],
-                *, arrow: bool) -> TxsinkCommitMessage:
-    """Executor side: one participant per task attempt."""
+                *, arrow: bool, offset: int = 0) -> TxsinkCommitMessage:
+    """Executor side: one participant per task attempt. ``epoch`` None: a micro-batch
+    of the streaming sink, epoch ``offset`` + its batch id."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
@@ -341,7 +345,7 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
         raise StateError("txsink: write() called outside a Spark task")
     batch_id = tc.getLocalProperty(BATCH_ID_PROPERTY)
     if epoch is None and batch_id is not None:
-        epoch = int(batch_id)
+        epoch = offset + int(batch_id)
     elif batch_id is not None and settings.write is None and tc.partitionId() == 0:
         # A batch write inside foreachBatch: it has its own epoch, but a replayed
         # micro-batch writes again unless the write carries an identity.
@@ -429,7 +433,9 @@ class _Finisher:
 
     def _run(self, action: str, epoch: int, messages: Sequence[WriterCommitMessage | None],
              *, recover_below: bool = False, query_id: str | None = None,
-             write_query: str | None = None) -> EpochOutcome | None:
+             write_query: str | None = None, stream: bool = False) -> EpochOutcome | None:
+        """Commit or abort ``epoch`` (for a stream: its micro-batch id, mapped to the
+        epoch by the state, :meth:`Coordinator.stream_epoch`)."""
         committables = decode_messages(messages)
         backend = self.settings.create_backend()
         try:
@@ -440,11 +446,14 @@ class _Finisher:
                 # Normally the planner already recovered; doing it again is cheap and
                 # keeps the output right even if the planner hook never ran.
                 try:
-                    coordinator.start(recover=recover_below, up_to_epoch=epoch - 1,
-                                      query_id=query_id)
+                    coordinator.start(recover=False, query_id=query_id, stream=stream)
                 except CheckpointChangedError:
                     _discard(backend, epoch, committables)
                     raise
+                if stream:
+                    epoch = coordinator.stream_epoch(epoch)
+                if recover_below:
+                    coordinator.recover(up_to_epoch=epoch - 1)
                 guarantee = self.settings.guarantee
                 outcome = (coordinator.commit_epoch(epoch, committables,
                                                     write_query=write_query)
@@ -453,7 +462,9 @@ class _Finisher:
                                                          write_query=write_query))
                 log.info("sink=%s epoch=%d: %s", self.settings.sink_id, epoch, outcome.value)
                 return outcome
-            coordinator.start(recover=False, query_id=query_id)
+            coordinator.start(recover=False, query_id=query_id, stream=stream)
+            if stream:
+                epoch = coordinator.stream_epoch(epoch)
             if not self.settings.guarantee.transactional:
                 done = [c for c in committables if c is not None]
                 if done:
@@ -492,6 +503,9 @@ class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
         self.settings = settings
         self.owner = owner
         self._planned = False
+        #: The epoch of micro-batch 0 (the state fixes it; the planner reads it for
+        #: the tasks, which write micro-batch b as this + b).
+        self.epoch_offset = 0
 
     # Pickling happens only in the planner, right before the tasks are shipped.
     def __getstate__(self) -> dict[str, Any]:
@@ -513,20 +527,22 @@ class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
             coordinator = self.settings.coordinator(backend, self.owner)
             # No task of this run writes yet: every prepared participant that no
             # decided epoch holds is a leftover (crashed run, failed attempt).
-            coordinator.start(recover=True, query_id=self.settings.query_id())
+            coordinator.start(recover=True, query_id=self.settings.query_id(), stream=True)
+            self.epoch_offset = coordinator.stream_epoch(0)
         finally:
             backend.close()
 
     def write(self, iterator: Iterator[Any]) -> TxsinkCommitMessage:
-        return _write_task(self.settings, None, iterator, arrow=_STREAM_ARROW)
+        return _write_task(self.settings, None, iterator, arrow=_STREAM_ARROW,
+                           offset=self.epoch_offset)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._run("commit", batchId, messages, recover_below=True,
-                  query_id=driving_query(messages) or self.settings.query_id())
+                  query_id=driving_query(messages) or self.settings.query_id(), stream=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._run("abort", batchId, messages,
-                  query_id=driving_query(messages) or self.settings.query_id())
+                  query_id=driving_query(messages) or self.settings.query_id(), stream=True)
 
 
 class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
@@ -578,8 +594,9 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
             self._record_group_target(messages, query)
             return
         if self.skip:
-            if query is not None and self.settings.write is not None:
-                # Skipped as committed: only if the versions count in this same stream.
+            if self.settings.write is not None:
+                # Skipped as committed: only if the versions count for this same driver
+                # (this stream, or no stream for both).
                 backend = self.settings.create_backend()
                 try:
                     self.settings.coordinator(backend, self.owner).check_write_query(
