@@ -91,7 +91,8 @@ def _put_back(state: Path, copy: Path) -> None:
 # epochs, CLI) and asks for the model's oracle: the write is exact in every target, or
 # it was refused loudly and wrote nothing. The strict xfails name the item of issue 31
 # whose fix makes them pass; remove the mark (and the item from
-# ``operations_entry_points.KNOWN_ISSUES``) when merging it.
+# ``operations_entry_points.KNOWN_ISSUES``) when merging it. The tests of items 1, 2,
+# 3 and 5 failed before the identity branch's fixes (merged here) and pass since.
 
 
 @pytest.fixture
@@ -128,31 +129,26 @@ def _exact_or_loud(world: EntryPointsModel, op: Op) -> None:
 _LOUD = {"StateError", "CheckpointChangedError", "ConfigError", "FencedError"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 1: a stream's batch ids are taken "
-                   "for replays of a backfill's epochs")
 def test_a_stream_after_a_backfill_on_one_groups_state_writes_its_batches(
         world: EntryPointsModel) -> None:
     """Found by the model: ``TargetSet.write(df)`` (a backfill) then ``write_stream(df)``
     on the same checkpoint: the stream's batch 0 ends without an error, in no target."""
     world.choose("group", "datasource")
-    assert _run(world, "backfill").state == "ok"
+    _exact_or_loud(world, _run(world, "backfill"))
     _exact_or_loud(world, _run(world, "stream"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 1: a batch write between two runs "
-                   "of a stream takes the stream's next epoch number")
 def test_a_batch_write_between_two_stream_batches_does_not_drop_the_next_batch(
         world: EntryPointsModel) -> None:
     """Found by the model, on one sink: stream batch 0, a batch write (epoch 1), then
-    stream batch 1 is taken for a replay of epoch 1 and dropped."""
+    stream batch 1 was taken for a replay of epoch 1 and dropped. Since the fix the
+    batch write on a stream's state is refused."""
     world.choose("single", "datasource")
     assert _run(world, "stream").state == "ok"
-    assert _run(world, "backfill").state == "ok"
+    _exact_or_loud(world, _run(world, "backfill"))  # since the fix: refused, loudly
     _exact_or_loud(world, _run(world, "stream"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 2: foreachBatch versions are "
-                   "skipped for a batch job's version of the same txnAppId")
 @pytest.mark.parametrize("kind", ["group", "single"])
 def test_foreach_batch_versions_are_not_skipped_for_a_batch_jobs_version(
         world: EntryPointsModel, kind: str) -> None:
@@ -165,8 +161,6 @@ def test_foreach_batch_versions_are_not_skipped_for_a_batch_jobs_version(
         _exact_or_loud(world, _run(world, "stream"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 3: a forced resolve lets the next "
-                   "batch write reuse the epoch number it gave up")
 def test_an_epoch_number_given_up_by_a_forced_resolve_is_never_reused(
         world: EntryPointsModel) -> None:
     """The model's operations as item 3 tells it: a grouped write is killed with target
@@ -213,8 +207,6 @@ def _cut_around(world: EntryPointsModel, race: Any) -> int:
         ResettableMemory.before_highest = None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 5: the cut reads the state before "
-                   "the targets, so a batch committing in between is named in part")
 def test_a_cut_read_while_a_stream_batch_commits_never_names_it_in_part(
         world: EntryPointsModel) -> None:
     """The model's cut read around a write's steps: the cut reads the state
@@ -235,8 +227,6 @@ def test_a_cut_read_while_a_stream_batch_commits_never_names_it_in_part(
     assert cut < 1 or rows == sorted(op.data.ids()), f"cut {cut} names epoch 1 with rows {rows}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 5: a cut read while two grouped "
-                   "writes are in flight passes the one that reserved first")
 def test_a_cut_read_while_two_grouped_writes_are_in_flight_never_passes_either(
         world: EntryPointsModel) -> None:
     """The model's cut read around two grouped writes: the cut reads the state; grouped
