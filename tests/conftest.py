@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 
+#: Signals stop the run within seconds; nothing it started outlives it.
+pytest_plugins = ["tests.process_guard"]
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
