@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-#: Signals stop the run within seconds; nothing it started outlives it.
-pytest_plugins = ["tests.process_guard"]
+#: Signals stop the run within seconds and nothing it started outlives it; fast tiers
+#: run first, with a line per tier saying roughly how long is left.
+pytest_plugins = ["tests.process_guard", "tests.tiers"]
 
 
 @pytest.hookimpl(wrapper=True)
