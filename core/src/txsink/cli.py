@@ -125,10 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser(
         "status", help="show a sink's epochs and pending/in-doubt participants",
-        description="Read the coordinator state under CHECKPOINT_DIR (a query's "
-        "checkpointLocation, or its txsink/ subdirectory) and list epochs, in-doubt "
-        "(DECIDED, not yet committed) epochs and prepared participants no decision holds.")
-    status.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+        description="Read the coordinator state of a pipeline file (its checkpoint), or "
+        "under CHECKPOINT_DIR (a query's checkpointLocation, or its txsink/ subdirectory), "
+        "and list epochs, in-doubt (DECIDED, not yet committed) epochs and prepared "
+        "participants no decision holds.")
+    status.add_argument("checkpoint", metavar="PIPELINE_FILE|CHECKPOINT_DIR",
+                        help="the pipeline file (as for run, cut and reset) or the "
+                             "query's checkpoint directory")
     status.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="backend option not kept in the state (e.g. a password)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -508,9 +511,24 @@ def _per_target(committables: Sequence[Committable]) -> str:
                             for t, cs in _by_target(committables).items())
 
 
+#: Suffixes of pipeline files (``txsink run FILE``).
+PIPELINE_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
+def _checkpoint_of(argument: str) -> str:
+    """The checkpoint a ``status``/``resolve`` argument names: a pipeline file's own, or
+    the argument itself (a checkpoint directory or URL)."""
+    path = Path(argument)
+    if path.suffix.lower() in PIPELINE_SUFFIXES and path.is_file():
+        from txsink.config import load_pipeline
+
+        return load_pipeline(argument).checkpoint
+    return argument
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     plugins = get_plugins()
-    store = open_state(args.checkpoint, plugins)
+    store = open_state(_checkpoint_of(args.checkpoint), plugins)
     meta = store.read_meta()
     assert meta is not None
     records = store.records()
