@@ -16,17 +16,20 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator
-from txsink.errors import ConfigError, StateError, TxsinkError
+from txsink.errors import ConfigError, ServerUnavailableError, StateError, TxsinkError
 from txsink.group import TargetGroup
 from txsink.model import Committable, DeliveryGuarantee
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
 from txsink.state import EpochRecord, EpochState, SinkMeta, StateStore
 from txsink.targets import GROUP_BACKEND
+
+if TYPE_CHECKING:
+    from txsink.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except TxsinkError as exc:
         field = getattr(exc, "field", None)
-        prefix = "config error" if isinstance(exc, ConfigError) else "error"
+        prefix = ("server down" if isinstance(exc, ServerUnavailableError) else
+                  "config error" if isinstance(exc, ConfigError) else "error")
         # One line, whatever a server's message holds (libpq's ends in "\n\tIs the
         # server running ...?").
         message = " ".join(str(exc).split())
@@ -190,10 +194,28 @@ def _configure_logging(verbose: int) -> None:
 # -- run / validate ------------------------------------------------------------------------
 
 
+def unset_env_options(cfg: PipelineConfig) -> list[tuple[str, str]]:
+    """``(field, variable)`` for each ``*_env`` option (``password_env``, ...) of the sink
+    or its targets that names an environment variable unset here: ``txsink run`` from
+    this shell would fail at the first connection, after Spark started."""
+    owners = [(f"sink.targets[{t.name}].options", t.options) for t in cfg.sink.targets]
+    owners.append(("sink.options", cfg.sink.options))
+    return [(f"{where}.{key}", str(value)) for where, options in owners
+            for key, value in sorted(options.items())
+            if key.endswith("_env") and value and not os.environ.get(str(value))]
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    from txsink.config import load_pipeline
+    from txsink.config import check_source_exists, load_pipeline
 
     cfg = load_pipeline(args.file)
+    check_source_exists(cfg)
+    unset = unset_env_options(cfg)
+    if unset:
+        where, variable = unset[0]
+        raise ConfigError(f"{where}: environment variable {variable!r} is not set in this "
+                          f"shell; export it before `txsink run` (Spark's executors need it "
+                          f"too)", field=where)
     if args.no_spark:
         print(f"ok (Spark checks skipped): {cfg.summary()}")
         return 0
@@ -224,9 +246,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from txsink.config import load_pipeline
+    from txsink.config import check_source_exists, load_pipeline
 
     cfg = load_pipeline(args.file)  # every config error surfaces here, before Spark
+    check_source_exists(cfg)
     try:
         from txsink.spark.pipeline import check_remote, run_pipeline
     except ImportError as exc:

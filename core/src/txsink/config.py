@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import glob
 import json
 import os
 import re
@@ -329,6 +330,22 @@ def parse_pipeline(
         transform=transform.strip() if isinstance(transform, str) else None,
         trigger=trigger, spark=spark, path=source_path,
     )
+
+
+def check_source_exists(cfg: PipelineConfig) -> None:
+    """Refuse a local source path that does not exist, before Spark starts and before the
+    sink claims anything (Spark's own error came minutes later, after the claim).
+    Remote paths (``s3a://``, ...) are Spark's to check; a glob must match something."""
+    path = cfg.source.path
+    if cfg.source.type == "rate" or not path:
+        return
+    local = path[len("file://"):] if path.startswith("file://") else path
+    if "://" in local:
+        return
+    if not glob.glob(local):
+        here = "" if os.path.isabs(local) else f" (relative to {os.getcwd()})"
+        raise ConfigError(f"source.path: {path!r} does not exist{here}; create it, or fix "
+                          "the path", field="source.path")
 
 
 # -- sections ----------------------------------------------------------------------------

@@ -452,8 +452,8 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
                  "is down (`txsink run --connect-retry SECONDS`; the backend's option bounds "
                  "the wait of a running query)"
                  if quiet.retries or any(k in str(exc) for k in retry_keys) else "")
-        raise ConfigError(f"{where}: {exc}{tried}", field=where,
-                          sink_id=cfg.sink.sink_id) from None
+        raise type(exc)(f"{where}: {exc}{tried}", field=where,
+                        sink_id=cfg.sink.sink_id) from None
     finally:
         for handler in handlers:
             handler.removeFilter(quiet)
