@@ -192,6 +192,27 @@ class PipelineConfig:
                 + f"; checkpoint {self.checkpoint}")
 
 
+    def header_lines(self, width: int = 100) -> list[str]:
+        """``txsink run``'s header: :meth:`summary`, except that a group gets one short
+        line per target (its one-line summary ran to several terminal lines)."""
+        if not self.sink.targets:
+            return [self.summary()]
+        src = self.source.type + (f" {self.source.format}" if self.source.format else "")
+        if self.source.path:
+            src += f" at {self.source.path}"
+        lines = [f"pipeline {self.name!r} ({self.mode}): source: {src}"
+                 + (" -> transform: SQL" if self.transform else "")
+                 + f" -> group sink_id={self.sink.sink_id}, one decision per epoch over "
+                 f"{len(self.sink.targets)} targets; checkpoint {self.checkpoint}"]
+        for t in self.sink.targets:
+            opts = ", ".join(f"{k}={v}" for k, v in sorted(
+                self.sink.safe_target_options(t.name).items()))
+            line = f"  target {t.name}: {t.backend}" + (" (shaped)" if t.shaped else "") + (
+                f" ({opts})" if opts else "")
+            lines.append(line if len(line) <= width else line[:width - 3] + "...")
+        return lines
+
+
 # -- loading -----------------------------------------------------------------------------
 
 

@@ -72,7 +72,8 @@ class KafkaAdmin:
         except KafkaException as exc:
             # The library's words, not its error object (KafkaError{code=...,val=...}).
             error = exc.args[0] if exc.args else None
-            said = error.str() if hasattr(error, "str") else str(exc)
+            describe = getattr(error, "str", None)
+            said = str(describe()) if callable(describe) else str(exc)
             took = time.monotonic() - (deadline - bound)
             raise ServerUnavailableError(
                 f"kafka sink: Kafka at {self.config.bootstrap!r} is down or unreachable "

@@ -267,7 +267,8 @@ def run_pipeline(
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
     check_ownership(cfg, plugins, store, pipeline_file or cfg.path or "PIPELINE_FILE")
     log_path = log_path or default_log_path(cfg.checkpoint, cfg.name)
-    out(cfg.summary())
+    for line in cfg.header_lines():
+        out(line)
     out(f"delivery: {cfg.sink.guarantee.reader_note()}")
     for line in resume_notes(cfg, store):
         out(line)
@@ -293,7 +294,11 @@ def run_pipeline(
         lost = False
         try:
             if remote is None:
+                # Silent, this took long enough on a small machine to look hung.
+                out(f"starting Spark ({cfg.spark.master}); the query starts once it is up")
+                started = time.monotonic()
                 spark = build_session(cfg)
+                out(f"Spark started in {time.monotonic() - started:.0f}s")
                 _take_back_sigint()
                 owner = _jvm_owner(spark)
             else:
