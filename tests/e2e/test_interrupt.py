@@ -110,3 +110,57 @@ def test_sigint_and_sigterm_stop_the_run_and_leave_nothing(tmp_path: Path) -> No
             for pid in child.left():
                 os.kill(pid, signal.SIGKILL)
             shutil.rmtree(child.tmp, ignore_errors=True)
+
+
+def _committed(checkpoint: Path) -> bool:
+    epochs = checkpoint / "txsink" / "epochs"
+    return epochs.is_dir() and any("committed" in p.name for p in epochs.iterdir())
+
+
+@pytest.mark.spark
+def test_txsink_run_stops_on_sigint_and_sigterm_and_leaves_nothing(tmp_path: Path) -> None:
+    """``txsink run`` of the demo, once it committed a batch, gets SIGINT (one run) and
+    SIGTERM (another, side by side): each ends within 10 seconds, its processes (the
+    driver, its JVM, the Python workers) are gone and its TMPDIR is empty."""
+    runs = []
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            probe = uuid.uuid4().hex
+            tmp = Path(tempfile.mkdtemp(prefix="r-"))
+            demo = tmp_path / sig.name
+            env = {**os.environ, PROBE: probe, "TMPDIR": str(tmp),
+                   "TXSINK_DEMO_DIR": str(demo), "PYSPARK_PYTHON": sys.executable,
+                   "SPARK_LOCAL_IP": "127.0.0.1"}
+            env.pop("SPARK_LOCAL_DIRS", None)
+            env.pop("TXSINK_FAULTS", None)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "txsink.cli", "run", "examples/pipelines/demo.yaml"],
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True)
+            runs.append(Child(sig, probe, tmp, demo, proc))
+        deadline = time.monotonic() + 600
+        for run in runs:
+            while not _committed(run.ready / "checkpoint"):
+                assert run.proc.poll() is None, run.proc.communicate()[0][-4000:]
+                assert time.monotonic() < deadline, "no batch committed"
+                time.sleep(0.2)
+        sent = time.monotonic()
+        for run in runs:
+            run.proc.send_signal(run.sig)
+        for run in runs:
+            try:
+                out, _ = run.proc.communicate(timeout=max(0.1, sent + 10 - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{run.sig.name}: txsink run did not stop within 10 s; "
+                                     f"still running:\n{_describe(run.left())}") from None
+            assert run.proc.returncode == 128 + run.sig, out[-3000:]
+            left = run.left()
+            assert not left, f"{run.sig.name} left processes:\n{_describe(left)}"
+            assert sorted(p.name for p in run.tmp.iterdir()) == [], (
+                f"{run.sig.name} left temporary files in its TMPDIR")
+    finally:
+        for run in runs:
+            kill_group(run.proc.pid)
+            for pid in run.left():
+                os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(run.tmp, ignore_errors=True)
