@@ -7,8 +7,8 @@ and when a tier starts the run prints what it starts and an estimate:
     == tier e2e: 41 tests, about 5 min; about 7 min left in the run
 
 The estimate comes from ``tests/durations.json`` (seconds per test, measured; a test
-not in it counts as its tier's median), scaled by how fast this run has gone so far
-compared with the stored figures: a loaded machine gets a longer estimate.
+not in it counts as its tier's median, a unit test as one second), scaled by how fast
+this run has gone so far compared with the stored figures: a loaded machine gets a longer estimate.
 ``TXSINK_STORE_DURATIONS=path`` writes this run's durations there (refresh the file
 with it after adding slow tests).
 """
@@ -56,6 +56,8 @@ class Progress:
         for nodeid, seconds in self.stored.items():
             by_tier.setdefault(tier_of(nodeid), []).append(seconds)
         median = {t: statistics.median(v) for t, v in by_tier.items()}
+        # The file lists the slow unit tests; any other unit test takes about a second.
+        median["unit"] = 1.0
         self.order = [item.nodeid for item in items]
         self.estimate = {n: self.stored.get(n, median.get(tier_of(n), 1.0))
                          for n in self.order}
