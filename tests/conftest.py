@@ -8,6 +8,10 @@ from typing import Any
 
 import pytest
 
+#: Signals stop the run within seconds and nothing it started outlives it; fast tiers
+#: run first, with a line per tier saying roughly how long is left.
+pytest_plugins = ["tests.process_guard", "tests.tiers"]
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]

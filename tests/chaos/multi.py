@@ -220,6 +220,13 @@ class Sampler(threading.Thread):
         self.stopped = threading.Event()
         self.errors: collections.Counter[str] = collections.Counter()
 
+    def finish(self) -> None:
+        """Stop and wait for the sampler: it must not judge anything after the report is
+        printed (once it did, after a 60-second join timed out on a loaded machine)."""
+        self.current = None
+        self.stopped.set()
+        self.join()
+
     def run(self) -> None:
         while not self.stopped.wait(SAMPLE_EVERY_S):
             current = self.current
@@ -234,7 +241,9 @@ class Sampler(threading.Thread):
                 except Exception as exc:  # a server being restarted: sample it next time
                     self.errors[type(exc).__name__] += 1
             decided = decided_epochs(state / "txsink")
-            if decided is None:
+            if decided is None or self.current is not current:
+                # The run ended while this sample was read (a slow read on a loaded
+                # machine): its state may be gone already, so the sample says nothing.
                 continue
             self.report.samples += 1
             for name, epochs in shown.items():
@@ -348,8 +357,7 @@ def run_multi(*, faults: int, seed: int, faults_per_run: int = 4,
                 if report.failures:
                     break
     finally:
-        sampler.stopped.set()
-        sampler.join(timeout=60)
+        sampler.finish()
         for s in group.servers.values():
             s.failed = not report.ok
         if own:

@@ -68,6 +68,8 @@ class Tally:
     notes: list[str] = field(default_factory=list)
     skipped: str | None = None
     seconds: float = 0.0
+    #: Protocol steps a crash fired at: coordinator points and task fault kinds.
+    points: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def ok(self) -> bool:
@@ -132,6 +134,22 @@ def plan_run(rng: random.Random, faults: int, can_restart: bool, can_kill: bool 
     return Plan(driver_faults, task_faults)
 
 
+def plan_every_point(can_restart: bool, can_kill: bool = False) -> Plan:
+    """One crash at every protocol step, in one run of ``EPOCHS`` epochs: the driver
+    killed at each coordinator point (one per epoch, in protocol order), a writer killed
+    before and after its prepare, and a speculative twin. A target with a server has it
+    go down (SIGKILL where it can be killed) with a decided epoch still uncommitted.
+    What the default run keeps of chaos (``test_a_crash_at_every_protocol_step``)."""
+    assert len(POINTS) <= EPOCHS
+    driver_faults = [(epoch, point, "") for epoch, point in enumerate(POINTS)]
+    if can_restart:
+        epoch, point, _ = driver_faults[1]
+        driver_faults[1] = (epoch, point, "server-kill" if can_kill else "server-restart")
+    task_faults = {"0:1": "task-dies-before-prepare", "2:0": "task-dies-after-prepare",
+                   "3:2": "speculative-twin"}
+    return Plan(driver_faults, task_faults)
+
+
 def expected_rows() -> list[tuple[int, str]]:
     return [(i, f"k{i % 13}") for e in range(EPOCHS) for p in range(PARTITIONS)
             for i in driver.row_ids(e, p)]
@@ -159,6 +177,7 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
                                  run_env, state, timeout_s=600)
         if fault is not None and done.returncode == -signal.SIGKILL:
             report.faults[fault[2] or "driver-kill"] += 1
+            report.points[fault[1]] += 1
             if fault[2]:
                 target.restart_server(hard=fault[2] == "server-kill")
             continue
@@ -169,6 +188,7 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
     log = state / "faults.log"
     for line in (log.read_text().split() if log.exists() else []):
         report.faults[line.split("@")[0]] += 1
+        report.points[line.split("@")[0]] += 1
     report.faults.update(target.faults_fired(state))
     got = target.read(options, sink_id)
     want = expected_rows()
@@ -180,9 +200,10 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
 
 def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None = None,
                 progress: Callable[[str], None] = lambda s: None,
-                cluster: object | None = None) -> Report:
+                cluster: object | None = None, every_point: bool = False) -> Report:
     """``cluster``: a running Kafka cluster for the ``kafka-cluster`` target to use
-    (and leave running) instead of starting its own."""
+    (and leave running) instead of starting its own. ``every_point``: one run of
+    :func:`plan_every_point` instead of random faults."""
     report = Report(name, seed)
     target = TARGETS[name]()
     if cluster is not None:
@@ -201,8 +222,10 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None
         report.note = target.note
         with tempfile.TemporaryDirectory(prefix=f"txsink-chaos-{name}-") as tmp:
             while sum(report.faults.values()) < faults and report.runs < faults:
-                own = target.plan_faults(rng, faults_per_run)
-                if own is not None:
+                own = None if every_point else target.plan_faults(rng, faults_per_run)
+                if every_point:
+                    plan = plan_every_point(target.can_restart, target.can_kill_server)
+                elif own is not None:
                     plan = Plan([], {}, own)
                 else:
                     plan = plan_run(rng, faults_per_run, target.can_restart,
@@ -220,7 +243,7 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None
                 progress(f"{name}: run {report.runs}, {sum(report.faults.values())}/{faults} "
                          f"faults, lost={report.lost} dup={report.duplicated} "
                          f"leftovers={report.leftovers}")
-                if report.failures:
+                if report.failures or every_point:
                     break
     finally:
         target.failed = not report.ok

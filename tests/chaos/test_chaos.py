@@ -1,4 +1,6 @@
-"""Chaos short mode: at least 20 random faults per backend, zero loss, zero duplicates.
+"""Chaos per backend. The default run keeps one crash at every protocol step of every
+backend (one run each, :func:`tests.chaos.runner.plan_every_point`); the short mode,
+at least 20 random faults per backend, runs in ``tox -e chaos`` (``TXSINK_CHAOS=1``).
 
 The seed is fixed for CI (``TXSINK_CHAOS_SEED`` overrides it); the long mode is
 ``python -m tests.chaos --long``. The three-node Kafka cluster's failover chaos has
@@ -10,16 +12,41 @@ from __future__ import annotations
 import os
 
 import pytest
+from txsink.faults import POINTS
 
-from tests.chaos.runner import run_backend, table
+from tests.chaos.runner import TASK_KINDS, run_backend, table
 from tests.chaos.targets import DEFAULT_TARGETS, TARGETS
+from tests.long_runs import chaos_run
 
 SEED = int(os.environ.get("TXSINK_CHAOS_SEED", "2026"))
 FAULTS = int(os.environ.get("TXSINK_CHAOS_FAULTS", "20"))
 
 
 @pytest.mark.fault
+@pytest.mark.parametrize("backend", sorted(DEFAULT_TARGETS))
+def test_a_crash_at_every_protocol_step(backend: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The driver SIGKILLed at each coordinator point, a writer killed before and after
+    its prepare, a speculative twin, and the server down with a decided epoch: then
+    every record exactly once and nothing left prepared."""
+    report = run_backend(backend, faults=len(POINTS) + len(TASK_KINDS), seed=SEED,
+                         every_point=True)
+    with capsys.disabled():
+        print(f"\n{table([report])}")
+    if report.skipped:
+        pytest.skip(f"chaos on {backend}: {report.skipped}")
+    assert report.failures == []
+    assert report.runs == 1
+    assert sorted(report.points) == sorted({*POINTS, *TASK_KINDS}), report.points
+    assert (report.lost, report.duplicated, report.leftovers) == (0, 0, 0)
+    assert report.records > 0
+    if TARGETS[backend].can_restart:
+        assert report.faults["server-kill"] + report.faults["server-restart"] == 1
+
+
+@pytest.mark.fault
 @pytest.mark.slow
+@chaos_run
 @pytest.mark.parametrize("backend", sorted(DEFAULT_TARGETS))
 def test_chaos_short_mode(backend: str, capsys: pytest.CaptureFixture[str]) -> None:
     report = run_backend(backend, faults=FAULTS, seed=SEED)

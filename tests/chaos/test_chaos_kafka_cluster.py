@@ -31,8 +31,9 @@ from txsink_kafka.local_cluster import (
 
 from tests.chaos.failover import KINDS
 from tests.chaos.runner import run_backend, table
+from tests.long_runs import chaos_run
 
-pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow, chaos_run]
 
 SEED = int(os.environ.get("TXSINK_CHAOS_SEED", "2026"))
 #: One fault of each kind (the planner deals kinds from a shuffled deck).

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.chaos.multi import run_multi
+from tests.long_runs import chaos_run
 
 SEED = int(os.environ.get("TXSINK_CHAOS_SEED", "2026"))
 FAULTS = int(os.environ.get("TXSINK_CHAOS_MULTI_FAULTS", "8"))
@@ -22,6 +23,7 @@ FAULTS = int(os.environ.get("TXSINK_CHAOS_MULTI_FAULTS", "8"))
 @pytest.mark.fault
 @pytest.mark.slow
 @pytest.mark.integration
+@chaos_run
 def test_chaos_multi_short_mode(multi_group: Any, capsys: pytest.CaptureFixture[str]) -> None:
     report = run_multi(faults=FAULTS, seed=SEED, group=multi_group)
     with capsys.disabled():

@@ -23,8 +23,9 @@ from tests.e2e.spark_harness import (
     run_driver,
     summarize,
 )
+from tests.long_runs import cluster_run
 
-pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow, cluster_run]
 
 TIMEOUT_S = 900
 

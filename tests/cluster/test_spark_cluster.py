@@ -8,9 +8,11 @@ import os
 import pytest
 from txsink.testing.spark_cluster import SparkStandaloneCluster, descendants
 
+from tests.long_runs import cluster_run
+
 from .conftest import _missing
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, cluster_run]
 
 
 def _alive(pid: int) -> bool:

@@ -192,6 +192,9 @@ def wait_for_pause(proc: subprocess.Popen[str], directory: Path,
                    timeout_s: float = 480) -> None:
     """Wait until a driver started with a ``pause`` fault (``TXSINK_FAULTS_PAUSE_DIR`` =
     ``directory``) reached it; fail with its output if it died or never got there."""
+    from tests.timeouts import scaled  # here: this file also runs as the driver script
+
+    timeout_s = scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     while not (directory / "paused").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -211,13 +214,30 @@ def run_driver(spec: DriverSpec, *, faults: str | None = None, timeout_s: float 
 
 
 def finish_driver(proc: subprocess.Popen[str], timeout_s: float, started: float) -> DriverRun:
-    """Wait for a driver started in its own session; kill what is left of its group."""
+    """Wait for a driver started in its own session; kill what is left of its group.
+
+    ``timeout_s`` is an idle machine's bound; it grows with the load (tests/timeouts.py),
+    measured again after the first bound passes, up to eight times in all."""
+    from tests.timeouts import scaled  # here: this file also runs as the driver script
+
+    deadline = started + scaled(timeout_s)
+    out = None
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
+        while out is None:
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                # The load may have risen since the start: re-derive the bound once more.
+                later = started + scaled(timeout_s)
+                if later <= deadline + 1 or time.monotonic() >= started + 8 * timeout_s:
+                    raise
+                deadline = later
     except subprocess.TimeoutExpired:
         kill_group(proc.pid)
         out, _ = proc.communicate()
-        raise AssertionError(f"driver did not finish in {timeout_s}s:\n{out[-6000:]}") from None
+        raise AssertionError(f"driver did not finish in {time.monotonic() - started:.0f}s "
+                             f"({timeout_s:g}s idle, scaled by the load average):\n"
+                             f"{out[-6000:]}") from None
     finally:
         kill_group(proc.pid)
     return DriverRun(proc.returncode, out, time.monotonic() - started)

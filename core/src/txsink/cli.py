@@ -20,13 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator
-from txsink.errors import ConfigError, StateError, TxsinkError
+from txsink.errors import ConfigError, ServerUnavailableError, StateError, TxsinkError
 from txsink.group import TargetGroup
 from txsink.model import Committable, DeliveryGuarantee
 from txsink.plugins import Plugins, get_plugins
 from txsink.redact import redact
 from txsink.state import EpochRecord, EpochState, SinkMeta, StateStore
 from txsink.targets import GROUP_BACKEND, changed_targets
+
+if TYPE_CHECKING:
+    from txsink.config import PipelineConfig
 
 if TYPE_CHECKING:
     from txsink.config import PipelineConfig
@@ -51,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except TxsinkError as exc:
         field = getattr(exc, "field", None)
-        prefix = "config error" if isinstance(exc, ConfigError) else "error"
+        prefix = ("server down" if isinstance(exc, ServerUnavailableError) else
+                  "config error" if isinstance(exc, ConfigError) else "error")
         # One line, whatever a server's message holds (libpq's ends in "\n\tIs the
         # server running ...?").
         message = " ".join(str(exc).split())
@@ -128,10 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser(
         "status", help="show a sink's epochs and pending/in-doubt participants",
-        description="Read the coordinator state under CHECKPOINT_DIR (a query's "
-        "checkpointLocation, or its txsink/ subdirectory) and list epochs, in-doubt "
-        "(DECIDED, not yet committed) epochs and prepared participants no decision holds.")
-    status.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+        description="Read the coordinator state of a pipeline file (its checkpoint), or "
+        "under CHECKPOINT_DIR (a query's checkpointLocation, or its txsink/ subdirectory), "
+        "and list epochs, in-doubt (DECIDED, not yet committed) epochs and prepared "
+        "participants no decision holds.")
+    status.add_argument("checkpoint", metavar="PIPELINE_FILE|CHECKPOINT_DIR",
+                        help="the pipeline file (as for run, cut and reset) or the "
+                             "query's checkpoint directory")
     status.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="backend option not kept in the state (e.g. a password)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -190,10 +197,28 @@ def _configure_logging(verbose: int) -> None:
 # -- run / validate ------------------------------------------------------------------------
 
 
+def unset_env_options(cfg: PipelineConfig) -> list[tuple[str, str]]:
+    """``(field, variable)`` for each ``*_env`` option (``password_env``, ...) of the sink
+    or its targets that names an environment variable unset here: ``txsink run`` from
+    this shell would fail at the first connection, after Spark started."""
+    owners = [(f"sink.targets[{t.name}].options", t.options) for t in cfg.sink.targets]
+    owners.append(("sink.options", cfg.sink.options))
+    return [(f"{where}.{key}", str(value)) for where, options in owners
+            for key, value in sorted(options.items())
+            if key.endswith("_env") and value and not os.environ.get(str(value))]
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    from txsink.config import load_pipeline
+    from txsink.config import check_source_exists, load_pipeline
 
     cfg = load_pipeline(args.file)
+    check_source_exists(cfg)
+    unset = unset_env_options(cfg)
+    if unset:
+        where, variable = unset[0]
+        raise ConfigError(f"{where}: environment variable {variable!r} is not set in this "
+                          f"shell; export it before `txsink run` (Spark's executors need it "
+                          f"too)", field=where)
     if args.no_spark:
         print(f"ok (Spark checks skipped): {cfg.summary()}")
         return 0
@@ -224,9 +249,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from txsink.config import load_pipeline
+    from txsink.config import check_source_exists, load_pipeline
 
     cfg = load_pipeline(args.file)  # every config error surfaces here, before Spark
+    check_source_exists(cfg)
     try:
         from txsink.spark.pipeline import check_remote, run_pipeline
     except ImportError as exc:
@@ -528,9 +554,24 @@ def _per_target(committables: Sequence[Committable]) -> str:
                             for t, cs in _by_target(committables).items())
 
 
+#: Suffixes of pipeline files (``txsink run FILE``).
+PIPELINE_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
+def _checkpoint_of(argument: str) -> str:
+    """The checkpoint a ``status``/``resolve`` argument names: a pipeline file's own, or
+    the argument itself (a checkpoint directory or URL)."""
+    path = Path(argument)
+    if path.suffix.lower() in PIPELINE_SUFFIXES and path.is_file():
+        from txsink.config import load_pipeline
+
+        return load_pipeline(argument).checkpoint
+    return argument
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     plugins = get_plugins()
-    store = open_state(args.checkpoint, plugins)
+    store = open_state(_checkpoint_of(args.checkpoint), plugins)
     meta = store.read_meta()
     assert meta is not None
     records = store.records()

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import glob
 import json
 import os
 import re
@@ -191,6 +192,27 @@ class PipelineConfig:
                 + f"; checkpoint {self.checkpoint}")
 
 
+    def header_lines(self, width: int = 100) -> list[str]:
+        """``txsink run``'s header: :meth:`summary`, except that a group gets one short
+        line per target (its one-line summary ran to several terminal lines)."""
+        if not self.sink.targets:
+            return [self.summary()]
+        src = self.source.type + (f" {self.source.format}" if self.source.format else "")
+        if self.source.path:
+            src += f" at {self.source.path}"
+        lines = [f"pipeline {self.name!r} ({self.mode}): source: {src}"
+                 + (" -> transform: SQL" if self.transform else "")
+                 + f" -> group sink_id={self.sink.sink_id}, one decision per epoch over "
+                 f"{len(self.sink.targets)} targets; checkpoint {self.checkpoint}"]
+        for t in self.sink.targets:
+            opts = ", ".join(f"{k}={v}" for k, v in sorted(
+                self.sink.safe_target_options(t.name).items()))
+            line = f"  target {t.name}: {t.backend}" + (" (shaped)" if t.shaped else "") + (
+                f" ({opts})" if opts else "")
+            lines.append(line if len(line) <= width else line[:width - 3] + "...")
+        return lines
+
+
 # -- loading -----------------------------------------------------------------------------
 
 
@@ -329,6 +351,22 @@ def parse_pipeline(
         transform=transform.strip() if isinstance(transform, str) else None,
         trigger=trigger, spark=spark, path=source_path,
     )
+
+
+def check_source_exists(cfg: PipelineConfig) -> None:
+    """Refuse a local source path that does not exist, before Spark starts and before the
+    sink claims anything (Spark's own error came minutes later, after the claim).
+    Remote paths (``s3a://``, ...) are Spark's to check; a glob must match something."""
+    path = cfg.source.path
+    if cfg.source.type == "rate" or not path:
+        return
+    local = path[len("file://"):] if path.startswith("file://") else path
+    if "://" in local:
+        return
+    if not glob.glob(local):
+        here = "" if os.path.isabs(local) else f" (relative to {os.getcwd()})"
+        raise ConfigError(f"source.path: {path!r} does not exist{here}; create it, or fix "
+                          "the path", field="source.path")
 
 
 # -- sections ----------------------------------------------------------------------------

@@ -37,6 +37,12 @@ class ConfigError(TxsinkError):
         self.field = field
 
 
+class ServerUnavailableError(ConfigError):
+    """A server the sink needs did not answer within the bound the message states: it is
+    down or unreachable, not misconfigured (the CLI says "server down"). A ConfigError
+    still, so that every check before Spark starts stops on it the same way."""
+
+
 class BackendNotFoundError(ConfigError):
     """No installed plugin provides the requested backend (or state store)."""
 

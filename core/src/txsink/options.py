@@ -8,6 +8,7 @@ of options a backend declares secret are never echoed.
 from __future__ import annotations
 
 import builtins
+import difflib
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
@@ -84,8 +85,13 @@ class Options:
         value = self._raw.get(key)
         if value is None or value == "":
             if required or default is None:
+                # A typo of this very option is the likeliest reason it is missing.
+                close = difflib.get_close_matches(
+                    key, [k for k in self._raw if k not in self._known and k != key], n=1)
+                hint = (f" ('{self._field(close[0])}' is given: did you mean "
+                        f"'{self._field(key)}'?)" if close else "")
                 raise ConfigError(
-                    f"{self._owner}: option '{self._field(key)}' is required",
+                    f"{self._owner}: option '{self._field(key)}' is required{hint}",
                     field=self._field(key),
                 )
             return default
@@ -208,8 +214,10 @@ class Options:
         unknown = sorted(set(self._raw) - self._known)
         if unknown:
             known = ", ".join(sorted(self._known)) or "(none)"
+            close = difflib.get_close_matches(unknown[0], sorted(self._known), n=1)
+            hint = f" (did you mean '{self._field(close[0])}'?)" if close else ""
             raise ConfigError(
-                f"{self._owner}: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"{self._owner}: unknown option(s) {', '.join(map(repr, unknown))}{hint}; "
                 f"known options: {known}",
                 field=self._field(unknown[0]),
             )

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from txsink.errors import ConfigError, SinkOwnedError
+from txsink.errors import ConfigError, ServerUnavailableError, SinkOwnedError
 
 from txsink_kafka import config as cfg
 from txsink_kafka.claims import Claim, owner_key, owner_of
@@ -45,9 +45,15 @@ class KafkaAdmin:
                                 "error_cb": errors.append}
         admin = kadmin.AdminClient(cfg.with_librdkafka_log(conf))
 
+        bound = self.config.retry_bound_s
+        deadline = time.monotonic() + bound
+
         def metadata_or_auth_error() -> Any:
+            # Each attempt ends by the deadline: the error says "retried for N s", and a
+            # 15-second attempt made a 3-second bound take 16 s.
+            left = max(0.5, deadline - time.monotonic())
             try:
-                return admin.list_topics(timeout=min(timeout, 15.0))
+                return admin.list_topics(timeout=min(timeout, 15.0, left))
             except KafkaException:
                 admin.poll(0.1)  # serves error_cb, where librdkafka says why
                 auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
@@ -59,16 +65,20 @@ class KafkaAdmin:
                         "settings)", field="kafka.sasl.password", sink_id=sink_id) from None
                 raise
 
-        bound = self.config.retry_bound_s
         try:
             metadata = retry_transient(metadata_or_auth_error,
                                        what=f"sink={sink_id}: preflight", bound_s=bound,
                                        redact=self.shared.redact)
         except KafkaException as exc:
-            raise ConfigError(
-                f"kafka sink: cannot reach Kafka at {self.config.bootstrap!r} "
-                f"(option 'kafka.bootstrap.servers'), retried for {bound:.0f}s "
-                f"(unavailable.retry.s): {self.shared.redact(str(exc))}",
+            # The library's words, not its error object (KafkaError{code=...,val=...}).
+            error = exc.args[0] if exc.args else None
+            describe = getattr(error, "str", None)
+            said = str(describe()) if callable(describe) else str(exc)
+            took = time.monotonic() - (deadline - bound)
+            raise ServerUnavailableError(
+                f"kafka sink: Kafka at {self.config.bootstrap!r} is down or unreachable "
+                f"(option 'kafka.bootstrap.servers'): no answer in {took:.0f}s (retried for "
+                f"up to {bound:g}s, unavailable.retry.s): {self.shared.redact(said)}",
                 field="kafka.bootstrap.servers", sink_id=sink_id) from None
         topic = self.config.topic
         if topic is not None and (topic not in metadata.topics

@@ -326,7 +326,8 @@ def run_pipeline(
         if remote_spark is not None:
             _quietly(remote_spark.stop, interrupted=True)
         raise
-    out(cfg.summary())
+    for line in cfg.header_lines():
+        out(line)
     out(f"delivery: {cfg.sink.guarantee.reader_note()}")
     for line in resume_notes(cfg, store):
         out(line)
@@ -352,7 +353,11 @@ def run_pipeline(
         lost = False
         try:
             if remote is None:
+                # Silent, this took long enough on a small machine to look hung.
+                out(f"starting Spark ({cfg.spark.master}); the query starts once it is up")
+                started = time.monotonic()
                 spark = build_session(cfg)
+                out(f"Spark started in {time.monotonic() - started:.0f}s")
                 _take_back_sigint()
                 owner = _jvm_owner(spark)
             else:
@@ -545,8 +550,8 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
                  "is down (`txsink run --connect-retry SECONDS`; the backend's option bounds "
                  "the wait of a running query)"
                  if quiet.retries or any(k in str(exc) for k in retry_keys) else "")
-        raise ConfigError(f"{where}: {exc}{tried}", field=where,
-                          sink_id=cfg.sink.sink_id) from None
+        raise type(exc)(f"{where}: {exc}{tried}", field=where,
+                        sink_id=cfg.sink.sink_id) from None
     finally:
         for handler in handlers:
             handler.removeFilter(quiet)
