@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,8 +56,13 @@ def _group_write(f: Path, *, crash: str | None = None, owner: str = "job") -> in
         group.close()
 
 
-def _events(epochs: range) -> list[int]:
-    return sorted(e * 100 + p * 10 + i for e in epochs for p in range(2) for i in range(3))
+def _refusal(action: Callable[[], object]) -> str | None:
+    """The message of the TxsinkError ``action`` raised (None: it went through)."""
+    try:
+        action()
+    except TxsinkError as exc:
+        return str(exc)
+    return None
 
 
 # -- a target moved to another place under the same name ------------------------------------
@@ -74,10 +80,9 @@ def test_a_target_moved_to_another_path_is_refused_or_the_cut_stays_true(
         _group_write(f)
     assert pipeline_cut(f).cut == 1
     f.write_text(f.read_text().replace(f"{tmp_path}/totals", f"{tmp_path}/totals2"))
-    try:
-        _group_write(f)
-    except TxsinkError as exc:  # the exact outcome: refused, one line, nothing written
-        assert "\n" not in str(exc)
+    refusal = _refusal(lambda: _group_write(f))
+    if refusal is not None:  # the exact outcome: refused, one line, nothing written
+        assert "\n" not in refusal
         assert not (tmp_path / "totals2").exists() or _ids(tmp_path / "totals2") == []
         return
     cut = pipeline_cut(f).cut
@@ -138,14 +143,13 @@ def _stream_run(tmp_path: Path, query: str, owner: str, base: int) -> list[Epoch
 def test_a_new_query_after_the_documented_release_loses_no_batch(tmp_path: Path) -> None:
     assert _stream_run(tmp_path, "q-old", "old", 1000) == [EpochOutcome.COMMITTED] * 2
     shutil.rmtree(tmp_path / "chk")  # the checkpoint, and the state under it, deleted
-    with pytest.raises(TxsinkError, match="state.json") as err:
+    with pytest.raises(TxsinkError, match=r"state\.json") as err:
         _stream_run(tmp_path, "q-new", "new", 2000)
     assert "gone for good, delete" in str(err.value)
     os.remove(tmp_path / "out" / "_txsink" / "state.json")  # the remedy the error names
-    try:
-        _stream_run(tmp_path, "q-new", "new", 2000)
-    except TxsinkError as exc:
-        assert "\n" not in str(exc)  # refused loudly: acceptable
+    refusal = _refusal(lambda: _stream_run(tmp_path, "q-new", "new", 2000))
+    if refusal is not None:
+        assert "\n" not in refusal  # refused loudly: acceptable
         assert _ids(tmp_path / "out") == [1000, 1001, 1010, 1011]
         return
     assert _ids(tmp_path / "out") == [1000, 1001, 1010, 1011, 2000, 2001, 2010, 2011]
