@@ -236,3 +236,19 @@ def test_reset_after_a_target_moved_refuses_or_deletes_what_the_state_wrote(
         return  # refused: nothing deleted, the file can be put back first
     assert _ids(tmp_path / "events") == []
     assert _ids(tmp_path / "totals") == [], "reset left the epochs the state wrote"
+
+
+def test_resolve_of_a_negative_epoch_is_refused_not_called_committed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`txsink resolve CHK --epoch -1 --abort` answered "epoch -1 of sink 'shop' is
+    committed; nothing to do" with exit status 0."""
+    from txsink.cli import main
+
+    f = pipeline(tmp_path)
+    _group_write(f)
+    with pytest.raises(SystemExit) as exit_:
+        main(["resolve", str(tmp_path / "chk"), "--epoch", "-1", "--abort"])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2
+    assert "is committed" not in out + err
+    assert "'-1' is not an epoch: give a whole number >= 0" in err
