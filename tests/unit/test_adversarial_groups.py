@@ -57,6 +57,11 @@ def _group_write(f: Path, *, crash: str | None = None, owner: str = "job") -> in
         group.close()
 
 
+def _events(epochs: range) -> list[int]:
+    """The ids ``batch`` makes for the events target (every row) of ``epochs``."""
+    return sorted(e * 100 + p * 10 + i for e in epochs for p in range(2) for i in range(3))
+
+
 def _refusal(action: Callable[[], object]) -> str | None:
     """The message of the TxsinkError ``action`` raised (None: it went through)."""
     try:
@@ -252,3 +257,37 @@ def test_resolve_of_a_negative_epoch_is_refused_not_called_committed(
     assert exit_.value.code == 2
     assert "is committed" not in out + err
     assert "'-1' is not an epoch: give a whole number >= 0" in err
+
+
+def test_an_epoch_whose_reservation_resolve_dropped_is_never_allocated_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`txsink resolve --epoch N --abort` of a grouped write still preparing dropped its
+    reservation without remembering N: the next batch write got N again, while the
+    fenced writer's participants of N (prepared after the abort) could still be about."""
+    from txsink.cli import main
+    from txsink.coordinator import record_prepared
+
+    f = pipeline(tmp_path)
+    _group_write(f)
+    cfg = load_pipeline(f)
+    group = cfg.create_backend()
+    assert isinstance(group, TargetGroup)
+    coord = Coordinator(group, DirectoryStateStore(Path(cfg.checkpoint) / "txsink"),
+                        cfg.sink.sink_id, owner="slow-job")
+    try:
+        coord.start()
+        epoch = coord.reserve_epoch()
+        msgs: list[Committable] = []
+        for p in range(2):
+            msgs += write_group(group, epoch, p, 0, [batch(epoch, p)])
+        record_prepared(coord.store, "slow-job", epoch, msgs, None)
+        assert main(["resolve", str(tmp_path / "chk"), "--epoch", str(epoch), "--abort"]) == 0
+        assert "the reservation of the write that did not finish is dropped" in (
+            capsys.readouterr().out)
+        with pytest.raises(TxsinkError, match="took over this sink"):
+            coord.commit_epoch(epoch, msgs)
+    finally:
+        group.close()
+    assert _group_write(f, owner="next-job") == epoch + 1
+    assert _ids(tmp_path / "events") == sorted(
+        [*_events(range(1)), *(i + 100 for i in _events(range(1, 2)))])

@@ -725,8 +725,10 @@ def _where(c: Committable) -> str:
 def _drop_reservation(coordinator: Coordinator, store: StateStore, epoch: int) -> None:
     """The RESERVED record of a batch or grouped write that died before its decision:
     its participants are rolled back, so the epoch is given up (the resolve owns the
-    lease now; the dead writer, if it came back, is fenced)."""
-    store.delete(coordinator.lease, [epoch])
+    lease now; the dead writer, if it came back, is fenced). Its number is remembered as
+    given up, so no later write is allocated it while a participant the fenced writer
+    prepared after this abort may still carry it."""
+    coordinator.epochs.give_up([epoch])
 
 
 def _release_own_lease(store: StateStore, owner: str) -> None:
