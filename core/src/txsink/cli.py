@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         "undecided epoch; aborting a DECIDED epoch drops data and needs --force. Stop the "
         "query first: this takes over the sink's lease.")
     resolve.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
-    resolve.add_argument("--epoch", type=int, required=True)
+    resolve.add_argument("--epoch", type=_epoch_number, required=True)
     action = resolve.add_mutually_exclusive_group(required=True)
     action.add_argument("--commit", action="store_true")
     action.add_argument("--abort", action="store_true")
@@ -766,8 +766,10 @@ def _where(c: Committable) -> str:
 def _drop_reservation(coordinator: Coordinator, store: StateStore, epoch: int) -> None:
     """The RESERVED record of a batch or grouped write that died before its decision:
     its participants are rolled back, so the epoch is given up (the resolve owns the
-    lease now; the dead writer, if it came back, is fenced)."""
-    store.delete(coordinator.lease, [epoch])
+    lease now; the dead writer, if it came back, is fenced). Its number is remembered as
+    given up, so no later write is allocated it while a participant the fenced writer
+    prepared after this abort may still carry it."""
+    coordinator.epochs.give_up([epoch])
 
 
 def _release_own_lease(store: StateStore, owner: str) -> None:
@@ -779,6 +781,18 @@ def _release_own_lease(store: StateStore, owner: str) -> None:
 
         with contextlib.suppress(TxsinkError, OSError):
             store.release(Lease(owner, int(info["generation"])))
+
+
+def _epoch_number(text: str) -> int:
+    """``--epoch``: a whole number >= 0 (epochs start at 0; -1 was answered "committed")."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an epoch: give a whole number >= 0 (`txsink status` lists them)")
+    return value
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ from txsink.targets import (
     ROUTE_PREFIX,
     TargetSpec,
     check_columns,
+    duplicate_column,
     target_sink_id,
 )
 
@@ -305,6 +306,13 @@ def route(group: TargetGroup, batch: pa.RecordBatch, epoch: int) -> list[tuple[M
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    twice = duplicate_column(batch.schema.names)
+    if twice is not None:
+        raise ConfigError(
+            f"targets: the rows have the column {twice!r} twice (names are compared "
+            "case-blind, as Spark does), which no target can hold faithfully; nothing was "
+            "written. Give each column its own name (alias it in the select)",
+            field="targets", sink_id=group.group_id)
     check_columns(group.group_id, [m.spec for m in group.members.values()],
                   arrow_columns(batch.schema))
     routed = any(n.startswith(ROUTE_PREFIX) for n in batch.schema.names)

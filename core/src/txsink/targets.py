@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -267,6 +267,21 @@ def changed_targets(recorded: Mapping[str, Mapping[str, Any]], specs: Sequence[T
         field="targets", sink_id=group_id)
 
 
+def duplicate_column(names: Iterable[str]) -> str | None:
+    """The first column name given twice (compared case-blind, Spark's default), if any.
+
+    A row with two columns of one name cannot be written faithfully: Parquet files hold
+    both and are then unreadable ("Multiple matches for FieldRef"), JSON lines and
+    databases keep one of the two values.
+    """
+    seen: set[str] = set()
+    for name in names:
+        if name.lower() in seen:
+            return name
+        seen.add(name.lower())
+    return None
+
+
 def check_columns(group_id: str, specs: Sequence[TargetSpec],
                   columns: Mapping[str, Sequence[str]], *, prefix: str = "targets",
                   only: str | None = None) -> None:
@@ -310,6 +325,14 @@ def check_columns(group_id: str, specs: Sequence[TargetSpec],
                 "TargetSet.shape(df) to the data source", prefix)
         per_target = {s.name: list(columns) for s in specs}
     for s in specs:
+        twice = duplicate_column(per_target.get(s.name, ()))
+        if twice is not None:
+            raise refuse(
+                f"the rows of target {s.name!r} have the column {twice!r} twice (names are "
+                "compared case-blind, as Spark does); Parquet would hold the name twice "
+                "(unreadable), JSON lines and databases would keep only one of the values; "
+                "nothing was written. Give each column of the target's select its own name",
+                f"{prefix}[{s.name}]" + (".select" if s.select else ""))
         if not s.epoch_column or s.name not in per_target:
             continue
         clash = [c for c in per_target[s.name] if c.lower() == s.epoch_column.lower()]

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from txsink.backend import Backend
+from txsink.errors import ConfigError
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ def write_participant(
     try:
         for batch in batches:
             if batch.num_rows:
+                _refuse_duplicate_columns(ctx, batch)
                 backend.write(txn, batch)
         if guarantee.transactional:
             committable = backend.pre_commit(txn)
@@ -43,3 +45,17 @@ def write_participant(
         raise
     log.debug("prepared %s rows=%d", committable.describe(), committable.rows)
     return committable
+
+
+def _refuse_duplicate_columns(ctx: TransactionContext, batch: pa.RecordBatch) -> None:
+    """Rows with two columns of one name are refused before any is written: Parquet
+    would be unreadable, JSON lines and databases would keep one of the two values."""
+    from txsink.targets import duplicate_column
+
+    twice = duplicate_column(batch.schema.names)
+    if twice is not None:
+        raise ConfigError(
+            f"sink={ctx.sink_id}: the rows have the column {twice!r} twice (names are "
+            "compared case-blind, as Spark does), which no target can hold faithfully; "
+            "nothing was written. Give each column its own name (alias it in the select)",
+            field="columns", sink_id=ctx.sink_id)

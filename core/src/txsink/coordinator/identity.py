@@ -134,14 +134,7 @@ class Epochs:
             return
         if reserved is not None:
             self.give_up([reserved])
-        raise StateError(
-            f"sink={sink.sink_id}: a streaming query writes through this sink's state "
-            f"({sink.store.location}); its micro-batch b is epoch {meta.stream_from} + b, "
-            "so a batch write here would take the number of one of its next batches. "
-            "Nothing of this batch write was written. Write it under its own sink_id and "
-            "checkpoint (or state_location), or write the stream with foreachBatch "
-            "grouped writes (txsink.spark.epoch(..., version=batch_id)), which reserve "
-            "their epochs like batch writes", sink_id=sink.sink_id)
+        raise beside_stream(sink.sink_id, sink.store.location, meta.stream_from)
 
     # -- streams ----------------------------------------------------------------------------
 
@@ -318,6 +311,18 @@ class Epochs:
         meta = dataclasses.replace(meta, writes=writes, write_queries=queries)
         sink.store.write_meta(sink.lease, meta)
         sink.cached_meta = meta
+
+
+def beside_stream(sink_id: str, location: str, stream_from: int) -> StateError:
+    """The refusal of a batch write on a state a stream writes through."""
+    return StateError(
+        f"sink={sink_id}: a streaming query writes through this sink's state "
+        f"({location}); its micro-batch b is epoch {stream_from} + b, "
+        "so a batch write here would take the number of one of its next batches. "
+        "Nothing of this batch write was written. Write it under its own sink_id and "
+        "checkpoint (or state_location), or write the stream with foreachBatch "
+        "grouped writes (txsink.spark.epoch(..., version=batch_id)), which reserve "
+        "their epochs like batch writes", sink_id=sink_id)
 
 
 def kept(meta: SinkMeta | None, epoch: int) -> set[tuple[str | None, int]]:

@@ -62,6 +62,7 @@ from txsink.targets import (
     TargetSpec,
     check_columns,
     decode_targets,
+    duplicate_column,
     parse_targets,
 )
 from txsink.writer import write_participant
@@ -721,6 +722,14 @@ class TxsinkDataSource(DataSource):
         rather than when the writer is pickled, where the refusal drowned in a
         PicklingError."""
         settings = self.settings
+        twice = duplicate_column(schema.fieldNames())
+        if twice is not None:
+            raise ConfigError(
+                f"txsink: sink {settings.sink_id!r}: the rows have the column {twice!r} twice "
+                "(names are compared case-blind, as Spark does), which no target can hold "
+                "faithfully (Parquet would be unreadable, JSON lines and databases would keep "
+                "one of the values); nothing was written. Give each column its own name",
+                field="columns", sink_id=settings.sink_id)
         if not settings.targets:
             return
         from txsink.spark.group import recorded_targets_refusal, spark_columns

@@ -166,6 +166,7 @@ class TargetSet:
         """A batch write of ``df`` to every target: one epoch, all targets or none."""
         shaped = self.shape(df)
         self.check_state()
+        self.check_no_stream()
         shaped.write.format("txsink").mode("append").options(**self.options()).save()
 
     def check_state(self) -> None:
@@ -174,6 +175,22 @@ class TargetSet:
         refusal = recorded_targets_refusal(self.state(), self.sink_id, self.specs)
         if refusal is not None:
             raise refusal
+
+    def check_no_stream(self) -> None:
+        """Refuse a batch write here, in one line, when a stream writes through the
+        group's state (its next batches need the next epochs): before Spark plans it,
+        where the same refusal came wrapped in a Python traceback inside Spark's error."""
+        import os
+
+        from txsink.coordinator.identity import beside_stream
+
+        state = self.state()
+        local = state.removeprefix("file://")
+        if "://" not in local and not os.path.isfile(os.path.join(local, "meta.json")):
+            return  # no state yet (and opening one would create its directory)
+        meta = get_plugins().state_store(state).read_meta()
+        if meta is not None and meta.sink_id == self.sink_id and meta.stream_from is not None:
+            raise beside_stream(self.sink_id, state, meta.stream_from)
 
     def state(self) -> str:
         if self.state_location:
