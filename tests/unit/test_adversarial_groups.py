@@ -140,12 +140,6 @@ def _stream_run(tmp_path: Path, query: str, owner: str, base: int) -> list[Epoch
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the files backend's refusal of a new state says 'if the old query and its "
-    "checkpoint are gone for good, delete .../_txsink/state.json'; done so, the new "
-    "query's micro-batches 0, 1, ... meet the old query's epochs 0, 1, ... in the "
-    "target and are dropped as replays (a WARNING that blames a restored backup): the "
-    "new query's rows are lost, by the epoch number alone"))
 def test_a_new_query_after_the_documented_release_loses_no_batch(tmp_path: Path) -> None:
     assert _stream_run(tmp_path, "q-old", "old", 1000) == [EpochOutcome.COMMITTED] * 2
     shutil.rmtree(tmp_path / "chk")  # the checkpoint, and the state under it, deleted

@@ -45,12 +45,6 @@ def _stream_run(pg: PgServer, table: str, state: Path, sink: str, query: str,
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the postgres backend's refusal of a new state says 'if the old query and its "
-    "checkpoint are gone for good, DELETE FROM <markers>_sinks WHERE sink_id = ...'; "
-    "done so, the new query's micro-batches 0, 1 meet the old query's commit markers of "
-    "epochs 0, 1 and are dropped as replays (a WARNING that blames a restored backup): "
-    "the new query's rows are lost, by the epoch number alone"))
 def test_a_new_query_after_the_documented_release_loses_no_batch(
         pg_server: PgServer, table_name: str, tmp_path: Path) -> None:
     sink = f"adv{uuid.uuid4().hex[:8]}"

@@ -836,6 +836,13 @@ class PostgresBackend(Backend):
 
         def ask() -> int:
             with self._driver() as conn:
+                # Asked before the first epoch too (a stream binding a new state): a
+                # marker table not created yet holds no epoch.
+                exists = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(
+                    self.marker_table.schema, self.marker_table.table).as_string(conn),
+                )).fetchone()
+                if exists is None or exists[0] is None:
+                    return -1
                 row = conn.execute(
                     sql.SQL("SELECT max(epoch) FROM {} WHERE sink_id = %s").format(
                         sql.Identifier(self.marker_table.schema, self.marker_table.table)),

@@ -142,24 +142,28 @@ class Epochs:
         """Fix the epoch of the streaming sink's micro-batch 0 (once per state).
 
         0 on a state nothing wrote yet; above every epoch the state used when batch
-        writes came first (a backfill). ``legacy``: a stream wrote through this state
-        under a release that did not record it, with epochs equal to batch ids (0).
-        Only the state's own numbers count, not the targets': a stream restarted on a
-        deleted state must meet its own earlier batches in the targets at their old
-        numbers, to be told they are there already.
+        writes came first (a backfill), and above every epoch a target holds. The
+        targets count too: a state that knows none of their epochs is a new query's,
+        either on a sink id its old owner released ("the old query and its checkpoint
+        are gone for good", as every claim refusal puts it) or beside epochs written
+        by batch writes; taking its batches for the old epochs dropped them. A stream
+        whose state alone was lost meets the target's claim of the old state first.
+        ``legacy``: a stream wrote through this state under a release that did not
+        record it, with epochs equal to batch ids (0).
         """
         sink = self.sink
         meta = sink.meta()
         if meta.stream_from is not None:
             return meta.stream_from
-        start = 0 if legacy else self.used_in_state() + 1
+        start = 0 if legacy else max(self.used_in_state(), self.held_by_targets()) + 1
         meta = dataclasses.replace(meta, stream_from=start)
         sink.store.write_meta(sink.lease, meta)
         sink.cached_meta = meta
         if start:
-            log.warning("sink=%s: batch writes used epochs up to %d of this state before "
-                        "the first streaming query wrote through it: the stream's "
-                        "micro-batch b is epoch %d + b", sink.sink_id, start - 1, start)
+            log.warning("sink=%s: epochs up to %d were written before the first "
+                        "streaming query of this state wrote through it (batch writes, or "
+                        "the query that released the sink id): the stream's micro-batch b "
+                        "is epoch %d + b", sink.sink_id, start - 1, start)
         return start
 
     def stream_from(self) -> int:
