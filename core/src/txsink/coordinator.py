@@ -731,7 +731,8 @@ class Coordinator:
         """
         started = time.monotonic()
         failures: list[CommitError] = []
-        first, rest = record.committables[:1], record.committables[1:]
+        split = self.backend.first_commit_size(record.committables)
+        first, rest = record.committables[:split], record.committables[split:]
         results = self._commit_many(first)
         if first and isinstance(results[0], CommitOutcome):
             self.faults.hit(AFTER_FIRST_COMMIT, record.epoch)
