@@ -170,6 +170,9 @@ class TableBackend(Backend):
     (:meth:`first_commit_size`), which appends one entry to the table.
     """
 
+    #: Spark's own Parquet writer may write this target's files (the native data path:
+    #: ``TargetSet.write_stream`` / ``write`` and grouped epochs).
+    native_parquet: ClassVar[bool] = True
     capabilities: ClassVar[frozenset[Capability]] = frozenset({
         Capability.COMMIT_FROM_ANY_PROCESS, Capability.LIST_PREPARED,
         Capability.COMMIT_MARKER, Capability.SURVIVES_RESTART})
