@@ -159,7 +159,12 @@ class DeltaBackend(TableBackend):
         props = CommitProperties(
             custom_metadata={SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
                              PARTICIPANTS_KEY: marker_json(participants)},
-            app_transactions=[Transaction(sink_id, epoch)])
+            app_transactions=[Transaction(sink_id, epoch)],
+            # delta-rs would retry a lost race itself, on the new log version, without
+            # looking at the winner's txn: two committers of one epoch then both add it
+            # (seen: both answered committed). Lost races come back here instead, and
+            # the caller reads the markers again first.
+            max_commit_retries=0)
         try:
             table.create_write_transaction(actions, "append", schema, commit_properties=props)
         except CommitFailedError as exc:

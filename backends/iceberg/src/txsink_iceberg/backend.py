@@ -200,6 +200,7 @@ class IcebergBackend(TableBackend):
         props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
                  PARTICIPANTS_KEY: marker_json(participants)}
         paths = [f"file://{self.absolute(f.path)}" for f in files]
+        table = _without_retries(table)
         try:
             with table.transaction() as tx:
                 if paths:
@@ -235,3 +236,20 @@ class IcebergBackend(TableBackend):
                                         location=f"file://{location}")
         except TableAlreadyExistsError:
             return self._load()
+
+
+def _without_retries(table: Any) -> Any:
+    """``table`` as this process sees it, with pyiceberg's own commit retries off.
+
+    pyiceberg retries a commit that lost a race by rebuilding it on the new metadata,
+    without looking at the winner: two committers of one epoch then both added it
+    (seen: both answered committed). A lost race comes back to the caller, which reads
+    the markers again first. Only the in-memory copy changes: the catalog applies the
+    commit to the table's stored metadata, whose properties stay as they are.
+    """
+    from pyiceberg.table import Table
+
+    meta = table.metadata
+    props = {**meta.properties, "commit.retry.num-retries": "0"}
+    return Table(table.name(), meta.model_copy(update={"properties": props}),
+                 table.metadata_location, table.io, table.catalog)
