@@ -204,9 +204,11 @@ class IcebergBackend(TableBackend):
         try:
             with table.transaction() as tx:
                 if paths:
-                    # check_duplicate_files: a second committer of the same epoch (which
-                    # the lease should never allow) would be refused, not doubled.
-                    tx.add_files(paths, snapshot_properties=props, check_duplicate_files=True)
+                    # No check_duplicate_files: it scans every manifest of the table on
+                    # each commit (growing with the table); the marker read before and
+                    # the race coming back (retries off) are what keep a file single.
+                    tx.add_files(paths, snapshot_properties=props,
+                                 check_duplicate_files=False)
                 else:
                     tx.append(table.schema().as_arrow().empty_table(),
                               snapshot_properties=props)
