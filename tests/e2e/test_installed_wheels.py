@@ -49,7 +49,8 @@ def test_built_wheels_install_and_run_the_demo(tmp_path: Path) -> None:
     subprocess.run([uv, "build", "--all-packages", "--wheel", "-o", str(dist)], cwd=REPO,
                    check=True, capture_output=True, timeout=600)
     wheels = {p.name.split("-")[0]: p for p in dist.glob("*.whl")}
-    assert set(wheels) == {"txsink", "txsink_kafka", "txsink_postgres", "txsink_s3"}, wheels
+    assert set(wheels) == {"txsink", "txsink_kafka", "txsink_postgres", "txsink_s3",
+                           "txsink_delta", "txsink_iceberg"}, wheels
 
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "--python", sys.executable, str(venv)], check=True,
@@ -58,7 +59,8 @@ def test_built_wheels_install_and_run_the_demo(tmp_path: Path) -> None:
     # What the README says: txsink with the spark extra, plus the backends.
     subprocess.run([uv, "pip", "install", "--python", str(python),
                     f"{wheels['txsink']}[spark]", str(wheels["txsink_kafka"]),
-                    str(wheels["txsink_postgres"]), str(wheels["txsink_s3"])],
+                    str(wheels["txsink_postgres"]), str(wheels["txsink_s3"]),
+                    str(wheels["txsink_delta"]), str(wheels["txsink_iceberg"])],
                    check=True, capture_output=True, timeout=900, env=_clean_env())
 
     outside = tmp_path / "elsewhere"
@@ -68,7 +70,8 @@ def test_built_wheels_install_and_run_the_demo(tmp_path: Path) -> None:
                           timeout=120, env=_clean_env(), check=False)
     assert proc.returncode == 0, proc.stderr
     for backend, package in [("files", "txsink"), ("kafka", "txsink-kafka"),
-                             ("postgres", "txsink-postgres"), ("s3", "txsink-s3")]:
+                             ("postgres", "txsink-postgres"), ("s3", "txsink-s3"),
+                             ("delta", "txsink-delta"), ("iceberg", "txsink-iceberg")]:
         assert f"{backend} (package {package} 0.1.0)" in proc.stdout, proc.stdout
     assert "broken plugin" not in proc.stdout
     # The code comes from the venv, not from the repository.

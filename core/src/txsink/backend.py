@@ -228,6 +228,17 @@ class Backend(abc.ABC):
                 results.append(exc)
         return results
 
+    def first_commit_size(self, committables: Sequence[Committable]) -> int:
+        """How many of a decided epoch's participants (from the front) the coordinator
+        commits in its first :meth:`commit_all` call; the rest follow in a second call.
+
+        Default 1: the first participant alone, so a crash can leave (and the fault
+        points can test) an epoch committed in part. A backend whose commit of an epoch
+        is one entry in the target (a table format's log entry or snapshot) returns
+        ``len(committables)``, so the epoch is committed in one call and one entry.
+        """
+        return min(1, len(committables))
+
     def salvage(self, committable: Committable, ctx: TransactionContext) -> Committable:
         """Prepare again, as the new participant ``ctx``, exactly the data of a decided
         participant that the target aborted on its own; return the new committable.

@@ -225,6 +225,16 @@ class TargetGroup(Backend):
             done.append(r)
         return done
 
+    def first_commit_size(self, committables: Sequence[Committable]) -> int:
+        """1, unless the first participant's target commits an epoch as one entry (a
+        table format): then the whole epoch, so that target gets its participants in
+        one call (the second call would hand it the rest again, as a second entry)."""
+        if not committables:
+            return 0
+        m = self.member(committables[0].target)
+        own = [c for c in committables if c.target == committables[0].target]
+        return len(committables) if m.backend.first_commit_size(own) > 1 else 1
+
     def abort(self, committable: Committable) -> None:
         self.member(committable.target).backend.abort(committable)
 

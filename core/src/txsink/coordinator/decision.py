@@ -455,7 +455,8 @@ class Decision:
         sink = self.sink
         started = time.monotonic()
         failures: list[CommitError] = []
-        first, rest = record.committables[:1], record.committables[1:]
+        split = sink.backend.first_commit_size(record.committables)
+        first, rest = record.committables[:split], record.committables[split:]
         results = self.commit_many(first)
         if first and isinstance(results[0], CommitOutcome):
             sink.faults.hit(AFTER_FIRST_COMMIT, record.epoch)

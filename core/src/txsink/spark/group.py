@@ -30,14 +30,21 @@ Two ways to write a group, both with one decision per epoch:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from txsink.coordinator import Coordinator
+from txsink.coordinator import Coordinator, record_prepared
 from txsink.errors import ConfigError, StateError
 from txsink.group import TargetGroup, write_group
-from txsink.model import Committable, validate_sink_id
+from txsink.lakehouse import TableBackend, new_participant_dir
+from txsink.model import (
+    SALVAGE_ATTEMPT_BASE,
+    Committable,
+    TransactionContext,
+    validate_sink_id,
+)
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_token
 from txsink.state import EpochState, StateStore, WriteId
@@ -156,14 +163,35 @@ class TargetSet:
         when a target has select/where."""
         return checked_shape(df, self.specs, self.sink_id)
 
+    def native(self) -> bool:
+        """Whether a target takes Spark's own Parquet writer (a table format): then each
+        target is written by its own Spark job in one grouped epoch (Spark's writer for
+        the tables, txsink's for the others) instead of one job writing every target."""
+        plugins = get_plugins()
+        return any(getattr(plugins.backend_class(s.backend), "native_parquet", False)
+                   for s in self.specs)
+
     def write_stream(self, df: DataFrame) -> DataStreamWriter:
         """``df.writeStream`` to every target, one decision per micro-batch."""
+        if self.native():
+            self.check_state()
+            if not self.checkpoint_location:
+                raise ConfigError(f"group {self.sink_id!r}: give checkpoint_location: a "
+                                  "group with table targets streams through foreachBatch, "
+                                  "whose checkpoint it is", field="checkpoint_location")
+            writer = df.writeStream.foreachBatch(_NativeBatch(self))
+            return writer.option("checkpointLocation", self.checkpoint_location)
         shaped = self.shape(df)
         self.check_state()
         return shaped.writeStream.format("txsink").options(**self.options())
 
     def write(self, df: DataFrame) -> None:
         """A batch write of ``df`` to every target: one epoch, all targets or none."""
+        if self.native():
+            self.check_state()
+            self.check_no_stream()
+            self.write_epoch(df, None)
+            return
         shaped = self.shape(df)
         self.check_state()
         self.check_no_stream()
@@ -191,6 +219,19 @@ class TargetSet:
         meta = get_plugins().state_store(state).read_meta()
         if meta is not None and meta.sink_id == self.sink_id and meta.stream_from is not None:
             raise beside_stream(self.sink_id, state, meta.stream_from)
+
+    def write_epoch(self, df: DataFrame, version: int | None) -> None:
+        """Every target of one epoch, each by its own Spark job (the native data path)."""
+        many = len(self.specs) > 1
+        if many:
+            df = df.persist()
+        try:
+            with self.epoch(df.sparkSession, version=version) as tx:
+                for s in self.specs:
+                    tx.write(df, s.name)
+        finally:
+            if many:
+                df.unpersist()
 
     def state(self) -> str:
         if self.state_location:
@@ -308,6 +349,10 @@ class GroupEpoch:
         if spec.select:
             df = df.selectExpr(*spec.select)
         check_columns(self.group.sink_id, [spec], spark_columns(df.schema), only=spec.name)
+        if getattr(get_plugins().backend_class(spec.backend), "native_parquet", False):
+            self._write_native(df, spec)
+            self.written[spec.name] = 1
+            return
         opts = {**self.group.options(), "state_location": self.group.state(),
                 "txsink.group.epoch": str(-1 if self.skipped else self.epoch),
                 "txsink.group.target": spec.name, "txsink.group.owner": self.owner}
@@ -344,6 +389,51 @@ class GroupEpoch:
         finally:
             backend.close()
 
+    def _write_native(self, df: DataFrame, spec: TargetSpec) -> None:
+        """Spark's own Parquet writer puts the target's files of this epoch into the
+        table's directory (invisible until committed); the driver records them as one
+        participant of the reserved epoch."""
+        if self.skipped:
+            return
+        part = TargetGroup.from_specs(self.group.sink_id, [spec])
+        try:
+            member = part.members[spec.name]
+            backend = member.backend
+            assert isinstance(backend, TableBackend)
+            # A fresh attempt number per write (milliseconds), below salvage's range.
+            ctx = TransactionContext(member.sink_id, self.epoch, 0,
+                                     int(time.time() * 1000) % SALVAGE_ATTEMPT_BASE)
+            dirname = new_participant_dir(ctx.participant)
+            path = backend.absolute(f"{backend.epoch_folder(ctx.sink_id, self.epoch)}/"
+                                    f"{dirname}")
+            spark = df.sparkSession
+            # Iceberg reads microsecond timestamps only; Spark writes INT96 by default.
+            key = "spark.sql.parquet.outputTimestampType"
+            before = spark.conf.get(key, None)
+            spark.conf.set(key, "TIMESTAMP_MICROS")
+            try:
+                df.write.mode("errorifexists").parquet(path)
+            finally:
+                if before is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, before)
+            committable = part._tag(spec.name, [backend.committable_for_directory(
+                ctx, dirname)])
+            query = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+            try:
+                assert self._store is not None
+                record_prepared(self._store, self.owner, self.epoch, committable,
+                                query or None)
+            except BaseException:
+                backend.abort(committable[0])
+                raise
+            log.info("sink=%s epoch=%d target=%s: Spark's Parquet writer prepared %d "
+                     "file(s), %d row(s)", self.group.sink_id, self.epoch, spec.name,
+                     len(committable[0].payload["files"]), committable[0].rows)
+        finally:
+            part.close()
+
     def _empty_participants(self, backend: TargetGroup,
                             prepared: Sequence[Committable]) -> list[Committable]:
         """A target this block did not write still takes part (no rows), so every target
@@ -354,6 +444,17 @@ class GroupEpoch:
         part = TargetGroup(backend.group_id, [backend.members[n] for n in missing])
         # An attempt number of the driver's own: no Spark task attempt of this run uses it.
         return write_group(part, self.epoch, 0, DRIVER_ATTEMPT, [])
+
+
+class _NativeBatch:
+    """The ``foreachBatch`` function of a group with table targets: one grouped epoch per
+    micro-batch, ``version`` = the batch id (a replayed batch is a no-op)."""
+
+    def __init__(self, group: TargetSet) -> None:
+        self.group = group
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self.group.write_epoch(df, batch_id)
 
 
 __all__ = ["GROUP_BACKEND", "GroupEpoch", "TargetSet", "epoch", "shape", "target", "targets"]

@@ -36,6 +36,7 @@ from txsink.errors import ConfigError, SinkOwnedError, TxsinkError
 from txsink.plugins import Plugins, get_plugins
 from txsink.spark._proc import OWNER_ENV
 from txsink.spark.console import CLIENT_LOGGERS, default_log_path, spark_output_to
+from txsink.spark.group import TargetSet
 from txsink.state import EpochRecord, EpochState, StateStore, new_owner_token
 
 if TYPE_CHECKING:
@@ -769,11 +770,27 @@ def _epoch_line(record: EpochRecord, progress: Mapping[str, Any] | None) -> str:
             f"participant(s){latency}{spark_part}")
 
 
+def _native_targets(cfg: PipelineConfig, extra_options: Mapping[str, str] | None
+                    ) -> TargetSet | None:
+    """The group's targets when one is a table format (Delta, Iceberg): their files are
+    then written by Spark's own Parquet writer (``TargetSet.write``/``write_stream``).
+    Not under Spark Connect (``extra_options`` carry the lease owner there): those
+    pipelines keep the data source path."""
+    if not cfg.sink.targets or extra_options:
+        return None
+    group = TargetSet(cfg.sink.sink_id, cfg.sink.targets, checkpoint_location=cfg.checkpoint)
+    return group if group.native() else None
+
+
 def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
                out: Printer, extra_options: dict[str, str] | None = None) -> RunResult:
     seen = {e for e, state in store.states().items() if state is EpochState.COMMITTED}
-    options = {**cfg.sink_write_options(), **(extra_options or {})}
-    frame.write.format("txsink").mode("append").options(**options).save()
+    native = _native_targets(cfg, extra_options)
+    if native is not None:
+        native.write(frame)
+    else:
+        options = {**cfg.sink_write_options(), **(extra_options or {})}
+        frame.write.format("txsink").mode("append").options(**options).save()
     result = RunResult(stopped_because="batch write finished")
     for record in _committed_since(store, seen):
         out(_epoch_line(record, None))
@@ -784,8 +801,12 @@ def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
 def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: Printer, *,
                 max_batches: int | None, until_idle: bool, timeout_s: float | None,
                 poll_s: float, extra_options: dict[str, str] | None = None) -> RunResult:
-    options = {**cfg.sink_write_options(), **(extra_options or {})}
-    writer = frame.writeStream.format("txsink").options(**options)
+    native = _native_targets(cfg, extra_options)
+    if native is not None:
+        writer = native.write_stream(frame)
+    else:
+        options = {**cfg.sink_write_options(), **(extra_options or {})}
+        writer = frame.writeStream.format("txsink").options(**options)
     trig = cfg.trigger
     if trig.kind == "processing_time" and trig.interval:
         writer = writer.trigger(processingTime=trig.interval)

@@ -1,0 +1,1 @@
+"""Delta Lake backend for txsink."""

@@ -1,0 +1,1 @@
+"""Apache Iceberg backend for txsink."""

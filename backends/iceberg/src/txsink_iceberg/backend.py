@@ -1,0 +1,257 @@
+"""Apache Iceberg backend: one snapshot per epoch, marked in its summary.
+
+Writers put Parquet files under the table's data folder (invisible: no snapshot names
+them); the driver commits an epoch as ONE append snapshot (pyiceberg ``add_files``)
+whose summary carries ``txsink.sink``, ``txsink.epoch`` and the participant
+directories it names. Before each commit the current snapshot's ancestry is read (as
+Spark's own Iceberg streaming sink does): an epoch it already holds is not added
+again, so a commit whose outcome was unknown is finished, never doubled.
+
+The catalog is pyiceberg's SQL catalog: by default on a SQLite file in the warehouse
+(one machine); ``catalog_uri`` names a PostgreSQL database for shared use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from txsink.errors import ConfigError, FatalCommitError, StateError
+from txsink.lakehouse import (
+    ConflictError,
+    DataFile,
+    TableBackend,
+    marker_dirs,
+    marker_json,
+)
+from txsink.options import Options
+
+log = logging.getLogger(__name__)
+
+SINK_KEY = "txsink.sink"
+EPOCH_KEY = "txsink.epoch"
+PARTICIPANTS_KEY = "txsink.participants"
+CATALOG_FILE = "txsink-catalog.db"
+
+
+class IcebergBackend(TableBackend):
+    """An Iceberg table ``namespace.name`` in a SQL catalog, data on local disk."""
+
+    name: ClassVar[str] = "iceberg"
+    secret_options: ClassVar[frozenset[str]] = frozenset({"catalog_uri"})
+
+    def __init__(self, table: str, warehouse: str, catalog_uri: str | None = None, *,
+                 catalog_name: str = "txsink", create: bool = True) -> None:
+        self.table = table
+        self.warehouse = warehouse
+        self.catalog_uri = catalog_uri
+        self.catalog_name = catalog_name
+        self.create = create
+        self._catalog_cache: Any = None
+        self._root: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> IcebergBackend:
+        opts = Options(options, owner="iceberg backend", secret_keys=cls.secret_options)
+        table = opts.str("table", required=True)
+        if len(table.split(".")) != 2 or not all(table.split(".")):
+            raise ConfigError(f"iceberg backend: option 'table' must be 'namespace.name', "
+                              f"got {table!r}", field="table")
+        warehouse = opts.str("warehouse", required=True)
+        if warehouse.startswith("file://"):
+            warehouse = warehouse[len("file://"):]
+        elif "://" in warehouse:
+            raise ConfigError(
+                f"iceberg backend: option 'warehouse' must be a local directory for now, "
+                f"got {warehouse!r}; warehouses on object stores are not supported yet",
+                field="warehouse")
+        secret = opts.secret("catalog_uri")
+        name = opts.str("catalog_name", "txsink")
+        create = opts.bool("create", True)
+        opts.check_unknown()
+        return cls(table, os.path.abspath(warehouse),
+                   secret.reveal() if secret is not None else None,
+                   catalog_name=name, create=create)
+
+    def describe(self) -> str:
+        return f"iceberg table {self.table} (warehouse {self.warehouse})"
+
+    def secret_values(self) -> list[str]:
+        return [self.catalog_uri] if self.catalog_uri else []
+
+    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
+        kept = super().safe_options(options)
+        kept["warehouse"] = self.warehouse
+        return kept
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_catalog_cache"] = None
+        return state
+
+    # -- the catalog ----------------------------------------------------------------------
+
+    def _catalog(self) -> Any:
+        if self._catalog_cache is None:
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            uri = self.catalog_uri or f"sqlite:///{self.warehouse}/{CATALOG_FILE}"
+            if not self.catalog_uri:
+                os.makedirs(self.warehouse, exist_ok=True)
+            self._catalog_cache = SqlCatalog(self.catalog_name, uri=uri,
+                                             warehouse=f"file://{self.warehouse}")
+        return self._catalog_cache
+
+    def _load(self) -> Any:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self._catalog().load_table(self.table)
+        except NoSuchTableError:
+            return None
+
+    def _location(self) -> str:
+        namespace, name = self.table.split(".")
+        return f"{self.warehouse}/{namespace}/{name}"
+
+    def data_root(self) -> str:
+        """The table's data folder (read from the catalog once; a table not created yet
+        gets the catalog's default location, which :meth:`append_epoch` creates it at)."""
+        if self._root is None:
+            table = self._load()
+            location = (table.location() if table is not None else self._location())
+            location = location.removeprefix("file://")
+            if "://" in location:
+                raise ConfigError(f"iceberg backend: table {self.table} lives at "
+                                  f"{location}; only local tables are supported for now",
+                                  field="table")
+            self._root = f"{location.rstrip('/')}/data"
+        return self._root
+
+    def preflight(self, sink_id: str) -> None:
+        table = self._load()
+        if table is None and not self.create:
+            raise ConfigError(f"iceberg backend: no table {self.table} in the catalog and "
+                              "create=false; create it first, or drop create=false",
+                              field="table")
+        if table is not None and table.spec().fields:
+            raise ConfigError(f"iceberg backend: table {self.table} is partitioned; txsink "
+                              "writes unpartitioned Iceberg tables only (for now)",
+                              field="table")
+        self.data_root()
+
+    # -- markers --------------------------------------------------------------------------
+
+    def table_epoch(self, sink_id: str, epoch: int) -> dict[str, str] | None:
+        table = self._load()
+        if table is None:
+            return None
+        found: dict[str, str] | None = None
+        later = False
+        snapshot = table.current_snapshot()
+        while snapshot is not None:
+            summary = snapshot.summary
+            if summary is not None and summary.get(SINK_KEY) == sink_id:
+                e = int(summary[EPOCH_KEY])
+                if e == epoch:
+                    found = {**(found or {}), **marker_dirs(summary[PARTICIPANTS_KEY])}
+                elif e < epoch:
+                    return found
+                else:
+                    later = True
+            parent = snapshot.parent_snapshot_id
+            if parent is None:
+                return found
+            snapshot = table.snapshot_by_id(parent)
+            if snapshot is None and found is None and later:
+                raise StateError(
+                    f"sink={sink_id} epoch={epoch}: table {self.table} holds later epochs of "
+                    f"this sink, but its snapshots no longer reach back to epoch {epoch} "
+                    "(expired): txsink cannot tell whether that epoch is in the table. Keep "
+                    "snapshots longer than the longest time a pipeline may be down",
+                    sink_id=sink_id, epoch=epoch)
+        return found
+
+    def highest_epoch(self, sink_id: str) -> int | None:
+        table = self._load()
+        snapshot = table.current_snapshot() if table is not None else None
+        while snapshot is not None:
+            summary = snapshot.summary
+            if summary is not None and summary.get(SINK_KEY) == sink_id:
+                return int(summary[EPOCH_KEY])
+            parent = snapshot.parent_snapshot_id
+            snapshot = table.snapshot_by_id(parent) if parent is not None else None
+        return -1
+
+    # -- commit ---------------------------------------------------------------------------
+
+    def append_epoch(self, sink_id: str, epoch: int,
+                     participants: Mapping[str, Sequence[DataFile]]) -> None:
+        from pyiceberg.exceptions import CommitFailedException
+
+        files = [f for fs in participants.values() for f in fs]
+        table = self._load()
+        if table is None:
+            table = self._create(files)
+        if table is None:
+            return  # an empty epoch into a table that does not exist yet
+        props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
+                 PARTICIPANTS_KEY: marker_json(participants)}
+        paths = [f"file://{self.absolute(f.path)}" for f in files]
+        table = _without_retries(table)
+        try:
+            with table.transaction() as tx:
+                if paths:
+                    # No check_duplicate_files: it scans every manifest of the table on
+                    # each commit (growing with the table); the marker read before and
+                    # the race coming back (retries off) are what keep a file single.
+                    tx.add_files(paths, snapshot_properties=props,
+                                 check_duplicate_files=False)
+                else:
+                    tx.append(table.schema().as_arrow().empty_table(),
+                              snapshot_properties=props)
+        except CommitFailedException as exc:
+            raise ConflictError(str(exc)) from exc
+        except ValueError as exc:
+            if "already referenced" in str(exc):
+                raise ConflictError(str(exc)) from exc
+            raise FatalCommitError(f"iceberg backend: table {self.table} refused the "
+                                   f"epoch's files: {exc}") from exc
+
+    def _create(self, files: Sequence[DataFile]) -> Any:
+        import pyarrow.parquet as pq
+        from pyiceberg.exceptions import TableAlreadyExistsError
+
+        if not files:
+            return None
+        if not self.create:
+            raise FatalCommitError(f"iceberg backend: table {self.table} is gone and "
+                                   "create=false; create it again to commit")
+        schema = pq.read_schema(self.absolute(files[0].path))
+        catalog = self._catalog()
+        catalog.create_namespace_if_not_exists(self.table.split(".")[0])
+        location = self.data_root().removesuffix("/data")
+        try:
+            return catalog.create_table(self.table, schema=schema,
+                                        location=f"file://{location}")
+        except TableAlreadyExistsError:
+            return self._load()
+
+
+def _without_retries(table: Any) -> Any:
+    """``table`` as this process sees it, with pyiceberg's own commit retries off.
+
+    pyiceberg retries a commit that lost a race by rebuilding it on the new metadata,
+    without looking at the winner: two committers of one epoch then both added it
+    (seen: both answered committed). A lost race comes back to the caller, which reads
+    the markers again first. Only the in-memory copy changes: the catalog applies the
+    commit to the table's stored metadata, whose properties stay as they are.
+    """
+    from pyiceberg.table import Table
+
+    meta = table.metadata
+    props = {**meta.properties, "commit.retry.num-retries": "0"}
+    return Table(table.name(), meta.model_copy(update={"properties": props}),
+                 table.metadata_location, table.io, table.catalog)

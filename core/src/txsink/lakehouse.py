@@ -1,0 +1,519 @@
+"""What table-format backends (Delta Lake, Apache Iceberg) share: data files written
+into the table's own directory, invisible until one log entry / snapshot names them.
+
+A table format makes staging free: a Parquet file in the table's directory is seen by
+no reader until the table's log (Delta) or a snapshot (Iceberg) names it. So a
+participant is a directory of Parquet files under the table, prepared once its files
+are durable; committing an epoch appends one entry to the table naming every
+participant's files and carrying the epoch marker; aborting deletes the directory.
+The files may come from txsink's own writer (:meth:`TableBackend.write`) or from
+Spark's Parquet writer (:meth:`TableBackend.committable_for_directory`, the native
+data path): the committable is the same.
+
+Layout under the table's data root (:meth:`TableBackend.data_root`)::
+
+    txsink/<sink id>/e<epoch>/<participant>.<nonce>/part-*.parquet
+    txsink/<sink id>/e<epoch>/_committed.json      which directories the table names
+
+The nonce makes every attempt's directory unique, even when a restarted Spark reuses
+task attempt numbers. The table's own marker (Delta's ``txn`` action and commit info,
+Iceberg's snapshot summary) names the epoch and its participants' directories: it
+is what a commit reads first, so a commit whose outcome was unknown (a timeout after
+success) is recognised and never adds the files twice. ``_committed.json`` caches
+that answer for the orphan scan (names starting with ``_`` are skipped by VACUUM and
+by readers).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from txsink.backend import Backend, Capability, CommitOutcome, Transaction
+from txsink.errors import ParticipantLostError, StateError
+from txsink.model import Committable, TransactionContext, parse_participant
+
+log = logging.getLogger(__name__)
+
+#: The folder under a table's data root that holds every file txsink writes there.
+DATA_FOLDER = "txsink"
+COMMITTED_MARKER = "_committed.json"
+#: Row groups are buffered up to this many bytes (Spark's own writer buffers 128 MiB;
+#: a smaller group keeps a task's memory near it and the group costs low).
+ROW_GROUP_BYTES = 16 << 20
+ROW_GROUP_ROWS = 1 << 20
+#: How often a commit that lost a race with another writer is tried again.
+CONFLICT_RETRIES = 20
+
+
+def epoch_folder(epoch: int) -> str:
+    return f"e{epoch:010d}"
+
+
+def new_participant_dir(participant: str) -> str:
+    """A fresh directory name for one attempt of ``participant``."""
+    return f"{participant}.{uuid.uuid4().hex[:12]}"
+
+
+def participant_of(dirname: str) -> str:
+    """The participant name a directory made by :func:`new_participant_dir` belongs to."""
+    return dirname.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet file of a participant, as the table's commit needs it."""
+
+    #: Path relative to the data root.
+    path: str
+    size: int
+    rows: int
+    #: Delta's per-file statistics (JSON), when known.
+    stats: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "size": self.size, "rows": self.rows}
+        if self.stats is not None:
+            out["stats"] = self.stats
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DataFile:
+        stats = data.get("stats")
+        return cls(str(data["path"]), int(data["size"]), int(data["rows"]),
+                   None if stats is None else str(stats))
+
+
+def file_stats(meta: pq.FileMetaData) -> str:
+    """Delta's ``stats`` for a Parquet file: row count, and for top-level columns of
+    simple types the null count and min/max (what data skipping reads)."""
+    null_count: dict[str, int] = {}
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    schema = meta.schema.to_arrow_schema()
+    simple = {f.name for f in schema if pa.types.is_integer(f.type)
+              or pa.types.is_floating(f.type) or pa.types.is_string(f.type)
+              or pa.types.is_large_string(f.type) or pa.types.is_boolean(f.type)}
+    complete = True
+    for rg in range(meta.num_row_groups):
+        group = meta.row_group(rg)
+        for ci in range(group.num_columns):
+            col = group.column(ci)
+            name = col.path_in_schema
+            if name not in simple:
+                continue
+            st = col.statistics
+            nulls = st.null_count if st is not None else None
+            if st is None or nulls is None:
+                complete = False
+                continue
+            null_count[name] = null_count.get(name, 0) + nulls
+            if st.has_min_max:
+                lo, hi = st.min, st.max
+                if isinstance(lo, float) and (lo != lo or hi != hi):  # NaN: skip
+                    continue
+                mins[name] = lo if name not in mins else min(mins[name], lo)
+                maxs[name] = hi if name not in maxs else max(maxs[name], hi)
+    out: dict[str, Any] = {"numRecords": meta.num_rows}
+    if complete and null_count:
+        out.update(nullCount=null_count, minValues=mins, maxValues=maxs)
+    return json.dumps(out, separators=(",", ":"), default=str)
+
+
+class _TableTransaction(Transaction):
+    """One participant: a Parquet file written in row groups into its own directory."""
+
+    def __init__(self, ctx: TransactionContext, dirname: str) -> None:
+        super().__init__(ctx)
+        self.dirname = dirname
+        self.writer: pq.ParquetWriter | None = None
+        self.sink: Any = None
+        self.group: list[pa.RecordBatch] = []
+        self.group_bytes = 0
+        self.group_rows = 0
+        self.path: str | None = None
+
+    def flush(self) -> None:
+        if self.group and self.writer is not None:
+            self.writer.write_table(pa.Table.from_batches(self.group))
+        self.group, self.group_bytes, self.group_rows = [], 0, 0
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+                self.writer = None
+            if self.sink is not None:
+                self.sink.close()
+                self.sink = None
+
+
+class TableBackend(Backend):
+    """Base of the table-format backends: the four operations over data files in the
+    table's directory; subclasses read and append the table's log.
+
+    An epoch's participants are committed together in one :meth:`commit_all` call
+    (:meth:`first_commit_size`), which appends one entry to the table.
+    """
+
+    #: Spark's own Parquet writer may write this target's files (the native data path:
+    #: ``TargetSet.write_stream`` / ``write`` and grouped epochs).
+    native_parquet: ClassVar[bool] = True
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({
+        Capability.COMMIT_FROM_ANY_PROCESS, Capability.LIST_PREPARED,
+        Capability.COMMIT_MARKER, Capability.SURVIVES_RESTART})
+
+    # -- what a format provides -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def data_root(self) -> str:
+        """Where data files go (a URI or absolute path): the table's directory (Delta) or
+        its data folder (Iceberg). Known without I/O."""
+
+    @abc.abstractmethod
+    def table_epoch(self, sink_id: str, epoch: int) -> dict[str, str] | None:
+        """The participant directories the table's own markers name for ``epoch`` of
+        ``sink_id`` (participant -> directory), or None when the table holds no entry of
+        that epoch. Raise :class:`~txsink.errors.StateError` when the table's history no
+        longer reaches back far enough to tell."""
+
+    @abc.abstractmethod
+    def append_epoch(self, sink_id: str, epoch: int,
+                     participants: Mapping[str, Sequence[DataFile]]) -> None:
+        """Append ONE entry to the table adding ``participants``' files and carrying the
+        epoch marker (naming the participant directories). Raise
+        :class:`ConflictError` when another writer won the race: the caller reads the
+        markers again and retries."""
+
+    # -- files ----------------------------------------------------------------------------
+
+    def _fs(self) -> tuple[pafs.FileSystem, str]:
+        cached = getattr(self, "_fs_cache", None)
+        if cached is None:
+            root = self.data_root()
+            if "://" in root and not root.startswith("file://"):
+                fs, path = pafs.FileSystem.from_uri(root)
+            else:
+                fs, path = pafs.LocalFileSystem(), root.removeprefix("file://")
+            cached = (fs, path.rstrip("/"))
+            self._fs_cache = cached
+        return cached
+
+    def _sink_folder(self, sink_id: str) -> str:
+        return f"{DATA_FOLDER}/{sink_id}"
+
+    def epoch_folder(self, sink_id: str, epoch: int) -> str:
+        """The epoch's folder, relative to the data root."""
+        return f"{self._sink_folder(sink_id)}/{epoch_folder(epoch)}"
+
+    def absolute(self, relative: str) -> str:
+        """A path relative to the data root as the filesystem names it."""
+        return f"{self._fs()[1]}/{relative}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_fs_cache", None)
+        return state
+
+    # -- executor side --------------------------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        return _TableTransaction(ctx, new_participant_dir(ctx.participant))
+
+    def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
+        assert isinstance(txn, _TableTransaction)
+        if txn.writer is None:
+            fs, _ = self._fs()
+            folder = self.absolute(f"{self.epoch_folder(txn.ctx.sink_id, txn.ctx.epoch)}/"
+                                   f"{txn.dirname}")
+            fs.create_dir(folder, recursive=True)
+            txn.path = f"{folder}/part-00000.parquet"
+            txn.sink = fs.open_output_stream(txn.path)
+            # Iceberg reads timestamps as microseconds; Spark's INT96 is refused there.
+            txn.writer = pq.ParquetWriter(txn.sink, batch.schema, compression="snappy",
+                                          coerce_timestamps="us",
+                                          allow_truncated_timestamps=False)
+        txn.group.append(batch)
+        txn.group_bytes += batch.nbytes
+        txn.group_rows += batch.num_rows
+        txn.rows += batch.num_rows
+        if txn.group_bytes >= ROW_GROUP_BYTES or txn.group_rows >= ROW_GROUP_ROWS:
+            txn.flush()
+
+    def pre_commit(self, txn: Transaction) -> Committable:
+        assert isinstance(txn, _TableTransaction)
+        txn.close()
+        files: list[DataFile] = []
+        if txn.path is not None:
+            if self._fs()[0].type_name == "local":
+                with open(txn.path, "rb") as f:  # durable before it is prepared
+                    os.fsync(f.fileno())
+                with contextlib.suppress(OSError):
+                    fd = os.open(os.path.dirname(txn.path), os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            rel = f"{self.epoch_folder(txn.ctx.sink_id, txn.ctx.epoch)}/{txn.dirname}"
+            files = self._describe_files(rel)
+        return self._committable(txn.ctx, txn.dirname, files)
+
+    def discard(self, txn: Transaction) -> None:
+        assert isinstance(txn, _TableTransaction)
+        with contextlib.suppress(Exception):
+            txn.close()
+        self._delete_dir(f"{self.epoch_folder(txn.ctx.sink_id, txn.ctx.epoch)}/{txn.dirname}")
+
+    def _committable(self, ctx: TransactionContext, dirname: str,
+                     files: Sequence[DataFile]) -> Committable:
+        return Committable.for_context(
+            self.name, ctx, {"dir": dirname, "files": [f.to_json() for f in files]},
+            rows=sum(f.rows for f in files), payload_version=self.payload_version)
+
+    def _describe_files(self, rel_dir: str) -> list[DataFile]:
+        """Every Parquet file under ``rel_dir`` with its size, rows and statistics."""
+        fs, _ = self._fs()
+        infos = fs.get_file_info(pafs.FileSelector(self.absolute(rel_dir), recursive=True,
+                                                   allow_not_found=True))
+        root = self._fs()[1]
+        out: list[DataFile] = []
+        for info in sorted(infos, key=lambda i: i.path):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+                continue
+            if any(part.startswith(("_", ".")) for part in
+                   info.path[len(root) + 1:].split("/")[len(rel_dir.split("/")):]):
+                continue  # Spark's _temporary, _SUCCESS, .crc files
+            with fs.open_input_file(info.path) as f:
+                meta = pq.ParquetFile(f).metadata
+            out.append(DataFile(info.path[len(root) + 1:], int(info.size), meta.num_rows,
+                                file_stats(meta)))
+        return out
+
+    def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
+        """The committable of a participant whose Parquet files another writer (Spark's
+        own, in the native data path) put into ``epoch_folder(...)/dirname``."""
+        rel = f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}"
+        return self._committable(ctx, dirname, self._describe_files(rel))
+
+    def _delete_dir(self, rel: str) -> None:
+        fs, _ = self._fs()
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(self.absolute(rel))
+
+    # -- driver side ----------------------------------------------------------------------
+
+    def first_commit_size(self, committables: Sequence[Committable]) -> int:
+        # One entry per epoch: the whole epoch in the first commit_all call.
+        return len(committables)
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        result = self.commit_all([committable])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def commit_all(
+        self, committables: Sequence[Committable]
+    ) -> list[CommitOutcome | Exception]:
+        by_key: dict[tuple[str, int], list[int]] = {}
+        for i, c in enumerate(committables):
+            by_key.setdefault((c.sink_id, c.epoch), []).append(i)
+        results: list[CommitOutcome | Exception] = [
+            RuntimeError("not committed")] * len(committables)
+        for (sink_id, epoch), idx in sorted(by_key.items(), key=lambda kv: kv[0][1]):
+            group = [committables[i] for i in idx]
+            try:
+                answers: list[CommitOutcome | Exception] = list(
+                    self._commit_epoch(sink_id, epoch, group))
+            except Exception as exc:
+                answers = [exc] * len(group)
+            for i, a in zip(idx, answers, strict=True):
+                results[i] = a
+        return results
+
+    def _commit_epoch(self, sink_id: str, epoch: int,
+                      committables: Sequence[Committable]) -> list[CommitOutcome]:
+        """Add the participants the table does not name yet, in one entry; retry after
+        losing a race with another writer (their entry may be ours: read again)."""
+        for attempt in range(CONFLICT_RETRIES):
+            held = self.table_epoch(sink_id, epoch) or {}
+            todo = [c for c in committables if c.participant not in held]
+            if not todo:
+                return [CommitOutcome.ALREADY_COMMITTED] * len(committables)
+            participants: dict[str, list[DataFile]] = {}
+            for c in todo:
+                files = [DataFile.from_json(f) for f in c.payload["files"]]
+                self._check_present(c, files)
+                participants[str(c.payload["dir"])] = files
+            try:
+                self.append_epoch(sink_id, epoch, participants)
+            except ConflictError as exc:
+                log.warning("sink=%s epoch=%d: another writer committed to %s first (%s); "
+                            "reading the table again (try %d/%d)", sink_id, epoch,
+                            self.describe(), exc, attempt + 1, CONFLICT_RETRIES)
+                time.sleep(min(0.05 * 2 ** attempt, 1.0))
+                continue
+            log.info("sink=%s epoch=%d: %s names %d participant(s), %d file(s)", sink_id, epoch,
+                     self.describe(), len(participants),
+                     sum(len(f) for f in participants.values()))
+            return [CommitOutcome.ALREADY_COMMITTED if c.participant in held
+                    else CommitOutcome.COMMITTED for c in committables]
+        raise ConflictError(f"sink={sink_id} epoch={epoch}: {self.describe()} kept changing "
+                            f"under {CONFLICT_RETRIES} commit attempts; the epoch stays "
+                            "DECIDED and the next start commits it")
+
+    def _check_present(self, c: Committable, files: Sequence[DataFile]) -> None:
+        fs, _ = self._fs()
+        for f in files:
+            info = fs.get_file_info(self.absolute(f.path))
+            if info.type != pafs.FileType.File or info.size != f.size:
+                raise ParticipantLostError(
+                    f"{c.describe()}: data file {f.path} under {self.describe()} is "
+                    f"{'gone' if info.type == pafs.FileType.NotFound else 'changed'} and the "
+                    "table does not name this participant: its rows cannot be committed "
+                    "(was it deleted by VACUUM / orphan-file removal while the epoch was "
+                    "prepared?)", sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+
+    def abort(self, committable: Committable) -> None:
+        dirname = str(committable.payload.get("dir", ""))
+        if not dirname or participant_of(dirname) != committable.participant:
+            raise StateError(f"{committable.describe()}: malformed {self.name} committable "
+                             f"(directory {dirname!r})")
+        self._delete_dir(f"{self.epoch_folder(committable.sink_id, committable.epoch)}/"
+                         f"{dirname}")
+
+    def epoch_committed(self, sink_id: str, epoch: int,
+                        committables: Sequence[Committable]) -> None:
+        """Cache which directories the table names for ``epoch`` (for the orphan scan)."""
+        held = self.table_epoch(sink_id, epoch)
+        if held is None:
+            if any(c.payload.get("files") for c in committables):
+                raise StateError(f"sink={sink_id} epoch={epoch}: {self.describe()} does not "
+                                 "name this committed epoch; the next start commits it again")
+            return
+        fs, _ = self._fs()
+        folder = self.absolute(self.epoch_folder(sink_id, epoch))
+        fs.create_dir(folder, recursive=True)
+        with fs.open_output_stream(f"{folder}/{COMMITTED_MARKER}") as out:
+            out.write(json.dumps(held, sort_keys=True).encode())
+
+    def is_committed(self, committable: Committable) -> bool | None:
+        held = self.table_epoch(committable.sink_id, committable.epoch) or {}
+        return committable.participant in held
+
+    def holds_epoch(self, sink_id: str, epoch: int) -> bool:
+        return self.table_epoch(sink_id, epoch) is not None
+
+    # -- orphans --------------------------------------------------------------------------
+
+    def _epochs(self, sink_id: str) -> Iterator[tuple[int, list[str], dict[str, str] | None]]:
+        """Each epoch folder of ``sink_id``: its participant directories and the cached
+        committed marker (None when absent)."""
+        fs, _ = self._fs()
+        top = fs.get_file_info(pafs.FileSelector(self.absolute(self._sink_folder(sink_id)),
+                                                 allow_not_found=True))
+        for info in sorted(top, key=lambda i: i.path):
+            name = info.base_name
+            if info.type != pafs.FileType.Directory or not (name.startswith("e")
+                                                            and name[1:].isdigit()):
+                continue
+            epoch = int(name[1:])
+            entries = fs.get_file_info(pafs.FileSelector(info.path, allow_not_found=True))
+            dirs = sorted(e.base_name for e in entries if e.type == pafs.FileType.Directory)
+            marker: dict[str, str] | None = None
+            if any(e.base_name == COMMITTED_MARKER for e in entries):
+                try:
+                    with fs.open_input_stream(f"{info.path}/{COMMITTED_MARKER}") as f:
+                        marker = {str(k): str(v) for k, v in json.loads(f.read()).items()}
+                except (OSError, ValueError):
+                    marker = None  # rewritten by the next commit; ask the table
+            yield epoch, dirs, marker
+
+    def _prepared(self, sink_id: str, up_to_epoch: int | None
+                  ) -> Iterator[tuple[Committable, bool]]:
+        """Participant directories the table does not name: (committable, superseded).
+
+        ``superseded``: another directory of the same participant is the one committed
+        (a restarted Spark reused the attempt number); it is garbage, never a candidate
+        to commit.
+        """
+        for epoch, dirs, marker in self._epochs(sink_id):
+            if up_to_epoch is not None and epoch > up_to_epoch:
+                continue
+            held = marker if marker is not None else (self.table_epoch(sink_id, epoch) or {})
+            named = set(held.values())
+            for d in dirs:
+                if d in named:
+                    continue
+                ctx = parse_participant(participant_of(d))
+                if ctx is None or ctx.sink_id != sink_id or ctx.epoch != epoch:
+                    continue  # not a directory txsink made: never touched
+                rel = f"{self.epoch_folder(sink_id, epoch)}/{d}"
+                files = [DataFile(f.path, f.size, f.rows) for f in self._list_files(rel)]
+                yield self._committable(ctx, d, files), ctx.participant in held
+
+    def _list_files(self, rel_dir: str) -> list[DataFile]:
+        fs, root = self._fs()
+        infos = fs.get_file_info(pafs.FileSelector(self.absolute(rel_dir), recursive=True,
+                                                   allow_not_found=True))
+        return [DataFile(i.path[len(root) + 1:], int(i.size), 0) for i in infos
+                if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")]
+
+    def list_prepared(self, sink_id: str) -> Iterable[Committable]:
+        return [c for c, superseded in self._prepared(sink_id, None) if not superseded]
+
+    def abort_orphans(self, sink_id: str, protected: Collection[str],
+                      up_to_epoch: int | None = None) -> list[Committable]:
+        aborted: list[Committable] = []
+        for c, superseded in list(self._prepared(sink_id, up_to_epoch)):
+            if superseded:
+                # The table names another directory of this participant: this one
+                # holds a second copy of its rows, never to be committed.
+                log.info("sink=%s epoch=%d: deleting %s, a second attempt of participant %s "
+                         "whose first attempt the table holds", sink_id, c.epoch,
+                         c.payload["dir"], c.participant)
+                self.abort(c)
+                continue
+            if c.participant in protected:
+                continue
+            self.abort(c)
+            aborted.append(c)
+        return aborted
+
+    def reset_sink(self, sink_id: str) -> list[str]:
+        raise NotImplementedError(
+            f"the {self.name} backend does not take committed epochs out of a table; to "
+            "start over, delete or truncate the table yourself, or give the pipeline a new "
+            "sink_id")
+
+
+class ConflictError(StateError):
+    """Another writer committed to the table between our read and our append."""
+
+
+def marker_json(participants: Iterable[str]) -> str:
+    """The participant directories of one table entry, as its marker carries them."""
+    return json.dumps(sorted(participants), separators=(",", ":"))
+
+
+def marker_dirs(text: str) -> dict[str, str]:
+    """Inverse of :func:`marker_json`: participant -> directory."""
+    try:
+        dirs = json.loads(text)
+    except ValueError as exc:
+        raise StateError(f"unreadable txsink marker in the table: {exc}") from exc
+    return {participant_of(str(d)): str(d) for d in dirs}

@@ -1,0 +1,160 @@
+"""Delta and Iceberg targets through real Spark, on the native data path: Spark's own
+Parquet writer puts each epoch's files into the tables' directories inside
+``foreachBatch``, the driver commits one log entry / snapshot per table per batch.
+
+A group of Delta, Iceberg and files (the files target through txsink's data source)
+streams a file source; a replayed batch (Spark's commit log one behind) is written
+once; a batch write is one more epoch. Timestamps go in (Iceberg refuses Spark's
+default INT96 Parquet timestamps).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from txsink.targets import target_sink_id
+from txsink_iceberg.backend import IcebergBackend
+
+from tests.e2e.spark_harness import SCHEMA, make_input, read_files_output, summarize
+from tests.integration.delta.test_delta_backend import log_entries
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+GROUP = "lake"
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+    from txsink.spark import register
+
+    from tests.e2e.test_kafka_source_spark import _stop_jvm
+
+    session = (SparkSession.builder.master("local[2]").appName("txsink-lake")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+        _stop_jvm()
+
+
+def lake_targets(tmp: Path) -> list[dict[str, Any]]:
+    from txsink.spark import target
+
+    return [target("delta", "delta", path=str(tmp / "delta")),
+            target("iceberg", "iceberg", warehouse=str(tmp / "wh"), table="db.events"),
+            target("files", "files", select=["id", "key", "amount"],
+                   path=str(tmp / "files"))]
+
+
+def delta_rows(tmp: Path) -> list[dict[str, Any]]:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(tmp / "delta")).to_pyarrow_table().to_pylist()
+
+
+def iceberg_table(tmp: Path) -> Any:
+    return IcebergBackend("db.events", str(tmp / "wh"))._load()
+
+
+def test_group_stream_into_delta_and_iceberg_on_spark_writer(spark: Any, tmp_path: Path
+                                                             ) -> None:
+    from pyspark.sql import functions as F
+    from txsink.spark import targets
+
+    want = make_input(tmp_path / "in", files=2, rows_per_file=200)
+    group = targets(GROUP, lake_targets(tmp_path),
+                    checkpoint_location=str(tmp_path / "chk"))
+
+    def run() -> None:
+        src = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+               .json(str(tmp_path / "in"))
+               .withColumn("at", F.timestamp_seconds(F.col("id"))))
+        query = group.write_stream(src).trigger(availableNow=True).start()
+        assert query.awaitTermination(180), "the stream did not finish"
+        assert query.exception() is None
+
+    run()
+    for rows in (delta_rows(tmp_path), iceberg_table(tmp_path).scan().to_arrow().to_pylist(),
+                 read_files_output(tmp_path / "files")):
+        assert summarize(rows) == want
+    assert {r["at"].timestamp() for r in delta_rows(tmp_path)} == {
+        float(r["id"]) for r in delta_rows(tmp_path)}
+    delta_sink = target_sink_id(GROUP, "delta")
+    entries = [e["txsink.epoch"] for e in log_entries(tmp_path / "delta")
+               if e.get("txsink.sink") == delta_sink]
+    assert entries == ["0", "1"]
+    assert [s.summary["txsink.epoch"] for s in iceberg_table(tmp_path).snapshots()] == [
+        "0", "1"]
+
+    # Spark's commit log one behind: batch 1 runs again, and is written once.
+    for name in ("1", ".1.crc"):
+        (tmp_path / "chk" / "commits" / name).unlink(missing_ok=True)
+    run()
+    assert summarize(delta_rows(tmp_path)) == want
+    assert summarize(iceberg_table(tmp_path).scan().to_arrow().to_pylist()) == want
+    assert summarize(read_files_output(tmp_path / "files")) == want
+    assert len(log_entries(tmp_path / "delta")) == 1 + 2  # CREATE TABLE + one per batch
+    assert len(iceberg_table(tmp_path).snapshots()) == 2
+    # Nothing prepared is left behind in either table's directory.
+    from txsink.group import TargetGroup
+    from txsink.targets import parse_targets
+
+    tg = TargetGroup.from_specs(GROUP, parse_targets(lake_targets(tmp_path), GROUP))
+    for name in ("delta", "iceberg"):
+        m = tg.member(name)
+        assert list(m.backend.list_prepared(m.sink_id)) == [], name
+
+    # A batch write of the group: one more epoch in every target.
+    extra = spark.range(10_000, 10_050).selectExpr(
+        "id", "CAST(id % 7 AS INT) AS key", "id AS amount", "timestamp_seconds(id) AS at")
+    targets(GROUP, lake_targets(tmp_path), checkpoint_location=str(tmp_path / "chk")
+            ).write(extra)
+    assert len(delta_rows(tmp_path)) == 400 + 50
+    assert iceberg_table(tmp_path).scan().to_arrow().num_rows == 450
+    assert len(read_files_output(tmp_path / "files")) == 450
+
+
+def test_pipeline_file_with_table_targets_runs_on_spark_writer(tmp_path: Path) -> None:
+    """``txsink run`` of examples/pipelines/orders_lake.yaml: the rate source's rows
+    0..n-1 in both tables, each committed batch one log entry and one snapshot."""
+    import subprocess
+
+    from tests.e2e.test_cli_demo import REPO, _txsink_run
+
+    env = {**os.environ, "TXSINK_DEMO_DIR": str(tmp_path / "lake"),
+           "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("TXSINK_FAULTS", None)
+    stdout = _txsink_run("orders_lake.yaml", env, "--max-batches", "2")
+    assert "batch 1: " in stdout, stdout
+    from deltalake import DeltaTable
+
+    delta = sorted(r["order_id"] for r in DeltaTable(
+        str(tmp_path / "lake" / "delta" / "orders")).to_pyarrow_table().to_pylist())
+    iceberg = sorted(r["order_id"] for r in IcebergBackend(
+        "shop.orders", str(tmp_path / "lake" / "warehouse"))._load().scan()
+        .to_arrow().to_pylist())
+    assert delta == iceberg == list(range(len(delta)))
+    # `txsink cut` reads each table's own markers: both hold the same epochs.
+    import json
+
+    cut = subprocess.run([sys.executable, "-m", "txsink.cli", "cut", "--json",
+                          str(REPO / "examples/pipelines/orders_lake.yaml")], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert cut.returncode == 0, cut.stdout + cut.stderr
+    found = json.loads(cut.stdout)
+    assert found["cut"] >= 1, found

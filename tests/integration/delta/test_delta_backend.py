@@ -1,0 +1,141 @@
+"""What the Delta backend promises beyond the conformance kit: one log entry per epoch
+with Delta's own txn record, a commit whose outcome was unknown never adds files twice,
+and another writer's commits in between are neither lost nor fatal."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from txsink.backend import CommitOutcome
+from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.errors import ConfigError
+from txsink.model import TransactionContext
+from txsink.plugins import build_plugins, get_plugins
+from txsink.state import DirectoryStateStore
+from txsink.writer import write_participant
+from txsink_delta.backend import DeltaBackend
+
+from tests.integration.delta.test_delta_conformance import read_table_ids
+
+pytestmark = pytest.mark.integration
+
+
+def batch(ids: range) -> pa.RecordBatch:
+    return pa.record_batch({"id": pa.array(list(ids), pa.int64())})
+
+
+def log_entries(path: Path) -> list[dict[str, object]]:
+    """The commit info of every log entry, oldest first."""
+    out = []
+    for name in sorted(os.listdir(path / "_delta_log")):
+        if name.endswith(".json"):
+            for line in (path / "_delta_log" / name).read_text().splitlines():
+                action = json.loads(line)
+                if "commitInfo" in action:
+                    out.append(action["commitInfo"])
+    return out
+
+
+def txn_actions(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line)["txn"] for name in sorted(os.listdir(path / "_delta_log"))
+            if name.endswith(".json")
+            for line in (path / "_delta_log" / name).read_text().splitlines()
+            if "txn" in json.loads(line)]
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    return tmp_path / "table"
+
+
+@pytest.fixture
+def backend(table: Path) -> DeltaBackend:
+    b = get_plugins().create_backend("delta", {"path": str(table)})
+    assert isinstance(b, DeltaBackend)
+    return b
+
+
+def prepare(backend: DeltaBackend, epoch: int, partition: int, ids: range, attempt: int = 0):
+    return write_participant(backend, TransactionContext("orders", epoch, partition, attempt),
+                             [batch(ids)])
+
+
+def test_an_epoch_of_many_participants_is_one_log_entry_with_the_txn(
+        backend: DeltaBackend, table: Path, tmp_path: Path) -> None:
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
+                        plugins=build_plugins())
+    coord.start()
+    for epoch in range(3):
+        msgs = [prepare(backend, epoch, p, range(epoch * 1000 + p * 100,
+                                                 epoch * 1000 + p * 100 + 100))
+                for p in range(8)]
+        assert coord.commit_epoch(epoch, msgs) is EpochOutcome.COMMITTED
+    entries = [e for e in log_entries(table) if e.get("txsink.sink") == "orders"]
+    assert [e["txsink.epoch"] for e in entries] == ["0", "1", "2"]
+    assert [t["version"] for t in txn_actions(table)] == [0, 1, 2]
+    assert {t["appId"] for t in txn_actions(table)} == {"orders"}
+    assert sorted(read_table_ids(str(table))) == sorted(
+        e * 1000 + i for e in range(3) for i in range(800))
+    assert backend.highest_epoch("orders") == 2
+    assert backend.holds_epoch("orders", 1) and not backend.holds_epoch("orders", 3)
+
+
+def test_a_commit_whose_outcome_was_unknown_is_not_added_twice(
+        backend: DeltaBackend, table: Path) -> None:
+    """The first commit landed but its caller saw an error (a timeout after success):
+    committing the same participants again reads the log and adds nothing."""
+    msgs = [prepare(backend, 0, p, range(p * 10, p * 10 + 10)) for p in range(3)]
+    assert backend.commit_all(msgs) == [CommitOutcome.COMMITTED] * 3
+    before = len(log_entries(table))
+    again = DeltaBackend.from_options({"path": str(table)})  # another process's view
+    assert again.commit_all(msgs) == [CommitOutcome.ALREADY_COMMITTED] * 3
+    assert len(log_entries(table)) == before
+    assert sorted(read_table_ids(str(table))) == list(range(30))
+
+
+def test_another_writer_in_between_is_kept_and_the_epoch_commits(
+        backend: DeltaBackend, table: Path) -> None:
+    from deltalake import write_deltalake
+
+    prepare_first = prepare(backend, 0, 0, range(10))
+    backend.commit(prepare_first)
+    c = prepare(backend, 1, 0, range(10, 20))
+    # A compaction job or another pipeline appends between prepare and commit.
+    write_deltalake(str(table), pa.table({"id": pa.array([-1], pa.int64())}), mode="append")
+    assert backend.commit(c) is CommitOutcome.COMMITTED
+    assert sorted(read_table_ids(str(table))) == [-1, *range(20)]
+    assert backend.highest_epoch("orders") == 1
+
+
+def test_orphans_and_second_attempts_are_deleted_committed_files_never(
+        backend: DeltaBackend, table: Path) -> None:
+    winner = prepare(backend, 0, 0, range(10), attempt=1)
+    loser = prepare(backend, 0, 0, range(10), attempt=0)
+    backend.commit_all([winner])
+    backend.epoch_committed("orders", 0, [winner])
+    # A restarted Spark reuses the winner's attempt number: a second directory.
+    twin = prepare(backend, 0, 0, range(10), attempt=1)
+    assert twin.payload["dir"] != winner.payload["dir"]
+    assert {c.participant for c in backend.list_prepared("orders")} == {loser.participant}
+    assert [c.participant for c in backend.abort_orphans("orders", set())] == [
+        loser.participant]
+    epoch_dir = table / "txsink" / "orders" / "e0000000000"
+    assert sorted(p.name for p in epoch_dir.iterdir()) == sorted(
+        ["_committed.json", winner.payload["dir"]])
+    assert sorted(read_table_ids(str(table))) == list(range(10))
+
+
+def test_bad_options_are_refused_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'path'"):
+        DeltaBackend.from_options({})
+    with pytest.raises(ConfigError, match="local directory"):
+        DeltaBackend.from_options({"path": "s3://bucket/t"})
+    with pytest.raises(ConfigError, match="pathh"):
+        DeltaBackend.from_options({"path": str(tmp_path), "pathh": "x"})
+    with pytest.raises(ConfigError, match="create=false"):
+        DeltaBackend.from_options({"path": str(tmp_path / "t"), "create": "false"}
+                                  ).preflight("orders")

@@ -1,0 +1,78 @@
+"""Delta and Iceberg as targets of a group with the files backend: one decision per
+epoch, and still ONE log entry / snapshot per table per epoch, whichever target the
+coordinator commits first, also when a crash stops the commit half way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
+from txsink.group import TargetGroup, write_group
+from txsink.plugins import build_plugins
+from txsink.state import DirectoryStateStore
+from txsink.targets import TargetSpec, target_sink_id
+from txsink_delta.backend import DeltaBackend
+from txsink_iceberg.backend import IcebergBackend
+
+from tests.integration.delta.test_delta_backend import log_entries
+from tests.integration.delta.test_delta_conformance import read_table_ids
+from tests.integration.iceberg.test_iceberg_conformance import read_table_ids as read_iceberg
+
+pytestmark = pytest.mark.integration
+
+GROUP = "orders"
+
+
+def specs(tmp_path: Path, order: tuple[str, ...]) -> list[TargetSpec]:
+    options = {"delta": ("delta", {"path": str(tmp_path / "delta")}),
+               "iceberg": ("iceberg", {"warehouse": str(tmp_path / "wh"),
+                                       "table": "db.orders"}),
+               "files": ("files", {"path": str(tmp_path / "files")})}
+    return [TargetSpec(n, options[n][0], options[n][1]) for n in order]
+
+
+def epoch_rows(epoch: int, partition: int) -> pa.RecordBatch:
+    base = epoch * 1000 + partition * 100
+    return pa.record_batch({"id": pa.array(range(base, base + 10), pa.int64())})
+
+
+@pytest.mark.parametrize("order", [("delta", "iceberg", "files"),
+                                   ("files", "iceberg", "delta")])
+def test_one_entry_per_table_per_epoch_in_a_group(tmp_path: Path,
+                                                  order: tuple[str, ...]) -> None:
+    plugins = build_plugins()
+
+    def coordinator(faults: FaultInjector | None = None) -> tuple[Coordinator, TargetGroup]:
+        group = TargetGroup.from_specs(GROUP, specs(tmp_path, order), plugins)
+        return Coordinator(group, DirectoryStateStore(tmp_path / "state"), GROUP,
+                           plugins=plugins, faults=faults or FaultInjector()), group
+
+    crash = FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 1, "raise")])
+    coord, group = coordinator(crash)
+    coord.start()
+    assert coord.commit_epoch(0, [c for p in range(4) for c in
+                                  write_group(group, 0, p, 0, [epoch_rows(0, p)])]
+                              ) is EpochOutcome.COMMITTED
+    with pytest.raises(InjectedFault):
+        coord.commit_epoch(1, [c for p in range(4) for c in
+                               write_group(group, 1, p, 0, [epoch_rows(1, p)])])
+    coord, group = coordinator()
+    assert coord.start().recommitted_epochs == [1]
+
+    want = sorted(e * 1000 + p * 100 + i for e in (0, 1) for p in range(4) for i in range(10))
+    delta = group.member("delta").backend
+    iceberg = group.member("iceberg").backend
+    assert isinstance(delta, DeltaBackend) and isinstance(iceberg, IcebergBackend)
+    assert sorted(read_table_ids(delta.path)) == want
+    assert sorted(read_iceberg(iceberg)) == want
+    delta_sink = target_sink_id(GROUP, "delta")
+    assert [e["txsink.epoch"] for e in log_entries(tmp_path / "delta")
+            if e.get("txsink.sink") == delta_sink] == ["0", "1"]
+    snapshots = iceberg._load().snapshots()
+    assert [s.summary["txsink.epoch"] for s in snapshots] == ["0", "1"]
+    assert group.highest_epochs() == {"delta": 1, "iceberg": 1, "files": 1}
+    assert delta.list_prepared(delta_sink) == []
+    assert iceberg.list_prepared(target_sink_id(GROUP, "iceberg")) == []
