@@ -61,6 +61,7 @@ from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pyspark import TaskContext
+from pyspark.sql.types import LongType, StructField, StructType
 from txsink import cli
 from txsink import plugins as plugins_module
 from txsink import state as state_module
@@ -161,6 +162,10 @@ def _plugins() -> Plugins:
 # -- Spark's part ----------------------------------------------------------------------------
 
 
+#: The schema Spark hands the data source for the rows the model writes (:meth:`Write.batch`).
+ROWS_SCHEMA = StructType([StructField("id", LongType())])
+
+
 class _FrameWriter:
     """``df.write`` / ``df.writeStream`` as the txsink helpers call them; ``save()``
     runs the batch write the way Spark runs it (plan, tasks, commit)."""
@@ -193,6 +198,10 @@ class _Frame:
     data: Write
     batch_id: int | None = None  # set inside foreachBatch
     query: str | None = None
+
+    @property
+    def schema(self) -> StructType:
+        return ROWS_SCHEMA
 
     @property
     def write(self) -> _FrameWriter:
@@ -422,7 +431,7 @@ class EntryPointsModel(RuleBasedStateMachine):
     def spark_batch_write(self, opts: dict[str, str], frame: _Frame) -> None:
         """``df.write.format("txsink")...save()``: plan (the writer's constructor), tasks,
         ``commit``."""
-        writer = TxsinkDataSource(opts).writer(None, False)  # type: ignore[arg-type]
+        writer = TxsinkDataSource(opts).writer(ROWS_SCHEMA, False)
         messages = self.run_tasks(writer, frame.data, frame.batch_id, frame.query)
         writer.commit(messages)
 
@@ -568,7 +577,7 @@ class EntryPointsModel(RuleBasedStateMachine):
             return
         self.ensure_spark_checkpoint()
         writer = TxsinkDataSource(self.sink_options()).streamWriter(
-            None, False)  # type: ignore[arg-type]
+            ROWS_SCHEMA, False)
         shipped = pickle.dumps(writer)
         yield "planned"
         messages = self.run_tasks(pickle.loads(shipped), data, batch, None)
@@ -587,7 +596,7 @@ class EntryPointsModel(RuleBasedStateMachine):
     def batch_steps(self, opts: dict[str, str], frame: _Frame) -> Iterator[str]:
         """``df.write.format("txsink")...save()``: the writer's constructor plans (and
         reserves the epoch), the tasks prepare, ``commit`` decides."""
-        writer = TxsinkDataSource(opts).writer(None, False)  # type: ignore[arg-type]
+        writer = TxsinkDataSource(opts).writer(ROWS_SCHEMA, False)
         if self.current is not None:
             self.current.skipped = writer.skip
         yield "reserved"
@@ -623,7 +632,7 @@ class EntryPointsModel(RuleBasedStateMachine):
         """A (re)started query's first planning: recovery, nothing written."""
         self.ensure_spark_checkpoint()
         pickle.dumps(TxsinkDataSource(self.sink_options()).streamWriter(
-            None, False))  # type: ignore[arg-type]
+            ROWS_SCHEMA, False))
         yield from ()
 
     def make_op(self, kind: str, *, version: int = 0, parts: int = 1, orphan: bool = False,
@@ -942,10 +951,18 @@ class EntryPointsModel(RuleBasedStateMachine):
             elif what == "cut":
                 self.read_cut(f"with the targets {', '.join(self.names_now)}")
             else:
-                op = self.make_op(data.draw(st.sampled_from(
-                    ["stream", "backfill", "job", "grouped", "grouped job"])),
-                    version=data.draw(st.integers(0, 2)))
                 before = (self.records(), self.outputs())
+                try:
+                    op = self.make_op(data.draw(st.sampled_from(
+                        ["stream", "backfill", "job", "grouped", "grouped job"])),
+                        version=data.draw(st.integers(0, 2)))
+                except TxsinkError as exc:
+                    # Refused while the write is planned (TargetSet checks the state's
+                    # targets before Spark plans anything): loud, and nothing changed.
+                    FIRED[f"loud: {type(exc).__name__} before planning"] += 1
+                    assert (self.records(), self.outputs()) == before, (  # noqa: PT017
+                        f"refused before planning ({exc}) but changed things")
+                    return
                 self.run_ops([op], [], None, None)
                 assert op.state == "failed", (
                     f"{op.what} with the targets {', '.join(self.names_now)} succeeded; the "
