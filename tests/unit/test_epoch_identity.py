@@ -20,9 +20,9 @@ from txsink.config import load_pipeline
 from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.cut import consistent_cut
 from txsink.errors import StateError
-from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
+from txsink.faults import AFTER_FIRST_COMMIT, POINTS, FaultInjector, FaultRule, InjectedFault
 from txsink.group import TargetGroup, write_group
-from txsink.model import Committable
+from txsink.model import Committable, DeliveryGuarantee
 from txsink.state import DirectoryStateStore, EpochState, WriteId
 
 from .conftest import Env, expected_ids
@@ -251,6 +251,19 @@ def test_a_micro_batch_never_takes_a_batch_writes_epoch_for_its_own(env: Env) ->
     assert len(env.ids()) == 30 + 9  # batch 0 and the batch write, nothing of the batch
 
 
+def test_an_at_least_once_micro_batch_on_a_batch_writes_epoch_says_its_rows_are_visible(
+        env: Env) -> None:
+    old = env.coordinator(owner="old-release")
+    old.start(query_id="q-1")
+    job = env.coordinator(owner="batch-job")
+    epoch = job.reserve_epoch()
+    job.commit_epoch(epoch, env.prepare_epoch(epoch))
+    stream = env.coordinator(owner="stream", guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+    stream.start(query_id="q-1", stream=True)
+    with pytest.raises(StateError, match="they stay visible"):
+        stream.record_epoch(epoch, [], DeliveryGuarantee.AT_LEAST_ONCE)
+
+
 # -- item 2: versions of one txnAppId count for one writer ------------------------------------
 
 
@@ -356,3 +369,33 @@ def test_allocation_is_above_what_the_state_gave_up_and_what_a_target_holds(
 def _ids(path: Path) -> list[int]:
     return sorted(json.loads(line)["id"] for p in path.glob("part-*")
                   for line in p.read_text().splitlines())
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_stream_after_a_backfill_crashed_at_any_point_and_replayed_is_exact(
+        env: Env, point: str) -> None:
+    """The streaming sink's path (``start(stream=True)``, micro-batch b at epoch
+    stream_from + b) through a driver crash at each protocol point: the next run
+    replays the batch, and every row is there once."""
+    backfill = env.coordinator(owner="batch-job")
+    backfill.start()
+    epoch = backfill.reserve_epoch()
+    backfill.commit_epoch(epoch, env.prepare_epoch(epoch))
+    crashing = env.coordinator(FaultInjector([FaultRule(point, None, "raise")]),
+                               owner="run-1")
+    crashing.start(query_id="q-1", stream=True)
+    first = crashing.stream_epoch(0)
+    assert first == 1
+    with pytest.raises(InjectedFault):
+        crashing.commit_epoch(first, env.prepare_epoch(first))
+    # The next run of the query: the planner recovers, Spark replays batch 0.
+    again = env.coordinator(owner="run-2")
+    again.start(query_id="q-1", stream=True)
+    assert again.stream_epoch(0) == first
+    replay = [env.prepare(first, p, attempt=1) for p in range(3)]
+    assert again.commit_epoch(first, replay) in {EpochOutcome.COMMITTED,
+                                                 EpochOutcome.REPLAYED,
+                                                 EpochOutcome.RECOVERED}
+    again.commit_epoch(again.stream_epoch(1), env.prepare_epoch(again.stream_epoch(1)))
+    assert env.ids() == expected_ids(range(3), 3)
+    assert env.system.prepared == {}
