@@ -136,3 +136,15 @@ def test_a_shaped_frame_still_routes(tmp_path: Path) -> None:
     assert {c.target: c.rows for c in msgs} == {"public": 1, "private": 1}
     assert json.loads(next(iter((tmp_path / "public" / "_txsink" / "pending").iterdir()))
                        .read_text()) == {"id": 2}
+
+
+def test_the_target_check_leaves_a_checkpoint_given_on_the_stream_writer_to_the_source(
+        tmp_path: Path) -> None:
+    """``orders.write_stream(df).option("checkpointLocation", ...)`` stays valid: without
+    a location of its own the group cannot read its state yet, and does not ask."""
+    import txsink.spark as ts
+
+    group = ts.targets(GROUP, [{"name": "totals", "backend": "files",
+                                "options": {"path": str(tmp_path / "totals")}}])
+    group.check_state()  # no ConfigError: the data source checks once it knows the state
+    assert not (tmp_path / "totals").exists()

@@ -199,7 +199,10 @@ class TargetSet:
 
     def check_state(self) -> None:
         """Refuse here, in one line, targets other than the ones the group's state
-        recorded: before Spark plans the write, and before any target is touched."""
+        recorded: before Spark plans the write, and before any target is touched. (A
+        checkpoint given later, on the stream writer, is checked by the data source.)"""
+        if not (self.state_location or self.checkpoint_location):
+            return
         refusal = recorded_targets_refusal(self.state(), self.sink_id, self.specs)
         if refusal is not None:
             raise refusal
