@@ -22,7 +22,7 @@ from txsink.cut import consistent_cut
 from txsink.errors import StateError
 from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
 from txsink.group import TargetGroup, write_group
-from txsink.model import Committable
+from txsink.model import Committable, DeliveryGuarantee
 from txsink.state import DirectoryStateStore, EpochState, WriteId
 
 from .conftest import Env, expected_ids
@@ -249,6 +249,19 @@ def test_a_micro_batch_never_takes_a_batch_writes_epoch_for_its_own(env: Env) ->
     assert "were rolled back and nothing of it was written" in str(err.value)
     assert env.system.prepared == {}
     assert len(env.ids()) == 30 + 9  # batch 0 and the batch write, nothing of the batch
+
+
+def test_an_at_least_once_micro_batch_on_a_batch_writes_epoch_says_its_rows_are_visible(
+        env: Env) -> None:
+    old = env.coordinator(owner="old-release")
+    old.start(query_id="q-1")
+    job = env.coordinator(owner="batch-job")
+    epoch = job.reserve_epoch()
+    job.commit_epoch(epoch, env.prepare_epoch(epoch))
+    stream = env.coordinator(owner="stream", guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+    stream.start(query_id="q-1", stream=True)
+    with pytest.raises(StateError, match="they stay visible"):
+        stream.record_epoch(epoch, [], DeliveryGuarantee.AT_LEAST_ONCE)
 
 
 # -- item 2: versions of one txnAppId count for one writer ------------------------------------

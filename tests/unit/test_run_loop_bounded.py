@@ -23,7 +23,7 @@ RETAINED = 100
 
 
 class _State:
-    """What the run loop reads of a state store (``states``, ``get``), pruned to the
+    """What the run loop reads of a state store (``states``, ``get``, ``read_meta``), pruned to the
     last :data:`RETAINED` epochs like the coordinator's."""
 
     def __init__(self) -> None:
@@ -40,6 +40,9 @@ class _State:
 
     def get(self, epoch: int) -> EpochRecord | None:
         return self.records.get(epoch)
+
+    def read_meta(self) -> None:
+        return None  # no metadata: micro-batch b is epoch b
 
 
 class _Query:

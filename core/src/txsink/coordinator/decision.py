@@ -199,7 +199,7 @@ class Decision:
                         "committed before failing stays visible", sink.sink_id, epoch,
                         missing, guarantee.value)
         record = sink.store.get(epoch)
-        self._refuse_stranger(epoch, record, [])  # its tasks' rows are visible: say so
+        self._refuse_stranger(epoch, record, committables, visible=True)
         write = record.write if record is not None else None
         if write is not None:
             if write_query is not None:
@@ -324,23 +324,31 @@ class Decision:
         return None, None
 
     def _refuse_stranger(self, epoch: int, record: EpochRecord | None,
-                         committables: Sequence[Committable]) -> None:
+                         committables: Sequence[Committable], *,
+                         visible: bool = False) -> None:
         """A micro-batch meeting an epoch the state recorded for another write is not a
-        replay of it: roll it back and say so (:meth:`Epochs.stranger`)."""
+        replay of it: roll it back and say so (:meth:`Epochs.stranger`). ``visible``:
+        its tasks committed their rows themselves (``at_least_once``): say that."""
         other = self.epochs.stranger(epoch, record)
         if other is None:
             return
         sink = self.sink
-        self.abort_all(epoch, committables, "aborted", raise_errors=False)
+        rows = sum(c.rows for c in committables)
+        if visible:
+            outcome = (f"Its tasks committed their {rows} row(s) themselves (under "
+                       f"{sink.guarantee.value}): they stay visible, under an epoch number "
+                       "that already held other rows")
+        else:
+            self.abort_all(epoch, committables, "aborted", raise_errors=False)
+            outcome = (f"Its {len(committables)} participant(s) ({rows} row(s)) were rolled "
+                       "back and nothing of it was written")
         batch = epoch - self.epochs.stream_from()
         raise StateError(
             f"sink={sink.sink_id} epoch={epoch}: micro-batch {batch} of the streaming query "
             f"{sink.query_id or '(id unknown)'} is epoch {epoch}, which this sink's state "
             f"records for {other}: an epoch number holds one set of rows, so the batch is "
-            f"not taken for a replay of it. Its {len(committables)} participant(s) "
-            f"({sum(c.rows for c in committables)} row(s)) were rolled back and nothing of "
-            "it was written. Write batch jobs and the stream under separate sink_ids and "
-            "checkpoints", sink_id=sink.sink_id, epoch=epoch)
+            f"not taken for a replay of it. {outcome}. Write batch jobs and the stream "
+            "under separate sink_ids and checkpoints", sink_id=sink.sink_id, epoch=epoch)
 
     def _validate(self, epoch: int, messages: Sequence[Committable | None]) -> list[Committable]:
         sink = self.sink

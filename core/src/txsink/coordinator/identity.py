@@ -156,6 +156,9 @@ class Epochs:
         numbers, to be told they are there already.
         """
         sink = self.sink
+        meta = sink.cached_meta or sink.meta()  # start() has just read it
+        if meta.stream_from is not None:
+            return meta.stream_from
         meta = sink.meta()
         if meta.stream_from is not None:
             return meta.stream_from
@@ -171,7 +174,9 @@ class Epochs:
 
     def stream_from(self) -> int:
         """The epoch of the streaming sink's micro-batch 0 (0 when no stream bound it)."""
-        meta = self.sink.store.read_meta() or self.sink.cached_meta
+        meta = self.sink.cached_meta
+        if meta is None or meta.stream_from is None:  # fixed once set: the cache serves
+            meta = self.sink.store.read_meta() or meta
         return meta.stream_from if meta is not None and meta.stream_from is not None else 0
 
     # -- replays --------------------------------------------------------------------------

@@ -566,10 +566,12 @@ def resume_notes(cfg: PipelineConfig, store: StateStore) -> list[str]:
         return []
     meta = store.read_meta()
     in_doubt = sorted(e for e, r in records.items() if r.state is EpochState.DECIDED)
-    last_offset = offsets[-1] if offsets else -1
-    last_commit = commits[-1] if commits else -1
+    # Micro-batch b is epoch stream_from + b (above a backfill's epochs, if one came first).
+    base = meta.stream_from if meta is not None and meta.stream_from is not None else 0
+    last_offset = offsets[-1] + base if offsets else -1
+    last_commit = commits[-1] + base if commits else -1
     replay = last_offset if last_offset > last_commit else None
-    next_epoch = last_offset + 1 if replay is None else replay
+    next_epoch = (last_offset + 1 if offsets else base) if replay is None else replay
     line = f"resuming sink {cfg.sink.sink_id!r} at epoch {next_epoch} from {cfg.checkpoint}"
     if replay is not None:
         line += (f"; replaying epoch {replay} (planned before the last stop but not finished "
@@ -674,16 +676,24 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
     progress = _Progress()
     pending: list[EpochRecord] = []
 
+    stream_from: list[int] = []  # read once the stream fixed it (its first planning)
+
     def report(final: bool = False) -> None:
         result.batches += progress.update(query.recentProgress)
         pending.extend(_committed_since(store, seen))
+        if pending and not stream_from:
+            meta = store.read_meta()
+            if meta is not None and meta.stream_from is not None:
+                stream_from.append(meta.stream_from)
+        # Spark's progress is by batch id; micro-batch b is epoch stream_from + b.
+        base = stream_from[0] if stream_from else 0
         for record in list(pending):
             # Wait for Spark's progress of the batch so the line shows both sides.
-            if progress.has(record.epoch) or final:
-                out(_epoch_line(record, progress.pop(record.epoch)))
+            if progress.has(record.epoch - base) or final:
+                out(_epoch_line(record, progress.pop(record.epoch - base)))
                 result.add(record)
                 pending.remove(record)
-        progress.forget_up_to(min((r.epoch for r in pending), default=None))
+        progress.forget_up_to(min((r.epoch - base for r in pending), default=None))
 
     started = time.monotonic()
     idle_polls = 0
