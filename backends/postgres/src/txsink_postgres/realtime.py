@@ -14,6 +14,7 @@ No prepared transactions are needed (a plain ``COMMIT`` is the commit point), so
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,11 +40,12 @@ class PostgresRealtimeSpec(RealtimeTargetSpec):
 
     def __init__(self, sink_id: str, options: Mapping[str, str]) -> None:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = set(opts) - {"dsn", "table", "password", "progress_table"}
+        unknown = set(opts) - {"dsn", "table", "password", "password_env", "progress_table"}
         if unknown:
             raise ConfigError(f"postgres real-time target: unknown option(s) "
                               f"{', '.join(sorted(unknown))}; known: dsn, table, password, "
-                              "progress_table", field=sorted(unknown)[0], sink_id=sink_id)
+                              "password_env, progress_table", field=sorted(unknown)[0],
+                              sink_id=sink_id)
         if not opts.get("dsn"):
             raise ConfigError("postgres real-time target: option 'dsn' is required "
                               "(a libpq connection string)", field="dsn", sink_id=sink_id)
@@ -54,6 +56,13 @@ class PostgresRealtimeSpec(RealtimeTargetSpec):
         self.sink_id = sink_id
         self.dsn = opts["dsn"]
         self.password = opts.get("password") or None
+        if opts.get("password_env"):
+            # Read on the driver, so a pipeline file never holds the password.
+            self.password = os.environ.get(opts["password_env"]) or None
+            if self.password is None:
+                raise ConfigError(f"postgres real-time target: password_env names "
+                                  f"{opts['password_env']!r}, which is not set",
+                                  field="password_env", sink_id=sink_id)
         self.table = TableName.parse(opts["table"])
         self.progress = TableName.parse(opts.get("progress_table") or DEFAULT_PROGRESS_TABLE,
                                         field="progress_table")

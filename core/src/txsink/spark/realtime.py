@@ -200,7 +200,8 @@ class RealtimeForeachWriter:
                  writer.stats.commits)
 
 
-def _seconds(text: str | float, field: str) -> float:
+def parse_seconds(text: str | float, field: str) -> float:
+    """``'250 milliseconds'``, ``'1 second'`` or a number of seconds."""
     if isinstance(text, int | float):
         return float(text)
     parts = str(text).split()
@@ -230,7 +231,7 @@ def start_realtime(df: DataFrame, *, sink_id: str, backend: str, options: Mappin
     each be traced to one source record (an aggregation, a join, ...) and a backend
     without a real-time target.
     """
-    interval = _seconds(commit_interval, "commit_interval")
+    interval = parse_seconds(commit_interval, "commit_interval")
     if len(position_columns) != 3:
         raise ConfigError("position_columns: name the topic, partition and offset columns",
                           field="position_columns", sink_id=sink_id)
@@ -250,3 +251,4 @@ def start_realtime(df: DataFrame, *, sink_id: str, backend: str, options: Mappin
         writer = writer.queryName(query_name)
     query: StreamingQuery = writer.start()
     return query
+
