@@ -118,6 +118,7 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
                     raise TxsinkError(f"kafka real-time target: cannot create progress topic "
                                       f"{self.progress_topic!r}: {exc}",
                                       sink_id=self.sink_id) from None
+        self._wait_for_leaders(admin)
         resource = ConfigResource("topic", self.progress_topic)
         configs = admin.describe_configs([resource])[resource].result(30)
         policy = configs.get("cleanup.policy")
@@ -126,6 +127,25 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
                               f"has cleanup.policy={policy.value if policy else '?'}; it must "
                               "be compacted (retention would delete the positions and replays "
                               "would duplicate)", field="progress.topic", sink_id=self.sink_id)
+
+    def _wait_for_leaders(self, admin: Any, timeout_s: float = 60.0) -> None:
+        """A new topic is answered UNKNOWN_TOPIC_OR_PART until every partition has a
+        leader (seen under load): wait for that, bounded, before any writer claims."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            topic = admin.list_topics(self.progress_topic, timeout=30).topics.get(
+                self.progress_topic)
+            if (topic is not None and topic.error is None and topic.partitions
+                    and all(p.leader >= 0 and p.error is None
+                            for p in topic.partitions.values())):
+                return
+            if time.monotonic() > deadline:
+                raise TxsinkError(f"kafka real-time target: progress topic "
+                                  f"{self.progress_topic!r} has no leader after "
+                                  f"{timeout_s:.0f}s", sink_id=self.sink_id)
+            time.sleep(0.2)
 
     def __call__(self, source: SourcePartition) -> PositionTarget:
         return KafkaPositionTarget(self, source)
@@ -246,7 +266,7 @@ class KafkaPositionTarget(PositionTarget):
                     key.encode() if isinstance(key, str) else key,
                     headers=[(h["key"], h["value"]) for h in headers] if headers else None,
                     on_delivery=self._delivered)
-                self.producer.poll(0)
+            self.producer.poll(0)  # serve delivery reports once per batch of rows
         except KafkaException as exc:
             raise self._fail("write", exc) from None
         except BufferError:
