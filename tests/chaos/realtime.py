@@ -170,21 +170,35 @@ class Driver:
             self.proc = None
 
     def kill_workers(self) -> int:
-        """SIGKILL the Python workers (pyspark.daemon and its children) of this driver."""
+        """SIGKILL the Python workers (pyspark.daemon and its forks) under this driver.
+
+        Found by parentage, not process group: the daemon puts itself into a process
+        group of its own (pyspark/daemon.py), so a group kill never reaches it."""
         assert self.proc is not None
-        killed = 0
+        parent: dict[int, int] = {}
+        command: dict[int, bytes] = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                if os.getpgid(int(entry.name)) != self.proc.pid:
-                    continue
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            except (OSError, ProcessLookupError):
+                stat = (entry / "stat").read_text()
+                command[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
                 continue
-            if b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd:
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+
+        def under_driver(pid: int) -> bool:
+            while pid > 1:
+                pid = parent.get(pid, 0)
+                if pid == self.proc.pid:  # type: ignore[union-attr]
+                    return True
+            return False
+
+        killed = 0
+        for pid, cmd in command.items():
+            if (b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd) and under_driver(pid):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(entry.name), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                     killed += 1
         return killed
 
@@ -216,7 +230,8 @@ def _servers(work: Path, target: str) -> Iterator[tuple[Any, Any]]:
             yield kafka, pg
 
 
-def run_target(target: str, faults: int, seed: int, work: Path) -> Report:
+def run_target(target: str, faults: int, seed: int, work: Path,
+               kinds: list[str] | None = None) -> Report:
     import psycopg
     from txsink_kafka import testing as kt
 
@@ -261,7 +276,7 @@ def run_target(target: str, faults: int, seed: int, work: Path) -> Report:
         try:
             wait_for("first rows", lambda: len(ids()), 1, PROGRESS_TIMEOUT_S)
             for _ in range(faults):
-                kind = rng.choice(KINDS[target])
+                kind = rng.choice(kinds or KINDS[target])
                 before = len(ids())
                 if kind == "driver-kill":
                     drv.kill()
@@ -303,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--faults", type=int)
     parser.add_argument("--long", action="store_true", help=f"{LONG} faults per target")
+    parser.add_argument("--kinds", help="only these fault kinds (comma-separated)")
     parser.add_argument("--seed", type=int, default=int(os.environ.get("TXSINK_CHAOS_SEED",
                                                                        "2026")))
     args = parser.parse_args(argv)
@@ -313,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for target in args.targets.split(","):
         with tempfile.TemporaryDirectory(prefix=f"chaos-rt-{target}-") as tmp:
-            report = run_target(target, faults, args.seed, Path(tmp))
+            report = run_target(target, faults, args.seed, Path(tmp),
+                                kinds=args.kinds.split(",") if args.kinds else None)
         print(report.line(), flush=True)
         ok = ok and not report.failures and report.lost == report.duplicated == 0
     return 0 if ok else 1
