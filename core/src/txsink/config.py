@@ -50,7 +50,7 @@ MODES = ("streaming", "batch")
 #: ``spark``: any Spark source by ``format`` (e.g. ``kafka``), options passed through.
 SOURCE_TYPES = ("rate", "files", "spark")
 FILE_FORMATS = ("json", "csv", "parquet")
-TRIGGERS = ("processing_time", "once", "available_now")
+TRIGGERS = ("processing_time", "once", "available_now", "real_time")
 
 _ENV_REF = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\})")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?"
@@ -92,8 +92,9 @@ class SinkConfig:
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    """``kind`` is ``default`` (as fast as possible), ``processing_time``, ``once`` or
-    ``available_now``; ``interval`` is set for ``processing_time``."""
+    """``kind`` is ``default`` (as fast as possible), ``processing_time``, ``once``,
+    ``available_now`` or ``real_time`` (Spark's Real-time Mode, docs/realtime.md);
+    ``interval`` is set for ``processing_time`` and ``real_time`` (its batch length)."""
 
     kind: str = "default"
     interval: str | None = None
@@ -341,8 +342,12 @@ def parse_pipeline(
                           f"'SELECT * FROM {SOURCE_VIEW}', got {_type_name(transform)}",
                           field="transform")
     trigger = _trigger(data.get("trigger"), mode)
-    sink = _sink(_mapping(data, "sink", "", required=True), plugins, check_backend,
-                 trigger.interval_ms)
+    if trigger.kind == "real_time":  # docs/realtime.md: one target, by source position
+        sink = _realtime_sink(_mapping(data, "sink", "", required=True), plugins,
+                              check_backend)
+    else:
+        sink = _sink(_mapping(data, "sink", "", required=True), plugins, check_backend,
+                     trigger.interval_ms)
     checkpoint = _str(data, "checkpoint", "", required=True)
     spark = _spark(_mapping(data, "spark", ""), name)
     return PipelineConfig(
@@ -438,6 +443,35 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
     return SinkConfig(backend, sink_id, options, secret, guarantee)
 
 
+def _realtime_sink(data: Mapping[str, Any], plugins: Plugins | None,
+                   check_backend: bool) -> SinkConfig:
+    """``sink`` for ``trigger: {real_time: ...}``: one backend's real-time target."""
+    from txsink.realtime.config import COMMIT_INTERVAL, check_realtime_sink, check_realtime_target
+
+    guarantee = DeliveryGuarantee.parse(data.get("guarantee", "exactly_once"),
+                                        field_name="sink.guarantee")
+    check_realtime_sink(data, guarantee)
+    _check_keys(data, ("backend", "sink_id", "guarantee", "options"), "sink")
+    backend = _str(data, "backend", "sink", required=True)
+    sink_id = _sink_id(data)
+    options = {k.lower(): v for k, v in _scalars(data, "options", "sink").items()}
+    interval = options.get(COMMIT_INTERVAL)
+    if interval is not None and (not _DURATION.match(interval) or duration_ms(interval) <= 0):
+        raise ConfigError(f"sink.options.{COMMIT_INTERVAL}: must be a positive duration such "
+                          f"as '250 milliseconds', got {interval!r}",
+                          field=f"sink.options.{COMMIT_INTERVAL}")
+    secret: frozenset[str] = frozenset()
+    if check_backend:
+        registry = plugins if plugins is not None else get_plugins()
+        try:
+            cls = registry.backend_class(backend)
+        except ConfigError as exc:
+            raise ConfigError(f"sink.backend: {exc}", field="sink.backend") from None
+        secret = frozenset(cls.secret_options) | {"password"}
+        check_realtime_target(cls, backend, sink_id, options)
+    return SinkConfig(backend, sink_id, options, secret, guarantee)
+
+
 def _sink_id(data: Mapping[str, Any]) -> str:
     if "sink_id" not in data or data["sink_id"] in (None, ""):
         raise ConfigError("sink.sink_id: required: a globally unique name for this output, "
@@ -496,16 +530,16 @@ def _trigger(value: Any, mode: str) -> TriggerConfig:
     if mode == "batch":
         raise ConfigError("trigger: only streaming pipelines have a trigger; remove it for "
                           "mode: batch", field="trigger")
-    if kind == "processing_time":
+    if kind in ("processing_time", "real_time"):
         interval = value[kind]
         if isinstance(interval, (int, float)) and not isinstance(interval, bool):
             interval = f"{interval} seconds"
         if not isinstance(interval, str) or not _DURATION.match(interval):
             raise ConfigError(
-                "trigger.processing_time: must be a duration such as '500 milliseconds', "
+                f"trigger.{kind}: must be a duration such as '500 milliseconds', "
                 f"'5 seconds' or '1 minute', or a number of seconds; got {interval!r}",
-                field="trigger.processing_time")
-        return TriggerConfig("processing_time", interval.strip())
+                field=f"trigger.{kind}")
+        return TriggerConfig(kind, interval.strip())
     if value[kind] is not True:
         raise ConfigError(f"trigger.{kind}: must be true, got {value[kind]!r}",
                           field=f"trigger.{kind}")

@@ -45,6 +45,7 @@ from txsink_kafka.writer import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from txsink.realtime import RealtimeTargetSpec
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -83,6 +84,13 @@ class KafkaBackend(Backend):
         self.admin = KafkaAdmin(self.shared, self.recovery)
 
     # -- configuration ------------------------------------------------------------------
+
+    @classmethod
+    def realtime_target(cls, sink_id: str, options: Mapping[str, str]) -> RealtimeTargetSpec:
+        """The Real-time Mode target (idempotent by source position; docs/realtime.md)."""
+        from txsink_kafka.realtime import KafkaRealtimeSpec
+
+        return KafkaRealtimeSpec(sink_id, options)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> KafkaBackend:

@@ -41,6 +41,7 @@ from txsink_postgres.types import accepts, binary_dump_type, column_converter, p
 if TYPE_CHECKING:
     import psycopg
     import pyarrow as pa
+    from txsink.realtime import RealtimeTargetSpec
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,13 @@ class PostgresBackend(Backend):
         self._idle_lock = threading.Lock()
 
     # -- configuration ------------------------------------------------------------------
+
+    @classmethod
+    def realtime_target(cls, sink_id: str, options: Mapping[str, str]) -> RealtimeTargetSpec:
+        """The Real-time Mode target (idempotent by source position; docs/realtime.md)."""
+        from txsink_postgres.realtime import PostgresRealtimeSpec
+
+        return PostgresRealtimeSpec(sink_id, options)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> PostgresBackend:

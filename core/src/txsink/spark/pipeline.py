@@ -312,6 +312,9 @@ def run_pipeline(
     Connect address) the query runs in that server; this process still reads the
     txsink state at the checkpoint, which must be reachable from here too.
     """
+    if cfg.trigger.kind == "real_time":  # no epochs or state: docs/realtime.md
+        return _run_realtime(cfg, timeout_s=timeout_s, out=out, poll_s=poll_s,
+                             log_path=log_path, remote=remote)
     plugins = get_plugins()
     target = preflight(cfg, plugins, connect_retry_s)
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
@@ -782,6 +785,80 @@ def _native_targets(cfg: PipelineConfig, extra_options: Mapping[str, str] | None
         return None
     group = TargetSet(cfg.sink.sink_id, cfg.sink.targets, checkpoint_location=cfg.checkpoint)
     return group if group.native() else None
+
+
+def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
+                 poll_s: float = 0.5, log_path: Path | None = None,
+                 remote: str | None = None) -> RunResult:
+    """``txsink run`` of a pipeline file with ``trigger: {real_time: ...}``.
+
+    Runs until the query ends, ``timeout_s`` passes, or SIGINT/SIGTERM; stopping in the
+    middle of a real-time batch is safe (the next run replays it and skips what the
+    target holds).
+    """
+    from txsink.realtime import DEFAULT_COMMIT_INTERVAL_S
+    from txsink.realtime.config import COMMIT_INTERVAL
+    from txsink.spark.realtime import parse_seconds, start_realtime
+
+    if remote is not None:
+        raise ConfigError("real-time mode runs its query in a local driver; remove --remote "
+                          "(Spark Connect is not supported for it yet)", field="remote")
+    options = dict(cfg.sink.options)
+    interval = options.pop(COMMIT_INTERVAL, None)
+    log_path = log_path or default_log_path(cfg.checkpoint, cfg.name)
+    out(f"pipeline {cfg.name}: real-time mode (batches of {cfg.trigger.interval}), exactly "
+        f"once by source position into {cfg.sink.backend} as sink {cfg.sink.sink_id}")
+    out(f"spark log: {log_path}")
+    result = RunResult()
+    batches: set[int] = set()
+    with interrupts_as_exceptions(), spark_output_to(log_path):
+        spark = build_session(cfg)
+        _take_back_sigint()
+        query = None
+        try:
+            frame = build_frame(spark, cfg)
+            query = start_realtime(
+                frame, sink_id=cfg.sink.sink_id, backend=cfg.sink.backend, options=options,
+                checkpoint_location=cfg.checkpoint, trigger=cfg.trigger.interval or "5 seconds",
+                commit_interval=(parse_seconds(interval, "sink.options.commit_interval")
+                                 if interval else DEFAULT_COMMIT_INTERVAL_S),
+                query_name=cfg.name.replace("-", "_"))
+            started = time.monotonic()
+            while query.isActive:
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    result.stopped_because = f"--timeout {timeout_s:g}s reached"
+                    break
+                query.awaitTermination(max(1, round(poll_s)))
+                for progress in query.recentProgress:
+                    # Spark's numInputRows reads 0 for real-time batches (PySpark 4.3):
+                    # only the batch ids are worth showing.
+                    batch = int(progress.get("batchId", -1))
+                    if batch >= 0 and batch not in batches:
+                        batches.add(batch)
+                        out(f"real-time batch {batch} completed (Spark's checkpoint moved "
+                            "past it)")
+            else:
+                result.stopped_because = "query finished"
+        except KeyboardInterrupt as exc:
+            result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
+        finally:
+            error = None
+            if query is not None:
+                try:
+                    query.stop()
+                    error = query.exception()
+                except Exception as exc:
+                    log.warning("stopping the real-time query: %s", exc)
+            spark.stop()
+    if error is not None:
+        raise TxsinkError(f"the real-time query failed: {str(error).strip().splitlines()[0]}",
+                          sink_id=cfg.sink.sink_id)
+    result.batches = len(batches)
+    out(f"done ({result.stopped_because}): {result.batches} real-time batch(es) completed; "
+        "rows committed since the last completed batch are in the target too, and the "
+        "next run skips them")
+    return result
 
 
 def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,

@@ -1,0 +1,252 @@
+"""Exactly-once by source position: the engine-agnostic writer of Real-time Mode.
+
+A real-time engine (Spark's ``trigger(realTime=...)``) streams rows to the sink
+inside long batches, and a replayed (partition, batch) may carry other rows than
+the first attempt (SPARK-28650): (partition, epoch) cannot be the idempotency key.
+The source position can: every row carries the (topic, partition, offset) of the
+Kafka record it came from, and the target stores, **in the same transaction as the
+rows**, the highest offset it holds per source partition. A replay skips every row
+at or below the stored offset, so each source record lands once.
+
+Each source partition gets its own :class:`PositionTarget` session. Opening it
+*claims* the source partition (fencing any older writer of it: a zombie task of a
+dead driver, a second query on the same sink id) and reads the stored offset.
+Commits are small and frequent (``commit_interval_s``, a few hundred
+milliseconds): that interval, not the engine's batch length, bounds how long a
+written row stays invisible.
+
+Rows of one source record are never split across two commits when the pipeline
+may emit several rows per record (``rows_per_record="many"``, e.g. ``explode``):
+then the newest record's rows wait for the next record or the end of the batch.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from txsink.errors import TxsinkError
+
+log = logging.getLogger(__name__)
+
+#: Offset a target answers when it holds nothing of a source partition yet.
+NOTHING = -1
+DEFAULT_COMMIT_INTERVAL_S = 0.25
+
+
+class PositionOrderError(TxsinkError):
+    """A source partition's offsets went backwards within one writer: the pipeline
+    reorders rows, so position-based idempotency would drop some. Nothing of the
+    out-of-order row was written."""
+
+
+@dataclass(frozen=True, order=True)
+class SourcePartition:
+    """One partition of the source (a Kafka topic partition)."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class PositionTarget(abc.ABC):
+    """One target's session for one source partition.
+
+    ``claim`` fences every older session of the same (sink id, source partition)
+    and returns the highest offset the target holds for it. ``commit`` makes the
+    rows handed to ``write`` since the last commit visible together with the new
+    highest offset, atomically, or raises (``FencedError`` when a newer session
+    claimed the source partition: nothing of this transaction becomes visible).
+    """
+
+    @abc.abstractmethod
+    def claim(self) -> int:
+        """Fence older sessions; the stored highest offset, or :data:`NOTHING`."""
+
+    @abc.abstractmethod
+    def write(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Add ``rows`` to the open transaction (opening one if needed)."""
+
+    @abc.abstractmethod
+    def commit(self, offset: int) -> None:
+        """Commit the written rows and ``offset`` as the new highest, atomically."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Drop the open transaction, if any (the rows never become visible)."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release connections; an open transaction is aborted first."""
+
+
+#: Builds the session of one source partition (called on the first row from it).
+TargetFactory = Callable[[SourcePartition], PositionTarget]
+
+
+class RealtimeTargetSpec(abc.ABC):
+    """A backend's real-time target for one sink id: checked on the driver, then
+    pickled to the tasks, where it builds one :class:`PositionTarget` per source
+    partition. Holds no open client (it travels), and no secret in ``describe``."""
+
+    sink_id: str
+
+    @abc.abstractmethod
+    def prepare(self) -> None:
+        """Driver side, before any data moves: check the target and create the
+        progress store; raise ``ConfigError`` naming the option and the way out."""
+
+    @abc.abstractmethod
+    def __call__(self, source: SourcePartition) -> PositionTarget:
+        """The session of ``source`` (task side)."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Where the rows go, without secrets."""
+
+    def stored_positions(self) -> dict[SourcePartition, int]:
+        """Every source partition's highest stored offset (tests, operators)."""
+        raise NotImplementedError
+
+
+@dataclass
+class _Session:
+    target: PositionTarget
+    stored: int
+    #: Highest offset seen by this writer (written or skipped).
+    last: int
+    pending: list[Mapping[str, Any]] = field(default_factory=list)
+    pending_offsets: list[int] = field(default_factory=list)
+
+
+@dataclass
+class WriterStats:
+    """What one writer did, for logs and tests."""
+
+    written: int = 0
+    skipped: int = 0
+    commits: int = 0
+
+
+class PositionWriter:
+    """Feeds rows with their source positions to per-partition target sessions.
+
+    One writer per task. Call :meth:`add` for every row, then :meth:`close` with the
+    task's error (``None`` on success: the rest is committed). :meth:`flush_due` may
+    run from a timer thread, so rows that arrived just before a pause still become
+    visible within the commit interval.
+    """
+
+    def __init__(self, factory: TargetFactory, *,
+                 commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
+                 rows_per_record: str = "one",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if commit_interval_s < 0:
+            raise ValueError("commit_interval_s must be >= 0")
+        if rows_per_record not in ("one", "many"):
+            raise ValueError("rows_per_record must be 'one' or 'many'")
+        self._factory = factory
+        self._interval = commit_interval_s
+        self._many = rows_per_record == "many"
+        self._clock = clock
+        self._sessions: dict[SourcePartition, _Session] = {}
+        self._last_commit = clock()
+        self._lock = threading.Lock()
+        self.stats = WriterStats()
+
+    def _session(self, source: SourcePartition) -> _Session:
+        session = self._sessions.get(source)
+        if session is None:
+            target = self._factory(source)
+            try:
+                stored = target.claim()
+            except BaseException:
+                target.close()
+                raise
+            session = _Session(target, stored, stored)
+            self._sessions[source] = session
+            log.debug("source partition %s: target holds up to offset %s", source, stored)
+        return session
+
+    def add(self, source: SourcePartition, offset: int, row: Mapping[str, Any]) -> None:
+        """One row that came from source record (``source``, ``offset``)."""
+        with self._lock:
+            self._add(source, offset, row)
+
+    def _add(self, source: SourcePartition, offset: int, row: Mapping[str, Any]) -> None:
+        session = self._session(source)
+        if offset <= session.stored:
+            self.stats.skipped += 1  # the target holds this record already (a replay)
+            return
+        if offset < session.last or (offset == session.last and not self._many):
+            raise PositionOrderError(
+                f"source partition {source}: offset {offset} came after {session.last}; "
+                "real-time mode needs each source partition's rows in offset order, one row "
+                "per record (remove the repartition/sort, or declare rows_per_record='many' "
+                "for explode-like transforms)")
+        session.last = offset
+        session.pending.append(row)
+        session.pending_offsets.append(offset)
+        if self._clock() - self._last_commit >= self._interval:
+            self._flush(final=False)
+
+    def flush_due(self) -> None:
+        """Commit pending rows if the commit interval has passed (timer threads)."""
+        with self._lock:
+            if self._clock() - self._last_commit >= self._interval:
+                self._flush(final=False)
+
+    def flush(self, *, final: bool = True) -> None:
+        """Commit what is pending in every session. ``final=False`` keeps the newest
+        record's rows back when a record may have several rows (they commit with the
+        next record or at the end of the batch)."""
+        with self._lock:
+            self._flush(final=final)
+
+    def _flush(self, *, final: bool) -> None:
+        for session in self._sessions.values():
+            rows, offsets = session.pending, session.pending_offsets
+            if not rows:
+                continue
+            cut = len(rows)
+            if self._many and not final:
+                newest = offsets[-1]
+                while cut and offsets[cut - 1] == newest:
+                    cut -= 1
+                if cut == 0:
+                    continue
+            session.target.write(rows[:cut])
+            session.target.commit(offsets[cut - 1])
+            session.stored = offsets[cut - 1]
+            self.stats.written += cut
+            self.stats.commits += 1
+            session.pending, session.pending_offsets = rows[cut:], offsets[cut:]
+        self._last_commit = self._clock()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End of the task: commit the rest on success, abort on error; always release."""
+        with self._lock:
+            self._close(error)
+
+    def _close(self, error: BaseException | None) -> None:
+        try:
+            if error is None:
+                self._flush(final=True)
+        finally:
+            first: BaseException | None = None
+            for session in self._sessions.values():
+                try:
+                    if error is not None or session.pending:
+                        session.target.abort()
+                    session.target.close()
+                except BaseException as exc:
+                    first = first or exc
+            self._sessions.clear()
+            if first is not None and error is None:
+                raise first

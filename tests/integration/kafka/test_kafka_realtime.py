@@ -1,0 +1,77 @@
+"""The Kafka real-time target: records and the progress marker in one transaction,
+fencing by transactional.id, and the progress read back after a claim."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from conftest import Broker
+from txsink.errors import ConfigError, FencedError
+from txsink.realtime import PositionWriter, SourcePartition
+from txsink_kafka import testing as kt
+from txsink_kafka.backend import KafkaBackend
+from txsink_kafka.realtime import KafkaRealtimeSpec
+
+pytestmark = [pytest.mark.integration]
+
+SRC = SourcePartition("orders", 1)
+
+
+def make_spec(broker: Broker, topic: str) -> KafkaRealtimeSpec:
+    sink = f"rt-{uuid.uuid4().hex[:8]}"
+    spec = KafkaBackend.realtime_target(sink, {
+        "topic": topic, "kafka.bootstrap.servers": broker.bootstrap,
+        "progress.topic": f"{sink}-progress"})
+    assert isinstance(spec, KafkaRealtimeSpec)
+    spec.prepare()
+    return spec
+
+
+def values(broker: Broker, topic: str) -> list[int]:
+    return sorted(int(m.value()) for m in kt.read_topic(broker.bootstrap, topic))
+
+
+def test_records_and_progress_commit_together_and_a_replay_is_skipped(
+        kafka_broker: Broker, topic: str) -> None:
+    if kt.tansu_selected():
+        pytest.skip(kt.TANSU_CANNOT)
+    spec = make_spec(kafka_broker, topic)
+    w = PositionWriter(spec, commit_interval_s=0.0)
+    for off in range(10):
+        w.add(SRC, off, {"value": str(off)})
+    w.close()
+    assert spec.stored_positions() == {SRC: 9}
+    replay = PositionWriter(spec, commit_interval_s=60)
+    for off in range(5, 15):
+        replay.add(SRC, off, {"value": str(off)})
+    replay.flush()
+    replay.add(SRC, 15, {"value": "15"})
+    replay.close(RuntimeError("killed"))  # offset 15 aborted: never visible
+    assert values(kafka_broker, topic) == list(range(15))
+    assert replay.stats.skipped == 5 and spec.stored_positions() == {SRC: 14}
+
+
+def test_a_second_writer_fences_the_first(kafka_broker: Broker, topic: str) -> None:
+    if kt.tansu_selected():
+        pytest.skip(kt.TANSU_CANNOT)
+    spec = make_spec(kafka_broker, topic)
+    old = PositionWriter(spec, commit_interval_s=60)
+    old.add(SRC, 0, {"value": "100"})
+    new = PositionWriter(spec, commit_interval_s=60)
+    new.add(SRC, 0, {"value": "0"})
+    with pytest.raises(FencedError):
+        old.close()
+    new.close()
+    assert values(kafka_broker, topic) == [0]
+
+
+def test_a_progress_topic_that_is_not_compacted_is_refused(
+        kafka_broker: Broker, topic: str) -> None:
+    progress = f"p-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(kafka_broker.bootstrap, progress)
+    spec = KafkaBackend.realtime_target("rt-x", {
+        "topic": topic, "kafka.bootstrap.servers": kafka_broker.bootstrap,
+        "progress.topic": progress})
+    with pytest.raises(ConfigError, match="must be compacted"):
+        spec.prepare()
