@@ -178,8 +178,6 @@ def test_an_epoch_number_given_up_by_a_forced_resolve_is_never_reused(
     assert at_0 == {"a": {crashed.data.wid}, "b": set()}, f"epoch 0 now holds {at_0}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 4: reset of a group whose targets "
-                   "changed in the file resets some targets only")
 @pytest.mark.parametrize("names", [("a",), ("a", "c")], ids=["removed", "renamed"])
 def test_reset_after_a_target_changed_in_the_file_resets_every_target_or_none(
         world: EntryPointsModel, names: tuple[str, ...]) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from pyspark.sql.types import LongType, StructField, StructType
 from txsink import procfs
 from txsink.errors import ConfigError, StateError
 from txsink.model import Committable, TransactionContext
@@ -65,7 +66,8 @@ def test_a_lease_owner_option_names_the_owner_of_both_writers() -> None:
     """`txsink run --remote` hands its run's token to the data source: a Connect client
     has no driver JVM the server's workers and the client could both name."""
     source = TxsinkDataSource({**_opts(), "lease_owner": "host:connect:abc"})
-    assert source.streamWriter(None, False).owner == "host:connect:abc"  # type: ignore[arg-type]
+    schema = StructType([StructField("id", LongType())])
+    assert source.streamWriter(schema, False).owner == "host:connect:abc"
     assert "lease_owner" not in source.settings.backend_options
 
 
