@@ -74,13 +74,11 @@ def _refusal(action: Callable[[], object]) -> str | None:
 # -- a target moved to another place under the same name ------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a target given another destination under the same name and backend (files path, "
-    "PostgreSQL table, Kafka topic, S3 bucket/prefix) is accepted: the state silently "
-    "records the new options, and the cut then says every target holds every epoch up "
-    "to N while the target's new place holds only the epochs written since the move"))
 def test_a_target_moved_to_another_path_is_refused_or_the_cut_stays_true(
         tmp_path: Path) -> None:
+    """A target given another path under the same name and backend was accepted: the
+    state silently recorded the new options, and the cut then named epochs the moved
+    target's new place never held."""
     f = pipeline(tmp_path)
     for _ in range(2):
         _group_write(f)
@@ -99,12 +97,9 @@ def test_a_target_moved_to_another_path_is_refused_or_the_cut_stays_true(
         f"the cut names epochs 0..{cut}, the moved target holds only {sorted(held)}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a target moved while an epoch is DECIDED: recovery looks for the participants in the "
-    "new place and says they were 'aborted or deleted outside txsink', while they sit "
-    "prepared in the old place; the message should name the move and the way out "
-    "(put the path back)"))
 def test_a_target_moved_while_an_epoch_is_decided_is_named_as_moved(tmp_path: Path) -> None:
+    """Recovery of a DECIDED epoch after a move looked in the new place and said the
+    participants were 'aborted or deleted outside txsink'; they sit in the old place."""
     f = pipeline(tmp_path)
     _group_write(f)
     with pytest.raises(InjectedFault):
@@ -114,6 +109,108 @@ def test_a_target_moved_while_an_epoch_is_decided_is_named_as_moved(tmp_path: Pa
         _group_write(f, owner="job-2")
     assert "aborted or deleted outside txsink" not in str(err.value)
     assert "totals" in str(err.value) and "path" in str(err.value)
+
+
+def test_a_state_without_recorded_destinations_keeps_working_and_refuses_a_move(
+        tmp_path: Path) -> None:
+    """A state written before destinations were recorded runs on, records them, and is
+    still refused a move (compared by the options it recorded)."""
+    f = pipeline(tmp_path)
+    _group_write(f)
+    meta_file = tmp_path / "chk" / "txsink" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    for target in meta["targets"].values():
+        del target["destination"]
+    meta_file.write_text(json.dumps(meta))
+    _group_write(f)
+    recorded = json.loads(meta_file.read_text())["targets"]["totals"]["destination"]
+    assert recorded == {"path": str(tmp_path / "totals")}
+    meta_file.write_text(json.dumps(meta))  # without destinations again
+    f.write_text(f.read_text().replace(f"{tmp_path}/totals", f"{tmp_path}/totals2"))
+    refusal = _refusal(lambda: _group_write(f, owner="job-2"))
+    assert refusal is not None and refusal.startswith("sink.targets[totals].path: ")
+    assert "put path back" in refusal.lower() and "\n" not in refusal
+
+
+def test_the_cut_of_a_moved_target_is_refused(tmp_path: Path) -> None:
+    """The cut read the new place and named epochs it never held."""
+    f = pipeline(tmp_path)
+    _group_write(f)
+    f.write_text(f.read_text().replace(f"{tmp_path}/totals", f"{tmp_path}/totals2"))
+    with pytest.raises(ConfigError, match=r"^sink\.targets\[totals\]\.path: ") as err:
+        pipeline_cut(f)
+    assert err.value.field == "sink.targets[totals].path" and "\n" not in str(err.value)
+
+
+def test_destinations_name_the_place_never_a_secret_or_a_tuning_option() -> None:
+    """What each built-in backend counts as a move, on options as given and as recorded."""
+    plugins = get_plugins()
+    files = plugins.backend_class("files")
+    assert files.destination({"path": "out", "format": "jsonl"}) == \
+        files.destination({"path": str(Path("out").absolute()), "format": "parquet"})
+    pg = plugins.backend_class("postgres")
+    given = pg.destination({"dsn": "postgresql://u:hunter2@db:5433/shop", "table": "orders",
+                            "password": "hunter2", "connect_timeout": "5"})
+    assert given == {"host": "db", "port": "5433", "dbname": "shop",
+                     "table": "public.orders"}
+    assert pg.destination({"dsn": "host=db port=5433 dbname=shop",
+                           "table": "public.orders2"})["table"] == "public.orders2"
+    kafka = plugins.backend_class("kafka")
+    assert kafka.destination({"kafka.bootstrap.servers": "a:9092", "topic": "t"}) == \
+        kafka.destination({"kafka.bootstrap.servers": "b:9092,c:9092", "topic": "t"})
+    assert kafka.destination({"topic": "t"}) != kafka.destination({"topic": "u"})
+    s3 = plugins.backend_class("s3")
+    assert s3.destination({"bucket": "b", "prefix": "p", "secret_access_key": "k"}) != \
+        s3.destination({"bucket": "b", "prefix": "q"})
+
+
+def test_a_single_sink_moved_under_its_kept_state_is_refused(tmp_path: Path) -> None:
+    """A single files sink given another path under a kept checkpoint was accepted: the
+    state's epochs sit in the old directory, recovery looked in the new one."""
+    def run(path: Path) -> None:
+        options = {"path": str(path), "format": "jsonl"}
+        backend = get_plugins().create_backend("files", options)
+        coord = Coordinator(backend, DirectoryStateStore(tmp_path / "chk"), "one",
+                            backend_options=options)
+        try:
+            coord.start()
+            epoch = coord.reserve_epoch()
+            msgs = [write_participant(backend, TransactionContext("one", epoch, 0, 0), [
+                pa.record_batch({"id": pa.array([epoch], pa.int64())})])]
+            assert coord.commit_epoch(epoch, msgs) is EpochOutcome.COMMITTED
+            coord.store.release(coord.lease)
+        finally:
+            backend.close()
+
+    run(tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"^sink\.options\.path: sink 'one' moved") as err:
+        run(tmp_path / "b")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "b").exists() or _ids(tmp_path / "b") == []
+
+
+def test_a_single_sink_pipeline_moved_is_refused_before_its_preflight(tmp_path: Path) -> None:
+    """``txsink run`` of a single sink whose path changed under its kept checkpoint is
+    refused before the backend's preflight touches the new place."""
+    from txsink.spark.pipeline import preflight
+
+    f = tmp_path / "one.yaml"
+    text = (f"source: {{type: rate}}\ncheckpoint: {tmp_path}/chk\nsink:\n  sink_id: one\n"
+            f"  backend: files\n  options: {{path: {tmp_path}/a, format: jsonl}}\n")
+    f.write_text(text)
+    cfg = load_pipeline(f)
+    backend = cfg.create_backend()
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "chk" / "txsink"), "one",
+                        backend_options=cfg.sink.options)
+    try:
+        coord.start()
+        coord.store.release(coord.lease)
+    finally:
+        backend.close()
+    f.write_text(text.replace(f"{tmp_path}/a", f"{tmp_path}/b"))
+    with pytest.raises(ConfigError, match=r"^sink\.options\.path: sink 'one' moved"):
+        preflight(load_pipeline(f), get_plugins(), 1.0)
+    assert not (tmp_path / "b").exists()
 
 
 # -- a stream on a new state after the old one's claim was released -------------------------
@@ -215,15 +312,10 @@ def test_rows_with_a_column_twice_are_refused_by_a_group_and_a_single_sink(
     assert _written(tmp_path / "one") == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "txsink reset compares only the targets' names and backends with the state: after a "
-    "target's path moved, it deletes the new (empty) place and the checkpoint, says the "
-    "sink starts over, and leaves the old place's epochs, claimed by a state that no "
-    "longer exists; the next run into the old place is refused, and the remedy that "
-    "refusal names (delete the claim) loses the new run's first batches "
-    "(test_a_new_query_after_the_documented_release_loses_no_batch)"))
 def test_reset_after_a_target_moved_refuses_or_deletes_what_the_state_wrote(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Reset after a move deleted the new (empty) place and the checkpoint, and left the
+    old place's epochs claimed by a state that no longer existed."""
     from txsink.cli import main
 
     f = pipeline(tmp_path)

@@ -71,6 +71,10 @@ class Backend(abc.ABC):
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     #: Option keys whose values are secrets: never logged, stored or echoed.
     secret_options: ClassVar[frozenset[str]] = frozenset()
+    #: Options that tune how the backend writes, not where the output goes (timeouts,
+    #: batch sizes, ...): the default :meth:`destination` leaves them out, so changing
+    #: them under a kept state is not taken for a move.
+    tuning_options: ClassVar[frozenset[str]] = frozenset()
     #: Version of this backend's committable payload; bump it when the layout changes.
     payload_version: ClassVar[int] = 1
     #: The option (seconds) bounding how long the backend waits for a server that is
@@ -362,3 +366,19 @@ class Backend(abc.ABC):
     def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
         """``options`` without secret ones, fit to be written into the state."""
         return {k: v for k, v in options.items() if k not in self.secret_options}
+
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        """The secret-free options that say where the output goes (no I/O).
+
+        A target's destination is part of its identity: the state records it, and a run,
+        reset or cut whose target has another destination under the same name is refused
+        (the epochs the state decided sit in the old place). Called with the options as
+        given and with the ones the state recorded (:meth:`safe_options`), so the result
+        must be the same for both. The default is conservative: every option except
+        secrets and :attr:`tuning_options`, so a backend that says nothing is refused on
+        any other change rather than moved silently; backends override it with the few
+        options that name the place.
+        """
+        return {k: str(v) for k, v in options.items()
+                if k not in cls.secret_options and k not in cls.tuning_options}

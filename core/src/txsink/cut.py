@@ -80,6 +80,20 @@ def consistent_cut(backend: Backend, store: StateStore, sink_id: str) -> Cut:
     if meta.sink_id != sink_id:
         raise ConfigError(f"the txsink state at {store.location} belongs to sink "
                           f"{meta.sink_id!r}, not {sink_id!r}", field="sink_id")
+    if isinstance(backend, TargetGroup):
+        from txsink.targets import moved_target
+
+        for name, target in meta.targets.items():
+            member = backend.members.get(name)
+            if member is None:
+                continue
+            refusal = moved_target(
+                target, name, type(member.backend).destination(member.spec.options),
+                sink_id, here="this file has", backend=type(member.backend),
+                remedy="The cut is only true of the recorded places: put it back as the "
+                       "state recorded it to read the cut; nothing was changed")
+            if refusal is not None:
+                raise refusal
     top = max([meta.committed_watermark, *store.states()])
     members: dict[str, tuple[Backend, str]] = (
         {m.name: (m.backend, m.sink_id) for m in backend.members.values()}

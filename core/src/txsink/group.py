@@ -129,6 +129,7 @@ class TargetGroup(Backend):
         """What the state keeps of each target (secret-free)."""
         return {m.name: {"backend": m.spec.backend, "sink_id": m.sink_id,
                          "options": m.backend.safe_options(m.spec.options),
+                         "destination": type(m.backend).destination(m.spec.options),
                          **({"epoch_column": m.spec.epoch_column}
                             if m.spec.epoch_column else {})}
                 for m in self.members.values()}

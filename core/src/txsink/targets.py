@@ -26,6 +26,7 @@ from txsink.errors import ConfigError
 from txsink.model import SINK_ID_PATTERN, DeliveryGuarantee
 
 if TYPE_CHECKING:
+    from txsink.backend import Backend
     from txsink.plugins import Plugins
 
 #: The ``backend`` name a group's state records (no plugin registers it).
@@ -233,6 +234,55 @@ def _select(value: object, here: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
+def recorded_destination(target: Mapping[str, Any]) -> dict[str, str] | None:
+    """The destination the state recorded for one target (None: a state written before
+    destinations were recorded; the caller derives it from the recorded options)."""
+    dest = target.get("destination")
+    return {str(k): str(v) for k, v in dest.items()} if isinstance(dest, Mapping) else None
+
+
+def moved_target(recorded: Mapping[str, Any], name: str, now: Mapping[str, str],
+                 group_id: str, *, here: str = "this run has", remedy: str | None = None,
+                 backend: type[Backend] | None = None,
+                 field: str | None = None) -> ConfigError | None:
+    """The refusal for target ``name`` whose destination ``now`` is not the one the
+    state recorded (None when it is).
+
+    A target's destination is part of its identity: the epochs the state decided are in
+    the old place, where recovery, the cut and ``txsink reset`` must find them. A state
+    written before destinations were recorded is compared by the destination of the
+    options it recorded, on the keys both sides name. ``field`` (``sink.options``)
+    names a single sink's options instead of a group's target.
+    """
+    before = recorded_destination(recorded)
+    if before is None:
+        from txsink.plugins import get_plugins
+
+        options = recorded.get("options")
+        if not isinstance(options, Mapping):
+            return None
+        cls = backend or get_plugins().backend_class(str(recorded.get("backend")))
+        derived = cls.destination({str(k): str(v) for k, v in options.items()})
+        keys = [k for k in now if k in derived]
+        before = {k: derived[k] for k in keys}
+        now = {k: now[k] for k in keys}
+    changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    if not changed:
+        return None
+    option = changed[0]
+    where = f"{field or f'sink.targets[{name}]'}.{option}"
+    what = f"sink {group_id!r}" if field else f"target {name!r} of sink {group_id!r}"
+    return ConfigError(
+        f"{where}: {what} moved: the "
+        f"state recorded {option} {before.get(option, '')!r}, {here} "
+        f"{now.get(option, '')!r}. A target's destination is part of its identity: the "
+        "epochs decided so far are in the old place, where recovery and the cut read "
+        "them. " + (remedy or (
+            f"Put {option} back as it was, or write to the new place under a new sink_id "
+            "with a new checkpoint; nothing was written or claimed")),
+        field=where, sink_id=group_id)
+
+
 def changed_targets(recorded: Mapping[str, Mapping[str, Any]], specs: Sequence[TargetSpec],
                     group_id: str, *, here: str = "this run has",
                     remedy: str | None = None) -> ConfigError | None:
@@ -245,7 +295,19 @@ def changed_targets(recorded: Mapping[str, Mapping[str, Any]], specs: Sequence[T
     """
     before = {n: str(t.get("backend")) for n, t in recorded.items()}
     given = {s.name: s.backend for s in specs}
-    if not recorded or before == given:
+    if not recorded:
+        return None
+    if before == given:
+        from txsink.plugins import get_plugins
+
+        plugins = get_plugins()
+        for spec in specs:
+            cls = plugins.backend_class(spec.backend)
+            refusal = moved_target(recorded[spec.name], spec.name,
+                                   cls.destination(spec.options), group_id, here=here,
+                                   remedy=remedy, backend=cls)
+            if refusal is not None:
+                return refusal
         return None
 
     def words(targets: Mapping[str, str]) -> str:

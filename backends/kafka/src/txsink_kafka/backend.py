@@ -131,6 +131,15 @@ class KafkaBackend(Backend):
     def secret_values(self) -> list[str]:
         return list(self.config.secrets)
 
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # The topic (empty: each row's topic column) and the marker topic recovery reads
+        # decisions from. Not the bootstrap servers: another list of brokers of the same
+        # cluster (one added, one replaced) is a legitimate change, and a list alone
+        # cannot tell it from another cluster.
+        return {"topic": str(options.get("topic") or ""),
+                "marker.topic": str(options.get("marker.topic") or "txsink-markers")}
+
     def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
         # By name, not only the listed keys: every SASL/SSL/OAuth secret stays out.
         return {k: v for k, v in super().safe_options(options).items()

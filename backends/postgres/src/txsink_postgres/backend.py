@@ -187,6 +187,25 @@ class PostgresBackend(Backend):
         return PostgresRealtimeSpec(sink_id, options)
 
     @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # The server and database (from the DSN, never its password) and the table.
+        # A DSN that does not parse yields no server here: from_options refuses it.
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            params = conninfo_to_dict(str(options.get("dsn") or ""))
+        except Exception:
+            params = {}
+        for key, value in options.items():
+            if key.startswith("connect.") and key[8:] in ("host", "port", "dbname"):
+                params[key[8:]] = value
+        place = {k: str(params.get(k) or "") for k in ("host", "port", "dbname")}
+        table = str(options.get("table") or "")
+        with contextlib.suppress(ConfigError):
+            table = str(TableName.parse(table))  # orders and public.orders: one table
+        return {**place, "table": table}
+
+    @classmethod
     def from_options(cls, options: Mapping[str, str]) -> PostgresBackend:
         from psycopg.conninfo import conninfo_to_dict
 

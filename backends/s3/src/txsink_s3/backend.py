@@ -250,6 +250,14 @@ class S3Backend(Backend):
     # -- configuration ------------------------------------------------------------------
 
     @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # Where the objects go: the store (endpoint), the bucket and the key layout under
+        # it. Region, credentials, part sizes and concurrency only say how to get there.
+        return {"endpoint_url": str(options.get("endpoint_url") or ""),
+                "bucket": str(options.get("bucket") or "").strip(),
+                "prefix": keys.normalize_prefix(str(options.get("prefix") or ""))}
+
+    @classmethod
     def from_options(cls, options: Mapping[str, str]) -> S3Backend:
         opts = Options(options, owner="s3 backend", secret_keys=cls.secret_options)
         bucket = opts.str("bucket", required=True).strip()

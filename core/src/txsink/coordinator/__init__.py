@@ -36,6 +36,7 @@ from txsink.coordinator.sink import RetryPolicy, Sink
 from txsink.errors import CheckpointChangedError, ConfigError
 from txsink.model import Committable, DeliveryGuarantee, RecoveryReport
 from txsink.state import EpochState, SinkMeta, WriteId
+from txsink.targets import moved_target
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,11 @@ class Coordinator(Sink):
                 "target an epoch was decided in. Run with the targets as they were, or "
                 "write the new set of targets under a new sink_id with a new checkpoint",
                 field="targets", sink_id=self.sink_id)
+        for name, target in meta.targets.items():
+            refusal = moved_target(target, name, now[name]["destination"], self.sink_id,
+                                   backend=type(self.group.members[name].backend))
+            if refusal is not None:
+                raise refusal
         if dict(meta.targets) != now:
             meta = dataclasses.replace(meta, targets=now)
             self.store.write_meta(self.lease, meta)
@@ -146,6 +152,15 @@ class Coordinator(Sink):
         elif query_id and meta.query_id is None:
             meta = dataclasses.replace(meta, query_id=query_id)
             self.store.write_meta(self._lease, meta)
+        if self.group is None and meta.options and self._options:
+            # A single sink's destination is its identity too (see :func:`moved_target`);
+            # its state keeps the options, so the destination is derived from them.
+            moved = moved_target(
+                {"backend": meta.backend, "options": meta.options}, self.sink_id,
+                type(self.backend).destination(self._options), self.sink_id,
+                backend=type(self.backend), field="sink.options")
+            if moved is not None:
+                raise moved
         meta = self._check_targets(meta)
         self.cached_meta = meta
         if stream:

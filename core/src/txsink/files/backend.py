@@ -249,6 +249,13 @@ class FilesBackend(Backend):
     def describe(self) -> str:
         return f"files {self.format} at {self.base}"
 
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # The directory, absolute as the state records it; format and compression say
+        # how the files are written, not where.
+        path = str(options.get("path") or "").removeprefix("file://")
+        return {"path": str(Path(path).absolute()) if path else ""}
+
     def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
         # The state keeps these for `txsink status` / `resolve`, which may run from
         # another directory: a relative path would point them at the wrong files.

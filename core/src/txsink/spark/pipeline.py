@@ -565,10 +565,9 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
 def _refuse_changed_targets(cfg: PipelineConfig, plugins: Plugins) -> None:
     """Targets other than the ones the state recorded are refused before the backends'
     preflight claims a new target's output: the refusal's way out (a new sink_id)
-    must still work after it."""
-    if not cfg.sink.targets:
-        return
-    from txsink.targets import changed_targets
+    must still work after it. A single sink moved under its kept state (another path,
+    table, topic) is refused here too, for the same reason."""
+    from txsink.targets import changed_targets, moved_target
 
     root = cfg.checkpoint.rstrip("/") + "/txsink"
     local = root.removeprefix("file://")
@@ -576,6 +575,16 @@ def _refuse_changed_targets(cfg: PipelineConfig, plugins: Plugins) -> None:
         return
     meta = plugins.state_store(root).read_meta()
     if meta is None or meta.sink_id != cfg.sink.sink_id:
+        return
+    if not cfg.sink.targets:
+        if meta.backend != cfg.sink.backend or not meta.options or not cfg.sink.options:
+            return  # another backend: the coordinator refuses it
+        cls = plugins.backend_class(cfg.sink.backend)
+        moved = moved_target({"backend": meta.backend, "options": meta.options},
+                             cfg.sink.sink_id, cls.destination(cfg.sink.options),
+                             cfg.sink.sink_id, backend=cls, field="sink.options")
+        if moved is not None:
+            raise moved
         return
     refusal = changed_targets(meta.targets, cfg.sink.targets, cfg.sink.sink_id)
     if refusal is not None:
