@@ -185,11 +185,13 @@ class TableBackend(Backend):
         its data folder (Iceberg). Known without I/O."""
 
     @abc.abstractmethod
-    def table_epoch(self, sink_id: str, epoch: int) -> dict[str, str] | None:
+    def table_epoch(self, sink_id: str, epoch: int, table: Any = None
+                    ) -> dict[str, str] | None:
         """The participant directories the table's own markers name for ``epoch`` of
         ``sink_id`` (participant -> directory), or None when the table holds no entry of
         that epoch. Raise :class:`~txsink.errors.StateError` when the table's history no
-        longer reaches back far enough to tell."""
+        longer reaches back far enough to tell. ``table``: read that loaded version of
+        the table (the one a commit is about to be based on) instead of the latest."""
 
     @abc.abstractmethod
     def append_epoch(self, sink_id: str, epoch: int,
@@ -197,7 +199,19 @@ class TableBackend(Backend):
         """Append ONE entry to the table adding ``participants``' files and carrying the
         epoch marker (naming the participant directories). Raise
         :class:`ConflictError` when another writer won the race: the caller reads the
-        markers again and retries."""
+        markers again and retries. The markers are read again on the very version the
+        entry is based on (:meth:`refuse_if_named`): a racing committer of the same epoch
+        may have committed between the caller's read and this load, and the format's
+        optimistic concurrency only catches a commit made after it."""
+
+    def refuse_if_named(self, table: Any, sink_id: str, epoch: int,
+                        participants: Mapping[str, Sequence[DataFile]]) -> None:
+        """Raise :class:`ConflictError` when ``table`` (as loaded for the commit) already
+        names one of ``participants``."""
+        held = self.table_epoch(sink_id, epoch, table) or {}
+        if any(participant_of(d) in held for d in participants):
+            raise ConflictError(f"sink={sink_id} epoch={epoch}: {self.describe()} was "
+                                "given this epoch meanwhile by another committer")
 
     # -- files ----------------------------------------------------------------------------
 

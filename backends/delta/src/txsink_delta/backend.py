@@ -96,8 +96,9 @@ class DeltaBackend(TableBackend):
                 f"delta backend: table {self.path} is partitioned by {', '.join(parts)}; "
                 "txsink writes unpartitioned Delta tables only (for now)", field="path")
 
-    def table_epoch(self, sink_id: str, epoch: int) -> dict[str, str] | None:
-        table = self._table()
+    def table_epoch(self, sink_id: str, epoch: int, table: Any = None
+                    ) -> dict[str, str] | None:
+        table = table if table is not None else self._table()
         if table is None:
             return None
         version = table.transaction_version(sink_id)
@@ -149,6 +150,7 @@ class DeltaBackend(TableBackend):
             table = self._create(files)
         if table is None:
             return  # an empty epoch into a table that does not exist yet: nothing to name
+        self.refuse_if_named(table, sink_id, epoch, participants)
         schema = table.schema()
         self._check_schema(schema, files)
         actions = []

@@ -144,8 +144,9 @@ class IcebergBackend(TableBackend):
 
     # -- markers --------------------------------------------------------------------------
 
-    def table_epoch(self, sink_id: str, epoch: int) -> dict[str, str] | None:
-        table = self._load()
+    def table_epoch(self, sink_id: str, epoch: int, table: Any = None
+                    ) -> dict[str, str] | None:
+        table = table if table is not None else self._load()
         if table is None:
             return None
         found: dict[str, str] | None = None
@@ -197,6 +198,7 @@ class IcebergBackend(TableBackend):
             table = self._create(files)
         if table is None:
             return  # an empty epoch into a table that does not exist yet
+        self.refuse_if_named(table, sink_id, epoch, participants)
         props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
                  PARTICIPANTS_KEY: marker_json(participants)}
         paths = [f"file://{self.absolute(f.path)}" for f in files]
