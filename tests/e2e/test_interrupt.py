@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.spark_harness import kill_group
+from tests.long_runs import long_run
 from tests.process_guard import marked_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +118,7 @@ def _committed(checkpoint: Path) -> bool:
     return epochs.is_dir() and any("committed" in p.name for p in epochs.iterdir())
 
 
+@long_run
 @pytest.mark.spark
 def test_txsink_run_stops_on_sigint_and_sigterm_and_leaves_nothing(tmp_path: Path) -> None:
     """``txsink run`` of the demo, once it committed a batch, gets SIGINT (one run) and
