@@ -47,7 +47,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,34 @@ from typing import Any
 Summary = dict[int, tuple[int, int, int]]
 
 SCHEMA = "id LONG, key INT, amount LONG"
+
+
+
+def local_spark(app: str, **conf: str) -> Iterator[Any]:
+    """A ``local[2]`` session with txsink registered, for a module-scoped ``spark``
+    fixture (``yield from local_spark(...)``); the JVM ends with it."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+    from txsink.spark import register
+
+    from tests.e2e.test_kafka_source_spark import _stop_jvm
+
+    builder = (SparkSession.builder.master("local[2]").appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+        _stop_jvm()
 
 
 def make_input(directory: Path, *, files: int = 4, rows_per_file: int = 300,

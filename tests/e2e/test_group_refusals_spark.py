@@ -7,8 +7,6 @@ One Spark session (local mode) for the module; files targets, so no servers.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,32 +15,14 @@ import pytest
 from txsink.errors import ConfigError
 from txsink.targets import encode_targets, parse_targets
 
-from tests.e2e.spark_harness import leftover_files, read_files_output
+from tests.e2e.spark_harness import leftover_files, local_spark, read_files_output
 
 pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-    from txsink.spark import register
-
-    session = (SparkSession.builder.master("local[2]").appName("txsink-group-refusals")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
-        from tests.e2e.test_kafka_source_spark import _stop_jvm
-
-        _stop_jvm()
+    yield from local_spark("txsink-group-refusals")
 
 
 def items(tmp: Path, *names: str) -> list[dict[str, Any]]:

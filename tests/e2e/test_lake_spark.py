@@ -20,7 +20,7 @@ import pytest
 from txsink.targets import target_sink_id
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.e2e.spark_harness import SCHEMA, make_input, read_files_output, summarize
+from tests.e2e.spark_harness import SCHEMA, local_spark, make_input, read_files_output, summarize
 from tests.integration.delta.test_delta_backend import log_entries
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -30,26 +30,7 @@ GROUP = "lake"
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-    from txsink.spark import register
-
-    from tests.e2e.test_kafka_source_spark import _stop_jvm
-
-    session = (SparkSession.builder.master("local[2]").appName("txsink-lake")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
-        _stop_jvm()
+    yield from local_spark("txsink-lake", **{"spark.sql.session.timeZone": "UTC"})
 
 
 def lake_targets(tmp: Path) -> list[dict[str, Any]]:
