@@ -248,3 +248,26 @@ def test_a_cut_read_while_two_grouped_writes_are_in_flight_never_passes_either(
     assert a.state == b.state == "ok"
     epoch_a = {e for e, _, i in world.visible("a") if i // 1000 == a.data.wid}
     assert min(epoch_a) > cut, f"cut {cut} was read before A's epoch {epoch_a} committed"
+
+
+def test_a_backfill_started_while_a_stream_batch_is_in_flight_leaves_the_batch_alone(
+        world: EntryPointsModel) -> None:
+    """Found by the long model run: a backfill, then the stream (bound above it), then a
+    second backfill started in the same driver while the stream's next batch was
+    prepared. The backfill's start ran recovery before it was refused; its orphan scan
+    aborted the stream's prepared participants, whose commit then found their rows
+    gone. A batch write beside a stream is refused before recovery and the lease."""
+    world.choose("group", "datasource")
+    _exact_or_loud(world, _run(world, "backfill"))
+    world.restart_query()  # the query starts: the stream binds above the backfill
+    stream, backfill = world.make_op("stream"), world.make_op("backfill")
+    world.ops = [stream, backfill]
+    world.advance(stream)  # planned
+    world.advance(stream)  # prepared in both targets
+    lease = world.store().lease_info()
+    world.advance(backfill)
+    assert backfill.state == "failed" and "StateError" in backfill.error, backfill.error
+    assert world.store().lease_info() == lease, "the refused backfill took the lease"
+    while stream.state == "running":
+        world.advance(stream)
+    _exact_or_loud(world, stream)

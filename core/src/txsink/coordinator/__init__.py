@@ -95,7 +95,8 @@ class Coordinator(Sink):
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self, *, recover: bool = True, up_to_epoch: int | None = None,
-              query_id: str | None = None, stream: bool = False) -> RecoveryReport:
+              query_id: str | None = None, stream: bool = False,
+              batch: bool = False) -> RecoveryReport:
         """Take the state's lease, bind it to this sink, and (by default) recover.
 
         :param query_id: the identity of the engine's checkpoint (Spark's query id). The
@@ -105,7 +106,13 @@ class Coordinator(Sink):
         :param stream: this run commits the streaming sink's micro-batches (of the
             query ``query_id``): the state fixes the epoch of micro-batch 0 the first
             time (:meth:`stream_epoch`), and refuses batch writes from then on.
+        :param batch: this run is a batch write: refused on a state a stream writes
+            through *before* recovery, whose orphan scan would abort the stream's batch
+            in flight (a backfill started in the driver that runs the stream), and
+            before the lease, which would fence the stream's driver.
         """
+        if batch:
+            self.epochs.refuse_beside_stream(None)
         self._lease = self.store.acquire(self.owner)
         meta = self.store.read_meta()
         # A stream wrote here under a release that did not record where its epochs
@@ -163,6 +170,8 @@ class Coordinator(Sink):
                 raise moved
         meta = self._check_targets(meta)
         self.cached_meta = meta
+        if batch:
+            self.epochs.refuse_beside_stream(None)
         if stream:
             self.stream, self.query_id = True, query_id or meta.query_id
             self.epochs.bind_stream(legacy_stream)

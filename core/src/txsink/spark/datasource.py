@@ -575,7 +575,7 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
         try:
             backend.preflight(settings.sink_id)
             coordinator = settings.coordinator(backend, owner)
-            coordinator.start(recover=True)
+            coordinator.start(recover=True, batch=True)
             done = (coordinator.committed_write(settings.write)
                     if settings.write is not None else None)
             if done is not None:

@@ -326,7 +326,7 @@ class GroupEpoch:
         try:
             backend.preflight(self.group.sink_id)
             coordinator = self._coordinator(backend)
-            coordinator.start(recover=True)
+            coordinator.start(recover=True, batch=True)
             if self.write_id is not None and coordinator.committed_write(self.write_id) \
                     is not None:
                 self.skipped = True
