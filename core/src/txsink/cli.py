@@ -729,6 +729,10 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
     if committed:
         meta = store.read_meta()
         assert meta is not None
+        if record.write is not None:
+            # Its replay gets a new epoch: it finds the kept partitions by its identity.
+            meta = dataclasses.replace(
+                meta, kept_writes={**meta.kept_writes, record.write.key(): record.epoch})
         if any(c.target for c in committed):
             by_target = {t: tuple(sorted(c.partition for c in cs))
                          for t, cs in _by_target(committed).items()}

@@ -76,6 +76,10 @@ class WriteId:
     def __str__(self) -> str:
         return f"{self.app_id}@{self.version}"
 
+    def key(self) -> str:
+        """The identity with its driving query: a write's replay has the same key."""
+        return f"{self} of {self.query_id}" if self.query_id else str(self)
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"app_id": self.app_id, "version": self.version}
         if self.query_id is not None:
@@ -220,6 +224,11 @@ class SinkMeta:
     #: resolve, a batch write's reservation dropped): a new epoch is allocated above it,
     #: so a number never means two different sets of rows.
     given_up: int = -1
+    #: Writes with an identity (``foreachBatch``'s ``version=batch_id``) whose epoch a
+    #: forced resolve gave up with some participants committed: :meth:`WriteId.key` ->
+    #: that epoch. Their replay is allocated a new epoch, so this is how it finds the
+    #: partitions ``kept``/``kept_targets`` hold under the old one.
+    kept_writes: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -246,6 +255,8 @@ class SinkMeta:
             data["stream_from"] = self.stream_from
         if self.given_up >= 0:
             data["given_up"] = self.given_up
+        if self.kept_writes:
+            data["kept_writes"] = dict(self.kept_writes)
         return data
 
     @classmethod
@@ -264,7 +275,8 @@ class SinkMeta:
                        {int(e): {str(t): tuple(int(p) for p in ps) for t, ps in by.items()}
                         for e, by in dict(data.get("kept_targets", {})).items()},
                        None if data.get("stream_from") is None else int(data["stream_from"]),
-                       int(data.get("given_up", -1)))
+                       int(data.get("given_up", -1)),
+                       {str(k): int(e) for k, e in dict(data.get("kept_writes", {})).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 

@@ -135,17 +135,25 @@ class Decision:
             return EpochOutcome.RECOVERED
 
         meta = sink.store.read_meta() or sink.cached_meta
-        kept = kept_partitions(meta, epoch)
+        kept_epoch = epoch
+        if write is not None and meta is not None and write.key() in meta.kept_writes:
+            # The replay of a write whose epoch a forced resolve gave up: it has a new
+            # epoch, and the old one's kept partitions are what it must not write again.
+            kept_epoch = meta.kept_writes[write.key()]
+        kept = kept_partitions(meta, kept_epoch)
         if kept:
             # A forced resolve gave this epoch up with these partitions committed: they
             # stay, and the replay writes only the others.
             again = [c for c in committables if (c.target, c.partition) in kept]
             self.abort_all(epoch, again, "replayed")
             committables = [c for c in committables if (c.target, c.partition) not in kept]
-            log.warning("sink=%s epoch=%d: replay of an epoch a forced resolve gave up: "
+            log.warning("sink=%s epoch=%d: replay of %s a forced resolve gave up: "
                         "partitions %s stayed committed and are not written again; %d "
                         "participant(s) of the other partitions are decided now",
-                        sink.sink_id, epoch, kept_words(kept), len(committables))
+                        sink.sink_id, epoch,
+                        "the epoch" if kept_epoch == epoch else
+                        f"write {write} (epoch {kept_epoch})",
+                        kept_words(kept), len(committables))
         elif sink.backend.holds_epoch(sink.sink_id, epoch):
             return self._held_by_target(epoch, committables, reserved=reserved)
 
@@ -164,8 +172,10 @@ class Decision:
         if kept and meta is not None:
             latest = sink.store.read_meta() or meta
             sink.cached_meta = dataclasses.replace(
-                latest, kept={e: p for e, p in latest.kept.items() if e != epoch},
-                kept_targets={e: p for e, p in latest.kept_targets.items() if e != epoch})
+                latest, kept={e: p for e, p in latest.kept.items() if e != kept_epoch},
+                kept_targets={e: p for e, p in latest.kept_targets.items()
+                              if e != kept_epoch},
+                kept_writes={k: e for k, e in latest.kept_writes.items() if e != kept_epoch})
             sink.store.write_meta(lease, sink.cached_meta)
         # One listing of the states serves the orphan scan and pruning (the scan
         # writes none); only the records they act on are read.
