@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.spark_harness import kill_group, leftover_files, read_files_output
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -31,6 +32,7 @@ def _txsink_run(pipeline: str, env: dict[str, str], *args: str) -> str:
     return stdout
 
 
+@long_run
 def test_demo_pipelines_run_and_commit_exactly_once(tmp_path: Path) -> None:
     env = {**os.environ, "TXSINK_DEMO_DIR": str(tmp_path / "demo"),
            "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}

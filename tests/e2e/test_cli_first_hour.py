@@ -78,6 +78,7 @@ def _variant(tmp_path: Path, old: str, new: str) -> Path:
     return f
 
 
+@long_run
 def test_spark_errors_name_the_field_in_validate_and_run(tmp_path: Path) -> None:
     env = _env(tmp_path / "demo")
     typo = _variant(tmp_path, "SELECT value AS id", "SELEC value AS id")
@@ -138,6 +139,7 @@ print(json.dumps(out))
 """
 
 
+@long_run
 def test_a_mistake_in_the_sql_is_one_line_naming_it(tmp_path: Path) -> None:
     """A misspelled column, function or table, an ambiguous column, a type mismatch:
     the commonest first mistakes. A logger txsink created under PySpark's own logger

@@ -24,6 +24,7 @@ from tests.e2e.spark_harness import (
     run_driver,
     summarize,
 )
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -46,6 +47,7 @@ def _spark_committed(chk: Path, batch: int) -> bool:
     return (chk / "commits" / str(batch)).exists()
 
 
+@long_run
 @pytest.mark.fault
 def test_driver_killed_at_every_coordinator_point_then_exactly_once(tmp_path: Path) -> None:
     expected = make_input(tmp_path / "in", files=EPOCHS, rows_per_file=240)

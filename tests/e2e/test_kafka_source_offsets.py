@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 from txsink_kafka import testing as kt
 
 from tests.e2e.spark_harness import DriverSpec, read_files_output, run_driver
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration, pytest.mark.fault]
 
@@ -98,6 +99,7 @@ class Watcher(threading.Thread):
             self.seen.add(tuple(sorted(reported.items())))
 
 
+@long_run
 def test_group_offsets_follow_spark_commits_across_a_driver_crash(
         bootstrap: str, tmp_path: Path) -> None:
     topic = f"lag-{uuid.uuid4().hex[:6]}"

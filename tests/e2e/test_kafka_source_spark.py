@@ -15,6 +15,8 @@ import pytest
 from confluent_kafka import Producer
 from txsink_kafka import testing as kt
 
+from tests.long_runs import long_run
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
 
@@ -152,6 +154,7 @@ def test_starting_offsets_latest_and_json(spark: Any, bootstrap: str, tmp_path: 
     assert sorted(json.loads(r["value"])["id"] for r in rows) == [10, 12, 14, 16, 18]
 
 
+@long_run
 def test_aborted_upstream_transactions_never_reach_the_sink(
         spark: Any, bootstrap: str, tmp_path: Path) -> None:
     """One upstream transactional producer commits and aborts in turn over both

@@ -22,6 +22,7 @@ from txsink_iceberg.backend import IcebergBackend
 
 from tests.e2e.spark_harness import SCHEMA, local_spark, make_input, read_files_output, summarize
 from tests.integration.delta.test_delta_backend import log_entries
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -110,6 +111,7 @@ def test_group_stream_into_delta_and_iceberg_on_spark_writer(spark: Any, tmp_pat
     assert len(read_files_output(tmp_path / "files")) == 450
 
 
+@long_run
 def test_pipeline_file_with_table_targets_runs_on_spark_writer(tmp_path: Path) -> None:
     """``txsink run`` of examples/pipelines/orders_lake.yaml: the rate source's rows
     0..n-1 in both tables, each committed batch one log entry and one snapshot."""

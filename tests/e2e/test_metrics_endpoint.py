@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.spark_harness import kill_group
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -36,6 +37,7 @@ def _scrape(url: str) -> dict[str, float]:
             for s in f.samples if s.labels.get("sink") == "demo"}
 
 
+@long_run
 def test_scraped_metrics_match_the_committed_state(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client", reason="the metrics extra is not installed")
     port = _free_port()

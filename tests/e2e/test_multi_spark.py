@@ -125,6 +125,7 @@ def recipe(name: str) -> str:
     return found.group(1)
 
 
+@long_run
 def test_driver_killed_mid_commit_then_every_target_exact_and_readers_stop_at_the_cut(
         servers: Group, tmp_path: Path) -> None:
     make_input(tmp_path / "in", files=FILES, rows_per_file=ROWS)

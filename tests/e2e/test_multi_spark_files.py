@@ -72,6 +72,7 @@ def check_exact(tmp: Path, sink: str, state: Path) -> None:
     assert cut.cut == max(records) and set(cut.targets.values()) == {max(records)}
 
 
+@long_run
 def test_foreach_block_that_raises_aborts_every_target_and_versions_stay_bound(
         tmp_path: Path) -> None:
     make_input(tmp_path / "in", files=FILES, rows_per_file=120)

@@ -171,6 +171,7 @@ def test_task_failures_and_speculative_twins_then_batch_write(
         assert prepared(pg, s) == []
 
 
+@long_run
 @pytest.mark.fault
 def test_postgres_restarted_under_a_running_query(
     pg: pgtesting.LocalPostgres, tmp_path: Path

@@ -167,6 +167,7 @@ def test_the_example_pipeline_file_runs_in_real_time_mode_and_resumes_exactly_on
     assert ids == list(range(150))
 
 
+@long_run
 def test_kafka_to_kafka_exactly_once_across_a_stop_and_a_checkpoint_reset(
         spark: Any, bootstrap: str, tmp_path: Path) -> None:
     from txsink.spark.realtime import start_realtime

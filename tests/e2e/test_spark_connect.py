@@ -187,6 +187,7 @@ def states(spec: dict[str, Any]) -> dict[int, EpochState]:
 # -- the tests ------------------------------------------------------------------------
 
 
+@long_run
 def test_txsink_run_remote_streams_and_batches_exactly_once(servers: Servers) -> None:
     """Streams into files, PostgreSQL and Kafka (its address from SPARK_REMOTE instead of
     --remote) and a batch pipeline into PostgreSQL, the four runs at once on one server."""
@@ -270,6 +271,7 @@ def test_foreach_batch_identity_is_bound_to_its_stream(servers: Servers) -> None
     assert written_ids(servers, "files", options) == IDS
 
 
+@long_run
 def test_server_killed_mid_epoch_then_restarted_exactly_once(servers: Servers) -> None:
     spec = pipeline(servers, "postgres")
     (servers.once / PAUSE_RULE).unlink()  # armed: epoch 1's committer pauses once decided

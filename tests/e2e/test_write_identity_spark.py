@@ -79,6 +79,7 @@ def test_batch_write_identity_is_committed_once_across_a_crash_and_reruns(
     assert len(read_files_output(out)) == 2 * len(rows)
 
 
+@long_run
 def test_two_batch_writes_at_once_reserve_distinct_epochs(tmp_path: Path) -> None:
     first = make_input(tmp_path / "a", files=2, rows_per_file=120)
     (tmp_path / "b").mkdir()
@@ -228,6 +229,7 @@ def test_a_reset_checkpoint_named_by_the_session_setting_is_refused(tmp_path: Pa
     assert leftover_files(out) == []
 
 
+@long_run
 @pytest.mark.fault
 def test_older_run_is_fenced_once_a_newer_run_took_over(tmp_path: Path) -> None:
     expected = make_input(tmp_path / "in", files=3, rows_per_file=100)

@@ -29,7 +29,7 @@ CONFORMANCE = {
 }
 SPARK = {
     "files": "tests/e2e/test_files_exactly_once.py::"
-             "test_driver_killed_at_every_coordinator_point_then_exactly_once",
+             "test_task_failures_and_speculative_twins_then_batch_write",
     "postgres": "tests/e2e/test_postgres_spark.py::"
                 "test_task_failures_and_speculative_twins_then_batch_write",
     "s3": "tests/e2e/test_s3_spark.py::test_task_failures_and_speculative_twins_then_batch_write",
@@ -56,7 +56,7 @@ def coverage_map() -> dict[tuple[str, str, str], str]:
             f"{CONFORMANCE[backend]}::test_non_transactional_guarantees_commit_in_the_task")
     out[("files", "at_least_once", "spark")] = (
         "tests/e2e/test_guarantee_spark.py::"
-        "test_exactly_once_and_at_least_once_under_the_same_faults")
+        "test_at_least_once_under_the_faults_loses_nothing_and_says_so")
     return out
 
 
