@@ -342,9 +342,11 @@ class Backend(abc.ABC):
         """
         aborted: list[Committable] = []
         for c in self.list_prepared(sink_id):
-            if c.participant in protected:
-                continue
+            # The epoch bound first: asking ``protected`` about a participant of a later
+            # epoch (a replay being written) may refuse, and it is not this scan's.
             if up_to_epoch is not None and c.epoch > up_to_epoch:
+                continue
+            if c.participant in protected:
                 continue
             self.abort(c)
             aborted.append(c)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator
+from txsink.coordinator.identity import layout
 from txsink.errors import ConfigError, ServerUnavailableError, StateError, TxsinkError
 from txsink.group import TargetGroup
 from txsink.model import Committable, DeliveryGuarantee
@@ -729,17 +730,26 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
     if committed:
         meta = store.read_meta()
         assert meta is not None
+        epoch = record.epoch
         if record.write is not None:
-            # Its replay gets a new epoch: it finds the kept partitions by its identity.
+            # Its replay finds the epoch (and what was kept of it) by its identity.
             meta = dataclasses.replace(
-                meta, kept_writes={**meta.kept_writes, record.write.key(): record.epoch})
+                meta, kept_writes={**meta.kept_writes,
+                                   str(record.write): (epoch, record.write.query_id)})
+        # A replay of this epoch decided only the partitions an earlier forced resolve
+        # did not keep: what both kept, and the rows of every partition, add up.
+        rows = {**layout(record.committables), **meta.kept_rows.get(epoch, {})}
+        meta = dataclasses.replace(meta, kept_rows={**meta.kept_rows, epoch: rows})
         if any(c.target for c in committed):
-            by_target = {t: tuple(sorted(c.partition for c in cs))
+            by_target = {t: tuple(sorted(set(meta.kept_targets.get(epoch, {}).get(t, ()))
+                                         | {c.partition for c in cs}))
                          for t, cs in _by_target(committed).items()}
+            by_target = {**meta.kept_targets.get(epoch, {}), **by_target}
             store.write_meta(coordinator.lease, dataclasses.replace(
-                meta, kept_targets={**meta.kept_targets, record.epoch: by_target}))
+                meta, kept_targets={**meta.kept_targets, epoch: by_target}))
         else:
-            kept = {**meta.kept, record.epoch: tuple(sorted(c.partition for c in committed))}
+            partitions = set(meta.kept.get(epoch, ())) | {c.partition for c in committed}
+            kept = {**meta.kept, epoch: tuple(sorted(partitions))}
             store.write_meta(coordinator.lease, dataclasses.replace(meta, kept=kept))
     # The number is given up for good: no later write is allocated it (it may hold
     # rows in some targets now).

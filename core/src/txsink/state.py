@@ -76,10 +76,6 @@ class WriteId:
     def __str__(self) -> str:
         return f"{self.app_id}@{self.version}"
 
-    def key(self) -> str:
-        """The identity with its driving query: a write's replay has the same key."""
-        return f"{self} of {self.query_id}" if self.query_id else str(self)
-
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"app_id": self.app_id, "version": self.version}
         if self.query_id is not None:
@@ -225,10 +221,14 @@ class SinkMeta:
     #: so a number never means two different sets of rows.
     given_up: int = -1
     #: Writes with an identity (``foreachBatch``'s ``version=batch_id``) whose epoch a
-    #: forced resolve gave up with some participants committed: :meth:`WriteId.key` ->
-    #: that epoch. Their replay is allocated a new epoch, so this is how it finds the
-    #: partitions ``kept``/``kept_targets`` hold under the old one.
-    kept_writes: Mapping[str, int] = field(default_factory=dict)
+    #: forced resolve gave up with some participants committed: ``app_id@version`` ->
+    #: (that epoch, the streaming query that drove the write or None). Their replay
+    #: is written under the same epoch, without the kept partitions.
+    kept_writes: Mapping[str, tuple[int, str | None]] = field(default_factory=dict)
+    #: For each epoch with kept partitions: the rows of every participant its decision
+    #: named (``target/partition`` -> rows). A replay must match it, or the partitions
+    #: it does not write again may not hold the rows the kept ones do.
+    kept_rows: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -256,7 +256,9 @@ class SinkMeta:
         if self.given_up >= 0:
             data["given_up"] = self.given_up
         if self.kept_writes:
-            data["kept_writes"] = dict(self.kept_writes)
+            data["kept_writes"] = {k: list(v) for k, v in self.kept_writes.items()}
+        if self.kept_rows:
+            data["kept_rows"] = {str(e): dict(by) for e, by in self.kept_rows.items()}
         return data
 
     @classmethod
@@ -276,7 +278,10 @@ class SinkMeta:
                         for e, by in dict(data.get("kept_targets", {})).items()},
                        None if data.get("stream_from") is None else int(data["stream_from"]),
                        int(data.get("given_up", -1)),
-                       {str(k): int(e) for k, e in dict(data.get("kept_writes", {})).items()})
+                       {str(k): (int(v[0]), None if v[1] is None else str(v[1]))
+                        for k, v in dict(data.get("kept_writes", {})).items()},
+                       {int(e): {str(k): int(n) for k, n in dict(by).items()}
+                        for e, by in dict(data.get("kept_rows", {})).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state metadata: {exc}") from exc
 

@@ -249,8 +249,8 @@ class KafkaRecovery:
         d = self.shared.driver()
         prepared = self.list_prepared(sink_id)
         for c in prepared:
-            if c.participant in protected or (up_to_epoch is not None
-                                              and c.epoch > up_to_epoch):
+            if (up_to_epoch is not None and c.epoch > up_to_epoch) or \
+                    c.participant in protected:
                 continue
             tid, identity, (mtopic, mpart, _) = self.committer.payload(c)
             if identity.producer_id >= 0:

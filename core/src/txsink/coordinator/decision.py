@@ -17,10 +17,10 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from txsink.backend import Backend, CommitOutcome
-from txsink.coordinator.identity import BATCH, STREAM, Epochs, kept_words
+from txsink.coordinator.identity import BATCH, STREAM, Epochs, kept_words, layout
 from txsink.coordinator.identity import kept as kept_partitions
 from txsink.coordinator.sink import Sink
 from txsink.errors import (
@@ -50,7 +50,7 @@ from txsink.model import (
     salvage_attempt,
 )
 from txsink.redact import leaked_secret, redact
-from txsink.state import EpochRecord, EpochState, WriteId
+from txsink.state import EpochRecord, EpochState, SinkMeta, WriteId
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class Decision:
                     write = dataclasses.replace(write, query_id=write_query)
                 try:
                     self.epochs.check_write_query(write)
+                    self.epochs.check_kept_query(epoch, write)
                 except StateError:
                     self._discard_reserved(epoch, committables)
                     raise
@@ -135,13 +136,9 @@ class Decision:
             return EpochOutcome.RECOVERED
 
         meta = sink.store.read_meta() or sink.cached_meta
-        kept_epoch = epoch
-        if write is not None and meta is not None and write.key() in meta.kept_writes:
-            # The replay of a write whose epoch a forced resolve gave up: it has a new
-            # epoch, and the old one's kept partitions are what it must not write again.
-            kept_epoch = meta.kept_writes[write.key()]
-        kept = kept_partitions(meta, kept_epoch)
+        kept = kept_partitions(meta, epoch)
         if kept:
+            self._refuse_other_layout(epoch, committables, meta, reserved=reserved)
             # A forced resolve gave this epoch up with these partitions committed: they
             # stay, and the replay writes only the others.
             again = [c for c in committables if (c.target, c.partition) in kept]
@@ -150,9 +147,7 @@ class Decision:
             log.warning("sink=%s epoch=%d: replay of %s a forced resolve gave up: "
                         "partitions %s stayed committed and are not written again; %d "
                         "participant(s) of the other partitions are decided now",
-                        sink.sink_id, epoch,
-                        "the epoch" if kept_epoch == epoch else
-                        f"write {write} (epoch {kept_epoch})",
+                        sink.sink_id, epoch, "the epoch" if write is None else f"write {write}",
                         kept_words(kept), len(committables))
         elif sink.backend.holds_epoch(sink.sink_id, epoch):
             return self._held_by_target(epoch, committables, reserved=reserved)
@@ -172,10 +167,11 @@ class Decision:
         if kept and meta is not None:
             latest = sink.store.read_meta() or meta
             sink.cached_meta = dataclasses.replace(
-                latest, kept={e: p for e, p in latest.kept.items() if e != kept_epoch},
+                latest, kept={e: p for e, p in latest.kept.items() if e != epoch},
                 kept_targets={e: p for e, p in latest.kept_targets.items()
-                              if e != kept_epoch},
-                kept_writes={k: e for k, e in latest.kept_writes.items() if e != kept_epoch})
+                              if e != epoch},
+                kept_writes={k: v for k, v in latest.kept_writes.items() if v[0] != epoch},
+                kept_rows={e: r for e, r in latest.kept_rows.items() if e != epoch})
             sink.store.write_meta(lease, sink.cached_meta)
         # One listing of the states serves the orphan scan and pruning (the scan
         # writes none); only the records they act on are read.
@@ -246,6 +242,27 @@ class Decision:
             sink.abort_orphans(epoch, states)
         sink.prune(states)
         return EpochOutcome.COMMITTED
+
+    def _refuse_other_layout(self, epoch: int, committables: Sequence[Committable],
+                             meta: SinkMeta | None, *, reserved: bool) -> None:
+        """A replay of an epoch with kept partitions writes only the others: sound only
+        if its partitions hold the rows they held (same partitions, same row counts)."""
+        sink = self.sink
+        before = meta.kept_rows.get(epoch) if meta is not None else None
+        now = layout(committables)
+        if not before or now == before:
+            return
+        if reserved:
+            self._discard_reserved(epoch, committables)
+        else:
+            self.abort_all(epoch, committables, "aborted", raise_errors=False)
+        raise StateError(
+            f"sink={sink.sink_id} epoch={epoch}: this replay of an epoch a forced resolve "
+            "gave up is partitioned differently from the attempt whose partitions it kept "
+            f"(then: {_layout_words(before)}; now: {_layout_words(now)}), so txsink cannot "
+            "tell which of its rows the targets hold already; nothing was written. Replay "
+            "it with the partitioning it had (a fixed repartition(n) in the query), or start "
+            "a new sink (new sink_id and checkpoint)", sink_id=sink.sink_id, epoch=epoch)
 
     def _discard_reserved(self, epoch: int, committables: Sequence[Committable]) -> None:
         sink = self.sink
@@ -613,3 +630,10 @@ class Decision:
                 f"{redact(str(error), sink.backend.secret_values())}",
                 sink_id=first.sink_id, epoch=first.epoch, participant=first.participant) from None
 
+
+def _layout_words(rows: Mapping[str, int]) -> str:
+    def where(key: str) -> str:
+        target, _, partition = key.rpartition("/")
+        return f"{target} partition {partition}" if target else f"partition {partition}"
+
+    return ", ".join(f"{where(k)}: {n} row(s)" for k, n in sorted(rows.items()))

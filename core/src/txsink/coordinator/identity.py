@@ -89,13 +89,18 @@ class Epochs:
         sink = self.sink
         lease = sink.lease
         self.refuse_beside_stream(None)
-        held = self.held_by_targets()
-        while True:
-            epoch = max(self.used_in_state(), held) + 1
-            record = EpochRecord(epoch, EpochState.RESERVED, (), time.time(), write=write,
-                                 owner=sink.owner, origin=BATCH)
-            if sink.store.put_new(lease, record):
-                break
+        meta = sink.store.read_meta()
+        again = meta.kept_writes.get(str(write)) if write and meta else None
+        if write is not None and again is not None:
+            epoch = self._reserve_again(write, again[0])
+        else:
+            held = self.held_by_targets()
+            while True:
+                epoch = max(self.used_in_state(), held) + 1
+                record = EpochRecord(epoch, EpochState.RESERVED, (), time.time(),
+                                     write=write, owner=sink.owner, origin=BATCH)
+                if sink.store.put_new(lease, record):
+                    break
         # Again after the reservation: a stream that bound the state meanwhile took its
         # numbers from what it saw, which may not have included this one.
         self.refuse_beside_stream(epoch)
@@ -110,6 +115,24 @@ class Epochs:
                     sink_id=sink.sink_id, epoch=epoch)
         log.info("sink=%s epoch=%d: reserved for a batch write%s", sink.sink_id, epoch,
                  f" ({write})" if write else "")
+        return epoch
+
+    def _reserve_again(self, write: WriteId, epoch: int) -> int:
+        """The replay of a write whose epoch a forced resolve gave up with some of its
+        participants committed (kept): the same write, so the same number, in every
+        target; the decision writes only the partitions that were not kept."""
+        sink = self.sink
+        record = EpochRecord(epoch, EpochState.RESERVED, (), time.time(), write=write,
+                             owner=sink.owner, origin=BATCH)
+        if not sink.store.put_new(sink.lease, record):
+            raise StateError(
+                f"sink={sink.sink_id}: batch write {write} is being written again already "
+                f"(epoch {epoch}, given up by a forced resolve with part of it kept); a "
+                "write identity is written at most once, so this one writes nothing",
+                sink_id=sink.sink_id, epoch=epoch)
+        log.warning("sink=%s epoch=%d: batch write %s is written again under the epoch a "
+                    "forced resolve gave up; the partitions it kept are not written twice",
+                    sink.sink_id, epoch, write)
         return epoch
 
     def give_up(self, epochs: Sequence[int]) -> None:
@@ -159,9 +182,19 @@ class Epochs:
         if meta.stream_from is not None:
             return meta.stream_from
         start = 0 if legacy else max(self.used_in_state(), self.held_by_targets()) + 1
-        meta = dataclasses.replace(meta, stream_from=start)
-        sink.store.write_meta(sink.lease, meta)
-        sink.cached_meta = meta
+        while True:
+            meta = dataclasses.replace(sink.meta(), stream_from=start)
+            sink.store.write_meta(sink.lease, meta)
+            sink.cached_meta = meta
+            if legacy:
+                break
+            # Again now that it is written: a batch write that reserved meanwhile (the
+            # driver's backfill) read no stream_from, and took a number this stream was
+            # about to take. It goes on; the stream starts above it.
+            above = max(self.used_in_state(), self.held_by_targets()) + 1
+            if above <= start:
+                break
+            start = above
         if start:
             log.warning("sink=%s: epochs up to %d were written before the first "
                         "streaming query of this state wrote through it (batch writes, or "
@@ -288,6 +321,26 @@ class Epochs:
             "with its batch ids, and its batches taken for written and dropped. Nothing of "
             "this write was written. Give batch jobs a txnAppId of their own", sink_id=sink_id)
 
+    def check_kept_query(self, epoch: int, write: WriteId) -> None:
+        """Refuse a write reserved as the replay of a kept write (:meth:`_reserve_again`)
+        that another driver made: it has the same ``app_id@version`` only by chance (a
+        replaced checkpoint numbers its batches from 0 again), so its rows are not the
+        ones the kept partitions hold."""
+        meta = self.sink.store.read_meta()
+        kept = meta.kept_writes.get(str(write)) if meta is not None else None
+        if kept is None or kept[0] != epoch or kept[1] == write.query_id:
+            return
+        sink_id = self.sink.sink_id
+        raise CheckpointChangedError(
+            f"sink={sink_id}: batch write {write} is driven by "
+            f"{'the streaming query ' + write.query_id if write.query_id else 'no stream'}, "
+            f"but a forced resolve gave up epoch {epoch} of {write} written by "
+            f"{'the streaming query ' + kept[1] if kept[1] else 'a batch job'} with part of "
+            "it kept in the targets: versions of one txnAppId count for one writer, so this "
+            "write would be taken for that one and partly dropped. Nothing of it was "
+            "written. Restore that query's checkpoint, or give this writer's writes a "
+            "txnAppId of their own", sink_id=sink_id)
+
     def committed_version(self, app_id: str) -> int:
         """The highest committed version of ``app_id`` (-1: none)."""
         found = self.committed_write(WriteId(app_id, 0))
@@ -342,6 +395,11 @@ def kept(meta: SinkMeta | None, epoch: int) -> set[tuple[str | None, int]]:
     for target, partitions in meta.kept_targets.get(epoch, {}).items():
         out |= {(target, p) for p in partitions}
     return out
+
+
+def layout(committables: Sequence[Committable]) -> dict[str, int]:
+    """``target/partition`` -> rows, of one attempt at an epoch (:attr:`SinkMeta.kept_rows`)."""
+    return {f"{c.target or ''}/{c.partition}": c.rows for c in committables}
 
 
 def kept_words(pairs: set[tuple[str | None, int]]) -> str:
