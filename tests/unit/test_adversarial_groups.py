@@ -151,8 +151,10 @@ def test_destinations_name_the_place_never_a_secret_or_a_tuning_option() -> None
     pg = plugins.backend_class("postgres")
     given = pg.destination({"dsn": "postgresql://u:hunter2@db:5433/shop", "table": "orders",
                             "password": "hunter2", "connect_timeout": "5"})
-    assert given == {"host": "db", "port": "5433", "dbname": "shop",
-                     "table": "public.orders"}
+    assert given == {"dbname": "shop", "table": "public.orders"}
+    # A failover promotes a standby at another address: the same place.
+    assert pg.destination({"dsn": "postgresql://u@standby:5434/shop", "table": "orders"}) \
+        == given
     assert pg.destination({"dsn": "host=db port=5433 dbname=shop",
                            "table": "public.orders2"})["table"] == "public.orders2"
     kafka = plugins.backend_class("kafka")

@@ -188,8 +188,10 @@ class PostgresBackend(Backend):
 
     @classmethod
     def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
-        # The server and database (from the DSN, never its password) and the table.
-        # A DSN that does not parse yields no server here: from_options refuses it.
+        # The database (from the DSN) and the table. Not host or port: a failover
+        # promotes a standby under another address, and the epochs are there too (as
+        # Kafka's bootstrap servers may list other brokers of the same cluster). A DSN
+        # that does not parse yields no database here: from_options refuses it.
         from psycopg.conninfo import conninfo_to_dict
 
         try:
@@ -197,9 +199,9 @@ class PostgresBackend(Backend):
         except Exception:
             params = {}
         for key, value in options.items():
-            if key.startswith("connect.") and key[8:] in ("host", "port", "dbname"):
-                params[key[8:]] = value
-        place = {k: str(params.get(k) or "") for k in ("host", "port", "dbname")}
+            if key.startswith("connect.") and key[8:] == "dbname":
+                params["dbname"] = value
+        place = {"dbname": str(params.get("dbname") or "")}
         table = str(options.get("table") or "")
         with contextlib.suppress(ConfigError):
             table = str(TableName.parse(table))  # orders and public.orders: one table
