@@ -144,9 +144,14 @@ class Coordinator(Sink):
                 "the checkpoint that belongs to this state, or start a new sink: a new "
                 "sink_id with a new, empty state_location (and, for the files backend, a "
                 "new path)", sink_id=self.sink_id)
+        # A stream's query id is written with its stream_from, in one write (bind_stream):
+        # written alone, by a start that failed before the bind, it made the state look
+        # like an older release's stream (epochs = batch ids) to the next start.
+        deferred = stream and (meta is None or meta.stream_from is None) and not legacy_stream
         if meta is None:
             meta = SinkMeta(self.sink_id, self.backend.name,
-                            self.backend.safe_options(self._options), query_id=query_id or None,
+                            self.backend.safe_options(self._options),
+                            query_id=None if deferred else query_id or None,
                             guarantee=self.guarantee.value,
                             targets=self.group.meta_targets() if self.group else {})
             self.store.write_meta(self._lease, meta)
@@ -156,7 +161,7 @@ class Coordinator(Sink):
                         self.sink_id, meta.guarantee, self.guarantee.value)
             meta = dataclasses.replace(meta, guarantee=self.guarantee.value)
             self.store.write_meta(self._lease, meta)
-        elif query_id and meta.query_id is None:
+        elif query_id and meta.query_id is None and not deferred:
             meta = dataclasses.replace(meta, query_id=query_id)
             self.store.write_meta(self._lease, meta)
         if self.group is None and meta.options and self._options:

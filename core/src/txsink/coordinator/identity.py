@@ -183,7 +183,9 @@ class Epochs:
             return meta.stream_from
         start = 0 if legacy else max(self.used_in_state(), self.held_by_targets()) + 1
         while True:
-            meta = dataclasses.replace(sink.meta(), stream_from=start)
+            meta = sink.meta()
+            meta = dataclasses.replace(meta, stream_from=start,
+                                       query_id=meta.query_id or sink.query_id)
             sink.store.write_meta(sink.lease, meta)
             sink.cached_meta = meta
             if legacy:
