@@ -111,8 +111,14 @@ def consistent_cut(backend: Backend, store: StateStore, sink_id: str) -> Cut:
     # After the targets (see the module docstring): what is unfinished now bounds
     # everything the targets were seen to hold.
     states = store.states()
-    unfinished = min(((e, s.value) for e, s in states.items()
-                      if s is not EpochState.COMMITTED), default=None)
+    # An epoch a forced resolve gave up with some partitions kept is unfinished too:
+    # its replay writes the other partitions under the same number.
+    latest = store.read_meta() or meta
+    partial = {*latest.kept, *latest.kept_targets}
+    unfinished = min([*((e, s.value) for e, s in states.items()
+                        if s is not EpochState.COMMITTED),
+                      *((e, "given up in part, awaiting its replay") for e in partial)],
+                     default=None)
     cut = min(highs.values())
     if unfinished is not None:
         cut = min(cut, unfinished[0] - 1)

@@ -77,8 +77,13 @@ class DecisionNames(Collection[str]):
     def __init__(self, sink_id: str, store: StateStore, states: Mapping[int, EpochState],
                  decided: Collection[str], lease: Lease, *, watermark: int = -1,
                  holds_epoch: Callable[[int], bool] | None = None,
-                 targets: Mapping[str, str | None] | None = None) -> None:
+                 targets: Mapping[str, str | None] | None = None,
+                 given_up_in_part: Collection[int] = ()) -> None:
         self.sink_id = sink_id
+        #: Epochs a forced resolve gave up with some participants kept committed: the
+        #: state knows why the target holds part of them, and what else is prepared
+        #: there (a failed attempt of the given-up try) is an orphan.
+        self._given_up_in_part = frozenset(given_up_in_part)
         #: The sink id each name may carry, and its target: a group's participants are
         #: named after their target's sink id.
         self._targets: Mapping[str, str | None] = targets or {sink_id: None}
@@ -113,7 +118,7 @@ class DecisionNames(Collection[str]):
         visible, so stop and say so."""
         ctx = parse_participant(name) if isinstance(name, str) else None
         if (ctx is None or self._holds_epoch is None or ctx.epoch <= self._watermark
-                or ctx.epoch in self._states):
+                or ctx.epoch in self._states or ctx.epoch in self._given_up_in_part):
             return
         if ctx.epoch not in self._held:
             self._held[ctx.epoch] = self._holds_epoch(ctx.epoch)

@@ -124,6 +124,8 @@ class Recovery:
         names = DecisionNames(sink.sink_id, sink.store, states, protected, sink.lease,
                               watermark=meta.committed_watermark if meta else -1,
                               targets=sink.sink_ids() if sink.group else None,
+                              given_up_in_part={*meta.kept, *meta.kept_targets}
+                              if meta else (),
                               # Without decisions (at_least_once) tasks commit on their
                               # own: an epoch the target holds and the state does not know
                               # is a crash before it was recorded, not a restored state.
