@@ -587,30 +587,44 @@ def open_sink_transactions(bootstrap: str, sink_id: str, marker_topic: str,
             if pid in begins}
 
 
-def broker_open_transactions(bootstrap: str, transactional_id_prefix: str) -> dict[str, str]:
+#: Transaction states the coordinator leaves on its own: it has logged the outcome
+#: and is writing the markers.
+_ENDING = ("PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+
+
+def broker_open_transactions(bootstrap: str, transactional_id_prefix: str,
+                             settle_s: float = 30.0) -> dict[str, str]:
     """Transactions the broker's coordinators hold open (ListTransactions), whose
     transactional id starts with ``transactional_id_prefix``: id -> state.
 
     Open means Ongoing, PrepareCommit or PrepareAbort: records of such a transaction
-    hold back ``read_committed`` readers until it ends. Apache Kafka only.
+    hold back ``read_committed`` readers until it ends. A transaction in a Prepare
+    state has its outcome logged and the coordinator is writing its markers, which
+    it finishes without any client: it is waited for up to ``settle_s`` (an abort
+    txsink just sent is often still in PrepareAbort when the call returns). Apache
+    Kafka only.
     """
     from txsink_kafka.txn_protocol import _kafka
 
-    admin = _kafka().KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000,
-                                      client_id="txsink-test-admin")
-    try:
-        listings = admin.list_transactions()
-    finally:
-        admin.close()
-    out = {}
-    for per_broker in listings.values():
-        for t in per_broker:
-            state = str(getattr(t.state, "value", t.state))
-            if (t.transactional_id.startswith(transactional_id_prefix)
-                    and state in ("Ongoing", "PrepareCommit", "PrepareAbort",
-                                  "PrepareEpochFence")):
-                out[t.transactional_id] = state
-    return out
+    deadline = time.monotonic() + settle_s
+    while True:
+        admin = _kafka().KafkaAdminClient(bootstrap_servers=bootstrap,
+                                          request_timeout_ms=30_000,
+                                          client_id="txsink-test-admin")
+        try:
+            listings = admin.list_transactions()
+        finally:
+            admin.close()
+        out = {}
+        for per_broker in listings.values():
+            for t in per_broker:
+                state = str(getattr(t.state, "value", t.state))
+                if (t.transactional_id.startswith(transactional_id_prefix)
+                        and state in ("Ongoing", *_ENDING)):
+                    out[t.transactional_id] = state
+        if not any(s in _ENDING for s in out.values()) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
 
 
 def unstable_partitions(bootstrap: str, topics: Iterable[str],
