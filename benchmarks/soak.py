@@ -33,7 +33,7 @@ milliseconds), or at or under the bound its documented retention gives
 (:data:`BOUNDS`). Exit status 1 when a series grows. ``--json`` keeps the samples;
 ``--render DOCS`` draws ``soak.png`` and the soak section of ``performance.md``
 through ``report.py``. The short form runs in CI (``tests/integration/test_soak.py``:
-1,000 epochs per backend, no Spark); ``tox -e soak`` runs the long one.
+500 epochs per backend, no Spark); ``tox -e soak`` runs the long one.
 """
 
 from __future__ import annotations
