@@ -741,10 +741,9 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
         rows = {**layout(record.committables), **meta.kept_rows.get(epoch, {})}
         meta = dataclasses.replace(meta, kept_rows={**meta.kept_rows, epoch: rows})
         if any(c.target for c in committed):
-            by_target = {t: tuple(sorted(set(meta.kept_targets.get(epoch, {}).get(t, ()))
-                                         | {c.partition for c in cs}))
-                         for t, cs in _by_target(committed).items()}
-            by_target = {**meta.kept_targets.get(epoch, {}), **by_target}
+            by_target = dict(meta.kept_targets.get(epoch, {}))
+            for t, cs in _by_target(committed).items():
+                by_target[t] = tuple(sorted({*by_target.get(t, ()), *(c.partition for c in cs)}))
             store.write_meta(coordinator.lease, dataclasses.replace(
                 meta, kept_targets={**meta.kept_targets, epoch: by_target}))
         else:
