@@ -746,6 +746,14 @@ class EntryPointsModel(RuleBasedStateMachine):
                 self.failed(op)
         self.new_run()
 
+    def run_one(self, kind: str, *, kill: str | None = None, **kw: Any) -> Op:
+        """One write of ``kind`` (:meth:`make_op`) to its end, the driver killed at the
+        protocol point ``kill`` if given: what the regression tests drive."""
+        op = self.make_op(kind, **kw)
+        with self.faults(kill, None, None):
+            self.run_ops([op], [], None, None)
+        return op
+
     def run_ops(self, ops: list[Op], schedule: list[int], cut: tuple[int, int] | None,
                 kill_at: int | None) -> None:
         """Advance ``ops`` in ``schedule`` order (indices), a cut read spanning the

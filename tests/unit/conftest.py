@@ -106,3 +106,15 @@ def env(tmp_path: Path) -> Iterator[Env]:
     e = Env(tmp_path)
     yield e
     memory.SYSTEMS.pop(e.system_name, None)
+
+
+@pytest.fixture
+def world() -> Iterator[Any]:
+    """The entry-points model (:mod:`tests.operations_entry_points`) for one test, strict:
+    a known failure of issue 31 fails the test instead of being discarded."""
+    from tests.operations_entry_points import EntryPointsModel
+
+    model = EntryPointsModel()
+    model.strict = True
+    yield model
+    model.teardown()

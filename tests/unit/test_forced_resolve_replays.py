@@ -6,30 +6,12 @@ refusal that names the problem and wrote nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pyarrow as pa
 import pytest
 from txsink.cut import consistent_cut
 from txsink.faults import AFTER_FIRST_COMMIT
 
-from tests.operations_entry_points import SINK, EntryPointsModel, Op, ResettableMemory
-
-
-@pytest.fixture
-def world() -> Iterator[EntryPointsModel]:
-    model = EntryPointsModel()
-    model.strict = True
-    yield model
-    model.teardown()
-
-
-def _run(world: EntryPointsModel, kind: str, *, kill: str | None = None, **kw: Any) -> Op:
-    op = world.make_op(kind, **kw)
-    with world.faults(kill, None, None):
-        world.run_ops([op], [], None, None)
-    return op
+from tests.operations_entry_points import SINK, EntryPointsModel, ResettableMemory
 
 
 def _force(world: EntryPointsModel, epoch: int) -> str:
@@ -52,15 +34,15 @@ def test_two_forced_resolves_of_one_foreach_batch_write_never_write_a_kept_parti
         world: EntryPointsModel, kind: str) -> None:
     world.choose(kind, "foreachBatch")
     parts = 3 if kind == "single" else 2
-    crashed = _run(world, "stream", parts=parts, kill=AFTER_FIRST_COMMIT)
+    crashed = world.run_one("stream", parts=parts, kill=AFTER_FIRST_COMMIT)
     assert crashed.state == "failed"
     _force(world, 0)  # partition 0 (of target a) kept, at epoch 0
-    again = _run(world, "stream", kill=AFTER_FIRST_COMMIT)  # the replay, killed again
+    again = world.run_one("stream", kill=AFTER_FIRST_COMMIT)  # the replay, killed again
     assert again.state == "failed"
     # The replay is written under the epoch it replays (0): partition 1 (of target a)
     # is kept now too, beside partition 0.
     _force(world, 0)
-    replay = _run(world, "stream")
+    replay = world.run_one("stream")
     assert replay.state == "ok", replay.error
     for t in world.names:
         rows = _rows(world, t, crashed.data.wid)
@@ -76,13 +58,13 @@ def test_two_forced_resolves_of_one_foreach_batch_write_never_write_a_kept_parti
 def test_a_data_source_stream_replays_an_epoch_given_up_by_a_forced_resolve(
         world: EntryPointsModel, kind: str) -> None:
     world.choose(kind, "datasource")
-    assert _run(world, "stream").state == "ok"  # epoch 0
-    crashed = _run(world, "stream", parts=2, kill=AFTER_FIRST_COMMIT)  # epoch 1
+    assert world.run_one("stream").state == "ok"  # epoch 0
+    crashed = world.run_one("stream", parts=2, kill=AFTER_FIRST_COMMIT)  # epoch 1
     assert crashed.state == "failed"
     assert "stay visible" in _force(world, 1)
     errors = []
     for _ in range(3):  # restart the query (the documented remedy); and again
-        replay = _run(world, "stream")
+        replay = world.run_one("stream")
         if replay.state == "ok":
             break
         errors.append(replay.error)
@@ -102,10 +84,10 @@ def test_a_data_source_stream_replays_an_epoch_given_up_by_a_forced_resolve(
 def test_a_grouped_foreach_batch_replay_keeps_one_epoch_number_in_every_target(
         world: EntryPointsModel, parts: int) -> None:
     world.choose("group", "foreachBatch")
-    crashed = _run(world, "stream", parts=parts, kill=AFTER_FIRST_COMMIT)
+    crashed = world.run_one("stream", parts=parts, kill=AFTER_FIRST_COMMIT)
     assert crashed.state == "failed"
     _force(world, 0)  # target a's partition 0 committed and kept, b's dropped
-    replay = _run(world, "stream")
+    replay = world.run_one("stream")
     assert replay.state == "ok", replay.error
     for t in world.names:  # the write is whole in each target now
         assert _rows(world, t, crashed.data.wid) == sorted(crashed.data.ids())
@@ -125,7 +107,7 @@ def test_a_grouped_foreach_batch_replay_keeps_one_epoch_number_in_every_target(
 def test_a_replay_with_another_partitioning_loses_no_row(
         world: EntryPointsModel, kind: str) -> None:
     world.choose(kind, "foreachBatch")
-    crashed = _run(world, "stream", parts=2, kill=AFTER_FIRST_COMMIT)
+    crashed = world.run_one("stream", parts=2, kill=AFTER_FIRST_COMMIT)
     assert crashed.state == "failed"
     _force(world, 0)
     data = crashed.data
@@ -134,7 +116,7 @@ def test_a_replay_with_another_partitioning_loses_no_row(
     # minPartitions, a changed repartition(n) in the foreachBatch function)
     data.parts = 1
     data.batch = lambda p: pa.record_batch({"id": pa.array(every, pa.int64())})  # type: ignore[method-assign]
-    replay = _run(world, "stream")
+    replay = world.run_one("stream")
     if replay.state == "failed":  # refused loudly: fine if nothing more was written
         assert replay.error.startswith(("StateError", "CheckpointChangedError")), replay.error
         return
@@ -165,7 +147,7 @@ def test_a_batch_write_racing_the_streams_first_bind_never_takes_its_epoch(
         world.advance(stream)
     world.ops = []
     if stream.state == "failed":
-        stream = _run(world, "stream")  # the query restarts
+        stream = world.run_one("stream")  # the query restarts
     assert stream.state == "ok", (
         f"backfill {backfill.state}; the stream's batch 0 is refused: {stream.error[:200]}")
     world.exact_or_loud()
@@ -179,12 +161,12 @@ def test_a_new_querys_write_of_a_kept_identity_is_refused_not_partly_dropped(
     has the same ``app_id@version`` but other rows: taken for the replay, its rows in
     the kept partitions would be dropped. Refused instead, nothing written."""
     world.choose(kind, "foreachBatch")
-    crashed = _run(world, "stream", parts=2, kill=AFTER_FIRST_COMMIT)
+    crashed = world.run_one("stream", parts=2, kill=AFTER_FIRST_COMMIT)
     assert crashed.state == "failed"
     _force(world, 0)
     before = {t: world.visible(t) for t in world.names}
     world.new_stream_checkpoint()
-    other = _run(world, "stream", parts=2)
+    other = world.run_one("stream", parts=2)
     if other.state == "ok":
         world.exact_or_loud()
         for t in world.names:

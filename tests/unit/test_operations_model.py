@@ -5,7 +5,6 @@ in ``tox -e operations-long``; and the counterexamples it found, as regression t
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,19 +94,6 @@ def _put_back(state: Path, copy: Path) -> None:
 # 3 and 5 failed before the identity branch's fixes (merged here) and pass since.
 
 
-@pytest.fixture
-def world() -> Iterator[EntryPointsModel]:
-    model = EntryPointsModel()
-    model.strict = True  # a known failure of issue 31 fails here, it is not discarded
-    yield model
-    model.teardown()
-
-
-def _run(world: EntryPointsModel, kind: str, *, kill: str | None = None, **kw: Any) -> Op:
-    op = world.make_op(kind, **kw)
-    with world.faults(kill, None, None):
-        world.run_ops([op], [], None, None)
-    return op
 
 
 def _exact_or_loud(world: EntryPointsModel, op: Op) -> None:
@@ -134,8 +120,8 @@ def test_a_stream_after_a_backfill_on_one_groups_state_writes_its_batches(
     """Found by the model: ``TargetSet.write(df)`` (a backfill) then ``write_stream(df)``
     on the same checkpoint: the stream's batch 0 ends without an error, in no target."""
     world.choose("group", "datasource")
-    _exact_or_loud(world, _run(world, "backfill"))
-    _exact_or_loud(world, _run(world, "stream"))
+    _exact_or_loud(world, world.run_one("backfill"))
+    _exact_or_loud(world, world.run_one("stream"))
 
 
 def test_a_batch_write_between_two_stream_batches_does_not_drop_the_next_batch(
@@ -144,9 +130,9 @@ def test_a_batch_write_between_two_stream_batches_does_not_drop_the_next_batch(
     stream batch 1 was taken for a replay of epoch 1 and dropped. Since the fix the
     batch write on a stream's state is refused."""
     world.choose("single", "datasource")
-    assert _run(world, "stream").state == "ok"
-    _exact_or_loud(world, _run(world, "backfill"))  # since the fix: refused, loudly
-    _exact_or_loud(world, _run(world, "stream"))
+    assert world.run_one("stream").state == "ok"
+    _exact_or_loud(world, world.run_one("backfill"))  # since the fix: refused, loudly
+    _exact_or_loud(world, world.run_one("stream"))
 
 
 @pytest.mark.parametrize("kind", ["group", "single"])
@@ -156,9 +142,9 @@ def test_foreach_batch_versions_are_not_skipped_for_a_batch_jobs_version(
     ``txnAppId``/``txnVersion=1``), then the documented ``foreachBatch`` pattern with
     ``version=batch_id`` on the same sink: batches 0 and 1 are skipped as written."""
     world.choose(kind, "foreachBatch")
-    assert _run(world, "grouped job", version=1).state == "ok"
+    assert world.run_one("grouped job", version=1).state == "ok"
     for _ in range(2):
-        _exact_or_loud(world, _run(world, "stream"))
+        _exact_or_loud(world, world.run_one("stream"))
 
 
 def test_an_epoch_number_given_up_by_a_forced_resolve_is_never_reused(
@@ -168,11 +154,11 @@ def test_an_epoch_number_given_up_by_a_forced_resolve_is_never_reused(
     ``txsink resolve --epoch N --abort --force`` keeps a's rows; the next batch write
     gets epoch N again, so N holds two writes' rows in a and another's in b."""
     world.choose("group", "datasource")
-    crashed = _run(world, "grouped", kill=AFTER_FIRST_COMMIT)
+    crashed = world.run_one("grouped", kill=AFTER_FIRST_COMMIT)
     assert crashed.state == "failed"
     code, text = world.cli("resolve", str(world.chk), "--epoch", "0", "--abort", "--force")
     assert code == 0, text
-    later = _run(world, "backfill")
+    later = world.run_one("backfill")
     _exact_or_loud(world, later)  # today: a's part is taken for the kept one, and dropped
     at_0 = {t: {i // 1000 for e, _, i in world.visible(t) if e == 0} for t in world.names}
     assert at_0 == {"a": {crashed.data.wid}, "b": set()}, f"epoch 0 now holds {at_0}"
@@ -185,7 +171,7 @@ def test_reset_after_a_target_changed_in_the_file_resets_every_target_or_none(
     the pipeline file deletes target a's output and the state, says it started over,
     and leaves b's rows, which no state knows any more."""
     world.choose("group", "datasource")
-    assert _run(world, "stream").state == "ok"
+    assert world.run_one("stream").state == "ok"
     world.write_pipeline(names)
     code, text = world.cli("reset", str(world.pipeline), "--yes", "--force")
     held = {t: len(world.visible(t)) for t in world.names}
@@ -213,7 +199,7 @@ def test_a_cut_read_while_a_stream_batch_commits_never_names_it_in_part(
     shows epoch 1: the cut names it with half its rows; recovery adds the rest later,
     below the cut the reader already took."""
     world.choose("single", "datasource")
-    assert _run(world, "stream").state == "ok"
+    assert world.run_one("stream").state == "ok"
     op = world.make_op("stream", parts=2)
     world.ops = [op]
     with world.faults(AFTER_FIRST_COMMIT, None, None):
@@ -233,7 +219,7 @@ def test_a_cut_read_while_two_grouped_writes_are_in_flight_never_passes_either(
     targets (both hold 2) and names 2; then A commits epoch 1, below the cut: a
     reader resuming after it never sees A's rows."""
     world.choose("group", "datasource")
-    assert _run(world, "grouped").state == "ok"
+    assert world.run_one("grouped").state == "ok"
     a, b = world.make_op("grouped"), world.make_op("grouped")
     world.ops = [a, b]
 
@@ -258,7 +244,7 @@ def test_a_backfill_started_while_a_stream_batch_is_in_flight_leaves_the_batch_a
     aborted the stream's prepared participants, whose commit then found their rows
     gone. A batch write beside a stream is refused before recovery and the lease."""
     world.choose("group", "datasource")
-    _exact_or_loud(world, _run(world, "backfill"))
+    _exact_or_loud(world, world.run_one("backfill"))
     world.restart_query()  # the query starts: the stream binds above the backfill
     stream, backfill = world.make_op("stream"), world.make_op("backfill")
     world.ops = [stream, backfill]
@@ -282,13 +268,13 @@ def test_a_foreach_batch_replay_after_a_forced_resolve_skips_the_kept_partitions
     replays batch 0; its identity gets a new epoch, so the kept partitions, recorded under
     the old one, were not found: the kept rows were written a second time."""
     world.choose(kind, "foreachBatch")
-    crashed = _run(world, "stream", parts=2 if kind == "single" else 1,
+    crashed = world.run_one("stream", parts=2 if kind == "single" else 1,
                    kill=AFTER_FIRST_COMMIT)
     assert crashed.state == "failed"
     code, text = world.cli("resolve", str(world.chk), "--epoch", "0", "--abort", "--force")
     assert code == 0, text
     assert "stay visible" in text
-    replay = _run(world, "stream")
+    replay = world.run_one("stream")
     assert replay.state == "ok", replay.error
     for t in world.names:
         ids = sorted(i for _, _, i in world.visible(t))
