@@ -40,7 +40,7 @@ def test_a_real_time_pipeline_parses_with_the_real_time_target_options() -> None
      "sink.backend", "has no real-time target"),
     (rt({"backend": "kafka", "sink_id": "rt", "options": {"topic": "out"}}),
      "sink.options.kafka.bootstrap.servers", "is required"),
-    (rt({"sink_id": "rt", "targets": []}), "sink.targets", "one target"),
+    (rt({"sink_id": "rt", "targets": []}), "sink.targets", "non-empty list of targets"),
 ])
 def test_bad_real_time_pipelines_name_the_field(data: dict[str, Any], field: str,
                                                 words: str) -> None:

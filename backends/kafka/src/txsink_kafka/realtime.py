@@ -88,6 +88,19 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
         return (f"kafka topic {self.topic} at {self.client['bootstrap.servers']} "
                 f"(progress in {self.progress_topic})")
 
+    def place(self) -> str:
+        # The topic, not the bootstrap servers: another list of brokers of the same
+        # cluster is a legitimate change (as the micro-batch target's destination).
+        return f"kafka topic {self.topic}"
+
+    def same_place(self, other: RealtimeTargetSpec) -> bool:
+        # Lists of brokers that share one are taken for one cluster.
+        def servers(spec: KafkaRealtimeSpec) -> set[str]:
+            return {s.strip() for s in spec.client["bootstrap.servers"].split(",") if s.strip()}
+
+        return (isinstance(other, KafkaRealtimeSpec) and self.topic == other.topic
+                and bool(servers(self) & servers(other)))
+
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
 
@@ -241,6 +254,11 @@ class KafkaPositionTarget(PositionTarget):
         self.progress_partition = zlib.crc32(self.key) % max(1, count)
         found = _read_progress(self.spec, self.key)
         offset = int(json.loads(found[-1][1])["offset"]) if found else NOTHING
+        if not found:
+            # A first claim leaves a marker at NOTHING: the source partition is known to
+            # this target before any target of its group commits a row of it (what
+            # txsink.realtime.group tells a crash between two targets' commits by).
+            self.commit(NOTHING)
         log.debug("sink %s: claimed %s (%s) at offset %s", self.spec.sink_id, self.source,
                   tid, offset)
         return offset

@@ -8,6 +8,7 @@ Spark adapter is :mod:`txsink.spark.realtime`; targets come from the backends
 from txsink.realtime.writer import (
     DEFAULT_COMMIT_INTERVAL_S,
     NOTHING,
+    GroupWriter,
     PositionOrderError,
     PositionTarget,
     PositionWriter,
@@ -17,6 +18,6 @@ from txsink.realtime.writer import (
     WriterStats,
 )
 
-__all__ = ["DEFAULT_COMMIT_INTERVAL_S", "NOTHING", "PositionOrderError", "PositionTarget",
-           "PositionWriter", "RealtimeTargetSpec", "SourcePartition", "TargetFactory",
-           "WriterStats"]
+__all__ = ["DEFAULT_COMMIT_INTERVAL_S", "NOTHING", "GroupWriter", "PositionOrderError",
+           "PositionTarget", "PositionWriter", "RealtimeTargetSpec", "SourcePartition",
+           "TargetFactory", "WriterStats"]

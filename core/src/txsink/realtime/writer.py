@@ -111,8 +111,20 @@ class RealtimeTargetSpec(abc.ABC):
         """Where the rows go, without secrets."""
 
     def stored_positions(self) -> dict[SourcePartition, int]:
-        """Every source partition's highest stored offset (tests, operators)."""
+        """Every source partition's highest stored offset (tests, operators, `txsink
+        status`): read only. :data:`NOTHING` for one claimed but never committed."""
         raise NotImplementedError
+
+    def place(self) -> str:
+        """Where the rows land, as an identity (no secret, no address that a failover
+        changes): a group's checkpoint records it, and a target that moved under the
+        same name is refused (its stored positions belong to the old place)."""
+        return self.describe()
+
+    def same_place(self, other: RealtimeTargetSpec) -> bool:
+        """Whether ``other`` writes the same rows' destination (two targets of a group
+        there would hold each record twice)."""
+        return type(self) is type(other) and self.describe() == other.describe()
 
 
 @dataclass
@@ -121,7 +133,9 @@ class _Session:
     stored: int
     #: Highest offset seen by this writer (written or skipped).
     last: int
-    pending: list[Mapping[str, Any]] = field(default_factory=list)
+    #: ``None``: a record seen but not for this target (a group target's ``where``):
+    #: it moves the stored position without a row.
+    pending: list[Mapping[str, Any] | None] = field(default_factory=list)
     pending_offsets: list[int] = field(default_factory=list)
 
 
@@ -174,12 +188,21 @@ class PositionWriter:
             log.debug("source partition %s: target holds up to offset %s", source, stored)
         return session
 
-    def add(self, source: SourcePartition, offset: int, row: Mapping[str, Any]) -> None:
-        """One row that came from source record (``source``, ``offset``)."""
+    def claim(self, source: SourcePartition) -> int:
+        """Claim ``source`` now (if not yet): the stored offset. A group claims a source
+        partition in every target before any of them commits a row of it."""
+        with self._lock:
+            return self._session(source).stored
+
+    def add(self, source: SourcePartition, offset: int,
+            row: Mapping[str, Any] | None) -> None:
+        """One row that came from source record (``source``, ``offset``); ``None``: the
+        record has no row for this target, but its position counts as passed."""
         with self._lock:
             self._add(source, offset, row)
 
-    def _add(self, source: SourcePartition, offset: int, row: Mapping[str, Any]) -> None:
+    def _add(self, source: SourcePartition, offset: int,
+             row: Mapping[str, Any] | None) -> None:
         session = self._session(source)
         if offset <= session.stored:
             self.stats.skipped += 1  # the target holds this record already (a replay)
@@ -221,10 +244,12 @@ class PositionWriter:
                     cut -= 1
                 if cut == 0:
                     continue
-            session.target.write(rows[:cut])
+            real = [r for r in rows[:cut] if r is not None]
+            if real:
+                session.target.write(real)
             session.target.commit(offsets[cut - 1])
             session.stored = offsets[cut - 1]
-            self.stats.written += cut
+            self.stats.written += len(real)
             self.stats.commits += 1
             session.pending, session.pending_offsets = rows[cut:], offsets[cut:]
         self._last_commit = self._clock()
@@ -250,3 +275,56 @@ class PositionWriter:
             self._sessions.clear()
             if first is not None and error is None:
                 raise first
+
+
+class GroupWriter:
+    """Several targets fed from one stream of rows, each exactly once by its own stored
+    positions (one :class:`PositionWriter` per target).
+
+    A source partition is claimed in every target before any target commits a row of
+    it, and a record a target's ``where`` leaves out still moves that target's position,
+    so every target's stored positions say how far through the source it has come.
+    There is no decision across targets: each commits on its own, one after the other
+    at each commit interval, so a reader may see a record in one target a commit
+    earlier than in another, never twice and never missing after a replay.
+    """
+
+    def __init__(self, factories: Mapping[str, TargetFactory], *,
+                 commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
+                 rows_per_record: str = "one",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.writers = {name: PositionWriter(factory, commit_interval_s=commit_interval_s,
+                                             rows_per_record=rows_per_record, clock=clock)
+                        for name, factory in factories.items()}
+        self._claimed: set[SourcePartition] = set()
+
+    def add(self, source: SourcePartition, offset: int,
+            rows: Mapping[str, Mapping[str, Any] | None]) -> None:
+        """One source record's row per target (``None`` or absent: none for it)."""
+        if source not in self._claimed:
+            for writer in self.writers.values():
+                writer.claim(source)
+            self._claimed.add(source)
+        for name, writer in self.writers.items():
+            writer.add(source, offset, rows.get(name))
+
+    def flush_due(self) -> None:
+        for writer in self.writers.values():
+            writer.flush_due()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Every target: commit the rest on success, abort on error; always release.
+        A target whose last commit fails does not stop the others from committing
+        (each is exactly once on its own); the first failure is raised after."""
+        first: BaseException | None = None
+        for writer in self.writers.values():
+            try:
+                writer.close(error)
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    @property
+    def stats(self) -> dict[str, WriterStats]:
+        return {name: writer.stats for name, writer in self.writers.items()}

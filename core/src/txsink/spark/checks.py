@@ -14,34 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from txsink.config import SOURCE_VIEW, PipelineConfig
 from txsink.errors import ConfigError
+from txsink.spark.messages import _is_spark_error, spark_message
+
+__all__ = ["_is_spark_error", "build_checked_frame", "build_source", "check_targets",
+           "frame_columns", "source_error", "spark_message", "transform_error"]
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-_ERROR_CLASS = re.compile(r"^\[(?P<cls>[A-Z0-9_.]+)\]\s*")
-_POSITION = re.compile(r"\(line (\d+), pos (\d+)\)|line (\d+),? pos (\d+)")
-_SQLSTATE = re.compile(r"\s*SQLSTATE: \w+[;.]?")
-
-
-def spark_message(exc: BaseException) -> str:
-    """The first meaningful line of a Spark error: no plan, no JVM frames, no SQLSTATE."""
-    text = str(exc)
-    java = text.find("\n: ")  # Py4JJavaError: "An error occurred while calling ...\n: <exc>"
-    if text.startswith("An error occurred while calling") and java >= 0:
-        text = text[java + 3:]
-        text = re.sub(r"^[\w.$]+(Exception|Error): ", "", text)
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    first = lines[0] if lines else type(exc).__name__
-    position = _POSITION.search(text)
-    first = _SQLSTATE.sub("", first)
-    first = _ERROR_CLASS.sub("", first).strip().rstrip(";")
-    first = re.sub(r"\.?\s*\(?line \d+,? pos \d+\)?$", "", first).rstrip(" .")
-    if position:
-        line, pos = (position.group(1), position.group(2)) if position.group(1) else (
-            position.group(3), position.group(4))
-        first += f" (line {line}, pos {pos})"
-    return first
-
 
 def _option_field(cfg: PipelineConfig, message: str) -> str:
     """Which ``source.options`` key the message is about: by name, else by its value."""
@@ -70,11 +49,6 @@ def source_error(cfg: PipelineConfig, exc: Exception) -> ConfigError:
 def transform_error(exc: Exception) -> ConfigError:
     return ConfigError(f"transform: Spark cannot run this SQL over the view {SOURCE_VIEW!r}: "
                        f"{spark_message(exc)}", field="transform")
-
-
-def _is_spark_error(exc: Exception) -> bool:
-    module = type(exc).__module__
-    return module.startswith(("pyspark.", "py4j."))
 
 
 def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
@@ -112,6 +86,8 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
             if not _is_spark_error(exc):
                 raise
             raise transform_error(exc) from None
+    if cfg.trigger.kind == "real_time":
+        return df  # start_realtime checks and shapes a group's targets (positions kept)
     return check_targets(df, cfg) if cfg.sink.targets else df
 
 

@@ -815,8 +815,10 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
     options = dict(cfg.sink.options)
     interval = options.pop(COMMIT_INTERVAL, None)
     log_path = log_path or default_log_path(cfg.checkpoint, cfg.name)
+    into = (f"{len(cfg.sink.targets)} targets ({', '.join(t.name for t in cfg.sink.targets)}"
+            "), each by its own stored positions" if cfg.sink.targets else cfg.sink.backend)
     out(f"pipeline {cfg.name}: real-time mode (batches of {cfg.trigger.interval}), exactly "
-        f"once by source position into {cfg.sink.backend} as sink {cfg.sink.sink_id}")
+        f"once by source position into {into} as sink {cfg.sink.sink_id}")
     out(f"spark log: {log_path}")
     result = RunResult()
     batches: set[int] = set()
@@ -826,12 +828,15 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
         query = None
         try:
             frame = build_frame(spark, cfg)
+            where: dict[str, Any] = (
+                {"targets": cfg.sink.targets, "field_prefix": "sink.targets"}
+                if cfg.sink.targets else {"backend": cfg.sink.backend, "options": options})
             query = start_realtime(
-                frame, sink_id=cfg.sink.sink_id, backend=cfg.sink.backend, options=options,
-                checkpoint_location=cfg.checkpoint, trigger=cfg.trigger.interval or "5 seconds",
+                frame, sink_id=cfg.sink.sink_id, checkpoint_location=cfg.checkpoint,
+                trigger=cfg.trigger.interval or "5 seconds",
                 commit_interval=(parse_seconds(interval, "sink.options.commit_interval")
                                  if interval else DEFAULT_COMMIT_INTERVAL_S),
-                query_name=cfg.name.replace("-", "_"))
+                query_name=cfg.name.replace("-", "_"), **where)
             started = time.monotonic()
             while query.isActive:
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
