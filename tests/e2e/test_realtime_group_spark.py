@@ -3,10 +3,16 @@ pipeline file, its driver SIGKILLed while records flow and started again: both
 targets hold every source record exactly once, counted independently (a
 ``read_committed`` consumer, SQL), and ``txsink status`` shows each target's stored
 positions. Real Kafka in and out, real PostgreSQL, the real ``txsink run``.
+
+Long runs (``tox -e chaos-realtime``, ``tox -e e2e-long``): each test starts two or
+three driver JVMs; the first one measured 145 s at a load average of 14 on 2 cores (a
+driver's start to its first visible row: 71 s, then 33 s warm), over the default run's
+budget.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -60,6 +66,15 @@ def produce(bootstrap: str, topic: str, ids: range) -> None:
     for i in ids:
         p.produce(topic, str(i).encode(), str(i).encode(), i % 2)
     assert p.flush(30) == 0
+
+
+def sigkill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the driver's process group and reap its leader at once (an unreaped
+    leader keeps the group alive for kill_group's whole bound)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    kill_group(proc.pid)
 
 
 def wait_for(what: str, probe: Callable[[], int], want: int, timeout_s: float) -> None:
@@ -117,6 +132,7 @@ class World:
                               capture_output=True, text=True, timeout=120, check=False)
 
 
+@long_run
 def test_a_kafka_and_postgres_group_survives_a_killed_driver_exactly_once(
         bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
     w = World(bootstrap, pg, tmp_path)
@@ -128,8 +144,7 @@ def test_a_kafka_and_postgres_group_survives_a_killed_driver_exactly_once(
         produce(bootstrap, w.src, range(300, 600))  # records flow while the driver dies
         wait_for("rows while running", lambda: len(w.table_ids()), 350, 120)
     finally:
-        kill_group(proc.pid)  # SIGKILL: JVM, Python workers, mid real-time batch
-    proc.wait(30)
+        sigkill(proc)  # JVM, Python workers, mid real-time batch
     checkpoint = tmp_path / "demo/checkpoint"
     recorded = json.loads((checkpoint / "txsink-realtime.json").read_text())
     assert sorted(recorded["targets"]) == ["events", "totals"]
@@ -141,11 +156,8 @@ def test_a_kafka_and_postgres_group_survives_a_killed_driver_exactly_once(
         wait_for(f"every row in the table after the restart (output in {out})",
                  lambda: len(w.table_ids()), 700, START_TIMEOUT_S)
         wait_for("every record in the topic", lambda: len(w.topic_ids()), 700, 120)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
     finally:
-        kill_group(proc.pid)
-    assert proc.returncode == 128 + signal.SIGINT, out.read_text()[-3000:]
+        sigkill(proc)  # killed again: what both targets hold is what a reader gets
     assert "into 2 targets (events, totals)" in out.read_text()
     # Counted independently in each target: every source record exactly once.
     assert w.table_ids() == list(range(700))

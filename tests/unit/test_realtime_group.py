@@ -265,3 +265,72 @@ def test_another_sinks_record_in_the_checkpoint_is_not_this_groups() -> None:
     refusal, _ = start_refusal("g", {"a": "kafka"}, specs, {"a": {}}, record,
                                StartPoint(False, False))
     assert refusal is None
+
+
+def test_a_target_renamed_over_the_same_place_is_refused_with_the_name_to_keep() -> None:
+    # "sums" writes the table "totals" wrote: under a new name its positions start anew,
+    # and a new checkpoint from earliest would write every record there a second time.
+    refusal, _ = judge({"a": {A: 9}, "sums": {}}, recorded=["a", "totals"],
+                       places={"sums": "topic totals"})
+    assert refusal is not None and refusal.field == "sink.targets[sums]"
+    assert "writes where 'totals'" in str(refusal) and "Keep the name 'totals'" in str(refusal)
+    assert "startingOffsets=earliest (every" not in str(refusal)  # not a way out here
+
+
+def test_status_of_a_real_time_group_file_reads_positions_and_says_when_it_cannot(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """No server answers here: each target says why its positions are unknown, in one
+    line without the password, and the run of the command still succeeds (read only)."""
+    import json
+
+    import yaml
+    from txsink.cli import main
+
+    down = {"dsn": "host=127.0.0.1 port=1 dbname=shop connect_timeout=2",
+            "password": "s3cret-pw"}
+    data = group({"name": "totals", "backend": "postgres",
+                  "options": {**down, "table": "public.t"}},
+                 {"name": "audit", "backend": "postgres",
+                  "options": {**down, "table": "public.audit"}})
+    path = tmp_path / "rt.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["status", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "real-time mode, a group of 2 targets" in out
+    assert "target totals: postgres, postgres table public.t" in out
+    assert out.count("positions: unknown (postgres real-time target: cannot connect") == 2
+    assert "s3cret-pw" not in out
+    assert main(["status", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "real_time" and set(report["targets"]) == {"totals", "audit"}
+    assert report["targets"]["audit"]["sink_id"] == "orders-rt--audit"
+    assert "s3cret-pw" not in json.dumps(report)
+
+
+def test_a_kafka_target_knows_when_it_would_feed_the_topic_the_query_reads() -> None:
+    """start_realtime refuses a target writing the source topic (it would read its own
+    output again without end); the judgement is the target's."""
+    spec = realtime_specs("g", parse_pipeline(group(KAFKA)).sink.targets)["events"]
+    assert spec.feeds("b:9092", "out") and spec.feeds("x:1, b:9092", "out")
+    assert not spec.feeds("b:9092", "in") and not spec.feeds("other:9092", "out")
+    pg = realtime_specs("g", parse_pipeline(group(PG)).sink.targets)["totals"]
+    assert not pg.feeds("b:9092", "out")
+
+
+@pytest.mark.parametrize("command", ["reset", "cut"])
+def test_micro_batch_commands_refuse_a_real_time_file_and_do_nothing(
+        command: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+    from txsink.cli import main
+
+    checkpoint = tmp_path / "chk"
+    checkpoint.mkdir()
+    (checkpoint / "keep").write_text("x")
+    data = {**group(KAFKA, PG), "checkpoint": str(checkpoint)}
+    path = tmp_path / "rt.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main([command, str(path), *(["--yes"] if command == "reset" else [])]) == 1
+    err = capsys.readouterr().err
+    assert f"`txsink {command}` does not apply to a real-time pipeline" in err
+    assert err.count("\n") == 1 and "s3cret" not in err
+    assert (checkpoint / "keep").exists()  # nothing deleted

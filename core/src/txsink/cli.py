@@ -343,6 +343,12 @@ def cmd_reset(args: argparse.Namespace) -> int:
     from txsink.config import load_pipeline
 
     cfg = load_pipeline(args.file)
+    _refuse_realtime(cfg, "reset", "it deletes epochs, and real-time targets hold source "
+                     "positions instead: to start over, empty each target's table or topic "
+                     "and delete its positions (its progress rows or markers, under sink id "
+                     f"{cfg.sink.sink_id!r}" + (" and its targets' <sink id>--<name>"
+                                                if cfg.sink.targets else "")
+                     + "), then the checkpoint")
     checkpoint = cfg.checkpoint
     if "://" in checkpoint and not checkpoint.startswith("file://"):
         raise ConfigError(f"checkpoint: txsink reset deletes local checkpoints only; delete "
@@ -501,6 +507,8 @@ def cmd_cut(args: argparse.Namespace) -> int:
     from txsink.cut import consistent_cut
 
     cfg = load_pipeline(args.file)
+    _refuse_realtime(cfg, "cut", "real-time targets have no epochs; `txsink status "
+                     f"{args.file}` shows each target's stored source positions")
     plugins = get_plugins()
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
     backend = cfg.create_backend(plugins)
@@ -570,6 +578,14 @@ def _checkpoint_of(argument: str) -> str:
     return argument
 
 
+def _refuse_realtime(cfg: PipelineConfig, command: str, why: str) -> None:
+    """A micro-batch command given a real-time pipeline file: one line, nothing done."""
+    if cfg.trigger.kind == "real_time":
+        raise ConfigError(f"trigger.real_time: `txsink {command}` does not apply to a "
+                          f"real-time pipeline ({why}); nothing was done",
+                          field="trigger.real_time")
+
+
 def _realtime_pipeline(argument: str) -> PipelineConfig | None:
     """The pipeline file ``argument`` names, if it runs in Real-time Mode."""
     path = Path(argument)
@@ -607,8 +623,12 @@ def _status_realtime(cfg: PipelineConfig, as_json: bool) -> int:
         try:
             held[name] = spec.stored_positions()
             entry["positions"] = {str(k): v for k, v in sorted(held[name].items())}
-        except TxsinkError as exc:
-            entry["error"] = str(exc)
+        except Exception as exc:  # a server away: say so, show the other targets
+            options = (next(t.options for t in cfg.sink.targets if t.name == name)
+                       if name else cfg.sink.options)
+            secrets = [v for k, v in options.items() if "password" in k or "secret" in k]
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            entry["error"] = redact(text, secrets)
         report[name] = entry
     members: dict[str, Any] | None = None
     local = cfg.checkpoint.removeprefix("file://")

@@ -95,11 +95,15 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
 
     def same_place(self, other: RealtimeTargetSpec) -> bool:
         # Lists of brokers that share one are taken for one cluster.
-        def servers(spec: KafkaRealtimeSpec) -> set[str]:
-            return {s.strip() for s in spec.client["bootstrap.servers"].split(",") if s.strip()}
+        return (isinstance(other, KafkaRealtimeSpec)
+                and other.feeds(self.client["bootstrap.servers"], self.topic))
 
-        return (isinstance(other, KafkaRealtimeSpec) and self.topic == other.topic
-                and bool(servers(self) & servers(other)))
+    def feeds(self, servers: str, topic: str) -> bool:
+        def names(text: str) -> set[str]:
+            return {s.strip() for s in text.split(",") if s.strip()}
+
+        return (self.topic == topic
+                and bool(names(self.client["bootstrap.servers"]) & names(servers)))
 
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient

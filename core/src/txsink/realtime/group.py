@@ -89,6 +89,17 @@ def start_refusal(group_id: str, backends: Mapping[str, str],
             here = f"{prefix}[{name}]"
             was = before.get(name)
             if not isinstance(was, Mapping):
+                place = specs[name].place()
+                same = [n for n, t in before.items()
+                        if isinstance(t, Mapping) and t.get("place") == place]
+                if same:
+                    return ConfigError(
+                        f"{here}: target {name!r} writes where {same[0]!r} of real-time "
+                        f"group {group_id!r} wrote ({place}): a target's positions belong "
+                        "to its name, so under a new name it would start with none and, "
+                        "replayed from the earliest offsets, write every record there "
+                        f"again. Keep the name {same[0]!r}; nothing was written",
+                        field=here, sink_id=group_id), warnings
                 return ConfigError(
                     f"{here}: target {name!r} is new to real-time group {group_id!r} (its "
                     f"checkpoint ran with {', '.join(sorted(before)) or 'no target'}): Spark "

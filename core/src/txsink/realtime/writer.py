@@ -121,6 +121,12 @@ class RealtimeTargetSpec(abc.ABC):
         same name is refused (its stored positions belong to the old place)."""
         return self.describe()
 
+    def feeds(self, servers: str, topic: str) -> bool:
+        """Whether this target writes Kafka ``topic`` on a cluster reached through
+        ``servers`` (a comma-separated list): a query reading that topic would read
+        its own output again. Default: no (not a Kafka target)."""
+        return False
+
     def same_place(self, other: RealtimeTargetSpec) -> bool:
         """Whether ``other`` writes the same rows' destination (two targets of a group
         there would hold each record twice)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from txsink.errors import ConfigError
@@ -288,6 +288,7 @@ def start_realtime(df: DataFrame, *, sink_id: str | None = None, backend: str | 
     _check_frame(df, sink_id, position_columns)
     rows = check_pipeline(df, position_columns)
     spec = target_spec(sink_id, backend, options)
+    _check_no_feedback(df, {"": spec}, sink_id, lambda _: "options.topic")
     spec.prepare()
     log.info("sink %s: real-time mode into %s, commit every %.0f ms", sink_id,
              spec.describe(), interval * 1000)
@@ -362,6 +363,7 @@ def _start_group(df: DataFrame, *, sink_id: str | None, backend: str | None,
     shaped, routes = _shape(df, specs, position_columns, sink_id, prefix)
     check_pipeline(shaped, position_columns)
     built = realtime_specs(sink_id, specs, prefix=prefix)
+    _check_no_feedback(df, built, sink_id, lambda n: f"{prefix}[{n}].options.topic")
     for name, spec in built.items():
         try:
             spec.prepare()
@@ -371,7 +373,8 @@ def _start_group(df: DataFrame, *, sink_id: str | None, backend: str | None,
     positions = {name: spec.stored_positions() for name, spec in built.items()}
     spark = df.sparkSession
     start = StartPoint(fresh=_checkpoint_fresh(spark, checkpoint_location),
-                       earliest=_source_option(df, "startingOffsets") == "earliest")
+                       earliest=(_source_option(df, "startingOffsets") or "").lower()
+                       == "earliest")
     members = f"{checkpoint_location.rstrip('/')}/{MEMBERS_FILE}"
     backends = {s.name: s.backend for s in specs}
     refusal, warnings = start_refusal(sink_id, backends, built, positions,
@@ -439,8 +442,25 @@ def _shape(df: DataFrame, specs: Sequence[TargetSpec], position_columns: Sequenc
     return df.selectExpr(*[f"`{c}`" for c in df.columns], *exprs), routes
 
 
+def _check_no_feedback(df: DataFrame, specs: Mapping[str, RealtimeTargetSpec],
+                       sink_id: str, field: Callable[[str], str]) -> None:
+    """Refuse a target that writes the topic the query reads: every record it writes
+    would come back as a new source record, without end."""
+    topics = [t.strip() for t in (_source_option(df, "subscribe") or "").split(",")
+              if t.strip()]
+    servers = _source_option(df, "kafka.bootstrap.servers") or ""
+    for name, spec in specs.items():
+        loop = next((t for t in topics if spec.feeds(servers, t)), None)
+        if loop is not None:
+            where = field(name)
+            raise ConfigError(f"{where}: the target writes {loop!r}, the topic the query "
+                              "reads: every record it writes would be read again and "
+                              "written again, without end; write another topic",
+                              field=where, sink_id=sink_id)
+
+
 def _source_option(df: DataFrame, key: str) -> str | None:
-    """An option of the pipeline's Kafka source (lower case), read from Spark's plan."""
+    """An option of the pipeline's Kafka source, read from Spark's plan."""
     stack = [df._jdf.queryExecution().analyzed()]
     while stack:
         node = stack.pop()
@@ -454,9 +474,9 @@ def _source_option(df: DataFrame, key: str) -> str | None:
                     except Exception:
                         continue
                     if isinstance(value, str):
-                        return value.strip().lower()
+                        return value.strip()
                     if value is not None and hasattr(value, "isDefined"):
-                        return str(value.get()).strip().lower() if value.isDefined() else None
+                        return str(value.get()).strip() if value.isDefined() else None
             return None
         stack.extend(children.apply(i) for i in range(count))
     return None
