@@ -223,6 +223,8 @@ checkpoint: ${{TXSINK_DEMO_DIR""", 1))
         proc.wait(60)
     finally:
         kill_group(proc.pid)
+    assert "target 'extra' holds no position of source partition" in out.read_text()
+    assert "catches up from the earliest offset the source retains" in out.read_text()
     assert w.table_ids() == list(range(150))
     assert [r[0] for r in w.sql(f"SELECT id FROM {extra} ORDER BY id")] == list(range(150))
     assert w.topic_ids() == list(range(150))
