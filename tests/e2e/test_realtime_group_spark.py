@@ -228,3 +228,82 @@ checkpoint: ${{TXSINK_DEMO_DIR""", 1))
     assert w.table_ids() == list(range(150))
     assert [r[0] for r in w.sql(f"SELECT id FROM {extra} ORDER BY id")] == list(range(150))
     assert w.topic_ids() == list(range(150))
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """An in-process session, for the Python API (last in this module: the drivers of
+    the tests above run before it)."""
+    from tests.e2e.realtime_harness import make_spark, stop_jvm
+
+    session = make_spark("txsink-realtime-group")
+    try:
+        yield session
+    finally:
+        session.stop()
+        stop_jvm()
+
+
+@long_run
+def test_the_python_api_writes_a_group_and_refuses_what_is_unsound_before_it_starts(
+        spark: Any, bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
+    """``txsink.spark.targets(..., realtime=True).start_realtime(df)``: a Kafka topic and
+    a PostgreSQL table with its own ``where``/``select``, each holding its records once;
+    and the refusals that need Spark's analysis, each one line naming
+    ``targets[name]``, before anything is written or a query starts."""
+    import txsink.spark as ts
+    from txsink.errors import ConfigError
+    from txsink.spark.realtime import start_realtime
+
+    w = World(bootstrap, pg, tmp_path)
+    produce(bootstrap, w.src, range(0, 200))
+    source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", w.src).option("startingOffsets", "earliest").load()
+              .selectExpr("CAST(CAST(value AS STRING) AS BIGINT) AS id",
+                          "CAST(key AS STRING) AS k", "topic", "partition", "offset"))
+    kafka = {"kafka.bootstrap.servers": bootstrap}
+    pgopts = {"dsn": pg.dsn, "password": pg.password}
+
+    def group(*targets: dict[str, Any]) -> Any:
+        return ts.targets(f"rtp-{uuid.uuid4().hex[:6]}", list(targets),
+                          checkpoint_location=str(tmp_path / f"chk-{uuid.uuid4().hex[:4]}"),
+                          realtime=True)
+
+    refusals = [
+        (group(ts.target("events", "kafka", topic=w.out, **kafka),
+               ts.target("totals", "postgres", where="nope > 1", table=w.table, **pgopts)),
+         "targets[totals].where", "Spark cannot apply it"),
+        (group(ts.target("totals", "postgres", select=["id", "k AS id"], table=w.table,
+                         **pgopts)), "targets[totals].select", "the column 'id' twice"),
+        (group(ts.target("echo", "kafka", topic=w.src, **kafka)),
+         "targets[echo].options.topic", "the topic the query reads"),
+    ]
+    for targets, field, words in refusals:
+        with pytest.raises(ConfigError) as info:
+            targets.start_realtime(source)
+        assert info.value.field == field and words in str(info.value)
+        assert "\n" not in str(info.value) and pg.password not in str(info.value)
+    with pytest.raises(ConfigError, match="checked for micro-batches"):
+        start_realtime(source, targets=ts.targets("mb", [ts.target(
+            "events", "kafka", topic=w.out, **kafka)], checkpoint_location=str(tmp_path)))
+    assert spark.streams.active == []
+
+    odd = group(ts.target("events", "kafka", topic=w.out, **kafka,
+                          select=["k AS key", "CAST(id AS STRING) AS value"]),
+                ts.target("totals", "postgres", table=w.table, where="id % 2 = 1",
+                          select=["id", "'odd' AS k"], **pgopts))
+    query = odd.start_realtime(source, commit_interval="100 milliseconds")
+    try:
+        wait_for("the topic", lambda: len(w.topic_ids()), 200, START_TIMEOUT_S)
+        wait_for("the table", lambda: len(w.table_ids()), 100, 120)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert w.topic_ids() == list(range(200))
+    assert w.table_ids() == list(range(1, 200, 2))
+    assert {r[0] for r in w.sql(f"SELECT k FROM {w.table}")} == {"odd"}
+    # The record each target's where left out still moved its positions.
+    progress = w.sql("SELECT sink_id, source_partition, source_offset FROM "
+                     f"public.txsink_progress WHERE sink_id = '{odd.sink_id}--totals' "
+                     "ORDER BY 2")
+    assert [(p, o) for _, p, o in progress] == [(0, 99), (1, 99)]

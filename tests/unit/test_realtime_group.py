@@ -334,3 +334,20 @@ def test_micro_batch_commands_refuse_a_real_time_file_and_do_nothing(
     assert f"`txsink {command}` does not apply to a real-time pipeline" in err
     assert err.count("\n") == 1 and "s3cret" not in err
     assert (checkpoint / "keep").exists()  # nothing deleted
+
+
+def test_status_of_a_single_real_time_target_file(tmp_path: Any,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+    from txsink.cli import main
+
+    data = rt({"backend": "postgres", "sink_id": "rt-one", "options": {
+        "dsn": "host=127.0.0.1 port=1 connect_timeout=2", "password": "s3cret-pw",
+        "table": "public.t", "commit_interval": "100 ms"}})
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["status", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "sink 'rt-one': real-time mode, exactly once by stored source positions" in out
+    assert "(commit every 100 ms)" in out and "target: postgres, postgres table public.t" in out
+    assert "positions: unknown" in out and "s3cret-pw" not in out

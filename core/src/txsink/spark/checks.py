@@ -87,13 +87,15 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
                 raise
             raise transform_error(exc) from None
     if cfg.trigger.kind == "real_time":
-        return df  # start_realtime checks and shapes a group's targets (positions kept)
+        if cfg.sink.targets:
+            check_targets(df, cfg, shape=False)
+        return df  # start_realtime shapes a group's targets (the positions kept)
     return check_targets(df, cfg) if cfg.sink.targets else df
 
 
-def check_targets(df: DataFrame, cfg: PipelineConfig) -> DataFrame:
+def check_targets(df: DataFrame, cfg: PipelineConfig, *, shape: bool = True) -> DataFrame:
     """Analyse each target's ``where`` and ``select`` on its own, so an unknown column is
-    one line naming the target; then the frame shaped for the group's tasks."""
+    one line naming the target; then the frame shaped for the group's tasks (``shape``)."""
     from txsink.spark.group import checked_shape
 
     for t in cfg.sink.targets:
@@ -111,6 +113,8 @@ def check_targets(df: DataFrame, cfg: PipelineConfig) -> DataFrame:
                 raise ConfigError(f"{here}.{key}: Spark cannot apply it to the rows the sink "
                                   f"receives: {spark_message(exc)}", field=f"{here}.{key}"
                                   ) from None
+    if not shape:
+        return df
     return checked_shape(df, cfg.sink.targets, cfg.sink.sink_id, prefix="sink.targets")
 
 
