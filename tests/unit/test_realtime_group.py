@@ -351,3 +351,13 @@ def test_status_of_a_single_real_time_target_file(tmp_path: Any,
     assert "sink 'rt-one': real-time mode, exactly once by stored source positions" in out
     assert "(commit every 100 ms)" in out and "target: postgres, postgres table public.t" in out
     assert "positions: unknown" in out and "s3cret-pw" not in out
+
+
+def test_a_single_real_time_sink_named_like_a_group_target_is_refused() -> None:
+    """"orders-rt--events" is where group "orders-rt"'s target "events" keeps its
+    positions: a single sink with that id would skip the records the target wrote."""
+    single = rt({"backend": "kafka", "sink_id": "orders-rt--events",
+                 "options": {"topic": "elsewhere", "kafka.bootstrap.servers": "b:9092"}})
+    with pytest.raises(ConfigError) as info:
+        parse_pipeline(single)
+    assert info.value.field == "sink.sink_id" and "share that target's" in str(info.value)

@@ -451,7 +451,12 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
 def _realtime_sink(data: Mapping[str, Any], plugins: Plugins | None,
                    check_backend: bool) -> SinkConfig:
     """``sink`` for ``trigger: {real_time: ...}``: one backend's real-time target."""
-    from txsink.realtime.config import COMMIT_INTERVAL, check_realtime_sink, check_realtime_target
+    from txsink.realtime.config import (
+        COMMIT_INTERVAL,
+        check_realtime_sink,
+        check_realtime_target,
+        check_single_sink_id,
+    )
 
     guarantee = DeliveryGuarantee.parse(data.get("guarantee", "exactly_once"),
                                         field_name="sink.guarantee")
@@ -477,6 +482,7 @@ def _realtime_sink(data: Mapping[str, Any], plugins: Plugins | None,
         return SinkConfig(GROUP_BACKEND, sink_id, options, frozenset(), guarantee, specs,
                           secrets)
     backend = _str(data, "backend", "sink", required=True)
+    check_single_sink_id(sink_id)
     secret: frozenset[str] = frozenset()
     if check_backend:
         registry = plugins if plugins is not None else get_plugins()

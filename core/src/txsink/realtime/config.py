@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from txsink.errors import ConfigError
 from txsink.model import DeliveryGuarantee
-from txsink.targets import TargetSpec, parse_targets, target_sink_id
+from txsink.targets import SEPARATOR, TargetSpec, parse_targets, target_sink_id
 
 if TYPE_CHECKING:
     from txsink.plugins import Plugins
@@ -45,6 +45,17 @@ def check_realtime_sink(data: Mapping[str, Any], guarantee: DeliveryGuarantee) -
                     f"{COMMIT_INTERVAL} (one commit timer for every target); give a "
                     "target's own options in sink.targets[...].options",
                     field=f"sink.options.{other[0]}")
+
+
+def check_single_sink_id(sink_id: str, field: str = "sink.sink_id") -> None:
+    """A single real-time sink's id must not hold ``--``: a group's target keeps its
+    positions under ``<group sink id>--<name>``, and a single sink named like one would
+    share them (each would skip the records the other wrote)."""
+    if SEPARATOR in sink_id:
+        raise ConfigError(f"{field}: {sink_id!r} holds {SEPARATOR!r}, which names a real-time "
+                          "group's targets (<sink id>--<name>); a single sink with such an "
+                          "id would share that target's stored positions and skip its "
+                          "records. Use another sink_id", field=field, sink_id=sink_id)
 
 
 def check_realtime_target(backend_cls: type[Any], backend: str, sink_id: str,

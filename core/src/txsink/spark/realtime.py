@@ -285,6 +285,9 @@ def start_realtime(df: DataFrame, *, sink_id: str | None = None, backend: str | 
     if not checkpoint_location:
         raise ConfigError("start_realtime: checkpoint_location is required",
                           field="checkpoint_location", sink_id=sink_id)
+    from txsink.realtime.config import check_single_sink_id
+
+    check_single_sink_id(sink_id, "sink_id")
     _check_frame(df, sink_id, position_columns)
     rows = check_pipeline(df, position_columns)
     spec = target_spec(sink_id, backend, options)
