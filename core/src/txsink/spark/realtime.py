@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, TxsinkError
 from txsink.realtime import (
     DEFAULT_COMMIT_INTERVAL_S,
     GroupWriter,
@@ -367,13 +367,16 @@ def _start_group(df: DataFrame, *, sink_id: str | None, backend: str | None,
     check_pipeline(shaped, position_columns)
     built = realtime_specs(sink_id, specs, prefix=prefix)
     _check_no_feedback(df, built, sink_id, lambda n: f"{prefix}[{n}].options.topic")
+    positions: dict[str, dict[SourcePartition, int]] = {}
     for name, spec in built.items():
         try:
             spec.prepare()
+            positions[name] = spec.stored_positions()
         except ConfigError as exc:
             where = f"{prefix}[{name}].options" + (f".{exc.field}" if exc.field else "")
             raise ConfigError(f"{where}: {exc}", field=where, sink_id=sink_id) from None
-    positions = {name: spec.stored_positions() for name, spec in built.items()}
+        except TxsinkError as exc:  # a server away: name the target it belongs to
+            raise TxsinkError(f"{prefix}[{name}]: {exc}", sink_id=sink_id) from None
     spark = df.sparkSession
     start = StartPoint(fresh=_checkpoint_fresh(spark, checkpoint_location),
                        earliest=(_source_option(df, "startingOffsets") or "").lower()
