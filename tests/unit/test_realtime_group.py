@@ -361,3 +361,39 @@ def test_a_single_real_time_sink_named_like_a_group_target_is_refused() -> None:
     with pytest.raises(ConfigError) as info:
         parse_pipeline(single)
     assert info.value.field == "sink.sink_id" and "share that target's" in str(info.value)
+
+
+def test_sessions_kept_between_batches_stay_with_their_own_target() -> None:
+    """A query run keeps claimed sessions between its batches (SessionPool, keyed by run
+    and source partition): in a group each target keeps its own, never another's."""
+    from txsink.realtime import SessionPool
+
+    class Kept(MemoryTarget):
+        reusable = True
+
+    pool, one, two = SessionPool(), Store(), Store()
+    made: list[str] = []
+
+    def factory(name: str, store: Store) -> Any:
+        def make(source: SP) -> PositionTarget:
+            made.append(name)
+            return Kept(store, source)
+        return make
+
+    def batch(offsets: range) -> GroupWriter:
+        w = GroupWriter({"a": factory("a", one), "b": factory("b", two)},
+                        commit_interval_s=0.0, run="run-1", pool=pool)
+        for off in offsets:
+            w.add(A, off, {"a": {"id": off}, "b": {"id": -off}})
+        w.close()
+        return w
+
+    batch(range(0, 3))
+    w = batch(range(3, 6))
+    assert made == ["a", "b"] and len(pool) == 2  # claimed once each, then kept
+    assert [r["id"] for r in one.rows] == [0, 1, 2, 3, 4, 5]
+    assert [r["id"] for r in two.rows] == [0, -1, -2, -3, -4, -5]
+    kept = {run: target.store for (run, _), (target, _, _) in pool._idle.items()}
+    assert kept == {"run-1/a": one, "run-1/b": two}
+    assert w.stats["a"].written == w.stats["b"].written == 3
+    pool.clear()

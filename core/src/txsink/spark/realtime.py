@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -155,11 +156,15 @@ WriterTarget = tuple[str, RealtimeTargetSpec, str | None]
 class RealtimeForeachWriter:
     """Spark's ``foreach`` writer object: per task and batch one :class:`GroupWriter`
     over the targets (one for a single sink), plus a timer that commits rows which
-    arrived just before a pause."""
+    arrived just before a pause. ``run`` names this query run: later batches of it may
+    reuse the sessions an earlier task claimed in the same Python worker (a restarted
+    query has another run and claims afresh)."""
 
     def __init__(self, targets: Sequence[WriterTarget], position_columns: Sequence[str],
-                 commit_interval_s: float, rows_per_record: str, sink_id: str) -> None:
+                 commit_interval_s: float, rows_per_record: str, sink_id: str,
+                 run: str | None = None) -> None:
         self.targets: list[WriterTarget] = [(str(n), spec, route) for n, spec, route in targets]
+        self.run = run or f"{sink_id}/{uuid.uuid4().hex}"
         self.position_columns = tuple(position_columns)
         self.commit_interval_s = commit_interval_s
         self.rows_per_record = rows_per_record
@@ -169,7 +174,8 @@ class RealtimeForeachWriter:
         self._timer: threading.Thread | None = None
         self._timer_error: BaseException | None = None
 
-    _STATE = ("targets", "position_columns", "commit_interval_s", "rows_per_record", "sink_id")
+    _STATE = ("targets", "position_columns", "commit_interval_s", "rows_per_record", "sink_id",
+              "run")
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k in self._STATE}
@@ -180,7 +186,7 @@ class RealtimeForeachWriter:
     def open(self, partition_id: int, epoch_id: int) -> bool:
         self._writer = GroupWriter({name: spec for name, spec, _ in self.targets},
                                    commit_interval_s=self.commit_interval_s,
-                                   rows_per_record=self.rows_per_record)
+                                   rows_per_record=self.rows_per_record, run=self.run)
         self._stop = threading.Event()
         self._timer_error = None
         self._timer = threading.Thread(target=self._tick, name="txsink-rt-commit",
