@@ -407,8 +407,8 @@ class GroupEpoch:
             ctx = TransactionContext(member.sink_id, self.epoch, 0,
                                      int(time.time() * 1000) % SALVAGE_ATTEMPT_BASE)
             dirname = new_participant_dir(ctx.participant)
-            path = backend.absolute(f"{backend.epoch_folder(ctx.sink_id, self.epoch)}/"
-                                    f"{dirname}")
+            path = backend.spark_path(f"{backend.epoch_folder(ctx.sink_id, self.epoch)}/"
+                                      f"{dirname}")
             spark = df.sparkSession
             # Iceberg reads microsecond timestamps only; Spark writes INT96 by default.
             key = "spark.sql.parquet.outputTimestampType"
