@@ -289,6 +289,7 @@ class TableBackend(Backend):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_fs_cache", None)
+        state.pop("_mtimes", None)
         return state
 
     # -- executor side --------------------------------------------------------------------
@@ -440,9 +441,17 @@ class TableBackend(Backend):
                             "DECIDED and the next start commits it")
 
     def _check_present(self, c: Committable, files: Sequence[DataFile]) -> None:
+        """Every file still there with its size (one listing of the participant's
+        directory: on S3 one request instead of one per file). Their modification times
+        are kept for the commit (:meth:`modified_ns`)."""
         fs, _ = self._fs()
+        found = {i.path: i for i in fs.get_file_info(pafs.FileSelector(
+            self.absolute(f"{self.epoch_folder(c.sink_id, c.epoch)}/{c.payload['dir']}"),
+            recursive=True, allow_not_found=True))}
+        self._mtimes = getattr(self, "_mtimes", {})
         for f in files:
-            info = fs.get_file_info(self.absolute(f.path))
+            info = found.get(self.absolute(f.path)) or fs.get_file_info(self.absolute(f.path))
+            self._mtimes[f.path] = info.mtime_ns
             if info.type != pafs.FileType.File or info.size != f.size:
                 raise ParticipantLostError(
                     f"{c.describe()}: data file {f.path} under {self.describe()} is "
@@ -450,6 +459,14 @@ class TableBackend(Backend):
                     "table does not name this participant: its rows cannot be committed "
                     "(was it deleted by VACUUM / orphan-file removal while the epoch was "
                     "prepared?)", sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+
+    def modified_ns(self, relative: str) -> int:
+        """When a data file was written (nanoseconds; from :meth:`_check_present`'s
+        listing when it saw the file, else asked for)."""
+        known = getattr(self, "_mtimes", {}).pop(relative, None)
+        if known is None:
+            known = self._fs()[0].get_file_info(self.absolute(relative)).mtime_ns
+        return int(known) if known is not None else time.time_ns()
 
     def abort(self, committable: Committable) -> None:
         dirname = str(committable.payload.get("dir", ""))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -246,11 +245,9 @@ class DeltaBackend(TableBackend):
         self.refuse_if_named(table, sink_id, epoch, participants)
         schema = table.schema()
         self._check_schema(schema, files)
-        fs, _ = self._fs()
         actions = []
         for f in files:
-            mtime = fs.get_file_info(self.absolute(f.path)).mtime_ns
-            mtime = (mtime if mtime is not None else time.time_ns()) // 1_000_000
+            mtime = self.modified_ns(f.path) // 1_000_000
             actions.append(AddAction(f.path, f.size, {}, mtime, True,
                                      f.stats or f'{{"numRecords":{f.rows}}}'))
         props = CommitProperties(
