@@ -105,6 +105,33 @@ def test_spark_driver_killed_after_decide_writes_each_row_once(
     assert orphans(backend) == []
 
 
+def test_native_path_without_s3a_is_refused_before_the_stream_starts(
+        s3: LocalSeaweedFS, tmp_path: Path) -> None:
+    """A session without hadoop-aws: the group names the table's option at
+    ``write_stream``, before any batch runs (no object written, no checkpoint)."""
+    from txsink.errors import ConfigError
+    from txsink.spark import target, targets
+
+    session = local_spark("txsink-lake-no-s3a")
+    spark = next(session)
+    try:
+        options = table_options("delta", s3, tmp_path)
+        group = targets("lake-no-s3a", [target("delta", "delta", **options)],
+                        checkpoint_location=str(tmp_path / "chk"))
+        src = spark.readStream.format("rate").load()
+        with pytest.raises(ConfigError) as info:
+            group.write_stream(src)
+        assert info.value.field == "targets[delta].options.path"
+        assert "hadoop-aws" in str(info.value)
+        assert s3.secret_key not in str(info.value)
+        prefix = options["path"].split("/", 3)[3]
+        pages = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix.split("/")[0])
+        assert pages.get("KeyCount", 0) == 0
+        assert not (tmp_path / "chk" / "commits").exists()
+    finally:
+        session.close()
+
+
 @pytest.fixture(scope="module")
 def s3a_spark(s3: LocalSeaweedFS) -> Iterator[Any]:
     from txsink.testing.s3a import S3AUnavailable, s3a_classpath, s3a_conf

@@ -218,6 +218,11 @@ class TableBackend(Backend):
 
     # -- files ----------------------------------------------------------------------------
 
+    def on_s3(self) -> bool:
+        """Whether the table lives on S3 (tables whose data root needs I/O to find
+        answer from their options instead)."""
+        return is_s3(self.data_root())
+
     def s3_access(self) -> S3Access:
         """How this table's S3 location is reached (tables on S3 override this with
         their options; the default is the AWS environment of the process)."""

@@ -94,6 +94,9 @@ class DeltaBackend(TableBackend):
     def s3_access(self) -> S3Access:
         return self.s3 if self.s3 is not None else S3Access()
 
+    def on_s3(self) -> bool:
+        return self.s3 is not None
+
     def storage_options(self) -> dict[str, str] | None:
         """delta-rs's storage options for a table on S3 (None on local disk).
 

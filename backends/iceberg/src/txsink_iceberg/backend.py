@@ -103,6 +103,9 @@ class IcebergBackend(TableBackend):
     def s3_access(self) -> S3Access:
         return self.s3 if self.s3 is not None else S3Access()
 
+    def on_s3(self) -> bool:
+        return self.s3 is not None
+
     def file_io_properties(self) -> dict[str, str]:
         """pyiceberg's FileIO properties for a warehouse on S3 (pyarrow's S3 client)."""
         if self.s3 is None:
