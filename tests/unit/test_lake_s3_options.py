@@ -103,3 +103,24 @@ def test_the_endpoint_and_region_come_from_the_environment(
     assert storage["AWS_ENDPOINT_URL"] == "https://s3.example.test"
     assert storage["AWS_REGION"] == "eu-west-3"
     assert "AWS_ALLOW_HTTP" not in storage and "AWS_SECRET_ACCESS_KEY" not in storage
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_the_destination_on_s3_is_the_store_and_prefix_not_the_keys(kind: str) -> None:
+    """What the state records as the target's place: a rotated key or another region
+    is no move, another prefix or endpoint is; the recorded (secret-free) options give
+    the same place as the ones given."""
+    where = "path" if kind == "delta" else "warehouse"
+    base = {where: "s3a://bucket/lake/t/", "region": "eu-west-1", **KEYS}
+    if kind == "iceberg":
+        base.update(table="db.t", catalog_uri="sqlite:////tmp/c.db")
+    cls = type(create(kind, base))
+    place = cls.destination(base)
+    assert place[where] == "s3://bucket/lake/t"
+    assert cls.destination({**base, "access_key_id": "AKIDOTHER", "region": "us-east-2"}) == place
+    assert cls.destination({**base, where: "s3://bucket/lake/t"}) == place
+    assert cls.destination({**base, where: "s3://bucket/lake/u"}) != place
+    assert cls.destination({**base, "endpoint_url": "http://other:9000"}) != place
+    backend = create(kind, base)
+    assert cls.destination(backend.safe_options(base)) == place  # type: ignore[attr-defined]
+    assert not any(KEYS["secret_access_key"] in v for v in place.values())

@@ -77,6 +77,17 @@ class DeltaBackend(TableBackend):
         opts.check_unknown()
         return cls(path, create=create, s3=s3)
 
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # On S3 the place is the store and the table's key prefix (s3:// and s3a://
+        # name the same objects); region and keys only say how to get there, and a
+        # rotated key is no move. Local tables keep the default.
+        path = str(options.get("path") or "")
+        if not is_s3(path):
+            return super().destination(options)
+        return {"path": "s3://" + path.split("://", 1)[1].strip("/"),
+                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
+
     def describe(self) -> str:
         return f"delta table {self.path}"
 

@@ -93,6 +93,18 @@ class IcebergBackend(TableBackend):
         return cls(table, warehouse, secret.reveal() if secret is not None else None,
                    catalog_name=name, create=create, s3=s3)
 
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # As Delta's: on S3 the store, the warehouse prefix and the table (in its
+        # catalog); region and keys are no part of the place.
+        warehouse = str(options.get("warehouse") or "")
+        if not is_s3(warehouse):
+            return super().destination(options)
+        return {"warehouse": "s3://" + warehouse.split("://", 1)[1].strip("/"),
+                "table": str(options.get("table") or ""),
+                "catalog_name": str(options.get("catalog_name") or "txsink"),
+                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
+
     def describe(self) -> str:
         return f"iceberg table {self.table} (warehouse {self.warehouse})"
 
