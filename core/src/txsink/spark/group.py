@@ -197,11 +197,45 @@ class TargetSet:
         return any(getattr(plugins.backend_class(s.backend), "native_parquet", False)
                    for s in self.specs)
 
+    def check_native_filesystems(self, df: DataFrame) -> None:
+        """Refuse, before the first batch, a table whose files Spark's own writer would
+        put where this Spark session has no filesystem (``s3a://`` without hadoop-aws):
+        Spark would fail inside the first batch with a Java error instead."""
+        plugins = get_plugins()
+        for spec in self.specs:
+            if not getattr(plugins.backend_class(spec.backend), "native_parquet", False):
+                continue
+            backend = TargetGroup.from_specs(self.sink_id, [spec]).members[spec.name].backend
+            try:
+                if not isinstance(backend, TableBackend) or not backend.on_s3():
+                    continue
+                field = f"targets[{spec.name}].options.{backend.location_option}"
+            finally:
+                backend.close()
+            spark = df.sparkSession
+            jvm = spark._jvm
+            if jvm is None:
+                continue  # no JVM here (Spark Connect): the native path is not used
+            try:
+                jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(
+                    "s3a", spark._jsc.hadoopConfiguration())
+            except Exception as exc:
+                if "s3a" not in str(exc):
+                    raise
+                raise ConfigError(
+                    f"group {self.sink_id!r}, target {spec.name!r}: the table is on S3 and "
+                    "Spark's own Parquet writer writes its files through s3a://, which this "
+                    "Spark session does not have: put hadoop-aws matching Spark's Hadoop "
+                    "(and its AWS SDK bundle) on the driver and executor class path, with "
+                    "fs.s3a.* settings for the endpoint and credentials",
+                    field=field) from None
+
     def write_stream(self, df: DataFrame) -> DataStreamWriter:
         """``df.writeStream`` to every target, one decision per micro-batch."""
         self._micro_batch()
         if self.native():
             self.check_state()
+            self.check_native_filesystems(df)
             if not self.checkpoint_location:
                 raise ConfigError(f"group {self.sink_id!r}: give checkpoint_location: a "
                                   "group with table targets streams through foreachBatch, "
@@ -218,6 +252,7 @@ class TargetSet:
         if self.native():
             self.check_state()
             self.check_no_stream()
+            self.check_native_filesystems(df)
             self.write_epoch(df, None)
             return
         shaped = self.shape(df)
@@ -444,8 +479,8 @@ class GroupEpoch:
             ctx = TransactionContext(member.sink_id, self.epoch, 0,
                                      int(time.time() * 1000) % SALVAGE_ATTEMPT_BASE)
             dirname = new_participant_dir(ctx.participant)
-            path = backend.absolute(f"{backend.epoch_folder(ctx.sink_id, self.epoch)}/"
-                                    f"{dirname}")
+            path = backend.spark_path(f"{backend.epoch_folder(ctx.sink_id, self.epoch)}/"
+                                      f"{dirname}")
             spark = df.sparkSession
             # Iceberg reads microsecond timestamps only; Spark writes INT96 by default.
             key = "spark.sql.parquet.outputTimestampType"
