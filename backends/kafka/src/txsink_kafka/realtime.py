@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PROGRESS_TOPIC = "txsink-progress"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
+#: How long a write waits for room in librdkafka's local queue before it fails.
+QUEUE_FULL_S = 60.0
 #: How long a claim waits for the progress topic to be readable to its end.
 READ_TIMEOUT_S = 60.0
 _OWN = {"topic", "progress.topic", "transaction.timeout.ms"}
@@ -289,18 +291,36 @@ class KafkaPositionTarget(PositionTarget):
                 value = row.get("value")
                 key = row.get("key")
                 headers = row.get("headers")
-                self.producer.produce(
-                    self.spec.topic,
-                    value.encode() if isinstance(value, str) else value,
-                    key.encode() if isinstance(key, str) else key,
-                    headers=[(h["key"], h["value"]) for h in headers] if headers else None,
-                    on_delivery=self._delivered)
+                args = (self.spec.topic, value.encode() if isinstance(value, str) else value,
+                        key.encode() if isinstance(key, str) else key)
+                kwargs = {"headers": ([(h["key"], h["value"]) for h in headers]
+                                      if headers else None), "on_delivery": self._delivered}
+                try:
+                    self.producer.produce(*args, **kwargs)
+                except BufferError:
+                    # The local queue is full: this row (only this one: the rows
+                    # before it are in the transaction already) once deliveries drain it.
+                    self._produce_when_room(args, kwargs)
             self.producer.poll(0)  # serve delivery reports once per batch of rows
         except KafkaException as exc:
             raise self._fail("write", exc) from None
-        except BufferError:
-            self.producer.flush(30)
-            self.write(rows)
+
+    def _produce_when_room(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import time
+
+        deadline = time.monotonic() + QUEUE_FULL_S
+        while True:
+            self.producer.poll(0.05)
+            try:
+                self.producer.produce(*args, **kwargs)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise TxsinkError(
+                        f"sink {self.spec.sink_id}: the producer's local queue for source "
+                        f"partition {self.source} stayed full for {QUEUE_FULL_S:.0f}s (the "
+                        "broker took no records); nothing of this transaction is visible",
+                        sink_id=self.spec.sink_id) from None
 
     def commit(self, offset: int) -> None:
         from confluent_kafka import KafkaException
@@ -309,10 +329,13 @@ class KafkaPositionTarget(PositionTarget):
             if not self.in_txn:
                 self.producer.begin_transaction()
                 self.in_txn = True
-            self.producer.produce(self.spec.progress_topic,
-                                  json.dumps({"offset": offset}).encode(), self.key,
-                                  partition=self.progress_partition,
-                                  on_delivery=self._delivered)
+            args = (self.spec.progress_topic, json.dumps({"offset": offset}).encode(),
+                    self.key)
+            kwargs = {"partition": self.progress_partition, "on_delivery": self._delivered}
+            try:
+                self.producer.produce(*args, **kwargs)
+            except BufferError:
+                self._produce_when_room(args, kwargs)
             self.producer.commit_transaction(30)
             self.in_txn = False
         except KafkaException as exc:
