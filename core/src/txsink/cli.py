@@ -503,6 +503,17 @@ def cmd_cut(args: argparse.Namespace) -> int:
     cfg = load_pipeline(args.file)
     plugins = get_plugins()
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
+    meta = store.read_meta()
+    if meta is not None and meta.backend == GROUP_BACKEND and meta.sink_id == cfg.sink.sink_id:
+        # A renamed target is another sink id: its target said "no epoch committed yet"
+        # and the cut was -1, over a target holding every epoch.
+        refusal = changed_targets(
+            meta.targets, cfg.sink.targets, cfg.sink.sink_id, here="this file has",
+            remedy=(f"The cut is read from the recorded targets: put them back in "
+                    f"{args.file} as the state recorded them"))
+        if refusal is not None:
+            refusal.field = "sink.targets"
+            raise refusal
     backend = cfg.create_backend(plugins)
     try:
         cut = consistent_cut(backend, store, cfg.sink.sink_id)
