@@ -217,7 +217,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     unset = unset_env_options(cfg)
     if unset:
         where, variable = unset[0]
-        raise ConfigError(f"{where}: environment variable {variable!r} is not set in this "
+        state = "is empty" if variable in os.environ else "is not set"
+        raise ConfigError(f"{where}: environment variable {variable!r} {state} in this "
                           f"shell; export it before `txsink run` (Spark's executors need it "
                           f"too)", field=where)
     if args.no_spark:
