@@ -30,3 +30,14 @@ def test_a_misspelt_librdkafka_setting_is_refused_by_name(typo: str, meant: str)
     assert caught.value.field == typo
     assert f"did you mean '{meant}'?" in message, message
     assert "s3cr3t-value" not in message and "KafkaError{" not in message
+
+
+def test_a_misspelt_bootstrap_servers_is_named_in_the_required_error() -> None:
+    """Every ``kafka.*`` key is handed to librdkafka, so ``kafka.bootstrap.server`` was
+    no unknown option, and the missing one's error gave no hint."""
+    with pytest.raises(ConfigError) as caught:
+        get_plugins().create_backend("kafka", {
+            "kafka.bootstrap.server": "127.0.0.1:9", "topic": "t"})
+    assert caught.value.field == "kafka.bootstrap.servers"
+    assert ("'kafka.bootstrap.server' is given: did you mean 'kafka.bootstrap.servers'?"
+            in str(caught.value)), str(caught.value)
