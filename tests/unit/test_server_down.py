@@ -15,9 +15,11 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from txsink.config import load_pipeline
 from txsink.errors import ServerUnavailableError
 from txsink.plugins import get_plugins
 
@@ -65,3 +67,33 @@ def test_a_server_that_never_answers_is_down_within_the_bound(
         name: str, bound: int, silent_port: int) -> None:
     message = _down_within_stated_time(_backend(name, silent_port, bound), bound)
     assert f"127.0.0.1:{silent_port}" in message
+
+
+def test_a_group_with_a_target_down_is_a_server_down_and_claims_nothing(
+        tmp_path: Path, silent_port: int) -> None:
+    """The group kept the message and lost the class ("config error"); and the files
+    target's preflight, run first, had claimed its directory for its sink id: renaming
+    that target was then refused there ("belongs to sink 'g--archive'") although the
+    pipeline never wrote anything."""
+    from txsink.spark.pipeline import preflight
+
+    pytest.importorskip("psycopg", reason="the PostgreSQL backend's client is not installed")
+    out = tmp_path / "archive"
+    file = tmp_path / "g.yaml"
+    file.write_text(f"""
+source: {{type: rate}}
+sink:
+  sink_id: g
+  targets:
+    - {{name: archive, backend: files, options: {{path: {out}}}}}
+    - name: totals
+      backend: postgres
+      options: {{dsn: "host=127.0.0.1 port={silent_port} dbname=postgres user=x", table: t}}
+checkpoint: {tmp_path / 'checkpoint'}
+""")
+    cfg = load_pipeline(str(file))
+    with pytest.raises(ServerUnavailableError) as caught:
+        preflight(cfg, get_plugins(), 1)
+    assert caught.value.field == "sink.targets[totals].options.dsn", caught.value.field
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.yaml"]
