@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from txsink.coordinator import Coordinator, EpochOutcome
-from txsink.errors import StateError
+from txsink.errors import ConfigError, StateError
 from txsink.files.backend import FilesBackend
 from txsink.model import Committable, TransactionContext
 from txsink.plugins import build_plugins
@@ -113,8 +113,10 @@ def test_decision_on_a_full_state_disk_fails_whole_and_commits_nothing(
 def test_sink_markers_on_a_full_disk_are_never_left_empty(tmpfs: Path) -> None:
     filler = fill(tmpfs, leave=0)
     backend = FilesBackend(str(tmpfs / "out"))
+    with pytest.raises(ConfigError, match="No space left"):
+        backend.preflight(SINK)  # creates nothing: the claim is claim_sink's
     with pytest.raises(StateError, match=r"sink\.json"):
-        backend.preflight(SINK)
+        backend.claim_sink(SINK, "state-1", "/state")
     assert not (tmpfs / "out" / "_txsink" / "sink.json").exists()
     assert not list((tmpfs / "out").rglob(".*.tmp-*"))
     filler.unlink()

@@ -154,7 +154,7 @@ def test_status_without_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_run_preflight_failure_names_the_option_before_spark(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    FilesBackend.from_options({"path": str(out)}).preflight("someone-else")
+    FilesBackend.from_options({"path": str(out)}).claim_sink("someone-else", "s", "/elsewhere")
     f = tmp_path / "p.yaml"
     f.write_text(f"source: {{type: rate}}\ncheckpoint: {tmp_path}/chk\n"
                  f"sink: {{backend: files, sink_id: mine, options: {{path: '{out}'}}}}\n")

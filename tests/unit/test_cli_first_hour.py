@@ -217,7 +217,7 @@ def test_a_server_that_is_down_is_one_short_line_before_spark(tmp_path: Path) ->
     took = time.monotonic() - started
     assert proc.returncode == 1
     line = _one_line(proc.stderr)
-    assert line.startswith("txsink: config error: sink.options.dsn: postgres backend: "
+    assert line.startswith("txsink: server down: sink.options.dsn: postgres backend: "
                            "cannot connect to "), line
     assert "Connection refused" in line and "--connect-retry" in line, line
     assert "postgres backend: postgres backend" not in line

@@ -55,6 +55,12 @@ def test_validate_flags_a_password_env_that_is_not_set(
     assert code == 1
     assert err.startswith("txsink: config error: sink.options.password_env: environment "
                           "variable 'TXSINK_TEST_UNSET_PASSWORD' is not set"), err
+    # Set to nothing: flagged too (the backend refuses an empty password variable), in
+    # words that say so rather than "not set".
+    monkeypatch.setenv("TXSINK_TEST_UNSET_PASSWORD", "")
+    code, err = _validate(tmp_path, capsys, sink)
+    assert code == 1
+    assert "variable 'TXSINK_TEST_UNSET_PASSWORD' is empty in this shell" in err, err
     monkeypatch.setenv("TXSINK_TEST_UNSET_PASSWORD", "x")
     code, err = _validate(tmp_path, capsys, sink)
     assert code == 0, err

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from txsink.errors import ConfigError
 
 
 @pytest.mark.parametrize("command", ["run", "validate"])
@@ -26,3 +27,26 @@ def test_a_missing_source_path_is_refused_first(command: str, tmp_path: Path) ->
     assert done.stderr.startswith(
         f"txsink: config error: source.path: '{tmp_path}/nowhere' does not exist"), done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
+
+
+def _source(path: str) -> None:
+    from txsink.config import check_source_exists, parse_pipeline
+
+    check_source_exists(parse_pipeline({
+        "source": {"type": "files", "format": "json", "path": path, "schema": "id LONG"},
+        "sink": {"backend": "files", "sink_id": "s", "options": {"path": "/nowhere/out"}},
+        "checkpoint": "/nowhere/chk"}))
+
+
+def test_paths_spark_reads_are_not_refused(tmp_path: Path) -> None:
+    """``file:/x`` (Hadoop's spelling, which Spark prints) and ``{a,b}`` alternatives
+    were refused as missing: Python's glob knows neither."""
+    (tmp_path / "in" / "2024").mkdir(parents=True)
+    (tmp_path / "in" / "2024" / "a.json").write_text('{"id": 1}\n')
+    for path in (f"file:{tmp_path}/in", f"file://{tmp_path}/in",
+                 f"file://localhost{tmp_path}/in", f"{tmp_path}/in/{{2023,2024}}",
+                 f"{tmp_path}/{{x,in/{{2099,2024}}}}/*.json", "hdfs:/elsewhere/x"):
+        _source(path)  # no ConfigError
+    for path in (f"file:{tmp_path}/nowhere", f"{tmp_path}/in/{{2022,2023}}"):
+        with pytest.raises(ConfigError, match="does not exist"):
+            _source(path)

@@ -217,7 +217,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     unset = unset_env_options(cfg)
     if unset:
         where, variable = unset[0]
-        raise ConfigError(f"{where}: environment variable {variable!r} is not set in this "
+        state = "is empty" if variable in os.environ else "is not set"
+        raise ConfigError(f"{where}: environment variable {variable!r} {state} in this "
                           f"shell; export it before `txsink run` (Spark's executors need it "
                           f"too)", field=where)
     if args.no_spark:
@@ -511,6 +512,17 @@ def cmd_cut(args: argparse.Namespace) -> int:
                      f"{args.file}` shows each target's stored source positions")
     plugins = get_plugins()
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
+    meta = store.read_meta()
+    if meta is not None and meta.backend == GROUP_BACKEND and meta.sink_id == cfg.sink.sink_id:
+        # A renamed target is another sink id: its target said "no epoch committed yet"
+        # and the cut was -1, over a target holding every epoch.
+        refusal = changed_targets(
+            meta.targets, cfg.sink.targets, cfg.sink.sink_id, here="this file has",
+            remedy=(f"The cut is read from the recorded targets: put them back in "
+                    f"{args.file} as the state recorded them"))
+        if refusal is not None:
+            refusal.field = "sink.targets"
+            raise refusal
     backend = cfg.create_backend(plugins)
     try:
         cut = consistent_cut(backend, store, cfg.sink.sink_id)

@@ -366,17 +366,58 @@ def parse_pipeline(
 def check_source_exists(cfg: PipelineConfig) -> None:
     """Refuse a local source path that does not exist, before Spark starts and before the
     sink claims anything (Spark's own error came minutes later, after the claim).
-    Remote paths (``s3a://``, ...) are Spark's to check; a glob must match something."""
+    Remote paths (``s3a://``, ...) are Spark's to check; a glob must match something,
+    read as Hadoop reads it (``{a,b}`` alternatives too)."""
     path = cfg.source.path
     if cfg.source.type == "rate" or not path:
         return
-    local = path[len("file://"):] if path.startswith("file://") else path
-    if "://" in local:
+    local = _local_path(path)
+    if local is None:
         return
-    if not glob.glob(local):
+    if not any(glob.glob(p) for p in _alternatives(local)):
         here = "" if os.path.isabs(local) else f" (relative to {os.getcwd()})"
         raise ConfigError(f"source.path: {path!r} does not exist{here}; create it, or fix "
                           "the path", field="source.path")
+
+
+def _local_path(path: str) -> str | None:
+    """The local file system path of a source path: ``file:///x``, ``file:/x`` (Hadoop's
+    own spelling) and ``file://localhost/x`` are ``/x``; None for another file system."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):", path)
+    if scheme is None:
+        return path
+    if scheme.group(1).lower() != "file":
+        return None
+    rest = path[scheme.end():]
+    if rest.startswith("//"):
+        host, _, tail = rest[2:].partition("/")
+        if host not in ("", "localhost"):
+            return None
+        rest = "/" + tail
+    return rest
+
+
+def _alternatives(pattern: str) -> list[str]:
+    """Hadoop's ``{a,b}`` alternatives of a glob, spelled out (Python's glob has none)."""
+    depth, start = 0, 0
+    for i, ch in enumerate(pattern):
+        if ch == "{":
+            start = i if depth == 0 else start
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                parts, level, last = [], 0, start + 1
+                for j in range(start + 1, i):
+                    c = pattern[j]
+                    level += (c == "{") - (c == "}")
+                    if c == "," and level == 0:
+                        parts.append(pattern[last:j])
+                        last = j + 1
+                parts.append(pattern[last:i])
+                return [alt for part in parts
+                        for alt in _alternatives(pattern[:start] + part + pattern[i + 1:])]
+    return [pattern]
 
 
 # -- sections ----------------------------------------------------------------------------

@@ -142,8 +142,9 @@ class TargetGroup(Backend):
                 m.backend.preflight(m.sink_id)
             except ConfigError as exc:
                 where = f"targets[{m.name}].options" + (f".{exc.field}" if exc.field else "")
-                raise ConfigError(f"target {m.name!r} ({m.backend.describe()}): {exc}",
-                                  field=where, sink_id=m.sink_id) from None
+                # type(exc): a server that is down stays "server down" for a group too.
+                raise type(exc)(f"target {m.name!r} ({m.backend.describe()}): {exc}",
+                                field=where, sink_id=m.sink_id) from None
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         for m in self.members.values():

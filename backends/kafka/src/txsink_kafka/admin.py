@@ -8,7 +8,9 @@ topic binds a sink id to one query's txsink state (see :mod:`txsink_kafka.claims
 
 from __future__ import annotations
 
+import difflib
 import logging
+import re
 import time
 from typing import Any
 
@@ -25,6 +27,21 @@ from txsink_kafka.txn_protocol import TxnProtocolError
 log = logging.getLogger(__name__)
 
 
+#: librdkafka settings a sink's users set most, for "did you mean" (librdkafka itself
+#: only says "No such configuration property").
+_COMMON_SETTINGS = (
+    "transaction.timeout.ms", "bootstrap.servers", "client.id", "security.protocol",
+    "sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.password",
+    "sasl.oauthbearer.config", "sasl.kerberos.service.name", "ssl.ca.location",
+    "ssl.certificate.location", "ssl.key.location", "ssl.key.password",
+    "ssl.endpoint.identification.algorithm", "enable.ssl.certificate.verification",
+    "linger.ms", "batch.size", "batch.num.messages", "compression.type",
+    "compression.codec", "message.max.bytes", "message.timeout.ms", "request.timeout.ms",
+    "socket.timeout.ms", "retry.backoff.ms", "reconnect.backoff.ms",
+    "queue.buffering.max.kbytes", "queue.buffering.max.messages",
+)
+
+
 class KafkaAdmin:
     """Preflight, topics and claims."""
 
@@ -33,6 +50,31 @@ class KafkaAdmin:
         self.config = shared.config
         self.recovery = recovery
 
+    def _check_settings(self, sink_id: str) -> None:
+        """librdkafka checks every ``kafka.*`` setting as a writer's producer gets it:
+        a misspelt one (``kafka.sasl.pasword``) stopped `txsink run` with a traceback
+        from the admin client, and one the admin client is not given
+        (``kafka.trasaction.timeout.ms``) was first refused by the tasks, after Spark
+        started. No ``bootstrap.servers``: the probe connects nowhere."""
+        from confluent_kafka import KafkaException, Producer
+
+        conf: dict[str, Any] = {k: v for k, v in self.config.producer.items()
+                                if k != "bootstrap.servers"}
+        conf.update({"transactional.id": "txsink-settings-check",
+                     "transaction.timeout.ms": self.config.transaction_timeout_ms})
+        try:
+            Producer(cfg.with_librdkafka_log(conf))
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            said = str(error.str()) if error is not None and hasattr(error, "str") else str(exc)
+            named = re.search(r'property:? "([^"]+)"', said)
+            key = f"kafka.{named.group(1)}" if named else "kafka"
+            close = difflib.get_close_matches(key[len("kafka."):], _COMMON_SETTINGS, n=1)
+            hint = f" (did you mean 'kafka.{close[0]}'?)" if close and named else ""
+            raise ConfigError(f"kafka sink: option '{key}': librdkafka refuses it: "
+                              f"{self.shared.redact(said)}{hint}", field=key,
+                              sink_id=sink_id) from None
+
     def preflight(self, sink_id: str) -> None:
         """Reach the brokers, check the topic, create the marker topic, check the timeout."""
         import confluent_kafka.admin as kadmin
@@ -40,6 +82,7 @@ class KafkaAdmin:
 
         timeout = self.config.request_timeout_s
         check_hosts(self.config.bootstrap, sink_id)
+        self._check_settings(sink_id)
         errors: list[KafkaError] = []
         conf: dict[str, Any] = {**self.config.connection(), "socket.timeout.ms": 10_000,
                                 "error_cb": errors.append}

@@ -7,6 +7,7 @@ prefix.
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -145,8 +146,12 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
     producer = opts.with_prefix("kafka.")
     secrets = tuple(v for k, v in producer.items() if is_secret_key(k) and v)
     if not producer.get("bootstrap.servers"):
+        # Every kafka.* key is librdkafka's, so a misspelt one is no unknown option.
+        close = difflib.get_close_matches("bootstrap.servers", list(producer), n=1)
+        hint = (f" ('kafka.{close[0]}' is given: did you mean 'kafka.bootstrap.servers'?)"
+                if close else "")
         raise ConfigError(f"{OWNER}: option 'kafka.bootstrap.servers' is required, e.g. "
-                          "'localhost:9092'", field="kafka.bootstrap.servers")
+                          f"'localhost:9092'{hint}", field="kafka.bootstrap.servers")
     for key, why in _RESERVED.items():
         if key in producer:
             raise ConfigError(f"{OWNER}: option 'kafka.{key}' cannot be set: {why}",

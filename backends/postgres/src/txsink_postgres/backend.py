@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from txsink.errors import (
     FatalCommitError,
     ParticipantLostError,
     RetriableCommitError,
+    ServerUnavailableError,
     SinkOwnedError,
     TxsinkError,
 )
@@ -340,18 +342,24 @@ class PostgresBackend(Backend):
         """Connect, riding out a server that restarts: transient failures (refused,
         starting up, shutting down, reset) are retried with logged, bounded backoff for
         ``connect_retry_s``; a wrong password, user, database or host name is not."""
-        deadline = time.monotonic() + self.connect_retry_s
+        started = time.monotonic()
+        deadline = started + self.connect_retry_s
         delay = 0.25
         attempt = 1
         while True:
             try:
-                return self._connect_once(autocommit=autocommit)
+                # Each attempt ends by the deadline (libpq's smallest timeout is 2 s): a
+                # server that accepts and never answers made a 3-second bound take 10 s.
+                left = deadline - time.monotonic()
+                return self._connect_once(autocommit=autocommit, timeout=max(
+                    2, min(self.connect_timeout, math.ceil(left))))
             except _ConnectError as exc:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise _ConnectError(f"{exc} (still failing after {attempt} attempt(s) "
-                                        f"over {self.connect_retry_s:g}s; option "
-                                        "connect_retry_s sets how long to retry)") from None
+                                        f"in {time.monotonic() - started:.0f}s; option "
+                                        "connect_retry_s sets how long to retry, "
+                                        f"{self.connect_retry_s:g}s)") from None
                 wait = min(delay, left)
                 log.warning("%s; attempt %d, retrying in %.2fs", exc, attempt, wait,
                             extra={"txsink_retry": True})
@@ -359,10 +367,11 @@ class PostgresBackend(Backend):
                 delay = min(delay * 2, 5.0)
                 attempt += 1
 
-    def _connect_once(self, *, autocommit: bool) -> psycopg.Connection[Any]:
+    def _connect_once(self, *, autocommit: bool,
+                      timeout: int | None = None) -> psycopg.Connection[Any]:
         import psycopg
 
-        kwargs: dict[str, Any] = {"connect_timeout": self.connect_timeout,
+        kwargs: dict[str, Any] = {"connect_timeout": timeout or self.connect_timeout,
                                   "autocommit": autocommit}
         password = self._password()
         if password is not None:
@@ -446,7 +455,8 @@ class PostgresBackend(Backend):
         try:
             conn = self._connect(autocommit=True)
         except _ConnectError as exc:
-            raise ConfigError(str(exc), field="dsn", sink_id=sink_id) from None
+            # Down, not misconfigured: `txsink run` says "server down".
+            raise ServerUnavailableError(str(exc), field="dsn", sink_id=sink_id) from None
         with conn:
             row = conn.execute("SELECT current_setting('max_prepared_transactions')::int, "
                                "current_database()").fetchone()
@@ -533,7 +543,8 @@ class PostgresBackend(Backend):
         try:
             conn = self._connect(autocommit=True)
         except _ConnectError as exc:
-            raise ConfigError(str(exc), field="dsn", sink_id=sink_id) from None
+            # Down, not misconfigured: `txsink run` says "server down".
+            raise ServerUnavailableError(str(exc), field="dsn", sink_id=sink_id) from None
         with conn:
             self._ensure_marker_table(conn)
             table = self._sinks_table()

@@ -36,6 +36,7 @@ from txsink.errors import (
     ConfigError,
     ParticipantLostError,
     RetriableCommitError,
+    ServerUnavailableError,
     SinkOwnedError,
     TxsinkError,
 )
@@ -358,28 +359,33 @@ class S3Backend(Backend):
     def client(self) -> Any:
         """The boto3 S3 client, created on first use (never pickled to executors)."""
         if self._s3 is None:
-            import boto3  # type: ignore[import-untyped,unused-ignore]
-            from botocore.config import Config  # type: ignore[import-untyped,unused-ignore]
-
-            session = boto3.session.Session(
-                profile_name=self.profile,
-                aws_access_key_id=self.access_key_id,
-                aws_secret_access_key=(self.secret_access_key.reveal()
-                                       if self.secret_access_key else None),
-                aws_session_token=self.session_token.reveal() if self.session_token else None,
-                region_name=self.region,
-            )
-            config = Config(
-                retries={"max_attempts": self.max_attempts, "mode": "standard"},
-                connect_timeout=self.connect_timeout,
-                read_timeout=self.read_timeout,
-                s3={"addressing_style": self.addressing_style},
-                # Enough for the parts in flight and for commit_all's completions.
-                max_pool_connections=max(10, self.upload_concurrency * 2,
-                                         self.commit_concurrency),
-            )
-            self._s3 = session.client("s3", endpoint_url=self.endpoint_url, config=config)
+            self._s3 = self._make_client(self.connect_timeout, self.read_timeout,
+                                         {"max_attempts": self.max_attempts})
         return self._s3
+
+    def _make_client(self, connect_timeout: float, read_timeout: float,
+                     retries: dict[str, int]) -> Any:
+        import boto3  # type: ignore[import-untyped,unused-ignore]
+        from botocore.config import Config  # type: ignore[import-untyped,unused-ignore]
+
+        session = boto3.session.Session(
+            profile_name=self.profile,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=(self.secret_access_key.reveal()
+                                   if self.secret_access_key else None),
+            aws_session_token=self.session_token.reveal() if self.session_token else None,
+            region_name=self.region,
+        )
+        config = Config(
+            retries={**retries, "mode": "standard"},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            s3={"addressing_style": self.addressing_style},
+            # Enough for the parts in flight and for commit_all's completions.
+            max_pool_connections=max(10, self.upload_concurrency * 2,
+                                     self.commit_concurrency),
+        )
+        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -437,9 +443,23 @@ class S3Backend(Backend):
 
         base = self.base(sink_id)
         where = f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
+        # The first request ends within the retry bound: an endpoint that accepts and
+        # never answers held the default client for read_timeout (120 s) per attempt,
+        # several attempts, while `txsink run` said it waited --connect-retry seconds.
+        started = time.monotonic()
+        deadline = started + self.connect_retry_s
+
+        def head_bucket() -> Any:
+            left = max(1.0, deadline - time.monotonic())
+            quick = self._make_client(min(self.connect_timeout, left),
+                                      min(self.read_timeout, left), {"total_max_attempts": 1})
+            try:
+                return quick.head_bucket(Bucket=self.bucket)
+            finally:
+                quick.close()
+
         try:
-            self._retrying(f"sink={sink_id}: preflight",
-                           lambda: self.client.head_bucket(Bucket=self.bucket))
+            self._retrying(f"sink={sink_id}: preflight", head_bucket)
         except NoCredentialsError:
             raise ConfigError(
                 f"s3 backend: no AWS credentials found for {where}: set access_key_id and "
@@ -464,6 +484,12 @@ class S3Backend(Backend):
                               sink_id=sink_id) from None
         except BotoCoreError as exc:
             field = "endpoint_url" if self.endpoint_url else "region"
+            if _transient(exc):
+                raise ServerUnavailableError(
+                    f"s3 backend: {where} is down or unreachable: no answer in "
+                    f"{time.monotonic() - started:.0f}s (retried for up to "
+                    f"{self.connect_retry_s:g}s, connect_retry_s): "
+                    f"{self._redact(str(exc))}", field=field, sink_id=sink_id) from None
             raise ConfigError(f"s3 backend: cannot reach {where}: "
                               f"{self._redact(str(exc))}; check {field}", field=field,
                               sink_id=sink_id) from None

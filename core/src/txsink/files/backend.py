@@ -442,11 +442,28 @@ class FilesBackend(Backend):
         return removed
 
     def preflight(self, sink_id: str) -> None:
+        """Another sink's directory is refused; a directory it could not write is too.
+        Nothing is created: a run refused later (a server of another target down, a
+        target that belongs to another query) left the directory claimed for this
+        sink id, and renaming the target, or a new sink_id, was then refused there
+        although nothing had been written (the claim is :meth:`claim_sink`'s)."""
+        marker = self._meta / "sink.json"
         try:
-            self._claim(sink_id)
-            probe = self._meta / f".probe-{uuid.uuid4().hex[:8]}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            owner = json.loads(marker.read_text()).get("sink_id")
+        except FileNotFoundError:
+            owner = sink_id
+        except (OSError, ValueError, AttributeError):
+            owner = None  # unreadable: _claim says what is wrong with it
+        try:
+            if owner != sink_id:
+                self._claim(sink_id)
+            # The nearest directory that exists is where this run's directories go.
+            where = next(d for d in (self._meta, *self._meta.parents) if d.is_dir())
+            probe = where / f".txsink-probe-{uuid.uuid4().hex[:8]}"
+            try:
+                probe.write_bytes(b"txsink")  # a byte needs space: a full disk fails here
+            finally:
+                probe.unlink(missing_ok=True)
         except OSError as exc:
             raise ConfigError(f"files backend: cannot write to {self.base}: {exc.strerror}",
                               field="path", sink_id=sink_id) from exc
