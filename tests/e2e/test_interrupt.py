@@ -11,6 +11,7 @@ side by side: starting Spark twice, one after the other, would double the cost.)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -166,3 +167,54 @@ def test_txsink_run_stops_on_sigint_and_sigterm_and_leaves_nothing(tmp_path: Pat
             for pid in run.left():
                 os.kill(pid, signal.SIGKILL)
             shutil.rmtree(run.tmp, ignore_errors=True)
+
+
+@long_run
+@pytest.mark.spark
+def test_txsink_run_stops_within_10s_while_a_batch_hangs_and_the_next_run_is_exact(
+        tmp_path: Path) -> None:
+    """SIGINT while an epoch's commit hangs (paused before its decision, as an abort or
+    commit stuck under load would): Spark's query.stop() would wait for it; txsink run
+    stops the driver's JVM after its bound and ends within 10 seconds, leaving nothing.
+    The next run rolls the epoch back and the output is every id once."""
+    probe = uuid.uuid4().hex
+    tmp = Path(tempfile.mkdtemp(prefix="h-"))
+    demo, pause = tmp_path / "demo", tmp_path / "pause"
+    pause.mkdir()
+    env = {**os.environ, PROBE: probe, "TMPDIR": str(tmp), "TXSINK_DEMO_DIR": str(demo),
+           "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+           "TXSINK_FAULTS": "before-decide:pause", "TXSINK_FAULTS_PAUSE_DIR": str(pause)}
+    env.pop("SPARK_LOCAL_DIRS", None)
+    cmd = [sys.executable, "-m", "txsink.cli", "run", "examples/pipelines/demo.yaml"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    run = Child(signal.SIGINT, probe, tmp, demo, proc)
+    try:
+        deadline = time.monotonic() + 600
+        while not (pause / "paused").exists():
+            assert proc.poll() is None, proc.communicate()[0][-4000:]
+            assert time.monotonic() < deadline, "the commit never reached its pause"
+            time.sleep(0.2)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("txsink run did not stop within 10 s; still running:\n"
+                                 + _describe(run.left())) from None
+        assert time.monotonic() - sent < 10
+        assert proc.returncode == 130, out[-3000:]
+        assert "stopping Spark's JVM" in out, out[-3000:]
+        assert not run.left(), f"left processes:\n{_describe(run.left())}"
+        env.pop("TXSINK_FAULTS")
+        again = subprocess.run([*cmd, "--max-batches", "3"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        ids = [json.loads(line)["id"] for f in sorted((demo / "data").rglob("*.jsonl"))
+               for line in f.read_text().splitlines() if line.strip()]
+        assert ids and sorted(ids) == list(range(len(ids))), "ids lost or written twice"
+    finally:
+        kill_group(proc.pid)
+        for pid in run.left():
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -60,3 +60,20 @@ def ancestor_jvm() -> tuple[int, int] | None:
             return None
         pid = ppid
     return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children first found, then theirs)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            info = stat(int(entry))
+            if info is not None and info[3] not in ENDED_STATES:
+                parents[int(entry)] = info[1]
+    found: list[int] = []
+    frontier = {pid}
+    while frontier:
+        below = [p for p, parent in parents.items() if parent in frontier and p not in found]
+        found.extend(below)
+        frontier = set(below)
+    return found

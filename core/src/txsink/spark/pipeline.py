@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -429,7 +430,9 @@ def run_pipeline(
                 f"the Spark Connect server at {remote} failed or stopped answering: "
                 f"{_first_lines(str(exc))}"), cfg, logs) from None
         finally:
-            if spark is not None:
+            if spark is not None and result.signal is not None and remote is None:
+                _stop_within(spark.stop, spark, "stopping Spark", out)
+            elif spark is not None:
                 _quietly(spark.stop, interrupted=result.signal is not None or remote is not None)
             # A Connect server that stopped answering may still run the query: the lease
             # stays held (`txsink status` shows it as unknown), the next run takes it over.
@@ -478,6 +481,62 @@ def _is_connect_error(exc: BaseException) -> bool:
     """An error of the Spark Connect client (PySpark's errors, gRPC's)."""
     module = type(exc).__module__
     return module.startswith(("pyspark.errors", "grpc"))
+
+
+#: After SIGINT/SIGTERM, how long `txsink run` lets Spark stop the query and itself
+#: (Spark waits for a batch in flight, e.g. an abort in a Python worker) before it kills
+#: the driver's JVM and everything under it. Exactly once does not need the wait: the
+#: next run recovers the epoch in flight as after a crash.
+STOP_BOUND_S = 6.0
+
+
+def _stop_within(action: Callable[[], object], spark: SparkSession | None, what: str,
+                 out: Callable[[str], None] | None = None,
+                 bound_s: float = STOP_BOUND_S) -> bool:
+    """Run a stop step after a signal, for at most ``bound_s``; past that, kill the
+    driver's JVM with its Python workers (the step then ends too). Whether it ran to
+    its end."""
+    done = threading.Event()
+    ok = [False]
+
+    def run() -> None:
+        try:
+            action()
+            ok[0] = True
+        except BaseException:
+            log.debug("%s after an interrupt failed", what, exc_info=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"txsink-{what}", daemon=True).start()
+    try:
+        finished = done.wait(bound_s)
+    except KeyboardInterrupt:  # a second signal: no more waiting
+        finished = done.is_set()
+    if not finished:
+        if out is not None:
+            out(f"{what} took over {bound_s:.0f}s (a batch still running): stopping Spark's "
+                "JVM; the next `txsink run` rolls back or finishes the epoch in flight")
+        _kill_driver_jvm(spark)
+        done.wait(2.0)
+    return ok[0]
+
+
+def _is_remote(frame: DataFrame) -> bool:
+    """A Spark Connect frame: its JVM is the server's, never this run's to kill."""
+    return type(frame).__module__.startswith("pyspark.sql.connect")
+
+
+def _kill_driver_jvm(spark: SparkSession | None) -> None:
+    from txsink.procfs import descendants
+
+    proc = getattr(getattr(getattr(spark, "sparkContext", None), "_gateway", None), "proc",
+                   None) if spark is not None else None
+    if proc is None:
+        return
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _quietly(action: Callable[[], object], *, interrupted: bool) -> bool:
@@ -881,13 +940,19 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
             result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
         finally:
             error = None
-            if query is not None:
+            if query is not None and result.signal is not None:
+                # Rows committed so far stay; the next run skips them by position.
+                _stop_within(query.stop, spark, "stopping the real-time query", out)
+            elif query is not None:
                 try:
                     query.stop()
                     error = query.exception()
                 except Exception as exc:
                     log.warning("stopping the real-time query: %s", exc)
-            spark.stop()
+            if result.signal is not None:
+                _stop_within(spark.stop, spark, "stopping Spark", out)
+            else:
+                spark.stop()
     if error is not None:
         raise TxsinkError(f"the real-time query failed: {str(error).strip().splitlines()[0]}",
                           sink_id=cfg.sink.sink_id)
@@ -983,8 +1048,10 @@ def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: P
         result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
     finally:
         interrupted = result.signal is not None
-        result.query_stopped = _quietly(lambda: query.stop() if query.isActive else None,
-                                        interrupted=interrupted)
+        stop = lambda: query.stop() if query.isActive else None  # noqa: E731
+        result.query_stopped = (
+            _stop_within(stop, frame.sparkSession, "stopping the query", out)
+            if interrupted and not _is_remote(frame) else _quietly(stop, interrupted=interrupted))
     if result.signal is not None:
         # SIGTERM to the process group stops Spark's JVM too: count from the state alone.
         for record in pending:
