@@ -1,0 +1,115 @@
+"""The files backend on the native data path, through real Spark: Spark's own Parquet
+writer stages each epoch's files, the driver records them and publishes them by link.
+
+One sink (``TargetSet`` of one files target, as a pipeline file's ``sink:`` runs it):
+a batch write, then a stream into the same target with a replayed batch (Spark's
+commit log one behind), then a checkpoint reset refused; and a group whose files target
+takes Spark's writer beside one that keeps txsink's (JSON lines).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from txsink.files.backend import FilesBackend
+from txsink.spark.group import TargetSet
+from txsink.targets import TargetSpec, target_sink_id
+
+from tests.e2e.spark_harness import (
+    SCHEMA,
+    leftover_files,
+    local_spark,
+    make_input,
+    read_files_output,
+    summarize,
+)
+from tests.long_runs import long_run
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    yield from local_spark("txsink-files-native", **{"spark.sql.session.timeZone": "UTC"})
+
+
+def staged(out: Path) -> list[str]:
+    staging = out / "_txsink" / "staging"
+    return sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
+
+
+def test_one_files_sink_batch_then_stream_with_a_replay_on_spark_writer(
+        spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    out = tmp_path / "out"
+    sink = TargetSet("native-one", [TargetSpec("native-one", "files", {"path": str(out)})],
+                     checkpoint_location=str(tmp_path / "chk"), single=True)
+    assert sink.native()
+    backfill = spark.range(100_000, 100_050).selectExpr(
+        "id", "CAST(id % 7 AS INT) AS key", "id AS amount")
+    sink.write(backfill)  # epoch 0, before any stream
+    want = make_input(tmp_path / "in", files=2, rows_per_file=200)
+
+    def stream() -> None:
+        src = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+               .json(str(tmp_path / "in")).withColumn("at", F.timestamp_seconds("id")))
+        query = sink.write_stream(src).trigger(availableNow=True).start()
+        assert query.awaitTermination(180), "the stream did not finish"
+        assert query.exception() is None
+
+    stream()
+    # Spark's commit log one behind: batch 1 runs again and is written once.
+    for name in ("1", ".1.crc"):
+        (tmp_path / "chk" / "commits" / name).unlink(missing_ok=True)
+    stream()
+    rows = read_files_output(out)
+    streamed = [r for r in rows if r["id"] < 100_000]
+    assert summarize(streamed) == want
+    assert sorted(r["id"] for r in rows if r["id"] >= 100_000) == list(range(100_000, 100_050))
+    # Microsecond timestamps, as txsink's own writer writes them (Spark's default: INT96).
+    assert {r["at"].timestamp() for r in streamed} == {float(r["id"]) for r in streamed}
+    # Whole epochs under the backend's final names; nothing staged or pending is left.
+    names = sorted(p.name for p in out.glob("part-*"))
+    assert {n[5:15] for n in names} == {"0000000000", "0000000001", "0000000002"}
+    assert staged(out) == [] and leftover_files(out) == []
+    backend = FilesBackend(str(out))
+    assert [backend.holds_epoch("native-one", e) for e in range(4)] == [True] * 3 + [False]
+
+    # A reset checkpoint (deleted, the txsink state inside it too): Spark numbers
+    # batches from 0 again under a new query id; the directory's owner record refuses
+    # the new state before anything is written.
+    shutil.rmtree(tmp_path / "chk")
+    with pytest.raises(Exception, match="already written by another query"):
+        stream()
+    assert summarize([r for r in read_files_output(out) if r["id"] < 100_000]) == want
+    assert staged(out) == []
+
+
+# tests/e2e/test_lake_spark.py streams a files target in a group on this path in the
+# default run; this one (an epoch column, a JSON-lines target beside it) costs 40 s more.
+@long_run
+def test_group_files_target_on_spark_writer_beside_txsinks_writer(spark: Any,
+                                                                   tmp_path: Path) -> None:
+    from txsink.spark import target, targets
+
+    want = make_input(tmp_path / "in", files=2, rows_per_file=150)
+    group = targets("native-group", [
+        target("parquet", "files", path=str(tmp_path / "parquet"), epoch_column="txsink_epoch"),
+        target("jsonl", "files", path=str(tmp_path / "jsonl"), format="jsonl")],
+        checkpoint_location=str(tmp_path / "chk"))
+    src = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+           .json(str(tmp_path / "in")))
+    query = group.write_stream(src).trigger(availableNow=True).start()
+    assert query.awaitTermination(180) and query.exception() is None
+    parquet, jsonl = (read_files_output(tmp_path / n) for n in ("parquet", "jsonl"))
+    assert summarize(parquet) == summarize(jsonl) == want
+    assert {r["txsink_epoch"] for r in parquet} == {0, 1}
+    assert staged(tmp_path / "parquet") == []
+    assert leftover_files(tmp_path / "jsonl") == []
+    sink = target_sink_id("native-group", "parquet")
+    assert FilesBackend(str(tmp_path / "parquet")).holds_epoch(sink, 1)
