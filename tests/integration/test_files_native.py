@@ -195,3 +195,71 @@ def test_driver_killed_at_each_native_step_then_exact(tmp_path: Path, point: str
     if group:
         assert read(Path(str(out) + "-copy")) == expected(EPOCHS)
         assert staging_leftovers(Path(str(out) + "-copy")) == []
+
+
+# -- attacks ---------------------------------------------------------------------------------
+
+
+def start(spec: dict[str, object], env_extra: dict[str, str]) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_FAULTS")}
+    env.update(env_extra)
+    return subprocess.Popen([sys.executable, "-m", "tests.integration.files_native_driver",
+                             json.dumps(spec)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_a_reader_during_a_commit_takes_whole_epochs_up_to_the_cut(tmp_path: Path) -> None:
+    """The commit of epoch 1 stopped after its first link: a listing sees part of the
+    epoch (the documented reader contract), and the cut, read meanwhile, stops below it,
+    so a reader that takes epochs up to the cut gets whole epochs only."""
+    from txsink.cut import consistent_cut
+    from txsink.state import DirectoryStateStore
+
+    out, pause = tmp_path / "out", tmp_path / "pause"
+    pause.mkdir()
+    spec = {"path": str(out), "state": str(tmp_path / "state"), "sink_id": SINK,
+            "epochs": EPOCHS}
+    proc = start(spec, {"TXSINK_FAULTS": "native-mid-publish@1:pause",
+                        "TXSINK_FAULTS_PAUSE_DIR": str(pause)})
+    try:
+        import time
+
+        deadline = time.monotonic() + 120
+        while not (pause / "paused").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the driver never reached the pause"
+            time.sleep(0.05)
+        epoch_of = {p.name: int(p.name[5:15]) for p in out.glob("part-*.parquet")}
+        assert sorted(set(epoch_of.values())) == [0, 1]
+        assert sum(1 for e in epoch_of.values() if e == 1) == 1  # one of three linked
+        cut = consistent_cut(FilesBackend(str(out)), DirectoryStateStore(tmp_path / "state"),
+                             SINK)
+        assert cut.cut == 0 and cut.unfinished == (1, "decided")
+        whole = ds.dataset([str(out / n) for n, e in epoch_of.items() if e <= cut.cut],
+                           format="parquet").to_table()
+        assert sorted(whole.column("id").to_pylist()) == list(range(ROWS))
+    finally:
+        (pause / "release").write_text("")
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "TXSINK-NATIVE-DONE" in stdout, stderr
+    assert read(out) == expected(EPOCHS) and staging_leftovers(out) == []
+
+
+def test_two_drivers_of_one_sink_at_once_then_exact(tmp_path: Path) -> None:
+    """Two drivers run the same writes (versions 0..n-1) on one state and target at
+    once. Each start takes the lease over from the other, whose next step is refused
+    (FencedError), and cleans up the other's unrecorded staged files, whose prepare then
+    stops naming that; or a driver finds a version already committed and skips it. Every
+    driver that stops says why; a third run finishes the rest, each version once."""
+    out = tmp_path / "out"
+    spec = {"path": str(out), "state": str(tmp_path / "state"), "sink_id": SINK,
+            "epochs": 6}
+    procs = [start(spec, {}) for _ in range(2)]
+    results = [p.communicate(timeout=240) for p in procs]
+    for p, (_, stderr) in zip(procs, results, strict=True):
+        if p.returncode != 0:  # loud, and naming why
+            assert ("FencedError" in stderr or "another run of this sink took over" in stderr
+                    ), stderr[-3000:]
+    done = run(spec)
+    assert done.returncode == 0, done.stderr
+    assert read(out) == expected(6) and staging_leftovers(out) == []

@@ -570,11 +570,19 @@ class FilesBackend(Backend):
         their names, sizes and final names: what the commit checks before linking."""
         self._safe(dirname, ctx.participant)
         staged = self._staging / dirname
-        files = self._staged_files(ctx.epoch, staged, strict=True)
-        for f in files:
-            _fsync_path(staged / f["name"])
-        _fsync_path(staged, directory=True)
-        _fsync_path(self._staging, directory=True)
+        try:
+            files = self._staged_files(ctx.epoch, staged, strict=True)
+            for f in files:
+                _fsync_path(staged / f["name"])
+            _fsync_path(staged, directory=True)
+            _fsync_path(self._staging, directory=True)
+        except FileNotFoundError as exc:
+            raise StateError(
+                f"files backend: {ctx.describe()}: the files Spark staged in {staged} were "
+                f"deleted before they were recorded ({exc.filename}): another run of this "
+                "sink took over and cleaned up this run's unrecorded files; nothing of "
+                "them is committed. Two runs of one query must never write at once",
+                sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant) from None
         return self._staged_committable(ctx, dirname, files)
 
     def _staged_committable(self, ctx: TransactionContext, dirname: str,
@@ -600,14 +608,17 @@ class FilesBackend(Backend):
                            if n.endswith(".parquet") and not n.startswith(("_", ".")))
         except FileNotFoundError:
             if strict:
-                raise StateError(f"files backend: Spark's writer left no directory {staged}; "
-                                 "nothing to prepare") from None
+                raise
             return []
         out: list[dict[str, Any]] = []
         for n, name in enumerate(names):
             path = staged / name
             try:
                 rows = pq.ParquetFile(path).metadata.num_rows
+            except FileNotFoundError:
+                if strict:
+                    raise
+                continue
             except Exception as exc:
                 if strict:
                     raise StateError(f"files backend: {path}, written by Spark, is not a "
@@ -877,10 +888,18 @@ class FilesBackend(Backend):
     def _staged_epoch_published(self, sink_id: str, epoch: int) -> bool:
         """A staged participant of ``epoch`` has a file under its final name (a commit
         stopped between the final names' sync and the epoch's marker)."""
+        # Asked before every decision (the epoch's own staged files are there then): the
+        # final names follow from the listing alone, no footer is read.
         for ctx, dirname in self._staged_dirs(sink_id):
-            if ctx.epoch == epoch and any(
-                    os.path.exists(os.path.join(self.base, f["final"]))
-                    for f in self._staged_files(epoch, self._staging / dirname, strict=False)):
+            if ctx.epoch != epoch:
+                continue
+            try:
+                count = sum(1 for n in os.listdir(self._staging / dirname)
+                            if n.endswith(".parquet") and not n.startswith(("_", ".")))
+            except FileNotFoundError:
+                continue
+            if any(os.path.exists(os.path.join(self.base, final_name(epoch, n, self.ext)))
+                   for n in range(count)):
                 return True
         return False
 
