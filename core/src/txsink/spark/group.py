@@ -382,7 +382,11 @@ class GroupEpoch:
     def _coordinator(self, backend: Backend) -> Coordinator:
         if self._store is None:
             self._store = get_plugins().state_store(self.group.state())
-        return Coordinator(backend, self._store, self.group.sink_id, owner=self.owner)
+        # A single sink's options go into the state (secret-free), as its data source
+        # records them: `txsink status` / `resolve` and the destination check read them.
+        options = dict(self.group.specs[0].options) if self.group.single else None
+        return Coordinator(backend, self._store, self.group.sink_id, owner=self.owner,
+                           backend_options=options)
 
     def __enter__(self) -> GroupEpoch:
         self.group.check_state()  # before preflight claims a new target's output
