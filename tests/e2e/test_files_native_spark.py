@@ -113,3 +113,58 @@ def test_group_files_target_on_spark_writer_beside_txsinks_writer(spark: Any,
     assert leftover_files(tmp_path / "jsonl") == []
     sink = target_sink_id("native-group", "parquet")
     assert FilesBackend(str(tmp_path / "parquet")).holds_epoch(sink, 1)
+
+
+@long_run
+def test_pipeline_file_with_a_files_sink_runs_on_spark_writer(tmp_path: Path) -> None:
+    """``txsink run`` of a pipeline file whose one sink is files in Parquet: each batch's
+    files written by Spark, published under the backend's names; a second run after
+    more input adds its batches once; ``txsink cut`` reads the epoch markers."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.e2e.spark_harness import kill_group
+
+    want = make_input(tmp_path / "in", files=2, rows_per_file=150)
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(json.dumps({
+        "name": "native-files", "source": {"type": "files", "format": "json",
+                                           "path": str(tmp_path / "in"), "schema": SCHEMA,
+                                           "options": {"maxFilesPerTrigger": 1}},
+        "sink": {"backend": "files", "sink_id": "native-pipe",
+                 "options": {"path": str(tmp_path / "out")}},
+        "checkpoint": str(tmp_path / "chk"), "trigger": {"available_now": True},
+        "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}}}))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("TXSINK_FAULTS", None)
+
+    def txsink(*args: str) -> str:
+        proc = subprocess.Popen([sys.executable, "-m", "txsink.cli", *args], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        finally:
+            kill_group(proc.pid)
+        assert proc.returncode == 0, stdout + stderr[-4000:]
+        return stdout
+
+    txsink("run", str(pipeline))
+    assert summarize(read_files_output(tmp_path / "out")) == want
+    extra = [{"id": i, "key": i % 7, "amount": i} for i in range(1000, 1100)]
+    later = tmp_path / "in" / "input-0009.json"
+    later.write_text("".join(json.dumps(r) + "\n" for r in extra))
+    os.utime(later, (1_700_000_100, 1_700_000_100))
+    txsink("run", str(pipeline))
+    rows = read_files_output(tmp_path / "out")
+    assert summarize(rows) == summarize([*(r for r in rows if r["id"] < 1000), *extra])
+    assert summarize(r for r in rows if r["id"] < 1000) == want and len(rows) == 400
+    names = sorted(p.name for p in (tmp_path / "out").glob("part-*"))
+    assert {n[5:15] for n in names} == {"0000000000", "0000000001", "0000000002"}, names
+    assert all(n.endswith(".parquet") and len(n) == len("part-0000000000-00000.parquet")
+               for n in names)
+    assert staged(tmp_path / "out") == [] and leftover_files(tmp_path / "out") == []
+    cut = json.loads(txsink("cut", "--json", str(pipeline)))
+    assert cut["cut"] == 2, cut

@@ -756,7 +756,7 @@ class FilesBackend(Backend):
                 results[i] = exc
             return results
         unlinked: list[int] = []
-        staged_any = False
+        pending_any = staged_any = False
         for i, drop, staged in linked:
             try:
                 for path in drop:
@@ -765,13 +765,16 @@ class FilesBackend(Backend):
                 if staged is not None:  # what Spark left beside its files (_SUCCESS, .crc)
                     shutil.rmtree(staged)
                     staged_any = True
+                else:
+                    pending_any = True
             except OSError as exc:
                 results[i] = exc
                 continue
             unlinked.append(i)
         if unlinked:
             try:
-                _fsync_path(self._pending, directory=True)
+                if pending_any:
+                    _fsync_path(self._pending, directory=True)
                 if staged_any:
                     _fsync_path(self._staging, directory=True)
             except OSError as exc:
