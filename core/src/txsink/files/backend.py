@@ -811,9 +811,13 @@ class FilesBackend(Backend):
 
     def is_committed(self, committable: Committable) -> bool | None:
         if "staged" in committable.payload:
+            # Many files: a commit stopped mid-way published some of them, and whether
+            # the participant's rows are visible is then neither yes nor no.
             _, files = self._staged(committable)
-            return all(os.path.isfile(dst) and not os.path.exists(src)
-                       for src, _, dst in files)
+            published = [os.path.isfile(dst) for _, _, dst in files]
+            if all(published):
+                return not any(os.path.exists(src) for src, _, _ in files)
+            return False if not any(published) else None
         paths = self._paths(committable)
         return paths is None or (paths[1].exists() and not paths[0].exists())
 
