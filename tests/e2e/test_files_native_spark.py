@@ -1,10 +1,11 @@
 """The files backend on the native data path, through real Spark: Spark's own Parquet
 writer stages each epoch's files, the driver records them and publishes them by link.
 
-One sink (``TargetSet`` of one files target, as a pipeline file's ``sink:`` runs it):
-a batch write, then a stream into the same target with a replayed batch (Spark's
-commit log one behind), then a checkpoint reset refused; and a group whose files target
-takes Spark's writer beside one that keeps txsink's (JSON lines).
+Default run (one Spark session, about 60 s under load): one sink (``TargetSet`` of one
+files target, as a pipeline file's ``sink:`` runs it): a batch write, then a stream into
+the same target with a replayed batch (Spark's commit log one behind). Long runs: a
+reset checkpoint refused; a group whose files target takes Spark's writer beside one
+that keeps txsink's (JSON lines, an epoch column); ``txsink run`` of a pipeline file.
 """
 
 from __future__ import annotations
@@ -42,31 +43,36 @@ def staged(out: Path) -> list[str]:
     return sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
 
 
-def test_one_files_sink_batch_then_stream_with_a_replay_on_spark_writer(
-        spark: Any, tmp_path: Path) -> None:
+def one_sink(tmp_path: Path) -> TargetSet:
+    return TargetSet("native-one", [TargetSpec("native-one", "files",
+                                               {"path": str(tmp_path / "out")})],
+                     checkpoint_location=str(tmp_path / "chk"), single=True)
+
+
+def stream(spark: Any, sink: TargetSet, tmp_path: Path) -> None:
     from pyspark.sql import functions as F
 
+    src = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+           .json(str(tmp_path / "in")).withColumn("at", F.timestamp_seconds("id")))
+    query = sink.write_stream(src).trigger(availableNow=True).start()
+    assert query.awaitTermination(180), "the stream did not finish"
+    assert query.exception() is None
+
+
+def test_one_files_sink_batch_then_stream_with_a_replay_on_spark_writer(
+        spark: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    sink = TargetSet("native-one", [TargetSpec("native-one", "files", {"path": str(out)})],
-                     checkpoint_location=str(tmp_path / "chk"), single=True)
+    sink = one_sink(tmp_path)
     assert sink.native()
     backfill = spark.range(100_000, 100_050).selectExpr(
         "id", "CAST(id % 7 AS INT) AS key", "id AS amount")
     sink.write(backfill)  # epoch 0, before any stream
     want = make_input(tmp_path / "in", files=2, rows_per_file=200)
-
-    def stream() -> None:
-        src = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
-               .json(str(tmp_path / "in")).withColumn("at", F.timestamp_seconds("id")))
-        query = sink.write_stream(src).trigger(availableNow=True).start()
-        assert query.awaitTermination(180), "the stream did not finish"
-        assert query.exception() is None
-
-    stream()
+    stream(spark, sink, tmp_path)
     # Spark's commit log one behind: batch 1 runs again and is written once.
     for name in ("1", ".1.crc"):
         (tmp_path / "chk" / "commits" / name).unlink(missing_ok=True)
-    stream()
+    stream(spark, sink, tmp_path)
     rows = read_files_output(out)
     streamed = [r for r in rows if r["id"] < 100_000]
     assert summarize(streamed) == want
@@ -80,14 +86,20 @@ def test_one_files_sink_batch_then_stream_with_a_replay_on_spark_writer(
     backend = FilesBackend(str(out))
     assert [backend.holds_epoch("native-one", e) for e in range(4)] == [True] * 3 + [False]
 
-    # A reset checkpoint (deleted, the txsink state inside it too): Spark numbers
-    # batches from 0 again under a new query id; the directory's owner record refuses
-    # the new state before anything is written.
+
+@long_run
+def test_a_reset_checkpoint_of_a_native_files_sink_is_refused(spark: Any,
+                                                              tmp_path: Path) -> None:
+    """Deleted with the txsink state inside it: Spark numbers batches from 0 again under
+    a new query id; the directory's owner record refuses the new state before anything
+    is written."""
+    want = make_input(tmp_path / "in", files=2, rows_per_file=100)
+    stream(spark, one_sink(tmp_path), tmp_path)
     shutil.rmtree(tmp_path / "chk")
     with pytest.raises(Exception, match="already written by another query"):
-        stream()
-    assert summarize([r for r in read_files_output(out) if r["id"] < 100_000]) == want
-    assert staged(out) == []
+        stream(spark, one_sink(tmp_path), tmp_path)
+    assert summarize(read_files_output(tmp_path / "out")) == want
+    assert staged(tmp_path / "out") == []
 
 
 # tests/e2e/test_lake_spark.py streams a files target in a group on this path in the

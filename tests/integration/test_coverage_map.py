@@ -57,7 +57,7 @@ def coverage_map() -> dict[tuple[str, str, str], str]:
     for step in NATIVE_POINTS:  # the native data path (Spark's writer, staged files)
         out[("files", "exactly_once", step)] = (
             "tests/integration/test_files_native.py::"
-            f"test_driver_killed_at_each_native_step_then_exact[{step}-single]")
+            "test_driver_killed_at_every_native_step_in_turn_then_exact")
     out[("files", "at_least_once", "spark")] = (
         "tests/e2e/test_guarantee_spark.py::"
         "test_at_least_once_under_the_faults_loses_nothing_and_says_so")
