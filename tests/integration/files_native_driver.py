@@ -74,7 +74,7 @@ class _Writer:
         return self
 
     def parquet(self, path: str) -> None:
-        out = Path(path)
+        out = Path(path.removeprefix("file://"))
         out.mkdir()  # errorifexists
         job = uuid.uuid4()
         step = -(-self.table.num_rows // (TASKS - 1))

@@ -102,8 +102,8 @@ class Backend(abc.ABC):
 
     def native_staging(self, ctx: TransactionContext) -> tuple[str, str]:
         """Where Spark's Parquet writer puts participant ``ctx``'s files: a fresh
-        directory no reader lists, as (absolute path, directory name); the name is what
-        :meth:`committable_for_directory` is given afterwards."""
+        directory no reader lists, as (absolute path or URI for Spark, directory name);
+        the name is what :meth:`committable_for_directory` is given afterwards."""
         raise NotImplementedError(f"backend {self.name!r} has no native data path")
 
     def native_write_options(self) -> dict[str, str]:

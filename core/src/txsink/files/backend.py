@@ -557,7 +557,9 @@ class FilesBackend(Backend):
     def native_staging(self, ctx: TransactionContext) -> tuple[str, str]:
         self._staging.mkdir(parents=True, exist_ok=True)
         dirname = f"{ctx.participant}.{uuid.uuid4().hex[:12]}"
-        return str(self._staging / dirname), dirname
+        # A file:// URI: a plain path would name the cluster's default file system
+        # (HDFS, say) for Spark, where this backend's directory is local or mounted.
+        return f"file://{self._staging / dirname}", dirname
 
     def native_write_options(self) -> dict[str, str]:
         opts = {"compression": self.compression}
