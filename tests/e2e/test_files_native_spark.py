@@ -1,11 +1,11 @@
 """The files backend on the native data path, through real Spark: Spark's own Parquet
 writer stages each epoch's files, the driver records them and publishes them by link.
 
-Default run (one Spark session, about 60 s under load): one sink (``TargetSet`` of one
-files target, as a pipeline file's ``sink:`` runs it): a batch write, then a stream into
-the same target with a replayed batch (Spark's commit log one behind). Long runs: a
-reset checkpoint refused; a group whose files target takes Spark's writer beside one
-that keeps txsink's (JSON lines, an epoch column); ``txsink run`` of a pipeline file.
+The default run's test is in tests/e2e/test_lake_spark.py (it shares that module's
+Spark session): one sink, a batch write, then a stream with a replayed batch. Here, for
+the long runs: a reset checkpoint refused; a group whose files target takes Spark's
+writer beside one that keeps txsink's (JSON lines, an epoch column); ``txsink run`` of a
+pipeline file.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tests.e2e.spark_harness import (
 )
 from tests.long_runs import long_run
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, long_run]
 
 
 @pytest.fixture(scope="module")
@@ -57,34 +57,6 @@ def stream(spark: Any, sink: TargetSet, tmp_path: Path) -> None:
     query = sink.write_stream(src).trigger(availableNow=True).start()
     assert query.awaitTermination(180), "the stream did not finish"
     assert query.exception() is None
-
-
-def test_one_files_sink_batch_then_stream_with_a_replay_on_spark_writer(
-        spark: Any, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    sink = one_sink(tmp_path)
-    assert sink.native()
-    backfill = spark.range(100_000, 100_050).selectExpr(
-        "id", "CAST(id % 7 AS INT) AS key", "id AS amount")
-    sink.write(backfill)  # epoch 0, before any stream
-    want = make_input(tmp_path / "in", files=2, rows_per_file=200)
-    stream(spark, sink, tmp_path)
-    # Spark's commit log one behind: batch 1 runs again and is written once.
-    for name in ("1", ".1.crc"):
-        (tmp_path / "chk" / "commits" / name).unlink(missing_ok=True)
-    stream(spark, sink, tmp_path)
-    rows = read_files_output(out)
-    streamed = [r for r in rows if r["id"] < 100_000]
-    assert summarize(streamed) == want
-    assert sorted(r["id"] for r in rows if r["id"] >= 100_000) == list(range(100_000, 100_050))
-    # Microsecond timestamps, as txsink's own writer writes them (Spark's default: INT96).
-    assert {r["at"].timestamp() for r in streamed} == {float(r["id"]) for r in streamed}
-    # Whole epochs under the backend's final names; nothing staged or pending is left.
-    names = sorted(p.name for p in out.glob("part-*"))
-    assert {n[5:15] for n in names} == {"0000000000", "0000000001", "0000000002"}
-    assert staged(out) == [] and leftover_files(out) == []
-    backend = FilesBackend(str(out))
-    assert [backend.holds_epoch("native-one", e) for e in range(4)] == [True] * 3 + [False]
 
 
 @long_run
