@@ -82,3 +82,22 @@ def test_a_single_sinks_native_epoch_records_its_options_in_the_state(tmp_path: 
     assert meta is not None and meta.backend == "files"
     assert meta.options == {"path": str(tmp_path / "out")}
     assert FilesBackend(str(tmp_path / "out")).holds_epoch("p1", 0)
+
+
+def test_under_spark_connect_files_targets_keep_the_data_source(tmp_path: Path) -> None:
+    """The native path's driver side needs the classic session (``sparkContext``): a
+    Connect frame writes files targets through the data source, as before; tables keep
+    the native path they always took."""
+    from txsink.spark import target, targets
+    from txsink.spark.group import takes_native
+
+    connect_frame = type("DataFrame", (), {"__module__": "pyspark.sql.connect.dataframe"})()
+    group = targets("g", [target("f", "files", path=str(tmp_path / "f")),
+                          target("d", "delta", path=str(tmp_path / "d"))],
+                    checkpoint_location=str(tmp_path / "chk"))
+    files, delta = group.specs
+    assert takes_native(files) and not takes_native(files, connect_frame)
+    assert takes_native(delta, connect_frame)
+    only_files = targets("h", [target("f", "files", path=str(tmp_path / "f2"))],
+                         checkpoint_location=str(tmp_path / "chk2"))
+    assert only_files.native() and not only_files.native(connect_frame)

@@ -117,10 +117,19 @@ def checked_shape(df: DataFrame, specs: Sequence[TargetSpec], group_id: str, *,
     return shaped
 
 
-def takes_native(spec: TargetSpec) -> bool:
+def takes_native(spec: TargetSpec, df: DataFrame | None = None) -> bool:
     """Whether Spark's own Parquet writer writes ``spec``'s files (the native data path:
-    a table format, or the files backend writing Parquet)."""
-    return get_plugins().backend_class(spec.backend).native_parquet_for(spec.options)
+    a table format, or the files backend writing Parquet). Under Spark Connect (``df``
+    a Connect frame) only a table takes it: files targets keep txsink's data source,
+    as before the native path existed for them."""
+    cls = get_plugins().backend_class(spec.backend)
+    if not cls.native_parquet_for(spec.options):
+        return False
+    if df is not None and type(df).__module__.startswith("pyspark.sql.connect"):
+        from txsink.lakehouse import TableBackend
+
+        return issubclass(cls, TableBackend)
+    return True
 
 
 class TargetSet:
@@ -189,22 +198,22 @@ class TargetSet:
         when a target has select/where."""
         return checked_shape(df, self.specs, self.sink_id)
 
-    def native(self) -> bool:
+    def native(self, df: DataFrame | None = None) -> bool:
         """Whether a target takes Spark's own Parquet writer (a table format, or files in
-        Parquet): then each target is written by its own Spark job in one grouped epoch
-        (Spark's writer for those, txsink's for the others) instead of one job writing
-        every target."""
-        return any(takes_native(s) for s in self.specs)
+        Parquet; for ``df``: see :func:`takes_native`): then each target is written by
+        its own Spark job in one grouped epoch (Spark's writer for those, txsink's for
+        the others) instead of one job writing every target."""
+        return any(takes_native(s, df) for s in self.specs)
 
-    def native_stream(self) -> bool:
+    def native_stream(self, df: DataFrame | None = None) -> bool:
         """Whether a stream of this group takes the native data path: a native target,
         and a state that no stream wrote through txsink's data source (that stream's
         epochs carry no batch ids, so a replayed batch would be written again)."""
-        return self.native() and not streamed_by_data_source(self.state(), self.sink_id)
+        return self.native(df) and not streamed_by_data_source(self.state(), self.sink_id)
 
     def write_stream(self, df: DataFrame) -> DataStreamWriter:
         """``df.writeStream`` to every target, one decision per micro-batch."""
-        if self.native() and not self.checkpoint_location:
+        if self.native(df) and not self.checkpoint_location:
             from txsink.lakehouse import TableBackend
 
             plugins = get_plugins()
@@ -215,7 +224,7 @@ class TargetSet:
                                   "whose checkpoint it is", field="checkpoint_location")
             # Files targets: the checkpoint comes later, on the stream writer, so the
             # stream goes through txsink's data source as before.
-        elif self.native_stream():
+        elif self.native_stream(df):
             self.check_state()
             writer = df.writeStream.foreachBatch(_NativeBatch(self))
             return writer.option("checkpointLocation", self.checkpoint_location)
@@ -225,7 +234,7 @@ class TargetSet:
 
     def write(self, df: DataFrame) -> None:
         """A batch write of ``df`` to every target: one epoch, all targets or none."""
-        if self.native():
+        if self.native(df):
             self.check_state()
             self.check_no_stream()
             self.write_epoch(df, None)
@@ -420,7 +429,7 @@ class GroupEpoch:
         if spec.select:
             df = df.selectExpr(*spec.select)
         check_columns(self.group.sink_id, [spec], spark_columns(df.schema), only=spec.name)
-        if takes_native(spec):
+        if takes_native(spec, df):
             self._write_native(df, spec)
             self.written[spec.name] = 1
             return
