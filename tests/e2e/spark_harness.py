@@ -129,9 +129,10 @@ def read_files_output(path: Path) -> list[dict[str, Any]]:
 
 
 def leftover_files(path: Path) -> list[str]:
-    """In-progress and pending files of the files backend (must be none after recovery)."""
+    """In-progress, pending and staged (native path) files of the files backend (must be
+    none after recovery)."""
     meta = path / "_txsink"
-    return sorted(str(p.relative_to(path)) for d in ("inprogress", "pending")
+    return sorted(str(p.relative_to(path)) for d in ("inprogress", "pending", "staging")
                   if (meta / d).is_dir() for p in (meta / d).iterdir())
 
 

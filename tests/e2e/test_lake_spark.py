@@ -2,10 +2,11 @@
 Parquet writer puts each epoch's files into the tables' directories inside
 ``foreachBatch``, the driver commits one log entry / snapshot per table per batch.
 
-A group of Delta, Iceberg and files (the files target through txsink's data source)
-streams a file source; a replayed batch (Spark's commit log one behind) is written
-once; a batch write is one more epoch. Timestamps go in (Iceberg refuses Spark's
-default INT96 Parquet timestamps).
+A group of Delta, Iceberg and files (Parquet: Spark's writer too, staged and published
+by link) streams a file source; a replayed batch (Spark's commit log one behind) is
+written once; a batch write is one more epoch. Timestamps go in (Iceberg refuses
+Spark's default INT96 Parquet timestamps). One files sink alone on the same path: a
+batch write, then a stream with a replayed batch.
 """
 
 from __future__ import annotations
@@ -109,6 +110,43 @@ def test_group_stream_into_delta_and_iceberg_on_spark_writer(spark: Any, tmp_pat
     assert len(delta_rows(tmp_path)) == 400 + 50
     assert iceberg_table(tmp_path).scan().to_arrow().num_rows == 450
     assert len(read_files_output(tmp_path / "files")) == 450
+
+
+def test_one_files_sink_batch_then_stream_with_a_replay_on_spark_writer(
+        spark: Any, tmp_path: Path) -> None:
+    """The files backend on the native path (tests/e2e/test_files_native_spark.py has
+    the long runs): one sink (a ``TargetSet`` of one files target, as a pipeline file's
+    ``sink:`` runs it), a batch write, then a stream into the same target with a
+    replayed batch; about 50 s under load, in this module's Spark session."""
+    from txsink.files.backend import FilesBackend
+
+    from tests.e2e.spark_harness import leftover_files
+    from tests.e2e.test_files_native_spark import one_sink, staged, stream
+
+    out = tmp_path / "out"
+    sink = one_sink(tmp_path)
+    assert sink.native()
+    backfill = spark.range(100_000, 100_050).selectExpr(
+        "id", "CAST(id % 7 AS INT) AS key", "id AS amount")
+    sink.write(backfill)  # epoch 0, before any stream
+    want = make_input(tmp_path / "in", files=2, rows_per_file=200)
+    stream(spark, sink, tmp_path)
+    # Spark's commit log one behind: batch 1 runs again and is written once.
+    for name in ("1", ".1.crc"):
+        (tmp_path / "chk" / "commits" / name).unlink(missing_ok=True)
+    stream(spark, sink, tmp_path)
+    rows = read_files_output(out)
+    streamed = [r for r in rows if r["id"] < 100_000]
+    assert summarize(streamed) == want
+    assert sorted(r["id"] for r in rows if r["id"] >= 100_000) == list(range(100_000, 100_050))
+    # Microsecond timestamps, as txsink's own writer writes them (Spark's default: INT96).
+    assert {r["at"].timestamp() for r in streamed} == {float(r["id"]) for r in streamed}
+    # Whole epochs under the backend's final names; nothing staged or pending is left.
+    names = sorted(p.name for p in out.glob("part-*"))
+    assert {n[5:15] for n in names} == {"0000000000", "0000000001", "0000000002"}
+    assert staged(out) == [] and leftover_files(out) == []
+    backend = FilesBackend(str(out))
+    assert [backend.holds_epoch("native-one", e) for e in range(4)] == [True] * 3 + [False]
 
 
 @long_run

@@ -3,8 +3,11 @@
 Grouped writes in ``foreachBatch``: an exception in the block aborts every target and
 the re-run writes the batch once; the versions are bound to the streaming query, so a
 reset checkpoint is refused instead of its batches being taken for ones already
-written. The data source path: the driver is killed with an epoch committed in some
-targets only, and the restart finishes it in all of them.
+written. The driver is killed at every protocol step (with an epoch committed in some
+targets only, or the Parquet target's staged files half published), and the restart
+finishes it in all of them. The Parquet target ``all`` takes the native data path
+(Spark's own writer, in ``foreachBatch``) in both modes; the JSON-lines ones txsink's
+data source.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def test_foreach_block_that_raises_aborts_every_target_and_versions_stay_bound(
 
 @long_run
 @pytest.mark.fault
-@pytest.mark.parametrize("point", ["before-decide", "after-decide", "after-first-commit",
+@pytest.mark.parametrize("point", ["native-before-record", "before-decide", "after-decide",
+                                   "after-first-commit", "native-mid-publish",
                                    "before-mark-committed", "after-mark-committed"])
 @pytest.mark.parametrize("mode", ["stream", "foreach"])
 def test_driver_killed_at_a_protocol_point_then_exact(tmp_path: Path, mode: str,

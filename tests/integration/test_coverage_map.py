@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from txsink.faults import POINTS
+from txsink.faults import NATIVE_POINTS, POINTS
 
 from tests.chaos.runner import TASK_KINDS, plan_every_point
 
@@ -54,6 +54,10 @@ def coverage_map() -> dict[tuple[str, str, str], str]:
             f"{CONFORMANCE[backend]}::test_recovery_after_partial_commit")
         out[(backend, "at_least_once", "commit")] = (
             f"{CONFORMANCE[backend]}::test_non_transactional_guarantees_commit_in_the_task")
+    for step in NATIVE_POINTS:  # the native data path (Spark's writer, staged files)
+        out[("files", "exactly_once", step)] = (
+            "tests/integration/test_files_native.py::"
+            "test_driver_killed_at_every_native_step_in_turn_then_exact")
     out[("files", "at_least_once", "spark")] = (
         "tests/e2e/test_guarantee_spark.py::"
         "test_at_least_once_under_the_faults_loses_nothing_and_says_so")

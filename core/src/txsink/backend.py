@@ -89,6 +89,33 @@ class Backend(abc.ABC):
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(
         {DeliveryGuarantee.EXACTLY_ONCE})
 
+    #: Spark's own Parquet writer may write this backend's files (the native data path:
+    #: ``TargetSet.write_stream`` / ``write``, grouped epochs and pipeline files): the
+    #: backend then implements :meth:`native_staging` and :meth:`committable_for_directory`.
+    native_parquet: ClassVar[bool] = False
+
+    @classmethod
+    def native_parquet_for(cls, options: Mapping[str, str]) -> bool:
+        """Whether the native data path writes a target with these ``options`` (a
+        backend may take it for some formats only). Default: :attr:`native_parquet`."""
+        return cls.native_parquet
+
+    def native_staging(self, ctx: TransactionContext) -> tuple[str, str]:
+        """Where Spark's Parquet writer puts participant ``ctx``'s files: a fresh
+        directory no reader lists, as (absolute path or URI for Spark, directory name);
+        the name is what :meth:`committable_for_directory` is given afterwards."""
+        raise NotImplementedError(f"backend {self.name!r} has no native data path")
+
+    def native_write_options(self) -> dict[str, str]:
+        """Options for Spark's Parquet writer (e.g. the compression) in the native path."""
+        return {}
+
+    def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
+        """The committable of a participant whose Parquet files Spark's own writer put
+        into the directory :meth:`native_staging` named (the native data path). It
+        makes them durable and records what a commit checks (names, sizes)."""
+        raise NotImplementedError(f"backend {self.name!r} has no native data path")
+
     @classmethod
     def check_guarantee(cls, guarantee: DeliveryGuarantee) -> None:
         """Raise :class:`~txsink.errors.ConfigError` if ``guarantee`` is not offered."""

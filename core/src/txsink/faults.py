@@ -51,6 +51,13 @@ AFTER_MARK_COMMITTED = "after-mark-committed"  # COMMITTED, caller not yet told
 POINTS = (BEFORE_DECIDE, AFTER_DECIDE, AFTER_FIRST_COMMIT, BEFORE_MARK_COMMITTED,
           AFTER_MARK_COMMITTED)
 
+#: Native data path points (Spark's own Parquet writer, ``TargetSet``): the epoch's
+#: files are in the staging directory, not yet recorded as prepared; and, in the files
+#: backend's commit, the first staged file linked to its final name, the others not yet.
+NATIVE_BEFORE_RECORD = "native-before-record"
+NATIVE_MID_PUBLISH = "native-mid-publish"
+NATIVE_POINTS = (NATIVE_BEFORE_RECORD, NATIVE_MID_PUBLISH)
+
 #: Salvage points (:meth:`txsink.backend.Backend.salvage`), in order: a replacement
 #: prepared and not yet recorded in the decision; recorded and not committed;
 #: committed, epoch not marked. They fire only when the target aborted a decided

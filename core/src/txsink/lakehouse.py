@@ -372,6 +372,12 @@ class TableBackend(Backend):
                                 file_stats(meta)))
         return out
 
+    def native_staging(self, ctx: TransactionContext) -> tuple[str, str]:
+        # The table's own directory (as Spark names it: s3a:// on S3): no reader sees a
+        # file the log does not name.
+        dirname = new_participant_dir(ctx.participant)
+        return self.spark_path(f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}"), dirname
+
     def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
         """The committable of a participant whose Parquet files another writer (Spark's
         own, in the native data path) put into ``epoch_folder(...)/dirname``."""

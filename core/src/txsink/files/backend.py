@@ -6,6 +6,8 @@ Layout under the base ``path`` (one sink per base directory)::
     _txsink/sink.json                          which sink id owns this directory
     _txsink/inprogress/<participant>.<rand>.<ext>
     _txsink/pending/<participant>.<ext>        prepared: durable, invisible
+    _txsink/staging/<participant>.<nonce>/     the native data path: Spark's own Parquet
+                                               writer's files of one epoch, invisible
 
 Readers that skip ``_``-prefixed paths (Spark, Hive, pyarrow datasets) never see
 uncommitted data. Both state changes use ``link`` + ``unlink`` instead of
@@ -19,6 +21,14 @@ pending directory, so an epoch costs two directory fsyncs however many files it
 publishes. The final names are made durable before any pending name is removed;
 a crash anywhere in between leaves each file under one or both names, and
 committing the epoch again (recovery) completes it.
+
+The native data path (``TargetSet.write`` / ``write_stream`` and pipeline files, format
+parquet): Spark's own Parquet writer writes the epoch's files into a fresh staging
+directory; the driver makes them durable and records their names and sizes as one
+participant (:meth:`FilesBackend.committable_for_directory`); the commit links each to
+``part-<epoch>-<n>.parquet`` (``n``: its place among the staged files, so a replayed
+commit picks the same names) and then drops the staging directory, in the same steps
+as pending files.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from txsink.errors import (
     SinkOwnedError,
     StateError,
 )
+from txsink.faults import NATIVE_MID_PUBLISH, FaultInjector
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, parse_participant
 from txsink.options import Options
 from txsink.state import write_file_atomically
@@ -210,6 +221,12 @@ class FilesBackend(Backend):
         Capability.SURVIVES_RESTART,
     })
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
+    native_parquet: ClassVar[bool] = True
+
+    @classmethod
+    def native_parquet_for(cls, options: Mapping[str, str]) -> bool:
+        # JSON lines keep txsink's own writer (Spark's JSON is another encoding).
+        return str(options.get("format") or "parquet") == "parquet"
 
     def __init__(self, path: str, fmt: str = "parquet", compression: str = "snappy",
                  dictionary: str = "auto",
@@ -225,6 +242,8 @@ class FilesBackend(Backend):
         self._pending = self._meta / "pending"
         #: One empty file per committed epoch, for :meth:`holds_epoch`.
         self._epochs = self._meta / "epochs"
+        #: The native data path's directories (one per participant).
+        self._staging = self._meta / "staging"
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> FilesBackend:
@@ -309,6 +328,8 @@ class FilesBackend(Backend):
             # No marker: not published, unless a commit stopped between the final
             # names' sync and the marker's; then a pending file of the epoch also has
             # its final name.
+            if self._staged_epoch_published(sink_id, epoch):
+                return True
             try:
                 pending = os.listdir(self._pending)
             except FileNotFoundError:
@@ -548,6 +569,141 @@ class FilesBackend(Backend):
         with contextlib.suppress(FileNotFoundError):
             txn.path.unlink()
 
+    # -- the native data path: Spark's own Parquet writer -------------------------------
+
+    def native_staging(self, ctx: TransactionContext) -> tuple[str, str]:
+        self._staging.mkdir(parents=True, exist_ok=True)
+        dirname = f"{ctx.participant}.{uuid.uuid4().hex[:12]}"
+        # A file:// URI: a plain path would name the cluster's default file system
+        # (HDFS, say) for Spark, where this backend's directory is local or mounted.
+        return f"file://{self._staging / dirname}", dirname
+
+    def native_write_options(self) -> dict[str, str]:
+        opts = {"compression": self.compression}
+        if self.dictionary == "none":
+            opts["parquet.enable.dictionary"] = "false"
+        return opts
+
+    def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
+        """Make the staged files durable (each file, the staging directories) and record
+        their names, sizes and final names: what the commit checks before linking."""
+        self._safe(dirname, ctx.participant)
+        staged = self._staging / dirname
+        try:
+            files = self._staged_files(ctx.epoch, staged, strict=True)
+            for f in files:
+                _fsync_path(staged / f["name"])
+            _fsync_path(staged, directory=True)
+            _fsync_path(self._staging, directory=True)
+        except FileNotFoundError as exc:
+            raise StateError(
+                f"files backend: {ctx.describe()}: the files Spark staged in {staged} were "
+                f"deleted before they were recorded ({exc.filename}): another run of this "
+                "sink took over and cleaned up this run's unrecorded files; nothing of "
+                "them is committed. Two runs of one query must never write at once",
+                sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant) from None
+        return self._staged_committable(ctx, dirname, files)
+
+    def _staged_committable(self, ctx: TransactionContext, dirname: str,
+                            files: Sequence[Mapping[str, Any]]) -> Committable:
+        return Committable.for_context(
+            self.name, ctx, {"staged": dirname, "files": [dict(f) for f in files],
+                             "final": files[0]["final"] if files else None},
+            rows=sum(int(f["rows"]) for f in files))
+
+    def _staged_files(self, epoch: int, staged: Path, *, strict: bool
+                      ) -> list[dict[str, Any]]:
+        """The Parquet files Spark wrote into ``staged`` (its ``_SUCCESS``, ``.crc`` and
+        ``_temporary`` are not data), in name order, each with its final name: the
+        ``n``-th data file becomes ``part-<epoch>-<n>.parquet``, so listing the same
+        directory again (recovery) gives the same names. Files without rows (Spark
+        writes one for an empty epoch) are not published. ``strict``: a file whose
+        footer cannot be read is an error (at prepare); otherwise it is listed with
+        unknown rows (the orphan scan only deletes it)."""
+        import pyarrow.parquet as pq
+
+        try:
+            names = sorted(n for n in os.listdir(staged)
+                           if n.endswith(".parquet") and not n.startswith(("_", ".")))
+        except FileNotFoundError:
+            if strict:
+                raise
+            return []
+        out: list[dict[str, Any]] = []
+        for n, name in enumerate(names):
+            path = staged / name
+            try:
+                rows = pq.ParquetFile(path).metadata.num_rows
+            except FileNotFoundError:
+                if strict:
+                    raise
+                continue
+            except Exception as exc:
+                if strict:
+                    raise StateError(f"files backend: {path}, written by Spark, is not a "
+                                     f"readable Parquet file ({exc})") from exc
+                rows = -1
+            if rows == 0:
+                continue
+            out.append({"name": name, "size": path.stat().st_size, "rows": max(rows, 0),
+                        "final": final_name(epoch, n, self.ext)})
+        return out
+
+    def _safe(self, value: object, participant: str) -> str:
+        # Committables come back from state files: never let one name a path outside.
+        if not isinstance(value, str) or not _SAFE_NAME.match(value) or ".." in value:
+            raise StateError(f"files backend: committable of {participant} names an "
+                             f"unsafe file {value!r}", participant=participant)
+        return value
+
+    def _staged(self, c: Committable) -> tuple[str, list[tuple[str, int, str]]]:
+        """The staging directory of a native committable and its (staged, size, final)
+        file paths, every name checked."""
+        staged = os.path.join(self._staging, self._safe(c.payload["staged"], c.participant))
+        files = [(os.path.join(staged, self._safe(f["name"], c.participant)), int(f["size"]),
+                  os.path.join(self.base, self._safe(f["final"], c.participant)))
+                 for f in c.payload.get("files") or []]
+        return staged, files
+
+    def _publish_staged(self, c: Committable) -> tuple[CommitOutcome, list[str], str | None]:
+        """Link each staged file of ``c`` to its final name; the staged names to drop.
+
+        Every file is checked before the first link: there and whole (its recorded
+        size), or already under its final name (a replayed commit), and no final name
+        taken by other content; so a participant is published whole or not at all.
+        """
+        staged, files = self._staged(c)
+        todo: list[tuple[str, str]] = []
+        for src, size, dst in files:
+            try:
+                st = os.stat(src)
+            except FileNotFoundError:
+                if os.path.isfile(dst) and os.stat(dst).st_size == size:
+                    continue  # published by an earlier attempt of this commit
+                raise ParticipantLostError(
+                    f"files backend: {c.describe()}: staged file {src} is gone and {dst} "
+                    "does not hold it; it was aborted or deleted outside txsink",
+                    sink_id=c.sink_id, epoch=c.epoch, participant=c.participant) from None
+            if st.st_size != size:
+                raise ParticipantLostError(
+                    f"files backend: {c.describe()}: staged file {src} has {st.st_size} "
+                    f"bytes, {size} were prepared; it was changed outside txsink",
+                    sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+            if os.path.exists(dst) and not os.path.samefile(src, dst):
+                raise FatalCommitError(
+                    f"files backend: {c.describe()}: {dst} already exists with other "
+                    "content; refusing to overwrite committed output",
+                    sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+            todo.append((src, dst))
+        faults = FaultInjector.from_env()
+        for i, (src, dst) in enumerate(todo):
+            with contextlib.suppress(FileExistsError):  # the same file (checked above)
+                os.link(src, dst)
+            if i == 0:
+                faults.hit(NATIVE_MID_PUBLISH, c.epoch)
+        outcome = CommitOutcome.COMMITTED if todo else CommitOutcome.ALREADY_COMMITTED
+        return outcome, [src for src, _ in todo], staged if os.path.isdir(staged) else None
+
     # -- driver side --------------------------------------------------------------------
 
     def _names(self, c: Committable) -> tuple[str, str] | None:
@@ -588,16 +744,21 @@ class FilesBackend(Backend):
         """
         pending_dir, base = os.fspath(self._pending), os.fspath(self.base)
         results: list[CommitOutcome | Exception] = []
-        linked: list[tuple[int, str]] = []  # (index in results, pending path)
+        # (index in results, pending or staged paths, staging directory to drop)
+        linked: list[tuple[int, list[str], str | None]] = []
         published: set[int] = set()  # epochs with a file now under its final name
         for c in committables:
             try:
-                outcome, pending = self._link(c, pending_dir, base)
+                if "staged" in c.payload:
+                    outcome, drop, staged = self._publish_staged(c)
+                else:
+                    outcome, pending = self._link(c, pending_dir, base)
+                    drop, staged = ([] if pending is None else [pending]), None
             except Exception as exc:  # handed back to the coordinator, which retries
                 results.append(exc)
                 continue
-            if pending is not None:
-                linked.append((len(results), pending))
+            if drop or staged is not None:
+                linked.append((len(results), drop, staged))
             if c.payload.get("final") is not None:
                 published.add(c.epoch)
             results.append(outcome)
@@ -610,21 +771,31 @@ class FilesBackend(Backend):
             if self._mark_epochs(published):
                 _fsync_path(self._epochs, directory=True)
         except (OSError, StateError) as exc:  # not durable yet: keep the pending names
-            for i, _ in linked:
+            for i, _, _ in linked:
                 results[i] = exc
             return results
         unlinked: list[int] = []
-        for i, pending in linked:
+        pending_any = staged_any = False
+        for i, drop, staged in linked:
             try:
-                with contextlib.suppress(FileNotFoundError):  # an earlier attempt did it
-                    os.unlink(pending)
+                for path in drop:
+                    with contextlib.suppress(FileNotFoundError):  # an earlier attempt did it
+                        os.unlink(path)
+                if staged is not None:  # what Spark left beside its files (_SUCCESS, .crc)
+                    shutil.rmtree(staged)
+                    staged_any = True
+                else:
+                    pending_any = True
             except OSError as exc:
                 results[i] = exc
                 continue
             unlinked.append(i)
         if unlinked:
             try:
-                _fsync_path(self._pending, directory=True)
+                if pending_any:
+                    _fsync_path(self._pending, directory=True)
+                if staged_any:
+                    _fsync_path(self._staging, directory=True)
             except OSError as exc:
                 for i in unlinked:
                     results[i] = exc
@@ -658,10 +829,25 @@ class FilesBackend(Backend):
         return CommitOutcome.COMMITTED, pending
 
     def is_committed(self, committable: Committable) -> bool | None:
+        if "staged" in committable.payload:
+            # Many files: a commit stopped mid-way published some of them, and whether
+            # the participant's rows are visible is then neither yes nor no.
+            _, files = self._staged(committable)
+            published = [os.path.isfile(dst) for _, _, dst in files]
+            if all(published):
+                return not any(os.path.exists(src) for src, _, _ in files)
+            return False if not any(published) else None
         paths = self._paths(committable)
         return paths is None or (paths[1].exists() and not paths[0].exists())
 
     def abort(self, committable: Committable) -> None:
+        if "staged" in committable.payload:
+            # Only the staging names go: a file already linked to its final name (a
+            # decided epoch) keeps that name.
+            staged, _ = self._staged(committable)
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(staged)
+            return
         paths = self._paths(committable)
         if paths is not None:
             pending, final = paths
@@ -674,6 +860,11 @@ class FilesBackend(Backend):
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         out: list[Committable] = []
+        for staged_ctx, dirname in self._staged_dirs(sink_id):
+            out.append(self._staged_committable(
+                staged_ctx, dirname, self._staged_files(staged_ctx.epoch,
+                                                        self._staging / dirname,
+                                                        strict=False)))
         if not self._pending.is_dir():
             return out
         for path in sorted(self._pending.iterdir()):
@@ -707,7 +898,39 @@ class FilesBackend(Backend):
                     path.unlink()
         return aborted
 
+    def _staged_dirs(self, sink_id: str) -> list[tuple[TransactionContext, str]]:
+        """The native path's staging directories of ``sink_id``, with their participant."""
+        try:
+            names = sorted(os.listdir(self._staging))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            ctx = parse_participant(name.rsplit(".", 1)[0])
+            if ctx is not None and ctx.sink_id == sink_id:
+                out.append((ctx, name))
+        return out
+
+    def _staged_epoch_published(self, sink_id: str, epoch: int) -> bool:
+        """A staged participant of ``epoch`` has a file under its final name (a commit
+        stopped between the final names' sync and the epoch's marker)."""
+        # Asked before every decision (the epoch's own staged files are there then): the
+        # final names follow from the listing alone, no footer is read.
+        for ctx, dirname in self._staged_dirs(sink_id):
+            if ctx.epoch != epoch:
+                continue
+            try:
+                count = sum(1 for n in os.listdir(self._staging / dirname)
+                            if n.endswith(".parquet") and not n.startswith(("_", ".")))
+            except FileNotFoundError:
+                continue
+            if any(os.path.exists(os.path.join(self.base, final_name(epoch, n, self.ext)))
+                   for n in range(count)):
+                return True
+        return False
+
     def leftovers(self) -> list[Path]:
-        """In-progress and pending files still present (tests, ``txsink status``)."""
-        return [p for d in (self._inprogress, self._pending) if d.is_dir()
+        """In-progress, pending and staged files still present (tests, ``txsink
+        status``)."""
+        return [p for d in (self._inprogress, self._pending, self._staging) if d.is_dir()
                 for p in sorted(d.iterdir())]

@@ -35,10 +35,12 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from txsink.backend import Backend
 from txsink.coordinator import Coordinator, record_prepared
 from txsink.errors import ConfigError, StateError
+from txsink.faults import NATIVE_BEFORE_RECORD, FaultInjector
 from txsink.group import TargetGroup, write_group
-from txsink.lakehouse import TableBackend, new_participant_dir
+from txsink.lakehouse import TableBackend
 from txsink.model import (
     SALVAGE_ATTEMPT_BASE,
     Committable,
@@ -117,18 +119,48 @@ def checked_shape(df: DataFrame, specs: Sequence[TargetSpec], group_id: str, *,
     return shaped
 
 
+def takes_native(spec: TargetSpec, df: DataFrame | None = None) -> bool:
+    """Whether Spark's own Parquet writer writes ``spec``'s files (the native data path:
+    a table format, or the files backend writing Parquet). Under Spark Connect (``df``
+    a Connect frame) only a table takes it: files targets keep txsink's data source,
+    as before the native path existed for them."""
+    cls = get_plugins().backend_class(spec.backend)
+    if not cls.native_parquet_for(spec.options):
+        return False
+    if df is not None and type(df).__module__.startswith("pyspark.sql.connect"):
+        from txsink.lakehouse import TableBackend
+
+        return issubclass(cls, TableBackend)
+    return True
+
+
 class TargetSet:
-    """The targets of one group, validated, with what a write of them needs."""
+    """The targets of one group, validated, with what a write of them needs.
+
+    ``single``: the one spec is a plain sink (a pipeline file's ``sink:`` without
+    targets), written under ``sink_id`` itself with the backend's own state, not as a
+    group; only the native data path builds one.
+    """
 
     def __init__(self, sink_id: str, specs: Sequence[TargetSpec], *,
                  checkpoint_location: str | None = None, state_location: str | None = None,
-                 realtime: bool = False) -> None:
+                 realtime: bool = False, single: bool = False) -> None:
         self.sink_id = validate_sink_id(sink_id)
         self.specs = tuple(specs)
         self.checkpoint_location = checkpoint_location
         self.state_location = state_location
         #: Checked for Spark's Real-time Mode (:meth:`start_realtime`), not micro-batches.
         self.realtime = realtime
+        if single and len(self.specs) != 1:
+            raise ConfigError("a single sink has one target", field="targets")
+        self.single = single
+
+    def backend(self) -> Backend:
+        """The backend the coordinator drives: the group, or the single sink's own."""
+        if self.single:
+            spec = self.specs[0]
+            return get_plugins().create_backend(spec.backend, spec.options)
+        return TargetGroup.from_specs(self.sink_id, self.specs)
 
     def _micro_batch(self) -> None:
         if self.realtime:
@@ -176,7 +208,11 @@ class TargetSet:
 
     def options(self) -> dict[str, str]:
         """Options for ``format("txsink")`` (target secrets included: Spark's only)."""
-        opts = {"sink_id": self.sink_id, "targets": encode_targets(self.specs)}
+        if self.single:
+            spec = self.specs[0]
+            opts = {**spec.options, "backend": spec.backend, "sink_id": self.sink_id}
+        else:
+            opts = {"sink_id": self.sink_id, "targets": encode_targets(self.specs)}
         if self.state_location:
             opts["state_location"] = self.state_location
         if self.checkpoint_location:
@@ -189,13 +225,18 @@ class TargetSet:
         when a target has select/where."""
         return checked_shape(df, self.specs, self.sink_id)
 
-    def native(self) -> bool:
-        """Whether a target takes Spark's own Parquet writer (a table format): then each
-        target is written by its own Spark job in one grouped epoch (Spark's writer for
-        the tables, txsink's for the others) instead of one job writing every target."""
-        plugins = get_plugins()
-        return any(getattr(plugins.backend_class(s.backend), "native_parquet", False)
-                   for s in self.specs)
+    def native(self, df: DataFrame | None = None) -> bool:
+        """Whether a target takes Spark's own Parquet writer (a table format, or files in
+        Parquet; for ``df``: see :func:`takes_native`): then each target is written by
+        its own Spark job in one grouped epoch (Spark's writer for those, txsink's for
+        the others) instead of one job writing every target."""
+        return any(takes_native(s, df) for s in self.specs)
+
+    def native_stream(self, df: DataFrame | None = None) -> bool:
+        """Whether a stream of this group takes the native data path: a native target,
+        and a state that no stream wrote through txsink's data source (that stream's
+        epochs carry no batch ids, so a replayed batch would be written again)."""
+        return self.native(df) and not streamed_by_data_source(self.state(), self.sink_id)
 
     def check_native_filesystems(self, df: DataFrame) -> None:
         """Refuse, before the first batch, a table whose files Spark's own writer would
@@ -233,13 +274,18 @@ class TargetSet:
     def write_stream(self, df: DataFrame) -> DataStreamWriter:
         """``df.writeStream`` to every target, one decision per micro-batch."""
         self._micro_batch()
-        if self.native():
-            self.check_state()
-            self.check_native_filesystems(df)
-            if not self.checkpoint_location:
+        if self.native(df) and not self.checkpoint_location:
+            plugins = get_plugins()
+            if any(issubclass(plugins.backend_class(s.backend), TableBackend)
+                   for s in self.specs):
                 raise ConfigError(f"group {self.sink_id!r}: give checkpoint_location: a "
                                   "group with table targets streams through foreachBatch, "
                                   "whose checkpoint it is", field="checkpoint_location")
+            # Files targets: the checkpoint comes later, on the stream writer, so the
+            # stream goes through txsink's data source as before.
+        elif self.native_stream(df):
+            self.check_state()
+            self.check_native_filesystems(df)
             writer = df.writeStream.foreachBatch(_NativeBatch(self))
             return writer.option("checkpointLocation", self.checkpoint_location)
         shaped = self.shape(df)
@@ -249,7 +295,7 @@ class TargetSet:
     def write(self, df: DataFrame) -> None:
         """A batch write of ``df`` to every target: one epoch, all targets or none."""
         self._micro_batch()
-        if self.native():
+        if self.native(df):
             self.check_state()
             self.check_no_stream()
             self.check_native_filesystems(df)
@@ -264,8 +310,8 @@ class TargetSet:
         """Refuse here, in one line, targets other than the ones the group's state
         recorded: before Spark plans the write, and before any target is touched. (A
         checkpoint given later, on the stream writer, is checked by the data source.)"""
-        if not (self.state_location or self.checkpoint_location):
-            return
+        if self.single or not (self.state_location or self.checkpoint_location):
+            return  # a single sink's backend and destination: the coordinator checks them
         refusal = recorded_targets_refusal(self.state(), self.sink_id, self.specs)
         if refusal is not None:
             raise refusal
@@ -334,6 +380,32 @@ def targets(sink_id: str, items: Sequence[Mapping[str, Any]], *,
 _target_set = targets
 
 
+def streamed_by_data_source(state_location: str, sink_id: str) -> bool:
+    """Whether a streaming query wrote ``sink_id`` through txsink's data source at
+    ``state_location`` (read only): its micro-batches are epochs without a write identity,
+    so it keeps that path (a state older than the stream binding counts too)."""
+    import os
+
+    local = state_location.removeprefix("file://")
+    if "://" not in local and not os.path.isfile(os.path.join(local, "meta.json")):
+        return False
+    store = get_plugins().state_store(state_location)
+    meta = store.read_meta()
+    if meta is None or meta.sink_id != sink_id:
+        return False
+    if meta.stream_from is not None:
+        return True
+    states = store.states()
+    if not states:
+        return False
+    newest = store.get(max(states))
+    if newest is None:
+        return False
+    # A micro-batch of the data source's stream; or a record of a release that said
+    # neither what wrote it nor with which identity (taken for a stream, to be safe).
+    return newest.origin == "stream" or (newest.origin is None and newest.write is None)
+
+
 def recorded_targets_refusal(state_location: str, sink_id: str,
                              specs: Sequence[TargetSpec]) -> ConfigError | None:
     """The refusal of ``specs`` if the state at ``state_location`` recorded other
@@ -387,14 +459,18 @@ class GroupEpoch:
 
     # -- the block ------------------------------------------------------------------------
 
-    def _coordinator(self, backend: TargetGroup) -> Coordinator:
+    def _coordinator(self, backend: Backend) -> Coordinator:
         if self._store is None:
             self._store = get_plugins().state_store(self.group.state())
-        return Coordinator(backend, self._store, self.group.sink_id, owner=self.owner)
+        # A single sink's options go into the state (secret-free), as its data source
+        # records them: `txsink status` / `resolve` and the destination check read them.
+        options = dict(self.group.specs[0].options) if self.group.single else None
+        return Coordinator(backend, self._store, self.group.sink_id, owner=self.owner,
+                           backend_options=options)
 
     def __enter__(self) -> GroupEpoch:
         self.group.check_state()  # before preflight claims a new target's output
-        backend = TargetGroup.from_specs(self.group.sink_id, self.group.specs)
+        backend = self.group.backend()
         try:
             backend.preflight(self.group.sink_id)
             coordinator = self._coordinator(backend)
@@ -424,7 +500,7 @@ class GroupEpoch:
         if spec.select:
             df = df.selectExpr(*spec.select)
         check_columns(self.group.sink_id, [spec], spark_columns(df.schema), only=spec.name)
-        if getattr(get_plugins().backend_class(spec.backend), "native_parquet", False):
+        if takes_native(spec, df):
             self._write_native(df, spec)
             self.written[spec.name] = 1
             return
@@ -441,7 +517,7 @@ class GroupEpoch:
                  tb: TracebackType | None) -> None:
         if self.skipped:
             return
-        backend = TargetGroup.from_specs(self.group.sink_id, self.group.specs)
+        backend = self.group.backend()
         try:
             coordinator = self._coordinator(backend)
             record = coordinator.store.get(self.epoch)
@@ -465,36 +541,46 @@ class GroupEpoch:
             backend.close()
 
     def _write_native(self, df: DataFrame, spec: TargetSpec) -> None:
-        """Spark's own Parquet writer puts the target's files of this epoch into the
-        table's directory (invisible until committed); the driver records them as one
-        participant of the reserved epoch."""
+        """Spark's own Parquet writer puts the target's files of this epoch into a
+        directory no reader lists (the table's directory; the files backend's staging
+        area); the driver records them as one participant of the reserved epoch."""
         if self.skipped:
             return
-        part = TargetGroup.from_specs(self.group.sink_id, [spec])
+        if self.group.single:
+            part: Backend = self.group.backend()
+            sink_id, backend = self.group.sink_id, part
+        else:
+            group = TargetGroup.from_specs(self.group.sink_id, [spec])
+            part = group
+            member = group.members[spec.name]
+            sink_id, backend = member.sink_id, member.backend
         try:
-            member = part.members[spec.name]
-            backend = member.backend
-            assert isinstance(backend, TableBackend)
             # A fresh attempt number per write (milliseconds), below salvage's range.
-            ctx = TransactionContext(member.sink_id, self.epoch, 0,
+            ctx = TransactionContext(sink_id, self.epoch, 0,
                                      int(time.time() * 1000) % SALVAGE_ATTEMPT_BASE)
-            dirname = new_participant_dir(ctx.participant)
-            path = backend.spark_path(f"{backend.epoch_folder(ctx.sink_id, self.epoch)}/"
-                                      f"{dirname}")
+            path, dirname = backend.native_staging(ctx)
+            if spec.epoch_column:
+                from pyspark.sql import functions as F
+
+                df = df.withColumn(spec.epoch_column, F.lit(self.epoch).cast("long"))
             spark = df.sparkSession
-            # Iceberg reads microsecond timestamps only; Spark writes INT96 by default.
+            # Microsecond timestamps, as txsink's own writer and Iceberg readers take
+            # them; Spark writes INT96 by default.
             key = "spark.sql.parquet.outputTimestampType"
             before = spark.conf.get(key, None)
             spark.conf.set(key, "TIMESTAMP_MICROS")
             try:
-                df.write.mode("errorifexists").parquet(path)
+                (df.write.mode("errorifexists").options(**backend.native_write_options())
+                 .parquet(path))
             finally:
                 if before is None:
                     spark.conf.unset(key)
                 else:
                     spark.conf.set(key, before)
-            committable = part._tag(spec.name, [backend.committable_for_directory(
-                ctx, dirname)])
+            prepared = [backend.committable_for_directory(ctx, dirname)]
+            committable = (prepared if self.group.single
+                           else group._tag(spec.name, prepared))
+            FaultInjector.from_env().hit(NATIVE_BEFORE_RECORD, self.epoch)
             query = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
             try:
                 assert self._store is not None
@@ -509,10 +595,12 @@ class GroupEpoch:
         finally:
             part.close()
 
-    def _empty_participants(self, backend: TargetGroup,
+    def _empty_participants(self, backend: Backend,
                             prepared: Sequence[Committable]) -> list[Committable]:
         """A target this block did not write still takes part (no rows), so every target
         records every epoch of the group: what the consistent cut reads."""
+        if not isinstance(backend, TargetGroup):
+            return []  # a single sink: its epoch_committed marks an epoch without files
         missing = [n for n in backend.members if n not in {c.target for c in prepared}]
         if not missing:
             return []

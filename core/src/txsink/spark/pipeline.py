@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING, Any
 from txsink.backend import Backend
 from txsink.config import PipelineConfig, duration_ms
 from txsink.errors import ConfigError, SinkOwnedError, TxsinkError
+from txsink.model import DeliveryGuarantee
 from txsink.plugins import Plugins, get_plugins
 from txsink.spark._proc import OWNER_ENV
 from txsink.spark.console import CLIENT_LOGGERS, default_log_path, spark_output_to
 from txsink.spark.group import TargetSet
 from txsink.state import EpochRecord, EpochState, StateStore, new_owner_token
+from txsink.targets import TargetSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -866,16 +868,30 @@ def _epoch_line(record: EpochRecord, progress: Mapping[str, Any] | None) -> str:
             f"participant(s){latency}{spark_part}")
 
 
-def _native_targets(cfg: PipelineConfig, extra_options: Mapping[str, str] | None
-                    ) -> TargetSet | None:
-    """The group's targets when one is a table format (Delta, Iceberg): their files are
-    then written by Spark's own Parquet writer (``TargetSet.write``/``write_stream``).
-    Not under Spark Connect (``extra_options`` carry the lease owner there): those
-    pipelines keep the data source path."""
-    if not cfg.sink.targets or extra_options:
+def _native_targets(cfg: PipelineConfig, extra_options: Mapping[str, str] | None, *,
+                    stream: bool) -> TargetSet | None:
+    """The sink as a :class:`TargetSet` when Spark's own Parquet writer writes it (a
+    table format, or files in Parquet; the native data path, ``TargetSet.write`` /
+    ``write_stream``): a group with such a target, or such a single sink with the
+    exactly-once guarantee. Not under Spark Connect (``extra_options`` carry the lease
+    owner there), and not for a stream whose state a stream already wrote through
+    txsink's data source: those pipelines keep the data source path."""
+    if extra_options:
         return None
-    group = TargetSet(cfg.sink.sink_id, cfg.sink.targets, checkpoint_location=cfg.checkpoint)
-    return group if group.native() else None
+    if cfg.sink.targets:
+        group = TargetSet(cfg.sink.sink_id, cfg.sink.targets,
+                          checkpoint_location=cfg.checkpoint)
+    else:
+        if cfg.sink.guarantee is not DeliveryGuarantee.EXACTLY_ONCE:
+            return None
+        spec = TargetSpec(cfg.sink.sink_id, cfg.sink.backend, dict(cfg.sink.options))
+        group = TargetSet(cfg.sink.sink_id, [spec], checkpoint_location=cfg.checkpoint,
+                          single=True)
+    if not group.native():
+        return None
+    if stream and not group.native_stream():
+        return None
+    return group
 
 
 def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
@@ -966,7 +982,7 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
 def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
                out: Printer, extra_options: dict[str, str] | None = None) -> RunResult:
     seen = {e for e, state in store.states().items() if state is EpochState.COMMITTED}
-    native = _native_targets(cfg, extra_options)
+    native = _native_targets(cfg, extra_options, stream=False)
     if native is not None:
         native.write(frame)
     else:
@@ -982,7 +998,7 @@ def _run_batch(frame: DataFrame, cfg: PipelineConfig, store: StateStore,
 def _run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: Printer, *,
                 max_batches: int | None, until_idle: bool, timeout_s: float | None,
                 poll_s: float, extra_options: dict[str, str] | None = None) -> RunResult:
-    native = _native_targets(cfg, extra_options)
+    native = _native_targets(cfg, extra_options, stream=True)
     if native is not None:
         writer = native.write_stream(frame)
     else:
