@@ -88,7 +88,8 @@ def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
     return df
 
 
-def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
+def build_checked_frame(spark: SparkSession, cfg: PipelineConfig, *, shaped: bool = True
+                        ) -> DataFrame:
     """Build the source and analyse the transform; Spark's complaints become ConfigErrors.
 
     Analysis is eager in Spark, so this finds parse errors, unknown columns and
@@ -112,12 +113,13 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
             if not _is_spark_error(exc):
                 raise
             raise transform_error(exc) from None
-    return check_targets(df, cfg) if cfg.sink.targets else df
+    return check_targets(df, cfg, shaped=shaped) if cfg.sink.targets else df
 
 
-def check_targets(df: DataFrame, cfg: PipelineConfig) -> DataFrame:
+def check_targets(df: DataFrame, cfg: PipelineConfig, *, shaped: bool = True) -> DataFrame:
     """Analyse each target's ``where`` and ``select`` on its own, so an unknown column is
-    one line naming the target; then the frame shaped for the group's tasks."""
+    one line naming the target; then the frame shaped for the group's tasks (checked
+    either way; ``shaped=False`` returns ``df`` itself)."""
     from txsink.spark.group import checked_shape
 
     for t in cfg.sink.targets:
@@ -135,7 +137,8 @@ def check_targets(df: DataFrame, cfg: PipelineConfig) -> DataFrame:
                 raise ConfigError(f"{here}.{key}: Spark cannot apply it to the rows the sink "
                                   f"receives: {spark_message(exc)}", field=f"{here}.{key}"
                                   ) from None
-    return checked_shape(df, cfg.sink.targets, cfg.sink.sink_id, prefix="sink.targets")
+    out = checked_shape(df, cfg.sink.targets, cfg.sink.sink_id, prefix="sink.targets")
+    return out if shaped else df
 
 
 def frame_columns(df: DataFrame, cfg: PipelineConfig) -> list[str]:
