@@ -77,8 +77,28 @@ def _is_spark_error(exc: Exception) -> bool:
     return module.startswith(("pyspark.", "py4j."))
 
 
+#: The Kafka stream source txsink-kafka ships (a Python data source: registered in the
+#: session when a pipeline file names it, so no ``spark-sql-kafka`` jar is needed).
+KAFKA_SOURCE_FORMAT = "txsink-kafka"
+
+
+def register_named_source(spark: SparkSession, cfg: PipelineConfig) -> None:
+    """Register the Python data source the pipeline's ``source.format`` names, when an
+    installed txsink package ships it."""
+    if cfg.source.type != "spark" or cfg.source.format != KAFKA_SOURCE_FORMAT:
+        return
+    try:
+        from txsink_kafka.source import register_source
+    except ImportError as exc:
+        raise ConfigError(f"source.format: {KAFKA_SOURCE_FORMAT!r} is the Kafka source of "
+                          "the txsink-kafka package, which is not installed (with its "
+                          "'spark' extra)", field="source.format") from exc
+    register_source(spark)
+
+
 def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
     src = cfg.source
+    register_named_source(spark, cfg)
     reader: Any = spark.readStream if cfg.mode == "streaming" else spark.read
     reader = reader.format("rate") if src.type == "rate" else reader.format(src.format)
     if src.schema:
