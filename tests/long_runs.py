@@ -9,7 +9,9 @@ environments, each switched on by its variable:
 * ``TXSINK_CHAOS=1`` (``tox -e chaos``): random chaos, 20 faults per backend, the group
   of targets and the three-node Kafka cluster's failovers;
 * ``TXSINK_CLUSTER_LONG=1`` (``tox -e cluster``): a Spark standalone cluster;
-* ``TXSINK_KAFKA_LONG=1`` (``tox -e kafka-long``): a producer epoch exhausted.
+* ``TXSINK_KAFKA_LONG=1`` (``tox -e kafka-long``): a producer epoch exhausted;
+* ``TXSINK_LAKE_S3=1`` (``tox -e integration-delta``, ``-e integration-iceberg``): the
+  conformance kits and crash tests of Delta and Iceberg tables on S3.
 """
 
 from __future__ import annotations
@@ -53,3 +55,15 @@ kafka_long_run = pytest.mark.skipif(
     reason=f"long run (a pooled id driven through 32,767 producer epochs, minutes per "
            f"transaction version): kept out of the default run ({BUDGET}); "
            f"`tox -e kafka-long` or {KAFKA_ENV}=1 runs it")
+
+LAKE_S3_ENV = "TXSINK_LAKE_S3"
+
+#: The conformance kits of Delta and Iceberg tables on S3 (SeaweedFS) and their crash
+#: tests (a coordinator killed after its decision), on top of the default run's race
+#: and bad-input tests of those tables.
+lake_s3_run = pytest.mark.skipif(
+    os.environ.get(LAKE_S3_ENV) != "1",
+    reason=f"conformance kit and crash test on S3 tables (about a minute per format): "
+           f"kept out of the "
+           f"default run ({BUDGET}); `tox -e integration-delta` / `-e integration-iceberg` "
+           f"or {LAKE_S3_ENV}=1 runs it")

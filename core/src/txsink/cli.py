@@ -343,6 +343,12 @@ def cmd_reset(args: argparse.Namespace) -> int:
     from txsink.config import load_pipeline
 
     cfg = load_pipeline(args.file)
+    _refuse_realtime(cfg, "reset", "it deletes epochs, and real-time targets hold source "
+                     "positions instead: to start over, empty each target's table or topic "
+                     "and delete its positions (its progress rows or markers, under sink id "
+                     f"{cfg.sink.sink_id!r}" + (" and its targets' <sink id>--<name>"
+                                                if cfg.sink.targets else "")
+                     + "), then the checkpoint")
     checkpoint = cfg.checkpoint
     if "://" in checkpoint and not checkpoint.startswith("file://"):
         raise ConfigError(f"checkpoint: txsink reset deletes local checkpoints only; delete "
@@ -501,6 +507,8 @@ def cmd_cut(args: argparse.Namespace) -> int:
     from txsink.cut import consistent_cut
 
     cfg = load_pipeline(args.file)
+    _refuse_realtime(cfg, "cut", "real-time targets have no epochs; `txsink status "
+                     f"{args.file}` shows each target's stored source positions")
     plugins = get_plugins()
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
     backend = cfg.create_backend(plugins)
@@ -570,7 +578,98 @@ def _checkpoint_of(argument: str) -> str:
     return argument
 
 
+def _refuse_realtime(cfg: PipelineConfig, command: str, why: str) -> None:
+    """A micro-batch command given a real-time pipeline file: one line, nothing done."""
+    if cfg.trigger.kind == "real_time":
+        raise ConfigError(f"trigger.real_time: `txsink {command}` does not apply to a "
+                          f"real-time pipeline ({why}); nothing was done",
+                          field="trigger.real_time")
+
+
+def _realtime_pipeline(argument: str) -> PipelineConfig | None:
+    """The pipeline file ``argument`` names, if it runs in Real-time Mode."""
+    path = Path(argument)
+    if path.suffix.lower() not in PIPELINE_SUFFIXES or not path.is_file():
+        return None
+    from txsink.config import load_pipeline
+
+    cfg = load_pipeline(argument)
+    return cfg if cfg.trigger.kind == "real_time" else None
+
+
+def _status_realtime(cfg: PipelineConfig, as_json: bool) -> int:
+    """``txsink status`` of a real-time pipeline: each target's stored positions per
+    source partition, read from its progress table or topic (read only; no secret).
+    Real-time pipelines have no txsink state: the stored positions are it."""
+    from txsink.realtime import SourcePartition
+    from txsink.realtime.config import COMMIT_INTERVAL, check_realtime_target, realtime_specs
+    from txsink.realtime.group import MEMBERS_FILE, positions_lines, read_members
+
+    plugins = get_plugins()
+    if cfg.sink.targets:
+        specs = realtime_specs(cfg.sink.sink_id, cfg.sink.targets, prefix="sink.targets",
+                               plugins=plugins)
+        backends = {t.name: t.backend for t in cfg.sink.targets}
+    else:
+        specs = {"": check_realtime_target(plugins.backend_class(cfg.sink.backend),
+                                           cfg.sink.backend, cfg.sink.sink_id,
+                                           cfg.sink.options)}
+        backends = {"": cfg.sink.backend}
+    report: dict[str, Any] = {}
+    held: dict[str, dict[SourcePartition, int]] = {}
+    for name, spec in specs.items():
+        entry: dict[str, Any] = {"backend": backends[name], "sink_id": spec.sink_id,
+                                 "where": spec.describe()}
+        try:
+            held[name] = spec.stored_positions()
+            entry["positions"] = {str(k): v for k, v in sorted(held[name].items())}
+        except Exception as exc:  # a server away: say so, show the other targets
+            options = (next(t.options for t in cfg.sink.targets if t.name == name)
+                       if name else cfg.sink.options)
+            secrets = [v for k, v in options.items() if "password" in k or "secret" in k]
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            entry["error"] = redact(text, secrets)
+        report[name] = entry
+    members: dict[str, Any] | None = None
+    local = cfg.checkpoint.removeprefix("file://")
+    if "://" not in local and os.path.isfile(os.path.join(local, MEMBERS_FILE)):
+        members = read_members(Path(local, MEMBERS_FILE).read_text(encoding="utf-8"))
+    interval = cfg.sink.options.get(COMMIT_INTERVAL, "250 milliseconds")
+    if as_json:
+        print(json.dumps({"sink_id": cfg.sink.sink_id, "mode": "real_time",
+                          "checkpoint": cfg.checkpoint, "commit_interval": interval,
+                          "targets" if cfg.sink.targets else "target":
+                              report if cfg.sink.targets else report[""],
+                          "recorded_targets": None if members is None
+                          else sorted(members["targets"])}, indent=1))
+        return 0
+    what = (f"a group of {len(specs)} targets, each exactly once by its own stored positions"
+            if cfg.sink.targets else "exactly once by stored source positions")
+    print(f"sink {cfg.sink.sink_id!r}: real-time mode, {what} (commit every {interval}); no "
+          "txsink state: the positions are it")
+    print(f"checkpoint: {cfg.checkpoint}" + (
+        "" if members is None else
+        f" (ran with targets {', '.join(sorted(members['targets']))})"))
+    for name, entry in report.items():
+        indent = "  "
+        if name:
+            print(f"  target {name}: {entry['backend']}, {entry['where']}, sink id "
+                  f"{entry['sink_id']}")
+            indent = "    "
+        else:
+            print(f"target: {entry['backend']}, {entry['where']}")
+        if "error" in entry:
+            print(f"{indent}positions: unknown ({entry['error']})")
+            continue
+        for line in positions_lines(held[name]):
+            print(f"{indent}{line}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    realtime = _realtime_pipeline(args.checkpoint)
+    if realtime is not None:
+        return _status_realtime(realtime, args.json)
     plugins = get_plugins()
     store = open_state(_checkpoint_of(args.checkpoint), plugins)
     meta = store.read_meta()

@@ -184,7 +184,7 @@ class PipelineConfig:
                     f", {k}={v}" for k, v in sorted(self.sink.safe_target_options(
                         t.name).items()))
                 for t in self.sink.targets)
-            steps.append(f"sink: group sink_id={self.sink.sink_id}, one decision per epoch "
+            steps.append(f"sink: group sink_id={self.sink.sink_id}, {self._group_words()} "
                          f"over {len(self.sink.targets)} targets [{targets}]")
         else:
             steps.append(f"sink: {self.sink.backend} (sink_id={self.sink.sink_id}{guarantee}"
@@ -192,6 +192,11 @@ class PipelineConfig:
         return (f"pipeline {self.name!r} ({self.mode}): " + " -> ".join(steps)
                 + f"; checkpoint {self.checkpoint}")
 
+
+    def _group_words(self) -> str:
+        if self.trigger.kind == "real_time":
+            return "real-time mode, each by its own stored source positions,"
+        return "one decision per epoch"
 
     def header_lines(self, width: int = 100) -> list[str]:
         """``txsink run``'s header: :meth:`summary`, except that a group gets one short
@@ -203,7 +208,7 @@ class PipelineConfig:
             src += f" at {self.source.path}"
         lines = [f"pipeline {self.name!r} ({self.mode}): source: {src}"
                  + (" -> transform: SQL" if self.transform else "")
-                 + f" -> group sink_id={self.sink.sink_id}, one decision per epoch over "
+                 + f" -> group sink_id={self.sink.sink_id}, {self._group_words()} over "
                  f"{len(self.sink.targets)} targets; checkpoint {self.checkpoint}"]
         for t in self.sink.targets:
             opts = ", ".join(f"{k}={v}" for k, v in sorted(
@@ -342,7 +347,7 @@ def parse_pipeline(
                           f"'SELECT * FROM {SOURCE_VIEW}', got {_type_name(transform)}",
                           field="transform")
     trigger = _trigger(data.get("trigger"), mode)
-    if trigger.kind == "real_time":  # docs/realtime.md: one target, by source position
+    if trigger.kind == "real_time":  # docs/realtime.md: exactly once by source position
         sink = _realtime_sink(_mapping(data, "sink", "", required=True), plugins,
                               check_backend)
     else:
@@ -446,13 +451,17 @@ def _sink(data: Mapping[str, Any], plugins: Plugins | None, check_backend: bool,
 def _realtime_sink(data: Mapping[str, Any], plugins: Plugins | None,
                    check_backend: bool) -> SinkConfig:
     """``sink`` for ``trigger: {real_time: ...}``: one backend's real-time target."""
-    from txsink.realtime.config import COMMIT_INTERVAL, check_realtime_sink, check_realtime_target
+    from txsink.realtime.config import (
+        COMMIT_INTERVAL,
+        check_realtime_sink,
+        check_realtime_target,
+        check_single_sink_id,
+    )
 
     guarantee = DeliveryGuarantee.parse(data.get("guarantee", "exactly_once"),
                                         field_name="sink.guarantee")
+    _check_keys(data, ("backend", "sink_id", "guarantee", "options", "targets"), "sink")
     check_realtime_sink(data, guarantee)
-    _check_keys(data, ("backend", "sink_id", "guarantee", "options"), "sink")
-    backend = _str(data, "backend", "sink", required=True)
     sink_id = _sink_id(data)
     options = {k.lower(): v for k, v in _scalars(data, "options", "sink").items()}
     interval = options.get(COMMIT_INTERVAL)
@@ -460,6 +469,20 @@ def _realtime_sink(data: Mapping[str, Any], plugins: Plugins | None,
         raise ConfigError(f"sink.options.{COMMIT_INTERVAL}: must be a positive duration such "
                           f"as '250 milliseconds', got {interval!r}",
                           field=f"sink.options.{COMMIT_INTERVAL}")
+    if "targets" in data:  # a group: each target exactly once by its own positions
+        from txsink.realtime.config import parse_realtime_targets
+
+        specs = parse_realtime_targets(data["targets"], sink_id, prefix="sink.targets",
+                                       plugins=plugins, check_backend=check_backend)
+        secrets: dict[str, frozenset[str]] = {}
+        if check_backend:
+            registry = plugins if plugins is not None else get_plugins()
+            secrets = {t.name: frozenset(registry.backend_class(t.backend).secret_options)
+                       | {"password"} for t in specs}
+        return SinkConfig(GROUP_BACKEND, sink_id, options, frozenset(), guarantee, specs,
+                          secrets)
+    backend = _str(data, "backend", "sink", required=True)
+    check_single_sink_id(sink_id)
     secret: frozenset[str] = frozenset()
     if check_backend:
         registry = plugins if plugins is not None else get_plugins()

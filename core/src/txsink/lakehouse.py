@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.errors import ParticipantLostError, StateError
 from txsink.model import Committable, TransactionContext, parse_participant
+from txsink.objectstore import S3Access, is_s3, split_uri
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,8 @@ class TableBackend(Backend):
     #: Spark's own Parquet writer may write this target's files (the native data path:
     #: ``TargetSet.write_stream`` / ``write`` and grouped epochs).
     native_parquet: ClassVar[bool] = True
+    #: The option naming the table's location (for errors about it).
+    location_option: ClassVar[str] = "path"
     capabilities: ClassVar[frozenset[Capability]] = frozenset({
         Capability.COMMIT_FROM_ANY_PROCESS, Capability.LIST_PREPARED,
         Capability.COMMIT_MARKER, Capability.SURVIVES_RESTART})
@@ -215,17 +218,34 @@ class TableBackend(Backend):
 
     # -- files ----------------------------------------------------------------------------
 
+    def on_s3(self) -> bool:
+        """Whether the table lives on S3 (tables whose data root needs I/O to find
+        answer from their options instead)."""
+        return is_s3(self.data_root())
+
+    def s3_access(self) -> S3Access:
+        """How this table's S3 location is reached (tables on S3 override this with
+        their options; the default is the AWS environment of the process)."""
+        return S3Access()
+
     def _fs(self) -> tuple[pafs.FileSystem, str]:
         cached = getattr(self, "_fs_cache", None)
         if cached is None:
             root = self.data_root()
-            if "://" in root and not root.startswith("file://"):
+            fs: pafs.FileSystem
+            if is_s3(root):
+                bucket, key = split_uri(root, owner=f"{self.name} backend", field="path")
+                fs, path = self.s3_access().filesystem(), f"{bucket}/{key}"
+            elif "://" in root and not root.startswith("file://"):
                 fs, path = pafs.FileSystem.from_uri(root)
             else:
                 fs, path = pafs.LocalFileSystem(), root.removeprefix("file://")
             cached = (fs, path.rstrip("/"))
             self._fs_cache = cached
         return cached
+
+    def _local(self) -> bool:
+        return self._fs()[0].type_name == "local"
 
     def _sink_folder(self, sink_id: str) -> str:
         return f"{DATA_FOLDER}/{sink_id}"
@@ -235,12 +255,46 @@ class TableBackend(Backend):
         return f"{self._sink_folder(sink_id)}/{epoch_folder(epoch)}"
 
     def absolute(self, relative: str) -> str:
-        """A path relative to the data root as the filesystem names it."""
+        """A path relative to the data root as the filesystem names it (for S3:
+        ``bucket/key``, without a scheme)."""
         return f"{self._fs()[1]}/{relative}"
+
+    def uri(self, relative: str) -> str:
+        """A path relative to the data root as the table format names it: an absolute
+        local path, or ``s3://bucket/key``."""
+        root = self.data_root().rstrip("/")
+        if is_s3(root):
+            return f"s3://{root.split('://', 1)[1]}/{relative}"
+        return f"{self._fs()[1]}/{relative}"
+
+    def spark_path(self, relative: str) -> str:
+        """A path relative to the data root as Spark's Hadoop filesystems name it (S3
+        through the S3A connector: ``s3a://bucket/key``)."""
+        uri = self.uri(relative)
+        return f"s3a://{uri.split('://', 1)[1]}" if is_s3(uri) else uri
+
+    def read_schema(self, relative: str) -> pa.Schema:
+        """The Arrow schema of one of the table's data files (through the filesystem)."""
+        fs, _ = self._fs()
+        return pq.read_schema(self.absolute(relative), filesystem=fs)
+
+    def check_location(self) -> None:
+        """Before any data moves: for a table on S3, the bucket exists, the endpoint
+        answers, the credentials are accepted and an object can be written and deleted
+        under the table's data folder (a :class:`~txsink.errors.ConfigError` naming the
+        option otherwise). Nothing to check on local disk."""
+        root = self.data_root()
+        if not is_s3(root):
+            return
+        owner = f"{self.name} backend"
+        bucket, key = split_uri(root, owner=owner, field="path")
+        self.s3_access().check(bucket, f"{key}/{DATA_FOLDER}".lstrip("/"), owner=owner,
+                               field=self.location_option)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_fs_cache", None)
+        state.pop("_mtimes", None)
         return state
 
     # -- executor side --------------------------------------------------------------------
@@ -254,7 +308,8 @@ class TableBackend(Backend):
             fs, _ = self._fs()
             folder = self.absolute(f"{self.epoch_folder(txn.ctx.sink_id, txn.ctx.epoch)}/"
                                    f"{txn.dirname}")
-            fs.create_dir(folder, recursive=True)
+            if self._local():  # object stores have no directories to make
+                fs.create_dir(folder, recursive=True)
             txn.path = f"{folder}/part-00000.parquet"
             txn.sink = fs.open_output_stream(txn.path)
             # Iceberg reads timestamps as microseconds; Spark's INT96 is refused there.
@@ -273,7 +328,7 @@ class TableBackend(Backend):
         txn.close()
         files: list[DataFile] = []
         if txn.path is not None:
-            if self._fs()[0].type_name == "local":
+            if self._local():  # an object store's upload is durable once it returns
                 with open(txn.path, "rb") as f:  # durable before it is prepared
                     os.fsync(f.fileno())
                 with contextlib.suppress(OSError):
@@ -391,9 +446,17 @@ class TableBackend(Backend):
                             "DECIDED and the next start commits it")
 
     def _check_present(self, c: Committable, files: Sequence[DataFile]) -> None:
+        """Every file still there with its size (one listing of the participant's
+        directory: on S3 one request instead of one per file). Their modification times
+        are kept for the commit (:meth:`modified_ns`)."""
         fs, _ = self._fs()
+        found = {i.path: i for i in fs.get_file_info(pafs.FileSelector(
+            self.absolute(f"{self.epoch_folder(c.sink_id, c.epoch)}/{c.payload['dir']}"),
+            recursive=True, allow_not_found=True))}
+        self._mtimes = getattr(self, "_mtimes", {})
         for f in files:
-            info = fs.get_file_info(self.absolute(f.path))
+            info = found.get(self.absolute(f.path)) or fs.get_file_info(self.absolute(f.path))
+            self._mtimes[f.path] = info.mtime_ns
             if info.type != pafs.FileType.File or info.size != f.size:
                 raise ParticipantLostError(
                     f"{c.describe()}: data file {f.path} under {self.describe()} is "
@@ -401,6 +464,14 @@ class TableBackend(Backend):
                     "table does not name this participant: its rows cannot be committed "
                     "(was it deleted by VACUUM / orphan-file removal while the epoch was "
                     "prepared?)", sink_id=c.sink_id, epoch=c.epoch, participant=c.participant)
+
+    def modified_ns(self, relative: str) -> int:
+        """When a data file was written (nanoseconds; from :meth:`_check_present`'s
+        listing when it saw the file, else asked for)."""
+        known = getattr(self, "_mtimes", {}).pop(relative, None)
+        if known is None:
+            known = self._fs()[0].get_file_info(self.absolute(relative)).mtime_ns
+        return int(known) if known is not None else time.time_ns()
 
     def abort(self, committable: Committable) -> None:
         dirname = str(committable.payload.get("dir", ""))
@@ -421,7 +492,8 @@ class TableBackend(Backend):
             return
         fs, _ = self._fs()
         folder = self.absolute(self.epoch_folder(sink_id, epoch))
-        fs.create_dir(folder, recursive=True)
+        if self._local():
+            fs.create_dir(folder, recursive=True)
         with fs.open_output_stream(f"{folder}/{COMMITTED_MARKER}") as out:
             out.write(json.dumps(held, sort_keys=True).encode())
 

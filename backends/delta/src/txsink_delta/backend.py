@@ -8,23 +8,31 @@ write) and, in its commit info, which participant directories it names. Before e
 commit the log is read: an epoch it already names is not added again, so a commit
 whose outcome was unknown is finished, never doubled. delta-rs 1.6 accepts a second
 commit with the same ``txn`` version, so this check is txsink's own.
+
+A table on S3 (``s3://bucket/prefix``) is as safe: delta-rs writes each log entry with
+a create-only PUT (``If-None-Match: *``, its ``conditional_put=etag``), so of two
+writers of one log version exactly one wins, with no DynamoDB lock. The store must
+honour that condition: the preflight proves it on a scratch log before data moves.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
+    DATA_FOLDER,
     ConflictError,
     DataFile,
     TableBackend,
     marker_dirs,
     marker_json,
 )
+from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri
 from txsink.options import Options
 
 log = logging.getLogger(__name__)
@@ -34,30 +42,51 @@ EPOCH_KEY = "txsink.epoch"
 PARTICIPANTS_KEY = "txsink.participants"
 #: Log entries read per step when looking back for an epoch.
 HISTORY_STEP = 32
+#: (endpoint, bucket) pairs whose conditional writes this process has seen work.
+_CONDITIONAL_PUT_PROVEN: set[tuple[str | None, str]] = set()
 
 
 class DeltaBackend(TableBackend):
-    """A Delta table on local disk (``path``)."""
+    """A Delta table on local disk or on S3 (``path``)."""
 
     name: ClassVar[str] = "delta"
+    secret_options: ClassVar[frozenset[str]] = SECRET_KEYS
 
-    def __init__(self, path: str, *, create: bool = True) -> None:
+    def __init__(self, path: str, *, create: bool = True, s3: S3Access | None = None) -> None:
         self.path = path
         self.create = create
+        self.s3 = s3 if s3 is not None or not is_s3(path) else S3Access()
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> DeltaBackend:
-        opts = Options(options, owner="delta backend")
+        opts = Options(options, owner="delta backend", secret_keys=SECRET_KEYS)
         path = opts.str("path", required=True)
-        if path.startswith("file://"):
-            path = path[len("file://"):]
-        elif "://" in path:
+        s3: S3Access | None = None
+        if is_s3(path):
+            bucket, key = split_uri(path, owner="delta backend", field="path")
+            path = f"s3://{bucket}/{key}".rstrip("/")
+            s3 = S3Access.from_options(opts, "delta backend")
+        elif path.startswith("file://") or "://" not in path:
+            S3Access.refuse_for_local(options, "delta backend", "path")
+            path = os.path.abspath(path.removeprefix("file://"))
+        else:
             raise ConfigError(
-                f"delta backend: option 'path' must be a local directory for now, got "
-                f"{path!r}; tables on object stores are not supported yet", field="path")
+                f"delta backend: option 'path' must be a local directory or "
+                f"s3://<bucket>/<prefix>, got {path!r}", field="path")
         create = opts.bool("create", True)
         opts.check_unknown()
-        return cls(os.path.abspath(path), create=create)
+        return cls(path, create=create, s3=s3)
+
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # On S3 the place is the store and the table's key prefix (s3:// and s3a://
+        # name the same objects); region and keys only say how to get there, and a
+        # rotated key is no move. Local tables keep the default.
+        path = str(options.get("path") or "")
+        if not is_s3(path):
+            return super().destination(options)
+        return {"path": "s3://" + path.split("://", 1)[1].strip("/"),
+                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
 
     def describe(self) -> str:
         return f"delta table {self.path}"
@@ -67,8 +96,42 @@ class DeltaBackend(TableBackend):
         kept["path"] = self.path  # absolute: status/resolve may run elsewhere
         return kept
 
+    def secret_values(self) -> list[str]:
+        return self.s3.secrets() if self.s3 is not None else []
+
     def data_root(self) -> str:
         return self.path
+
+    def s3_access(self) -> S3Access:
+        return self.s3 if self.s3 is not None else S3Access()
+
+    def on_s3(self) -> bool:
+        return self.s3 is not None
+
+    def storage_options(self) -> dict[str, str] | None:
+        """delta-rs's storage options for a table on S3 (None on local disk).
+
+        ``conditional_put=etag``: every log entry is a create-only PUT, so a commit that
+        lost the race for a version fails instead of overwriting the winner (delta-rs 1.x
+        does this by default on S3; stated so a changed default cannot undo it)."""
+        if self.s3 is None:
+            return None
+        s3 = self.s3
+        out = {"conditional_put": "etag", "AWS_REGION": s3.region_name()}
+        endpoint = s3.endpoint()
+        if endpoint:
+            out["AWS_ENDPOINT_URL"] = endpoint
+            if endpoint.startswith("http://"):
+                out["AWS_ALLOW_HTTP"] = "true"
+        if s3.addressing_style != "auto":
+            out["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = str(
+                s3.addressing_style == "virtual").lower()
+        if s3.access_key_id is not None and s3.secret_access_key is not None:
+            out["AWS_ACCESS_KEY_ID"] = s3.access_key_id
+            out["AWS_SECRET_ACCESS_KEY"] = s3.secret_access_key.reveal()
+            if s3.session_token is not None:
+                out["AWS_SESSION_TOKEN"] = s3.session_token.reveal()
+        return out
 
     # -- the table ------------------------------------------------------------------------
 
@@ -78,11 +141,14 @@ class DeltaBackend(TableBackend):
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self.path)
+            return DeltaTable(self.path, storage_options=self.storage_options())
         except TableNotFoundError:
             return None
 
     def preflight(self, sink_id: str) -> None:
+        if self.s3 is not None:
+            self.check_location()
+            self._check_conditional_put()
         table = self._table()
         if table is None:
             if not self.create:
@@ -95,6 +161,46 @@ class DeltaBackend(TableBackend):
             raise ConfigError(
                 f"delta backend: table {self.path} is partitioned by {', '.join(parts)}; "
                 "txsink writes unpartitioned Delta tables only (for now)", field="path")
+
+    def _check_conditional_put(self) -> None:
+        """Two writers of one log version on a scratch table under the data folder: the
+        second must be refused. A store that ignores ``If-None-Match`` lets it overwrite
+        the first entry, and a lost race would then drop a committed epoch silently."""
+        from deltalake import CommitProperties, DeltaTable
+        from deltalake.exceptions import CommitFailedError
+
+        assert self.s3 is not None
+        bucket, _ = split_uri(self.path, owner="delta backend", field="path")
+        proven = (self.s3.endpoint(), bucket)
+        if proven in _CONDITIONAL_PUT_PROVEN:
+            return
+        import pyarrow as pa
+
+        scratch = f"{DATA_FOLDER}/_probe-{uuid.uuid4().hex[:12]}"
+        uri = self.uri(scratch)
+        options = self.storage_options()
+        schema = pa.schema([("id", pa.int64())])
+        once = CommitProperties(max_commit_retries=0)
+        try:
+            DeltaTable.create(uri, schema=schema, storage_options=options)
+            first = DeltaTable(uri, storage_options=options)
+            second = DeltaTable(uri, storage_options=options)
+            first.create_write_transaction([], "append", first.schema(),
+                                           commit_properties=once)
+            try:
+                second.create_write_transaction([], "append", second.schema(),
+                                                commit_properties=once)
+            except CommitFailedError:
+                _CONDITIONAL_PUT_PROVEN.add(proven)
+                return
+            raise ConfigError(
+                f"delta backend: {self.s3.where(bucket)} does not honour conditional writes "
+                "(If-None-Match: *): a second writer of a Delta log version overwrote the "
+                "first on a scratch table. Two committers of one table could then lose a "
+                "commit silently; use a store that honours them (AWS S3, SeaweedFS 4.x, "
+                "recent MinIO)", field="endpoint_url")
+        finally:
+            self._delete_dir(scratch)
 
     def table_epoch(self, sink_id: str, epoch: int, table: Any = None
                     ) -> dict[str, str] | None:
@@ -155,7 +261,7 @@ class DeltaBackend(TableBackend):
         self._check_schema(schema, files)
         actions = []
         for f in files:
-            mtime = int(os.stat(self.absolute(f.path)).st_mtime * 1000)
+            mtime = self.modified_ns(f.path) // 1_000_000
             actions.append(AddAction(f.path, f.size, {}, mtime, True,
                                      f.stats or f'{{"numRecords":{f.rows}}}'))
         props = CommitProperties(
@@ -174,7 +280,6 @@ class DeltaBackend(TableBackend):
 
     def _create(self, files: Sequence[DataFile]) -> Any:
         """Create the table from the first file's schema (a racing creator may win)."""
-        import pyarrow.parquet as pq
         from deltalake import DeltaTable
 
         if not files:
@@ -182,20 +287,20 @@ class DeltaBackend(TableBackend):
         if not self.create:
             raise FatalCommitError(f"delta backend: the table at {self.path} is gone and "
                                    "create=false; create it again to commit")
-        schema = pq.read_schema(self.absolute(files[0].path))
+        schema = self.read_schema(files[0].path)
         try:
-            DeltaTable.create(self.path, schema=schema, mode="ignore")
+            DeltaTable.create(self.path, schema=schema, mode="ignore",
+                              storage_options=self.storage_options())
         except Exception as exc:
             log.info("delta table %s: create raced with another writer (%s)", self.path, exc)
         return self._table()
 
     def _check_schema(self, schema: Any, files: Sequence[DataFile]) -> None:
-        import pyarrow.parquet as pq
         from deltalake import Schema
 
         if not files:
             return
-        theirs = Schema.from_arrow(pq.read_schema(self.absolute(files[0].path)))
+        theirs = Schema.from_arrow(self.read_schema(files[0].path))
         want = {f.name: f.type for f in schema.fields}
         have = {f.name: f.type for f in theirs.fields}
         if want != have:

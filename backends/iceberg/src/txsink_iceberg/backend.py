@@ -15,7 +15,11 @@ the backend stops and says so instead of adding it again (Delta's ``txn`` action
 plays this part there).
 
 The catalog is pyiceberg's SQL catalog: by default on a SQLite file in the warehouse
-(one machine); ``catalog_uri`` names a PostgreSQL database for shared use.
+(one machine); ``catalog_uri`` names a PostgreSQL database for shared use. A warehouse
+on S3 (``s3://bucket/prefix``) keeps data and metadata files there, written through
+pyiceberg's pyarrow FileIO with the S3 backend's options; its catalog is always given
+by ``catalog_uri`` (a SQLite file cannot live on S3). A commit is the catalog's
+compare-and-swap of the table's metadata location, so no conditional PUT is needed.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from txsink.lakehouse import (
     marker_dirs,
     marker_json,
 )
+from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri
 from txsink.options import Options
 
 log = logging.getLogger(__name__)
@@ -46,18 +51,27 @@ CATALOG_FILE = "txsink-catalog.db"
 
 
 class IcebergBackend(TableBackend):
-    """An Iceberg table ``namespace.name`` in a SQL catalog, data on local disk."""
+    """An Iceberg table ``namespace.name`` in a SQL catalog, data on local disk or S3."""
 
     name: ClassVar[str] = "iceberg"
-    secret_options: ClassVar[frozenset[str]] = frozenset({"catalog_uri"})
+    secret_options: ClassVar[frozenset[str]] = frozenset({"catalog_uri", *SECRET_KEYS})
+    location_option: ClassVar[str] = "warehouse"
 
     def __init__(self, table: str, warehouse: str, catalog_uri: str | None = None, *,
-                 catalog_name: str = "txsink", create: bool = True) -> None:
+                 catalog_name: str = "txsink", create: bool = True,
+                 s3: S3Access | None = None) -> None:
         self.table = table
         self.warehouse = warehouse
         self.catalog_uri = catalog_uri
         self.catalog_name = catalog_name
         self.create = create
+        self.s3 = s3 if s3 is not None or not is_s3(warehouse) else S3Access()
+        if self.s3 is not None and catalog_uri is None:
+            raise ConfigError("iceberg backend: a warehouse on S3 needs option "
+                              "'catalog_uri' (the default SQLite catalog lives in the "
+                              "warehouse directory, which S3 cannot hold): e.g. "
+                              "sqlite:////var/lib/txsink/catalog.db on one machine, or a "
+                              "PostgreSQL URL", field="catalog_uri")
         self._catalog_cache: Any = None
         self._root: str | None = None
 
@@ -69,26 +83,71 @@ class IcebergBackend(TableBackend):
             raise ConfigError(f"iceberg backend: option 'table' must be 'namespace.name', "
                               f"got {table!r}", field="table")
         warehouse = opts.str("warehouse", required=True)
-        if warehouse.startswith("file://"):
-            warehouse = warehouse[len("file://"):]
-        elif "://" in warehouse:
+        s3: S3Access | None = None
+        if is_s3(warehouse):
+            bucket, key = split_uri(warehouse, owner="iceberg backend", field="warehouse")
+            warehouse = f"s3://{bucket}/{key}".rstrip("/")
+            s3 = S3Access.from_options(opts, "iceberg backend")
+        elif warehouse.startswith("file://") or "://" not in warehouse:
+            S3Access.refuse_for_local(options, "iceberg backend", "warehouse")
+            warehouse = os.path.abspath(warehouse.removeprefix("file://"))
+        else:
             raise ConfigError(
-                f"iceberg backend: option 'warehouse' must be a local directory for now, "
-                f"got {warehouse!r}; warehouses on object stores are not supported yet",
-                field="warehouse")
+                f"iceberg backend: option 'warehouse' must be a local directory or "
+                f"s3://<bucket>/<prefix>, got {warehouse!r}", field="warehouse")
         secret = opts.secret("catalog_uri")
         name = opts.str("catalog_name", "txsink")
         create = opts.bool("create", True)
         opts.check_unknown()
-        return cls(table, os.path.abspath(warehouse),
-                   secret.reveal() if secret is not None else None,
-                   catalog_name=name, create=create)
+        return cls(table, warehouse, secret.reveal() if secret is not None else None,
+                   catalog_name=name, create=create, s3=s3)
+
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # As Delta's: on S3 the store, the warehouse prefix and the table (in its
+        # catalog); region and keys are no part of the place.
+        warehouse = str(options.get("warehouse") or "")
+        if not is_s3(warehouse):
+            return super().destination(options)
+        return {"warehouse": "s3://" + warehouse.split("://", 1)[1].strip("/"),
+                "table": str(options.get("table") or ""),
+                "catalog_name": str(options.get("catalog_name") or "txsink"),
+                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
 
     def describe(self) -> str:
         return f"iceberg table {self.table} (warehouse {self.warehouse})"
 
     def secret_values(self) -> list[str]:
-        return [self.catalog_uri] if self.catalog_uri else []
+        return ([self.catalog_uri] if self.catalog_uri else []) + (
+            self.s3.secrets() if self.s3 is not None else [])
+
+    def s3_access(self) -> S3Access:
+        return self.s3 if self.s3 is not None else S3Access()
+
+    def on_s3(self) -> bool:
+        return self.s3 is not None
+
+    def file_io_properties(self) -> dict[str, str]:
+        """pyiceberg's FileIO properties for a warehouse on S3 (pyarrow's S3 client)."""
+        if self.s3 is None:
+            return {}
+        s3 = self.s3
+        out = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
+               "s3.region": s3.region_name()}
+        endpoint = s3.endpoint()
+        if endpoint:
+            out["s3.endpoint"] = endpoint
+        if s3.addressing_style != "auto":
+            out["s3.force-virtual-addressing"] = str(s3.addressing_style == "virtual").lower()
+        if s3.access_key_id is not None and s3.secret_access_key is not None:
+            out["s3.access-key-id"] = s3.access_key_id
+            out["s3.secret-access-key"] = s3.secret_access_key.reveal()
+            if s3.session_token is not None:
+                out["s3.session-token"] = s3.session_token.reveal()
+        return out
+
+    def _warehouse_uri(self) -> str:
+        return self.warehouse if self.s3 is not None else f"file://{self.warehouse}"
 
     def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
         kept = super().safe_options(options)
@@ -110,8 +169,12 @@ class IcebergBackend(TableBackend):
             if not self.catalog_uri:
                 os.makedirs(self.warehouse, exist_ok=True)
             self._catalog_cache = SqlCatalog(self.catalog_name, uri=uri,
-                                             warehouse=f"file://{self.warehouse}")
+                                             warehouse=self._warehouse_uri(),
+                                             **self.file_io_properties())
         return self._catalog_cache
+
+    def _file_uri(self, relative: str) -> str:
+        return self.uri(relative) if self.s3 is not None else f"file://{self.absolute(relative)}"
 
     def _load(self) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
@@ -132,14 +195,20 @@ class IcebergBackend(TableBackend):
             table = self._load()
             location = (table.location() if table is not None else self._location())
             location = location.removeprefix("file://")
-            if "://" in location:
+            if is_s3(location) and self.s3 is not None:
+                location = "s3://" + location.split("://", 1)[1]
+            elif "://" in location or self.s3 is not None:
                 raise ConfigError(f"iceberg backend: table {self.table} lives at "
-                                  f"{location}; only local tables are supported for now",
-                                  field="table")
+                                  f"{location}, outside the kind of warehouse given "
+                                  f"({self.warehouse}); give the warehouse it lives in",
+                                  field="warehouse")
             self._root = f"{location.rstrip('/')}/data"
         return self._root
 
     def preflight(self, sink_id: str) -> None:
+        if self.s3 is not None:
+            bucket, key = split_uri(self.warehouse, owner="iceberg backend", field="warehouse")
+            self.s3.check(bucket, key, owner="iceberg backend", field="warehouse")
         table = self._load()
         if table is None and not self.create:
             raise ConfigError(f"iceberg backend: no table {self.table} in the catalog and "
@@ -231,7 +300,7 @@ class IcebergBackend(TableBackend):
         self.refuse_if_named(table, sink_id, epoch, participants)
         props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
                  PARTICIPANTS_KEY: marker_json(participants)}
-        paths = [f"file://{self.absolute(f.path)}" for f in files]
+        paths = [self._file_uri(f.path) for f in files]
         recorded = _recorded_epoch(table, sink_id)
         table = _without_retries(table)
         try:
@@ -256,7 +325,6 @@ class IcebergBackend(TableBackend):
                                    f"epoch's files: {exc}") from exc
 
     def _create(self, files: Sequence[DataFile]) -> Any:
-        import pyarrow.parquet as pq
         from pyiceberg.exceptions import TableAlreadyExistsError
 
         if not files:
@@ -264,13 +332,14 @@ class IcebergBackend(TableBackend):
         if not self.create:
             raise FatalCommitError(f"iceberg backend: table {self.table} is gone and "
                                    "create=false; create it again to commit")
-        schema = pq.read_schema(self.absolute(files[0].path))
+        schema = self.read_schema(files[0].path)
         catalog = self._catalog()
         catalog.create_namespace_if_not_exists(self.table.split(".")[0])
         location = self.data_root().removesuffix("/data")
         try:
             return catalog.create_table(self.table, schema=schema,
-                                        location=f"file://{location}")
+                                        location=location if self.s3 is not None
+                                        else f"file://{location}")
         except TableAlreadyExistsError:
             return self._load()
 

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from txsink.errors import ConfigError, ServerUnavailableError, SinkOwnedError
+from txsink.errors import ConfigError, ServerUnavailableError, SinkOwnedError, TxsinkError
 
 from txsink_kafka import config as cfg
 from txsink_kafka.claims import Claim, owner_key, owner_of
@@ -212,6 +212,19 @@ class KafkaAdmin:
                     f"{self.shared.redact(str(exc))}; create it with one partition and "
                     "cleanup.policy=compact, or name an existing one", field=field_name,
                     sink_id=sink_id) from None
+        # A new topic answers "Unknown partition" until its partition has a leader (its
+        # first read came right after this): wait for that, bounded.
+        deadline = time.monotonic() + self.config.request_timeout_s
+        while time.monotonic() < deadline:
+            topic = admin.list_topics(name, timeout=self.config.request_timeout_s).topics.get(
+                name)
+            if (topic is not None and topic.error is None and topic.partitions
+                    and all(p.leader >= 0 for p in topic.partitions.values())):
+                return
+            time.sleep(0.1)
+        raise TxsinkError(f"kafka sink: topic {name!r} (option '{field_name}') was created "
+                          f"but has no leader after {self.config.request_timeout_s:.0f}s",
+                          sink_id=sink_id)
 
     def _read_claims(self, sink_id: str) -> list[Claim]:
         """Every claim on ``sink_id``, in log order: the whole claim topic is read."""

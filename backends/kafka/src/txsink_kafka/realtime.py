@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PROGRESS_TOPIC = "txsink-progress"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
+#: How long a write waits for room in librdkafka's local queue before it fails.
+QUEUE_FULL_S = 60.0
 #: How long a claim waits for the progress topic to be readable to its end.
 READ_TIMEOUT_S = 60.0
 _OWN = {"topic", "progress.topic", "transaction.timeout.ms"}
@@ -87,6 +89,23 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
     def describe(self) -> str:
         return (f"kafka topic {self.topic} at {self.client['bootstrap.servers']} "
                 f"(progress in {self.progress_topic})")
+
+    def place(self) -> str:
+        # The topic, not the bootstrap servers: another list of brokers of the same
+        # cluster is a legitimate change (as the micro-batch target's destination).
+        return f"kafka topic {self.topic}"
+
+    def same_place(self, other: RealtimeTargetSpec) -> bool:
+        # Lists of brokers that share one are taken for one cluster.
+        return (isinstance(other, KafkaRealtimeSpec)
+                and other.feeds(self.client["bootstrap.servers"], self.topic))
+
+    def feeds(self, servers: str, topic: str) -> bool:
+        def names(text: str) -> set[str]:
+            return {s.strip() for s in text.split(",") if s.strip()}
+
+        return (self.topic == topic
+                and bool(names(self.client["bootstrap.servers"]) & names(servers)))
 
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
@@ -204,7 +223,14 @@ def _read_progress(spec: KafkaRealtimeSpec, want: bytes | None) -> list[tuple[by
 
 
 class KafkaPositionTarget(PositionTarget):
-    """One source partition's transactional producer."""
+    """One source partition's transactional producer.
+
+    Reusable between tasks (its claim, ``init_transactions`` plus a read of the
+    progress topic, is the slow part of a real-time batch's start): a newer producer's
+    ``init_transactions`` fences this one, so a kept producer that lost the source
+    partition fails its next transaction, with nothing visible."""
+
+    reusable = True
 
     def __init__(self, spec: KafkaRealtimeSpec, source: SourcePartition) -> None:
         self.spec = spec
@@ -241,6 +267,11 @@ class KafkaPositionTarget(PositionTarget):
         self.progress_partition = zlib.crc32(self.key) % max(1, count)
         found = _read_progress(self.spec, self.key)
         offset = int(json.loads(found[-1][1])["offset"]) if found else NOTHING
+        if not found:
+            # A first claim leaves a marker at NOTHING: the source partition is known to
+            # this target before any target of its group commits a row of it (what
+            # txsink.realtime.group tells a crash between two targets' commits by).
+            self.commit(NOTHING)
         log.debug("sink %s: claimed %s (%s) at offset %s", self.spec.sink_id, self.source,
                   tid, offset)
         return offset
@@ -260,18 +291,36 @@ class KafkaPositionTarget(PositionTarget):
                 value = row.get("value")
                 key = row.get("key")
                 headers = row.get("headers")
-                self.producer.produce(
-                    self.spec.topic,
-                    value.encode() if isinstance(value, str) else value,
-                    key.encode() if isinstance(key, str) else key,
-                    headers=[(h["key"], h["value"]) for h in headers] if headers else None,
-                    on_delivery=self._delivered)
+                args = (self.spec.topic, value.encode() if isinstance(value, str) else value,
+                        key.encode() if isinstance(key, str) else key)
+                kwargs = {"headers": ([(h["key"], h["value"]) for h in headers]
+                                      if headers else None), "on_delivery": self._delivered}
+                try:
+                    self.producer.produce(*args, **kwargs)
+                except BufferError:
+                    # The local queue is full: this row (only this one: the rows
+                    # before it are in the transaction already) once deliveries drain it.
+                    self._produce_when_room(args, kwargs)
             self.producer.poll(0)  # serve delivery reports once per batch of rows
         except KafkaException as exc:
             raise self._fail("write", exc) from None
-        except BufferError:
-            self.producer.flush(30)
-            self.write(rows)
+
+    def _produce_when_room(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import time
+
+        deadline = time.monotonic() + QUEUE_FULL_S
+        while True:
+            self.producer.poll(0.05)
+            try:
+                self.producer.produce(*args, **kwargs)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise TxsinkError(
+                        f"sink {self.spec.sink_id}: the producer's local queue for source "
+                        f"partition {self.source} stayed full for {QUEUE_FULL_S:.0f}s (the "
+                        "broker took no records); nothing of this transaction is visible",
+                        sink_id=self.spec.sink_id) from None
 
     def commit(self, offset: int) -> None:
         from confluent_kafka import KafkaException
@@ -280,10 +329,13 @@ class KafkaPositionTarget(PositionTarget):
             if not self.in_txn:
                 self.producer.begin_transaction()
                 self.in_txn = True
-            self.producer.produce(self.spec.progress_topic,
-                                  json.dumps({"offset": offset}).encode(), self.key,
-                                  partition=self.progress_partition,
-                                  on_delivery=self._delivered)
+            args = (self.spec.progress_topic, json.dumps({"offset": offset}).encode(),
+                    self.key)
+            kwargs = {"partition": self.progress_partition, "on_delivery": self._delivered}
+            try:
+                self.producer.produce(*args, **kwargs)
+            except BufferError:
+                self._produce_when_room(args, kwargs)
             self.producer.commit_transaction(30)
             self.in_txn = False
         except KafkaException as exc:

@@ -418,12 +418,10 @@ class KafkaWriter:
                     kwargs["headers"] = list(r.headers)
                 if r.timestamp is not None:
                     kwargs["timestamp"] = r.timestamp
-                while True:
-                    try:
-                        producer.produce(r.topic, r.value, r.key, **kwargs)
-                        break
-                    except BufferError:  # the queue is full: let deliveries drain it
-                        producer.poll(0.05)
+                try:
+                    producer.produce(r.topic, r.value, r.key, **kwargs)
+                except BufferError:
+                    self._produce_when_room(txn, r.topic, r.value, r.key, **kwargs)
                 txn.topics.add(r.topic)
                 txn.rows += 1
             producer.poll(0)
@@ -636,15 +634,13 @@ class KafkaWriter:
                         try:
                             produce(fixed, v, k, headers=epoch_header)
                         except BufferError:
-                            producer.poll(0.05)
-                            produce(fixed, v, k, headers=epoch_header)
+                            self._produce_when_room(txn, fixed, v, k, headers=epoch_header)
                 else:
                     for k, v in zip(keys, values, strict=True):
                         try:
                             produce(fixed, v, k)
                         except BufferError:
-                            producer.poll(0.05)
-                            produce(fixed, v, k)
+                            self._produce_when_room(txn, fixed, v, k)
                 txn.topics.add(fixed)
             else:
                 for i in range(n):
@@ -664,13 +660,37 @@ class KafkaWriter:
                     try:
                         produce(topic, values[i], keys[i], **kwargs)
                     except BufferError:
-                        producer.poll(0.05)
-                        produce(topic, values[i], keys[i], **kwargs)
+                        self._produce_when_room(txn, topic, values[i], keys[i], **kwargs)
                     txn.topics.add(topic)
             producer.poll(0)
         except:  # noqa: E722 - see _raised
             raise self._producer_error(txn, "producing", raised()) from None
         txn.rows += n
+
+    def _produce_when_room(self, txn: KafkaTransaction, topic: str, value: Any, key: Any,
+                           **kwargs: Any) -> None:
+        """Produce once librdkafka's local queue has room again.
+
+        The queue fills when the broker takes records slower than the task makes them
+        (a loaded machine, a slow disk): deliveries drain it, so poll until they do,
+        bounded by the window the sink rides out an unavailable broker for.
+        """
+        producer = txn.producer
+        assert producer is not None
+        window = self.config.retry_bound_s
+        deadline = time.monotonic() + window
+        while True:
+            producer.poll(0.05)
+            try:
+                producer.produce(topic, value, key, **kwargs)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise TxsinkError(
+                        f"{txn.describe()}: the producer's local queue stayed full for "
+                        f"{window:.0f}s: the broker took no records in that time; the task "
+                        "fails and is retried", sink_id=txn.ctx.sink_id, epoch=txn.ctx.epoch,
+                        participant=txn.ctx.participant) from None
 
     def _delivery_error(self, txn: KafkaTransaction) -> TxsinkError:
         ctx = txn.ctx

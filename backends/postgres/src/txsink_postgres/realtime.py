@@ -73,6 +73,25 @@ class PostgresRealtimeSpec(RealtimeTargetSpec):
     def describe(self) -> str:
         return f"postgres table {self.table} (progress in {self.progress})"
 
+    def _server(self) -> tuple[str, str, str]:
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            params = conninfo_to_dict(self.dsn)
+        except Exception:
+            params = {}
+        return (str(params.get("host") or ""), str(params.get("port") or "5432"),
+                str(params.get("dbname") or params.get("user") or ""))
+
+    def place(self) -> str:
+        # The database and the table, not host or port: a failover promotes a standby
+        # under another address (as the micro-batch target's destination).
+        return f"postgres database {self._server()[2]} table {self.table}"
+
+    def same_place(self, other: RealtimeTargetSpec) -> bool:
+        return (isinstance(other, PostgresRealtimeSpec) and self._server() == other._server()
+                and str(self.table) == str(other.table))
+
     def connect(self, *, autocommit: bool = False) -> Any:
         import psycopg
 
@@ -109,6 +128,9 @@ class PostgresRealtimeSpec(RealtimeTargetSpec):
     def stored_positions(self) -> dict[SourcePartition, int]:
         sql = _sql()
         with self.connect(autocommit=True) as conn:
+            exists = conn.execute("SELECT to_regclass(%s)", [str(self.progress)]).fetchone()
+            if exists is None or exists[0] is None:
+                return {}  # no run has prepared it yet
             rows = conn.execute(sql.SQL(
                 "SELECT source_topic, source_partition, source_offset FROM {} "
                 "WHERE sink_id = %s").format(self._ident(self.progress)),

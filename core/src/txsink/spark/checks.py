@@ -14,34 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from txsink.config import SOURCE_VIEW, PipelineConfig
 from txsink.errors import ConfigError
+from txsink.spark.messages import _is_spark_error, spark_message
+
+__all__ = ["_is_spark_error", "build_checked_frame", "build_source", "check_targets",
+           "frame_columns", "source_error", "spark_message", "transform_error"]
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-_ERROR_CLASS = re.compile(r"^\[(?P<cls>[A-Z0-9_.]+)\]\s*")
-_POSITION = re.compile(r"\(line (\d+), pos (\d+)\)|line (\d+),? pos (\d+)")
-_SQLSTATE = re.compile(r"\s*SQLSTATE: \w+[;.]?")
-
-
-def spark_message(exc: BaseException) -> str:
-    """The first meaningful line of a Spark error: no plan, no JVM frames, no SQLSTATE."""
-    text = str(exc)
-    java = text.find("\n: ")  # Py4JJavaError: "An error occurred while calling ...\n: <exc>"
-    if text.startswith("An error occurred while calling") and java >= 0:
-        text = text[java + 3:]
-        text = re.sub(r"^[\w.$]+(Exception|Error): ", "", text)
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    first = lines[0] if lines else type(exc).__name__
-    position = _POSITION.search(text)
-    first = _SQLSTATE.sub("", first)
-    first = _ERROR_CLASS.sub("", first).strip().rstrip(";")
-    first = re.sub(r"\.?\s*\(?line \d+,? pos \d+\)?$", "", first).rstrip(" .")
-    if position:
-        line, pos = (position.group(1), position.group(2)) if position.group(1) else (
-            position.group(3), position.group(4))
-        first += f" (line {line}, pos {pos})"
-    return first
-
 
 def _option_field(cfg: PipelineConfig, message: str) -> str:
     """Which ``source.options`` key the message is about: by name, else by its value."""
@@ -70,11 +49,6 @@ def source_error(cfg: PipelineConfig, exc: Exception) -> ConfigError:
 def transform_error(exc: Exception) -> ConfigError:
     return ConfigError(f"transform: Spark cannot run this SQL over the view {SOURCE_VIEW!r}: "
                        f"{spark_message(exc)}", field="transform")
-
-
-def _is_spark_error(exc: Exception) -> bool:
-    module = type(exc).__module__
-    return module.startswith(("pyspark.", "py4j."))
 
 
 #: The Kafka stream source txsink-kafka ships (a Python data source: registered in the
@@ -133,13 +107,18 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig, *, shaped: boo
             if not _is_spark_error(exc):
                 raise
             raise transform_error(exc) from None
-    return check_targets(df, cfg, shaped=shaped) if cfg.sink.targets else df
+    if cfg.trigger.kind == "real_time":
+        if cfg.sink.targets:
+            check_targets(df, cfg, shape=False)
+        return df  # start_realtime shapes a group's targets (the positions kept)
+    return check_targets(df, cfg, shape=shaped) if cfg.sink.targets else df
 
 
-def check_targets(df: DataFrame, cfg: PipelineConfig, *, shaped: bool = True) -> DataFrame:
+def check_targets(df: DataFrame, cfg: PipelineConfig, *, shape: bool = True) -> DataFrame:
     """Analyse each target's ``where`` and ``select`` on its own, so an unknown column is
-    one line naming the target; then the frame shaped for the group's tasks (checked
-    either way; ``shaped=False`` returns ``df`` itself)."""
+    one line naming the target; then the frame shaped for the group's tasks (``shape``;
+    without it ``df`` itself: real-time groups and groups with a table target check and
+    shape each target later)."""
     from txsink.spark.group import checked_shape
 
     for t in cfg.sink.targets:
@@ -157,8 +136,9 @@ def check_targets(df: DataFrame, cfg: PipelineConfig, *, shaped: bool = True) ->
                 raise ConfigError(f"{here}.{key}: Spark cannot apply it to the rows the sink "
                                   f"receives: {spark_message(exc)}", field=f"{here}.{key}"
                                   ) from None
-    out = checked_shape(df, cfg.sink.targets, cfg.sink.sink_id, prefix="sink.targets")
-    return out if shaped else df
+    if not shape:
+        return df
+    return checked_shape(df, cfg.sink.targets, cfg.sink.sink_id, prefix="sink.targets")
 
 
 def frame_columns(df: DataFrame, cfg: PipelineConfig) -> list[str]:

@@ -59,6 +59,7 @@ from txsink.targets import (
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
     from pyspark.sql.types import StructType
 
@@ -120,12 +121,37 @@ class TargetSet:
     """The targets of one group, validated, with what a write of them needs."""
 
     def __init__(self, sink_id: str, specs: Sequence[TargetSpec], *,
-                 checkpoint_location: str | None = None, state_location: str | None = None
-                 ) -> None:
+                 checkpoint_location: str | None = None, state_location: str | None = None,
+                 realtime: bool = False) -> None:
         self.sink_id = validate_sink_id(sink_id)
         self.specs = tuple(specs)
         self.checkpoint_location = checkpoint_location
         self.state_location = state_location
+        #: Checked for Spark's Real-time Mode (:meth:`start_realtime`), not micro-batches.
+        self.realtime = realtime
+
+    def _micro_batch(self) -> None:
+        if self.realtime:
+            raise ConfigError(f"group {self.sink_id!r} was built for Real-time Mode "
+                              "(realtime=True): start it with .start_realtime(df); build it "
+                              "without realtime=True for micro-batches", field="targets",
+                              sink_id=self.sink_id)
+
+    def start_realtime(self, df: DataFrame, *, trigger: str = "5 seconds",
+                       commit_interval: str | float | None = None,
+                       position_columns: Sequence[str] | None = None,
+                       query_name: str | None = None) -> StreamingQuery:
+        """Start ``df`` in Spark's Real-time Mode into every target, each exactly once by
+        its own stored positions (``docs/realtime.md``); the set must be built with
+        ``targets(..., realtime=True)`` and a ``checkpoint_location``."""
+        from txsink.spark.realtime import POSITION_COLUMNS, start_realtime
+
+        extra: dict[str, Any] = {}
+        if commit_interval is not None:
+            extra["commit_interval"] = commit_interval
+        return start_realtime(df, targets=self, trigger=trigger,
+                              position_columns=position_columns or POSITION_COLUMNS,
+                              query_name=query_name, **extra)
 
     @property
     def names(self) -> list[str]:
@@ -171,10 +197,45 @@ class TargetSet:
         return any(getattr(plugins.backend_class(s.backend), "native_parquet", False)
                    for s in self.specs)
 
+    def check_native_filesystems(self, df: DataFrame) -> None:
+        """Refuse, before the first batch, a table whose files Spark's own writer would
+        put where this Spark session has no filesystem (``s3a://`` without hadoop-aws):
+        Spark would fail inside the first batch with a Java error instead."""
+        plugins = get_plugins()
+        for spec in self.specs:
+            if not getattr(plugins.backend_class(spec.backend), "native_parquet", False):
+                continue
+            backend = TargetGroup.from_specs(self.sink_id, [spec]).members[spec.name].backend
+            try:
+                if not isinstance(backend, TableBackend) or not backend.on_s3():
+                    continue
+                field = f"targets[{spec.name}].options.{backend.location_option}"
+            finally:
+                backend.close()
+            spark = df.sparkSession
+            jvm = spark._jvm
+            if jvm is None:
+                continue  # no JVM here (Spark Connect): the native path is not used
+            try:
+                jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(
+                    "s3a", spark._jsc.hadoopConfiguration())
+            except Exception as exc:
+                if "s3a" not in str(exc):
+                    raise
+                raise ConfigError(
+                    f"group {self.sink_id!r}, target {spec.name!r}: the table is on S3 and "
+                    "Spark's own Parquet writer writes its files through s3a://, which this "
+                    "Spark session does not have: put hadoop-aws matching Spark's Hadoop "
+                    "(and its AWS SDK bundle) on the driver and executor class path, with "
+                    "fs.s3a.* settings for the endpoint and credentials",
+                    field=field) from None
+
     def write_stream(self, df: DataFrame) -> DataStreamWriter:
         """``df.writeStream`` to every target, one decision per micro-batch."""
+        self._micro_batch()
         if self.native():
             self.check_state()
+            self.check_native_filesystems(df)
             if not self.checkpoint_location:
                 raise ConfigError(f"group {self.sink_id!r}: give checkpoint_location: a "
                                   "group with table targets streams through foreachBatch, "
@@ -187,9 +248,11 @@ class TargetSet:
 
     def write(self, df: DataFrame) -> None:
         """A batch write of ``df`` to every target: one epoch, all targets or none."""
+        self._micro_batch()
         if self.native():
             self.check_state()
             self.check_no_stream()
+            self.check_native_filesystems(df)
             self.write_epoch(df, None)
             return
         shaped = self.shape(df)
@@ -247,16 +310,25 @@ class TargetSet:
     def epoch(self, spark: SparkSession, *, version: int | None = None,
               app_id: str | None = None) -> GroupEpoch:
         """One epoch of grouped writes (see the module docstring)."""
+        self._micro_batch()
         return GroupEpoch(spark, self, version=version, app_id=app_id)
 
 
 def targets(sink_id: str, items: Sequence[Mapping[str, Any]], *,
             checkpoint_location: str | None = None,
-            state_location: str | None = None) -> TargetSet:
-    """Validate a group's targets (no I/O); errors name ``targets[name].field``."""
-    specs = parse_targets(list(items), validate_sink_id(sink_id))
+            state_location: str | None = None, realtime: bool = False) -> TargetSet:
+    """Validate a group's targets (no I/O); errors name ``targets[name].field``.
+
+    ``realtime=True``: for Spark's Real-time Mode (:meth:`TargetSet.start_realtime`),
+    checked against each backend's real-time target (``docs/realtime.md``)."""
+    if realtime:
+        from txsink.realtime.config import parse_realtime_targets
+
+        specs = parse_realtime_targets(list(items), validate_sink_id(sink_id))
+    else:
+        specs = parse_targets(list(items), validate_sink_id(sink_id))
     return TargetSet(sink_id, specs, checkpoint_location=checkpoint_location,
-                     state_location=state_location)
+                     state_location=state_location, realtime=realtime)
 
 
 _target_set = targets
@@ -407,8 +479,8 @@ class GroupEpoch:
             ctx = TransactionContext(member.sink_id, self.epoch, 0,
                                      int(time.time() * 1000) % SALVAGE_ATTEMPT_BASE)
             dirname = new_participant_dir(ctx.participant)
-            path = backend.absolute(f"{backend.epoch_folder(ctx.sink_id, self.epoch)}/"
-                                    f"{dirname}")
+            path = backend.spark_path(f"{backend.epoch_folder(ctx.sink_id, self.epoch)}/"
+                                      f"{dirname}")
             spark = df.sparkSession
             # Iceberg reads microsecond timestamps only; Spark writes INT96 by default.
             key = "spark.sql.parquet.outputTimestampType"

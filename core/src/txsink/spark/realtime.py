@@ -16,28 +16,44 @@ Usage::
         sink_id="orders-rt", backend="kafka",
         options={"topic": "orders-out", "kafka.bootstrap.servers": "..."},
         checkpoint_location="/chk/orders-rt")
+
+A group of targets (each exactly once by its own stored positions; see
+``docs/realtime.md``) is ``targets=[txsink.spark.target(...), ...]`` with a ``sink_id``,
+or a ``txsink.spark.targets(..., realtime=True)`` set.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, TxsinkError
 from txsink.realtime import (
     DEFAULT_COMMIT_INTERVAL_S,
-    PositionWriter,
+    GroupWriter,
     RealtimeTargetSpec,
     SourcePartition,
 )
+from txsink.targets import ROUTE_PREFIX, TargetSpec
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
+
+class TargetSetLike(Protocol):
+    """What ``start_realtime`` reads of a ``txsink.spark.TargetSet`` (named by shape: the
+    group module imports this one)."""
+
+    sink_id: str
+    specs: tuple[TargetSpec, ...]
+    checkpoint_location: str | None
+    realtime: bool
+
 
 #: The Kafka source's columns that carry each row's position.
 POSITION_COLUMNS = ("topic", "partition", "offset")
@@ -132,31 +148,45 @@ def target_spec(sink_id: str, backend: str, options: Mapping[str, str]) -> Realt
     return spec
 
 
-class RealtimeForeachWriter:
-    """Spark's ``foreach`` writer object: one :class:`PositionWriter` per task and batch,
-    plus a timer that commits rows which arrived just before a pause."""
+#: One target of a writer: its name ("" for a single sink), its real-time target, and
+#: the route column holding its rows (None: the row's own columns, positions dropped).
+WriterTarget = tuple[str, RealtimeTargetSpec, str | None]
 
-    def __init__(self, spec: RealtimeTargetSpec, position_columns: Sequence[str],
-                 commit_interval_s: float, rows_per_record: str) -> None:
-        self.spec = spec
+
+class RealtimeForeachWriter:
+    """Spark's ``foreach`` writer object: per task and batch one :class:`GroupWriter`
+    over the targets (one for a single sink), plus a timer that commits rows which
+    arrived just before a pause. ``run`` names this query run: later batches of it may
+    reuse the sessions an earlier task claimed in the same Python worker (a restarted
+    query has another run and claims afresh)."""
+
+    def __init__(self, targets: Sequence[WriterTarget], position_columns: Sequence[str],
+                 commit_interval_s: float, rows_per_record: str, sink_id: str,
+                 run: str | None = None) -> None:
+        self.targets: list[WriterTarget] = [(str(n), spec, route) for n, spec, route in targets]
+        self.run = run or f"{sink_id}/{uuid.uuid4().hex}"
         self.position_columns = tuple(position_columns)
         self.commit_interval_s = commit_interval_s
         self.rows_per_record = rows_per_record
-        self._writer: PositionWriter | None = None
+        self.sink_id = sink_id
+        self._writer: GroupWriter | None = None
         self._stop: threading.Event | None = None
         self._timer: threading.Thread | None = None
         self._timer_error: BaseException | None = None
 
+    _STATE = ("targets", "position_columns", "commit_interval_s", "rows_per_record", "sink_id",
+              "run")
+
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()
-                if k in ("spec", "position_columns", "commit_interval_s", "rows_per_record")}
+        return {k: v for k, v in self.__dict__.items() if k in self._STATE}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
 
     def open(self, partition_id: int, epoch_id: int) -> bool:
-        self._writer = PositionWriter(self.spec, commit_interval_s=self.commit_interval_s,
-                                      rows_per_record=self.rows_per_record)
+        self._writer = GroupWriter({name: spec for name, spec, _ in self.targets},
+                                   commit_interval_s=self.commit_interval_s,
+                                   rows_per_record=self.rows_per_record, run=self.run)
         self._stop = threading.Event()
         self._timer_error = None
         self._timer = threading.Thread(target=self._tick, name="txsink-rt-commit",
@@ -181,7 +211,15 @@ class RealtimeForeachWriter:
         topic_col, partition_col, offset_col = self.position_columns
         source = SourcePartition(str(data.pop(topic_col)), int(data.pop(partition_col)))
         offset = int(data.pop(offset_col))
-        self._writer.add(source, offset, data)
+        routed = {route: data.pop(route, None) for _, _, route in self.targets if route}
+        rows: dict[str, Any] = {}
+        for name, _, route in self.targets:
+            if route is None:
+                rows[name] = data
+            else:
+                value = routed[route]
+                rows[name] = None if value is None else value.asDict()
+        self._writer.add(source, offset, rows)
 
     def close(self, error: BaseException | None) -> None:
         if self._stop is not None:
@@ -195,9 +233,10 @@ class RealtimeForeachWriter:
         writer.close(failure)
         if failure is not None and error is None:
             raise failure
-        log.info("sink %s: batch done: %s written, %s skipped (replayed), %s commits",
-                 self.spec.sink_id, writer.stats.written, writer.stats.skipped,
-                 writer.stats.commits)
+        for name, stats in writer.stats.items():
+            log.info("sink %s%s: batch done: %s written, %s skipped (replayed), %s commits",
+                     self.sink_id, f" target {name}" if name else "", stats.written,
+                     stats.skipped, stats.commits)
 
 
 def parse_seconds(text: str | float, field: str) -> float:
@@ -217,38 +256,283 @@ def parse_seconds(text: str | float, field: str) -> float:
                       field=field)
 
 
-def start_realtime(df: DataFrame, *, sink_id: str, backend: str, options: Mapping[str, str],
-                   checkpoint_location: str, trigger: str = "5 seconds",
+def start_realtime(df: DataFrame, *, sink_id: str | None = None, backend: str | None = None,
+                   options: Mapping[str, str] | None = None,
+                   targets: TargetSetLike | Sequence[Mapping[str, Any] | TargetSpec] | None = None,
+                   checkpoint_location: str | None = None, trigger: str = "5 seconds",
                    commit_interval: str | float = DEFAULT_COMMIT_INTERVAL_S,
                    position_columns: Sequence[str] = POSITION_COLUMNS,
-                   query_name: str | None = None) -> StreamingQuery:
-    """Start ``df`` in Spark's Real-time Mode, exactly once into ``backend``.
+                   query_name: str | None = None,
+                   field_prefix: str = "targets") -> StreamingQuery:
+    """Start ``df`` in Spark's Real-time Mode, exactly once into ``backend``, or into each
+    of ``targets`` (a group: ``txsink.spark.target(...)`` items with ``sink_id``, or a
+    ``txsink.spark.targets(..., realtime=True)`` set, which brings its sink id and
+    checkpoint).
 
     ``df`` must read Spark's Kafka source and keep its ``topic``, ``partition`` and
     ``offset`` columns (renamed through ``position_columns`` if needed); they are not
-    written to the target. ``commit_interval`` bounds how long a row the writer holds
-    stays invisible. Refuses, before anything runs, a pipeline whose output rows cannot
-    each be traced to one source record (an aggregation, a join, ...) and a backend
-    without a real-time target.
+    written to the target (a group target's ``select`` may write them under other
+    names). ``commit_interval`` bounds how long a row the writer holds stays invisible.
+    Refuses, before anything runs, a pipeline whose output rows cannot each be traced
+    to one source record (an aggregation, a join, ...), a backend without a real-time
+    target, and a group target that would miss records another target holds.
+    ``field_prefix`` names a group's targets in errors (``sink.targets`` for files).
     """
     interval = parse_seconds(commit_interval, "commit_interval")
+    if targets is not None:
+        return _start_group(df, sink_id=sink_id, backend=backend, options=options,
+                            targets=targets, checkpoint_location=checkpoint_location,
+                            trigger=trigger, interval=interval,
+                            position_columns=position_columns, query_name=query_name,
+                            prefix=field_prefix)
+    if not sink_id or not backend or options is None:
+        raise ConfigError("start_realtime: give sink_id, backend and options (one target), "
+                          "or targets (a group)", field="targets")
+    if not checkpoint_location:
+        raise ConfigError("start_realtime: checkpoint_location is required",
+                          field="checkpoint_location", sink_id=sink_id)
+    from txsink.realtime.config import check_single_sink_id
+
+    check_single_sink_id(sink_id, "sink_id")
+    _check_frame(df, sink_id, position_columns)
+    rows = check_pipeline(df, position_columns)
+    spec = target_spec(sink_id, backend, options)
+    _check_no_feedback(df, {"": spec}, sink_id, lambda _: "options.topic")
+    spec.prepare()
+    log.info("sink %s: real-time mode into %s, commit every %.0f ms", sink_id,
+             spec.describe(), interval * 1000)
+    return _start(df, RealtimeForeachWriter([("", spec, None)], position_columns, interval,
+                                            rows, sink_id),
+                  checkpoint_location, trigger, query_name)
+
+
+def _check_frame(df: DataFrame, sink_id: str, position_columns: Sequence[str]) -> None:
     if len(position_columns) != 3:
         raise ConfigError("position_columns: name the topic, partition and offset columns",
                           field="position_columns", sink_id=sink_id)
     if not df.isStreaming:
         raise ConfigError("real-time mode needs a streaming DataFrame (spark.readStream)",
                           field="source", sink_id=sink_id)
-    rows = check_pipeline(df, position_columns)
-    spec = target_spec(sink_id, backend, options)
-    spec.prepare()
-    log.info("sink %s: real-time mode into %s, commit every %.0f ms", sink_id,
-             spec.describe(), interval * 1000)
-    writer = (df.writeStream.outputMode("update")
-              .foreach(RealtimeForeachWriter(spec, position_columns, interval, rows))
+
+
+def _start(df: DataFrame, writer: RealtimeForeachWriter, checkpoint_location: str,
+           trigger: str, query_name: str | None) -> StreamingQuery:
+    stream = (df.writeStream.outputMode("update").foreach(writer)
               .option("checkpointLocation", checkpoint_location)
               .trigger(realTime=trigger))  # type: ignore[call-overload]
     if query_name:
-        writer = writer.queryName(query_name)
-    query: StreamingQuery = writer.start()
+        stream = stream.queryName(query_name)
+    query: StreamingQuery = stream.start()
     return query
 
+
+def _start_group(df: DataFrame, *, sink_id: str | None, backend: str | None,
+                 options: Mapping[str, str] | None,
+                 targets: TargetSetLike | Sequence[Mapping[str, Any] | TargetSpec],
+                 checkpoint_location: str | None, trigger: str, interval: float,
+                 position_columns: Sequence[str], query_name: str | None,
+                 prefix: str) -> StreamingQuery:
+    """A group: every check and refusal before the query starts (see the module
+    :mod:`txsink.realtime.group` for what a run may start with)."""
+    from txsink.model import validate_sink_id
+    from txsink.realtime.config import parse_realtime_targets, realtime_specs
+    from txsink.realtime.group import (
+        MEMBERS_FILE,
+        StartPoint,
+        members_record,
+        read_members,
+        start_refusal,
+    )
+    if backend is not None or options is not None:
+        raise ConfigError("start_realtime: give either backend and options (one target) or "
+                          "targets (a group), not both", field="targets")
+    if not isinstance(targets, Sequence):
+        if not targets.realtime:
+            raise ConfigError(
+                f"start_realtime: the targets of {targets.sink_id!r} were checked for "
+                "micro-batches; build them with txsink.spark.targets(..., realtime=True)",
+                field="targets", sink_id=targets.sink_id)
+        if sink_id is not None and sink_id != targets.sink_id:
+            raise ConfigError(f"start_realtime: sink_id {sink_id!r} is not the target set's "
+                              f"{targets.sink_id!r}; leave sink_id out", field="sink_id")
+        sink_id = targets.sink_id
+        checkpoint_location = checkpoint_location or targets.checkpoint_location
+        specs = targets.specs
+    else:
+        if not sink_id:
+            raise ConfigError("start_realtime: a group of targets needs its sink_id (each "
+                              "target's own is <sink_id>--<name>)", field="sink_id")
+        items = [t.to_dict() if isinstance(t, TargetSpec) else t for t in targets]
+        specs = parse_realtime_targets(items, validate_sink_id(sink_id), prefix=prefix)
+    if not checkpoint_location:
+        raise ConfigError("start_realtime: checkpoint_location is required",
+                          field="checkpoint_location", sink_id=sink_id)
+    _check_frame(df, sink_id, position_columns)
+    rows = check_pipeline(df, position_columns)
+    shaped, routes = _shape(df, specs, position_columns, sink_id, prefix)
+    check_pipeline(shaped, position_columns)
+    built = realtime_specs(sink_id, specs, prefix=prefix)
+    _check_no_feedback(df, built, sink_id, lambda n: f"{prefix}[{n}].options.topic")
+    positions: dict[str, dict[SourcePartition, int]] = {}
+    for name, spec in built.items():
+        try:
+            spec.prepare()
+            positions[name] = spec.stored_positions()
+        except ConfigError as exc:
+            where = f"{prefix}[{name}].options" + (f".{exc.field}" if exc.field else "")
+            raise ConfigError(f"{where}: {exc}", field=where, sink_id=sink_id) from None
+        except TxsinkError as exc:  # a server away: name the target it belongs to
+            raise TxsinkError(f"{prefix}[{name}]: {exc}", sink_id=sink_id) from None
+    spark = df.sparkSession
+    start = StartPoint(fresh=_checkpoint_fresh(spark, checkpoint_location),
+                       earliest=(_source_option(df, "startingOffsets") or "").lower()
+                       == "earliest")
+    members = f"{checkpoint_location.rstrip('/')}/{MEMBERS_FILE}"
+    backends = {s.name: s.backend for s in specs}
+    refusal, warnings = start_refusal(sink_id, backends, built, positions,
+                                      read_members(_read_text(spark, members)), start,
+                                      prefix=prefix)
+    if refusal is not None:
+        raise refusal
+    for line in warnings:
+        log.warning("%s", line)
+    _write_text(spark, members, members_record(sink_id, backends, built))
+    log.info("sink %s: real-time mode into %d targets (%s), commit every %.0f ms", sink_id,
+             len(built), "; ".join(f"{n}: {s.describe()}" for n, s in built.items()),
+             interval * 1000)
+    writer = RealtimeForeachWriter([(n, built[n], routes[n]) for n in built], position_columns,
+                                   interval, rows, sink_id)
+    return _start(shaped, writer, checkpoint_location, trigger, query_name)
+
+
+def _shape(df: DataFrame, specs: Sequence[TargetSpec], position_columns: Sequence[str],
+           sink_id: str, prefix: str) -> tuple[DataFrame, dict[str, str | None]]:
+    """``df`` plus one struct column per target with ``select``/``where`` (null where a
+    row does not go to it), its rows' columns checked one target at a time so a bad
+    expression names the target; the route column of each target (None: the row's own
+    columns, positions dropped)."""
+    from txsink.spark.messages import _is_spark_error, spark_message
+    from txsink.targets import duplicate_column
+
+    base = [c for c in df.columns if c not in position_columns]
+    routes: dict[str, str | None] = {}
+    exprs: list[str] = []
+    for t in specs:
+        here = f"{prefix}[{t.name}]"
+        part = df
+        for key, apply in (("where", t.where), ("select", t.select)):
+            if not apply:
+                continue
+            try:
+                part = (part.where(str(t.where)) if key == "where"
+                        else part.selectExpr(*t.select))
+                part.schema  # noqa: B018 - analysed here, where the error can name the target
+            except Exception as exc:
+                if not _is_spark_error(exc):
+                    raise
+                raise ConfigError(f"{here}.{key}: Spark cannot apply it to the rows the sink "
+                                  f"receives: {spark_message(exc)}", field=f"{here}.{key}",
+                                  sink_id=sink_id) from None
+        columns = part.columns if t.select else base
+        twice = duplicate_column(columns)
+        if twice is not None:
+            where = f"{here}.select" if t.select else here
+            raise ConfigError(f"{where}: the rows of target {t.name!r} have the column "
+                              f"{twice!r} twice (names are compared case-blind, as Spark "
+                              "does); give each its own name", field=where, sink_id=sink_id)
+        if not t.shaped:
+            routes[t.name] = None
+            continue
+        fields = ", ".join(t.select) if t.select else ", ".join(f"`{c}`" for c in base)
+        value = f"struct({fields})"
+        if t.where:
+            value = f"CASE WHEN ({t.where}) THEN {value} END"
+        routes[t.name] = f"{ROUTE_PREFIX}{t.name}"
+        exprs.append(f"{value} AS `{ROUTE_PREFIX}{t.name}`")
+    if not exprs:
+        return df, routes
+    return df.selectExpr(*[f"`{c}`" for c in df.columns], *exprs), routes
+
+
+def _check_no_feedback(df: DataFrame, specs: Mapping[str, RealtimeTargetSpec],
+                       sink_id: str, field: Callable[[str], str]) -> None:
+    """Refuse a target that writes the topic the query reads: every record it writes
+    would come back as a new source record, without end."""
+    topics = [t.strip() for t in (_source_option(df, "subscribe") or "").split(",")
+              if t.strip()]
+    servers = _source_option(df, "kafka.bootstrap.servers") or ""
+    for name, spec in specs.items():
+        loop = next((t for t in topics if spec.feeds(servers, t)), None)
+        if loop is not None:
+            where = field(name)
+            raise ConfigError(f"{where}: the target writes {loop!r}, the topic the query "
+                              "reads: every record it writes would be read again and "
+                              "written again, without end; write another topic",
+                              field=where, sink_id=sink_id)
+
+
+def _source_option(df: DataFrame, key: str) -> str | None:
+    """An option of the pipeline's Kafka source, read from Spark's plan."""
+    stack = [df._jdf.queryExecution().analyzed()]
+    while stack:
+        node = stack.pop()
+        children = node.children()
+        count = int(children.size())
+        if count == 0:
+            for attr in ("extraOptions", "options"):
+                if hasattr(node, attr):
+                    try:
+                        value = getattr(node, attr)().get(key)
+                    except Exception:
+                        continue
+                    if isinstance(value, str):
+                        return value.strip()
+                    if value is not None and hasattr(value, "isDefined"):
+                        return str(value.get()).strip() if value.isDefined() else None
+            return None
+        stack.extend(children.apply(i) for i in range(count))
+    return None
+
+
+def _jvm(spark: SparkSession) -> Any:
+    jvm = spark._jvm
+    if jvm is None:
+        raise ConfigError("real-time mode needs a local driver (no Spark Connect)",
+                          field="remote")
+    return jvm
+
+
+def _hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    hpath = _jvm(spark).org.apache.hadoop.fs.Path(path)
+    return hpath.getFileSystem(spark._jsc.hadoopConfiguration()), hpath
+
+
+def _checkpoint_fresh(spark: SparkSession, checkpoint: str) -> bool:
+    """Whether Spark's checkpoint holds no offsets yet (the next run starts from the
+    source's startingOffsets, not from a checkpointed position)."""
+    fs, path = _hadoop_path(spark, f"{checkpoint.rstrip('/')}/offsets")
+    if not fs.exists(path):
+        return True
+    return not any(not str(s.getPath().getName()).startswith(".")
+                   for s in fs.listStatus(path))
+
+
+def _read_text(spark: SparkSession, path: str) -> str | None:
+    fs, hpath = _hadoop_path(spark, path)
+    if not fs.exists(hpath):
+        return None
+    stream = fs.open(hpath)
+    try:
+        data = _jvm(spark).org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    return str(data)
+
+
+def _write_text(spark: SparkSession, path: str, text: str) -> None:
+    fs, hpath = _hadoop_path(spark, path)
+    stream = fs.create(hpath, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
