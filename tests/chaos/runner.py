@@ -11,13 +11,19 @@ Each run writes a fresh sink (``EPOCHS`` x ``PARTITIONS`` participants) through
   restarted before the pipeline resumes (prepared data must survive it);
 * ``server-kill``: the same, but the server is SIGKILLed (for servers that can be:
   Kafka's broker JVM); a target's server faults alternate kill, restart, kill, ...
+* a table format's own (Delta Lake, Iceberg, :mod:`tests.chaos.lake`): another writer
+  appending or compacting between our read of the table and our commit
+  (``concurrent-append``, ``concurrent-compact``), and the log / catalog write failing
+  after it took effect (``commit-unknown``).
 
 A target may bring faults of its own kinds instead: ``kafka-cluster`` fails over a
 three-node Kafka cluster under the protocol (:mod:`tests.chaos.failover`).
 
 After the faults the pipeline is resumed to completion and its output compared
 with the input: record count, per-key checksum, lost and duplicated records, and
-prepared participants left behind. The same seed replays the same plan.
+prepared participants left behind; for a table, also the data files no committed
+version names (orphans) and the entries per epoch (exactly one). The same seed
+replays the same plan.
 
     python -m tests.chaos                 # short mode: 20 faults per backend
     python -m tests.chaos --long          # 200 faults per backend
@@ -42,6 +48,7 @@ from pathlib import Path
 from txsink.faults import POINTS
 
 from tests.chaos import driver
+from tests.chaos.lake import KINDS as LAKE_KINDS
 from tests.chaos.targets import DEFAULT_TARGETS, TARGETS, Target, digest, new_run_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,10 +77,16 @@ class Tally:
     seconds: float = 0.0
     #: Protocol steps a crash fired at: coordinator points and task fault kinds.
     points: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: Tables: data files no committed version names, and the log entries / snapshots
+    #: carrying the sink's marker (one per epoch).
+    orphans: int = 0
+    entries: int = 0
+    epochs: int = 0
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.leftovers or self.failures)
+        return not (self.lost or self.duplicated or self.leftovers or self.orphans
+                    or self.failures)
 
     def count(self, got_ids: Iterable[int], wanted: set[int]) -> None:
         """Add one run's output (ids, each as often as a reader sees it) to the tally."""
@@ -106,20 +119,27 @@ class Plan:
     task_faults: dict[str, str]  # "epoch:partition" -> kind
     #: Faults of the target's own kinds (see Target.plan_faults), fired by the driver.
     failover: list[dict[str, object]] = field(default_factory=list)
+    #: A table's own faults (tests.chaos.lake): "epoch" -> kind.
+    lake: dict[str, str] = field(default_factory=dict)
 
 
 def plan_run(rng: random.Random, faults: int, can_restart: bool, can_kill: bool = False,
-             server_faults: int = 0) -> Plan:
-    """``server_faults``: how many the target had before this run (kill comes first)."""
-    kinds = [k for k in KINDS if can_restart or k != "server-restart"]
+             server_faults: int = 0, lake_kinds: Sequence[str] = ()) -> Plan:
+    """``server_faults``: how many the target had before this run (kill comes first).
+    ``lake_kinds``: a table's own kinds, drawn with the others (one per epoch)."""
+    kinds = [k for k in KINDS if can_restart or k != "server-restart"] + list(lake_kinds)
     driver_faults: list[tuple[int, str, str]] = []
     task_faults: dict[str, str] = {}
+    lake: dict[str, str] = {}
     for n in range(faults):
         kind = rng.choice(kinds)
         if can_kill and server_faults == 0 and n == 0:
             kind = "server-restart"  # every run of such a target kills its server once
         epoch = rng.randrange(EPOCHS)
-        if kind in TASK_KINDS:
+        if kind in lake_kinds:
+            free = [e for e in range(EPOCHS) if str(e) not in lake]
+            lake[str(rng.choice(free))] = kind
+        elif kind in TASK_KINDS:
             free = [f"{e}:{p}" for e in range(EPOCHS) for p in range(PARTITIONS)
                     if f"{e}:{p}" not in task_faults]
             task_faults[rng.choice(free)] = kind
@@ -131,10 +151,11 @@ def plan_run(rng: random.Random, faults: int, can_restart: bool, can_kill: bool 
             driver_faults.append((epoch, rng.choice(POINTS[:3]),
                                   "server-kill" if kill else "server-restart"))
     driver_faults.sort(key=lambda f: (f[0], POINTS.index(f[1])))
-    return Plan(driver_faults, task_faults)
+    return Plan(driver_faults, task_faults, lake=lake)
 
 
-def plan_every_point(can_restart: bool, can_kill: bool = False) -> Plan:
+def plan_every_point(can_restart: bool, can_kill: bool = False,
+                     lake_kinds: Sequence[str] = ()) -> Plan:
     """One crash at every protocol step, in one run of ``EPOCHS`` epochs: the driver
     killed at each coordinator point (one per epoch, in protocol order), a writer killed
     before and after its prepare, and a speculative twin. A target with a server has it
@@ -147,7 +168,11 @@ def plan_every_point(can_restart: bool, can_kill: bool = False) -> Plan:
         driver_faults[1] = (epoch, point, "server-kill" if can_kill else "server-restart")
     task_faults = {"0:1": "task-dies-before-prepare", "2:0": "task-dies-after-prepare",
                    "3:2": "speculative-twin"}
-    return Plan(driver_faults, task_faults)
+    # A table's own faults: a compaction racing the commit that recovery makes after the
+    # driver died past the decision, a log write failing after success just before the
+    # driver dies with the epoch not yet marked, another writer's append at the last.
+    lake = {"1": "concurrent-compact", "3": "commit-unknown", "4": "concurrent-append"}
+    return Plan(driver_faults, task_faults, lake=lake if lake_kinds else {})
 
 
 def expected_rows() -> list[tuple[int, str]]:
@@ -163,7 +188,7 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
     spec = {"backend": target.name, "options": options, "sink_id": sink_id,
             "state": str(state), "epochs": EPOCHS, "partitions": PARTITIONS,
             "kind": target.kind, "task_faults": plan.task_faults,
-            "failover": plan.failover}
+            "failover": plan.failover, "lake_faults": plan.lake}
     spec_file = workdir / f"{name}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_FAULTS")}
     segments: list[tuple[int, str, str] | None] = [*plan.driver_faults, None]
@@ -187,8 +212,10 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
             return
     log = state / "faults.log"
     for line in (log.read_text().split() if log.exists() else []):
-        report.faults[line.split("@")[0]] += 1
-        report.points[line.split("@")[0]] += 1
+        kind = line.split("@")[0]
+        report.faults[kind] += 1
+        if kind not in LAKE_KINDS:
+            report.points[kind] += 1
     report.faults.update(target.faults_fired(state))
     got = target.read(options, sink_id)
     want = expected_rows()
@@ -196,6 +223,13 @@ def run_once(target: Target, plan: Plan, report: Report, workdir: Path) -> None:
     if digest(got) != digest(want) and not (report.lost or report.duplicated):
         report.failures.append(f"run {name}: per-key checksums differ")
     report.leftovers += target.leftovers(options, sink_id)
+    check = target.table_check(options, sink_id, EPOCHS)
+    if check is not None:
+        orphans, entries, problems = check
+        report.orphans += orphans
+        report.entries += entries
+        report.epochs += EPOCHS
+        report.failures += [f"run {name}: {p}" for p in problems]
 
 
 def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None = None,
@@ -223,15 +257,17 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None
         with tempfile.TemporaryDirectory(prefix=f"txsink-chaos-{name}-") as tmp:
             while sum(report.faults.values()) < faults and report.runs < faults:
                 own = None if every_point else target.plan_faults(rng, faults_per_run)
+                lake_kinds = getattr(target, "lake_kinds", ())
                 if every_point:
-                    plan = plan_every_point(target.can_restart, target.can_kill_server)
+                    plan = plan_every_point(target.can_restart, target.can_kill_server,
+                                            lake_kinds)
                 elif own is not None:
                     plan = Plan([], {}, own)
                 else:
                     plan = plan_run(rng, faults_per_run, target.can_restart,
                                     target.can_kill_server,
                                     report.faults["server-restart"]
-                                    + report.faults["server-kill"])
+                                    + report.faults["server-kill"], lake_kinds)
                 try:
                     run_once(target, plan, report, Path(tmp))
                 except Exception as exc:  # the harness or a server: fail the report,
@@ -242,7 +278,7 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None
                 report.runs += 1
                 progress(f"{name}: run {report.runs}, {sum(report.faults.values())}/{faults} "
                          f"faults, lost={report.lost} dup={report.duplicated} "
-                         f"leftovers={report.leftovers}")
+                         f"leftovers={report.leftovers} orphans={report.orphans}")
                 if report.failures or every_point:
                     break
     finally:
@@ -273,6 +309,9 @@ def table(reports: Sequence[Tally], kinds: Sequence[str] = COLUMNS,
                      str(r.records), str(r.lost), str(r.duplicated), str(r.leftovers),
                      str(r.seed), ("ok" if r.ok else "FAILED") + f" ({r.seconds:.0f}s)"])
     notes = [f"{r.name}: {n}" for r in reports if not r.skipped for n in r.notes]
+    notes += [f"{r.name}: {r.entries} table entries carry the sink's marker for {r.epochs} "
+              f"epochs (one each: {'yes' if r.entries == r.epochs and r.ok else 'NO'}), "
+              f"{r.orphans} orphan data files" for r in reports if r.epochs]
     return render(cols, rows, notes)
 
 

@@ -83,6 +83,12 @@ class Target:
         the target is whole again when this returns)."""
         return []
 
+    def table_check(self, options: dict[str, str], sink_id: str, epochs: int
+                    ) -> tuple[int, int, list[str]] | None:
+        """For a table: (orphan data files, entries carrying the sink's marker, problems
+        such as an epoch in no entry or in two); None for other targets."""
+        return None
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -481,13 +487,79 @@ class KafkaClusterTarget(KafkaTarget):
         return super().leftovers(options, sink_id)
 
 
+class LakeTarget(Target):
+    """A table format on local disk (no server): the runner's faults plus the table's own
+    (:mod:`tests.chaos.lake`: a concurrent committer, a log / catalog write that fails
+    after it took effect). Counted after recovery: rows, orphan data files, and the
+    entries carrying each epoch's marker (exactly one per epoch)."""
+
+    #: The table's own fault kinds, drawn with the runner's.
+    lake_kinds: tuple[str, ...] = ()
+    #: No server to restart: the runner's driver and task faults, then the table's.
+    kinds = ("driver-kill", "task-dies-after-prepare", "task-dies-before-prepare",
+             "speculative-twin", "concurrent-append", "concurrent-compact", "commit-unknown")
+
+    def __init__(self) -> None:
+        try:
+            get_plugins().backend_class(self.name)
+        except Exception as exc:
+            self.unavailable = f"txsink-{self.name} is not installed ({exc})"
+
+    def start(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix=f"txsink-chaos-{self.name}-"))
+
+    def stop(self) -> None:
+        if self.failed:
+            self.note = f"tables kept: {self.dir}"
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def read(self, options: dict[str, str], sink_id: str) -> list[tuple[int, str]]:
+        from tests.chaos import lake
+
+        return lake.rows(self.name, options)
+
+    def table_check(self, options: dict[str, str], sink_id: str, epochs: int
+                    ) -> tuple[int, int, list[str]]:
+        from tests.chaos import lake
+
+        orphans = lake.orphan_files(self.name, options)
+        found = lake.entries(self.name, options, sink_id)
+        problems = [f"{sink_id}: {len(orphans)} orphan data file(s), e.g. {orphans[0]}"
+                    ] if orphans else []
+        problems += [f"{sink_id}: epoch {e} is in {found[e]} table entries, want 1"
+                     for e in range(epochs) if found[e] != 1]
+        problems += [f"{sink_id}: an entry names epoch {e}, which was never run"
+                     for e in found if not 0 <= e < epochs]
+        return len(orphans), sum(found.values()), problems
+
+
+class DeltaTarget(LakeTarget):
+    name = "delta"
+    lake_kinds = ("concurrent-append", "concurrent-compact", "commit-unknown")
+
+    def options(self, run: str) -> dict[str, str]:
+        return {"path": str(self.dir / run)}
+
+
+class IcebergTarget(LakeTarget):
+    """The SQL catalog on a SQLite file in the warehouse (the backend's default)."""
+
+    name = "iceberg"
+    lake_kinds = ("concurrent-append", "concurrent-compact", "commit-unknown")
+
+    def options(self, run: str) -> dict[str, str]:
+        return {"warehouse": str(self.dir / "warehouse"), "table": f"chaos.t{run}"}
+
+
 TARGETS: dict[str, type[Target]] = {
     t.key or t.name: t
-    for t in (FilesTarget, PostgresTarget, S3Target, KafkaTarget, KafkaClusterTarget)
+    for t in (FilesTarget, PostgresTarget, S3Target, KafkaTarget, KafkaClusterTarget,
+              DeltaTarget, IcebergTarget)
 }
 #: What ``python -m tests.chaos`` runs unless told otherwise (kafka-cluster is named:
 #: its own tox environment, ``kafka-cluster-long``).
-DEFAULT_TARGETS = ("files", "postgres", "s3", "kafka")
+DEFAULT_TARGETS = ("files", "postgres", "s3", "kafka", "delta", "iceberg")
 
 
 def digest(rows: list[tuple[int, str]]) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """examples/README.md, executed: its commands start the servers, run the PostgreSQL,
-S3 and Kafka examples, and read the output back through real clients.
+S3 and Kafka examples, the group of targets and the Kafka-in example (Kafka,
+PostgreSQL and a Delta table out), and read the output back through real clients.
 
 The commands run as written, in a scratch copy of ``examples/`` (so ``out/`` lands
 there); only the launcher is swapped: ``uv run python`` / ``uv run txsink`` become
@@ -83,7 +84,7 @@ def _free_s3_port() -> int:
 
 def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
     blocks = _blocks()
-    start, load, postgres, s3, kafka, multi = blocks
+    start, load, postgres, s3, kafka, multi, lake = blocks
     assert start == "uv run python examples/dev_servers.py start"
     assert load == ". out/dev-servers.env"
     shutil.copytree(REPO / "examples", tmp_path / "examples",
@@ -119,6 +120,7 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
         records, ids = map(int, re.findall(
             r"(\d+) committed record\(s\) in rate-events, (\d+) distinct id\(s\)", out)[-1])
         assert records == ids > 0, out
+        source_records = records
 
         # One epoch, several systems: the group example, its cut and its three targets.
         out = _bash(f"{load}\n{multi}", tmp_path, env).stdout
@@ -136,6 +138,29 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
         assert top <= cut, out
         manifests = int(re.findall(r"^(\d+) object\(s\)$", out, re.M)[-1])
         assert manifests == cut + 1, out  # one per epoch, every epoch in the archive
+
+        # Kafka in (what the Kafka example wrote), Kafka, PostgreSQL and Delta out.
+        out = _bash(f"{load}\n{lake}", tmp_path, env).stdout
+        cut = int(re.findall(r"^cut: (\d+) \(every target holds every epoch up to \d+\)$",
+                             out, re.M)[-1])
+        shown = re.findall(r"^## Kafka in, Kafka, PostgreSQL and a Delta table out.*?"
+                           r"```text\n(.*?)\n```", README.read_text(), re.S | re.M)[0]
+
+        def lake_shape(line: str) -> str:  # the table's absolute path differs per run
+            return _shape(re.sub(r"\S*(?=/out/kafka-to-lake/)", "", line))
+
+        shapes = {lake_shape(line) for line in out.splitlines()}
+        for line in shown.splitlines():
+            assert lake_shape(line) in shapes, (line, out)
+        records, ids = map(int, re.findall(
+            r"(\d+) committed record\(s\) in rate-copies, (\d+) distinct id\(s\)", out)[-1])
+        count, distinct, top = map(int, re.findall(r"^(\d+)\|(\d+)\|(\d+)$", out, re.M)[-1])
+        rows, row_ids, entries, epochs = map(int, re.findall(
+            r"(\d+) row\(s\) in the Delta table \S+, (\d+) distinct id\(s\); (\d+) txsink "
+            r"log entries for (\d+) epoch\(s\)", out)[-1])
+        # Every event of the source topic in each target once, one log entry per epoch.
+        assert source_records == records == ids == count == distinct == rows == row_ids, out
+        assert top == cut and entries == epochs == cut + 1, out
 
         # Without a broker: the one line the README shows, before Spark starts.
         no_broker = subprocess.run(

@@ -179,3 +179,34 @@ def test_pipeline_file_with_table_targets_runs_on_spark_writer(tmp_path: Path) -
     assert cut.returncode == 0, cut.stdout + cut.stderr
     found = json.loads(cut.stdout)
     assert found["cut"] >= 1, found
+
+
+def test_a_pipeline_group_with_a_table_and_a_select_gives_each_target_its_columns(
+        spark: Any, tmp_path: Path) -> None:
+    """The frame ``txsink run`` writes for a group with a table target and a target with
+    ``select``. Seen: the first batch failed (UNRESOLVED_COLUMN `id`): the table path,
+    which applies each target's select itself, got the frame already shaped for txsink's
+    data source (struct columns)."""
+    from txsink.config import parse_pipeline
+    from txsink.plugins import get_plugins
+    from txsink.spark.pipeline import _run_batch, pipeline_frame
+
+    want = make_input(tmp_path / "in", files=1, rows_per_file=60)
+    cfg = parse_pipeline({
+        "name": "lake-select", "mode": "batch",
+        "source": {"type": "files", "path": str(tmp_path / "in"), "format": "json",
+                   "schema": SCHEMA},
+        "sink": {"sink_id": "lake-select", "targets": [
+            {"name": "lake", "backend": "delta", "options": {"path": str(tmp_path / "delta")}},
+            {"name": "files", "backend": "files", "select": ["id", "amount * 2 AS twice"],
+             "options": {"path": str(tmp_path / "files")}}]},
+        "checkpoint": str(tmp_path / "chk")})
+    store = get_plugins().state_store(f"{cfg.checkpoint}/txsink")
+    result = _run_batch(pipeline_frame(spark, cfg, {}), cfg, store, lambda line: None)
+    assert result.epochs == 1
+    rows = delta_rows(tmp_path)
+    assert summarize(rows) == want
+    assert set(rows[0]) == {"id", "key", "amount"}
+    files = read_files_output(tmp_path / "files")
+    assert sorted((r["id"], r["twice"]) for r in files) == sorted(
+        (r["id"], r["amount"] * 2) for r in rows)

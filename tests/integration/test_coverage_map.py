@@ -16,16 +16,22 @@ from pathlib import Path
 
 from txsink.faults import NATIVE_POINTS, POINTS
 
+from tests.chaos.lake import KINDS as LAKE_KINDS
 from tests.chaos.runner import TASK_KINDS, plan_every_point
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKENDS = ("files", "postgres", "s3", "kafka")
+BACKENDS = ("files", "postgres", "s3", "kafka", "delta", "iceberg")
+#: The table formats: exactly_once only; their own faults (a concurrent committer, a log
+#: write failing after success) are steps of the every-step chaos test too.
+TABLES = ("delta", "iceberg")
 CONFORMANCE = {
     "files": "tests/unit/test_conformance_files.py::TestFilesParquetConformance",
     "postgres": "tests/integration/postgres/test_postgres_conformance.py::"
                 "TestPostgresConformance",
     "s3": "tests/integration/s3/test_s3_conformance.py::TestS3Conformance",
     "kafka": "tests/integration/kafka/test_kafka_conformance.py::TestKafkaConformance",
+    "delta": "tests/integration/delta/test_delta_conformance.py::TestDeltaConformance",
+    "iceberg": "tests/integration/iceberg/test_iceberg_conformance.py::TestIcebergConformance",
 }
 SPARK = {
     "files": "tests/e2e/test_files_exactly_once.py::"
@@ -35,6 +41,10 @@ SPARK = {
     "s3": "tests/e2e/test_s3_spark.py::test_task_failures_and_speculative_twins_then_batch_write",
     "kafka": "tests/e2e/test_kafka_spark.py::"
              "test_every_record_committed_once_and_no_transaction_left_open",
+    "delta": "tests/e2e/test_lake_spark.py::"
+             "test_group_stream_into_delta_and_iceberg_on_spark_writer",
+    "iceberg": "tests/e2e/test_lake_spark.py::"
+               "test_group_stream_into_delta_and_iceberg_on_spark_writer",
 }
 #: Every protocol step a crash is injected at, in the default run, per backend.
 STEPS = (*POINTS, *TASK_KINDS)
@@ -44,7 +54,7 @@ def coverage_map() -> dict[tuple[str, str, str], str]:
     """(backend, guarantee, step) -> node id of the default-run test covering it."""
     out: dict[tuple[str, str, str], str] = {}
     for backend in BACKENDS:
-        for step in STEPS:
+        for step in (*STEPS, *(LAKE_KINDS if backend in TABLES else ())):
             out[(backend, "exactly_once", step)] = (
                 f"tests/chaos/test_chaos.py::test_a_crash_at_every_protocol_step[{backend}]")
         out[(backend, "exactly_once", "spark")] = SPARK[backend]
@@ -52,8 +62,9 @@ def coverage_map() -> dict[tuple[str, str, str], str]:
             f"{CONFORMANCE[backend]}::test_data_invisible_until_commit_then_exactly_once")
         out[(backend, "exactly_once", "recovery")] = (
             f"{CONFORMANCE[backend]}::test_recovery_after_partial_commit")
-        out[(backend, "at_least_once", "commit")] = (
-            f"{CONFORMANCE[backend]}::test_non_transactional_guarantees_commit_in_the_task")
+        if backend not in TABLES:
+            out[(backend, "at_least_once", "commit")] = (
+                f"{CONFORMANCE[backend]}::test_non_transactional_guarantees_commit_in_the_task")
     for step in NATIVE_POINTS:  # the native data path (Spark's writer, staged files)
         out[("files", "exactly_once", step)] = (
             "tests/integration/test_files_native.py::"
@@ -68,10 +79,13 @@ def test_the_every_step_plan_crashes_at_every_protocol_step() -> None:
     for can_restart, can_kill in ((False, False), (True, False), (True, True)):
         plan = plan_every_point(can_restart, can_kill)
         assert sorted(p for _, p, _ in plan.driver_faults) == sorted(POINTS)
+        assert plan.lake == {}
         assert sorted(plan.task_faults.values()) == sorted(TASK_KINDS)
         servers = [kind for _, _, kind in plan.driver_faults if kind]
         assert servers == ([("server-kill" if can_kill else "server-restart")]
                            if can_restart else [])
+    table = plan_every_point(False, False, LAKE_KINDS)
+    assert sorted(table.lake.values()) == sorted(LAKE_KINDS)
 
 
 def test_every_cell_of_the_map_runs_in_the_default_run() -> None:

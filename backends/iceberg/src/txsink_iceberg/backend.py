@@ -7,6 +7,13 @@ directories it names. Before each commit the current snapshot's ancestry is read
 Spark's own Iceberg streaming sink does): an epoch it already holds is not added
 again, so a commit whose outcome was unknown is finished, never doubled.
 
+The same commit sets the table property ``txsink.epoch.<sink id>`` to the sink's
+highest epoch: snapshot expiry drops summaries (the marker of an epoch another
+writer's snapshots have since buried), never table properties. An epoch the property
+covers but no snapshot marks anymore cannot be told apart from one never written, so
+the backend stops and says so instead of adding it again (Delta's ``txn`` action
+plays this part there).
+
 The catalog is pyiceberg's SQL catalog: by default on a SQLite file in the warehouse
 (one machine); ``catalog_uri`` names a PostgreSQL database for shared use. A warehouse
 on S3 (``s3://bucket/prefix``) keeps data and metadata files there, written through
@@ -38,6 +45,8 @@ log = logging.getLogger(__name__)
 SINK_KEY = "txsink.sink"
 EPOCH_KEY = "txsink.epoch"
 PARTICIPANTS_KEY = "txsink.participants"
+#: Table property prefix: ``txsink.epoch.<sink id>`` = the sink's highest committed epoch.
+EPOCH_PROPERTY = "txsink.epoch."
 CATALOG_FILE = "txsink-catalog.db"
 
 
@@ -218,6 +227,25 @@ class IcebergBackend(TableBackend):
         table = table if table is not None else self._load()
         if table is None:
             return None
+        found = self._walk(table, sink_id, epoch)
+        recorded = _recorded_epoch(table, sink_id)
+        if found is None and epoch == recorded and not _marked_anywhere(table, sink_id, epoch):
+            # The sink's newest epoch was committed (the property is set by the epoch's
+            # own commit), and its snapshot expired since. (A rolled-back epoch keeps its
+            # snapshot, off the branch: that one is not in the table, and is written
+            # again.)
+            raise StateError(
+                f"sink={sink_id} epoch={epoch}: table {self.table} records epoch {recorded} "
+                f"of this sink (property {EPOCH_PROPERTY}{sink_id}), but no snapshot marks "
+                "it any more (expired): txsink cannot tell whether that epoch is in the "
+                "table, and does not add it a second time. Keep snapshots longer than the "
+                "longest time a pipeline may be down with a decided epoch",
+                sink_id=sink_id, epoch=epoch)
+        return found
+
+    def _walk(self, table: Any, sink_id: str, epoch: int) -> dict[str, str] | None:
+        """The participant directories the current snapshot's ancestry marks for
+        ``epoch``, read back to the sink's next older epoch."""
         found: dict[str, str] | None = None
         later = False
         snapshot = table.current_snapshot()
@@ -253,7 +281,9 @@ class IcebergBackend(TableBackend):
                 return int(summary[EPOCH_KEY])
             parent = snapshot.parent_snapshot_id
             snapshot = table.snapshot_by_id(parent) if parent is not None else None
-        return -1
+        if table is None or any(_is_marker(s, sink_id) for s in table.metadata.snapshots):
+            return -1  # no table, or the sink's epochs were all rolled back
+        return _recorded_epoch(table, sink_id)  # their snapshots expired
 
     # -- commit ---------------------------------------------------------------------------
 
@@ -271,9 +301,12 @@ class IcebergBackend(TableBackend):
         props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
                  PARTICIPANTS_KEY: marker_json(participants)}
         paths = [self._file_uri(f.path) for f in files]
+        recorded = _recorded_epoch(table, sink_id)
         table = _without_retries(table)
         try:
             with table.transaction() as tx:
+                if epoch > recorded:  # in the same commit as the snapshot
+                    tx.set_properties({EPOCH_PROPERTY + sink_id: str(epoch)})
                 if paths:
                     # No check_duplicate_files: it scans every manifest of the table on
                     # each commit (growing with the table); the marker read before and
@@ -309,6 +342,27 @@ class IcebergBackend(TableBackend):
                                         else f"file://{location}")
         except TableAlreadyExistsError:
             return self._load()
+
+
+def _recorded_epoch(table: Any, sink_id: str) -> int:
+    """The sink's highest epoch as the table's property records it (-1: none)."""
+    value = table.properties.get(EPOCH_PROPERTY + sink_id)
+    try:
+        return int(value) if value is not None else -1
+    except ValueError as exc:
+        raise StateError(f"table property {EPOCH_PROPERTY}{sink_id} is {value!r}, not an "
+                         "epoch number", sink_id=sink_id) from exc
+
+
+def _is_marker(snapshot: Any, sink_id: str, epoch: int | None = None) -> bool:
+    summary = snapshot.summary
+    return summary is not None and summary.get(SINK_KEY) == sink_id and (
+        epoch is None or summary.get(EPOCH_KEY) == str(epoch))
+
+
+def _marked_anywhere(table: Any, sink_id: str, epoch: int) -> bool:
+    """Whether any snapshot the metadata keeps (on any branch) marks ``epoch``."""
+    return any(_is_marker(s, sink_id, epoch) for s in table.metadata.snapshots)
 
 
 def _without_retries(table: Any) -> Any:

@@ -51,8 +51,28 @@ def transform_error(exc: Exception) -> ConfigError:
                        f"{spark_message(exc)}", field="transform")
 
 
+#: The Kafka stream source txsink-kafka ships (a Python data source: registered in the
+#: session when a pipeline file names it, so no ``spark-sql-kafka`` jar is needed).
+KAFKA_SOURCE_FORMAT = "txsink-kafka"
+
+
+def register_named_source(spark: SparkSession, cfg: PipelineConfig) -> None:
+    """Register the Python data source the pipeline's ``source.format`` names, when an
+    installed txsink package ships it."""
+    if cfg.source.type != "spark" or cfg.source.format != KAFKA_SOURCE_FORMAT:
+        return
+    try:
+        from txsink_kafka.source import register_source
+    except ImportError as exc:
+        raise ConfigError(f"source.format: {KAFKA_SOURCE_FORMAT!r} is the Kafka source of "
+                          "the txsink-kafka package, which is not installed (with its "
+                          "'spark' extra)", field="source.format") from exc
+    register_source(spark)
+
+
 def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
     src = cfg.source
+    register_named_source(spark, cfg)
     reader: Any = spark.readStream if cfg.mode == "streaming" else spark.read
     reader = reader.format("rate") if src.type == "rate" else reader.format(src.format)
     if src.schema:
@@ -62,7 +82,8 @@ def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
     return df
 
 
-def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
+def build_checked_frame(spark: SparkSession, cfg: PipelineConfig, *, shaped: bool = True
+                        ) -> DataFrame:
     """Build the source and analyse the transform; Spark's complaints become ConfigErrors.
 
     Analysis is eager in Spark, so this finds parse errors, unknown columns and
@@ -90,12 +111,14 @@ def build_checked_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
         if cfg.sink.targets:
             check_targets(df, cfg, shape=False)
         return df  # start_realtime shapes a group's targets (the positions kept)
-    return check_targets(df, cfg) if cfg.sink.targets else df
+    return check_targets(df, cfg, shape=shaped) if cfg.sink.targets else df
 
 
 def check_targets(df: DataFrame, cfg: PipelineConfig, *, shape: bool = True) -> DataFrame:
     """Analyse each target's ``where`` and ``select`` on its own, so an unknown column is
-    one line naming the target; then the frame shaped for the group's tasks (``shape``)."""
+    one line naming the target; then the frame shaped for the group's tasks (``shape``;
+    without it ``df`` itself: real-time groups and groups with a table target check and
+    shape each target later)."""
     from txsink.spark.group import checked_shape
 
     for t in cfg.sink.targets:

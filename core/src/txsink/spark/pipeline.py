@@ -285,11 +285,14 @@ def realtime_defaults(cfg: PipelineConfig) -> dict[str, str]:
     return {k: v for k, v in out.items() if k not in cfg.spark.conf}
 
 
-def build_frame(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:
-    """Source plus transform; Spark's complaints about either name the field at fault."""
+def build_frame(spark: SparkSession, cfg: PipelineConfig, *, shaped: bool = True
+                ) -> DataFrame:
+    """Source plus transform; Spark's complaints about either name the field at fault.
+    ``shaped=False``: a group's frame as the transform made it (checked all the same),
+    for the native path, which applies each target's select/where itself."""
     from txsink.spark.checks import build_checked_frame
 
-    return build_checked_frame(spark, cfg)
+    return build_checked_frame(spark, cfg, shaped=shaped)
 
 
 def check_pipeline(cfg: PipelineConfig, log_path: Path) -> list[str]:
@@ -397,7 +400,7 @@ def run_pipeline(
                 # data source in the server.
                 owner = os.environ.get(OWNER_ENV) or remote_owner_token()
                 extra[LEASE_OWNER_OPTION] = owner
-            frame = build_frame(spark, cfg)
+            frame = pipeline_frame(spark, cfg, extra)
             if cfg.mode == "batch":
                 result = _run_batch(frame, cfg, store, out, extra)
             else:
@@ -866,6 +869,18 @@ def _epoch_line(record: EpochRecord, progress: Mapping[str, Any] | None) -> str:
             else f"{record.rows} row(s)")
     return (f"batch {record.epoch}: {rows} in {len(record.committables)} "
             f"participant(s){latency}{spark_part}")
+
+
+def pipeline_frame(spark: SparkSession, cfg: PipelineConfig,
+                   extra_options: Mapping[str, str] | None) -> DataFrame:
+    """The frame ``txsink run`` writes: shaped for txsink's data source, or, for a group
+    on the native path (:class:`TargetSet`, which applies each target's select/where in
+    its own job), as the transform made it. Seen: shaped, the native path applied a
+    target's ``select`` to the shaped columns and the first batch failed
+    (UNRESOLVED_COLUMN)."""
+    native = bool(cfg.sink.targets) and _native_targets(
+        cfg, extra_options, stream=cfg.mode != "batch") is not None
+    return build_frame(spark, cfg, shaped=not native)
 
 
 def _native_targets(cfg: PipelineConfig, extra_options: Mapping[str, str] | None, *,
