@@ -267,18 +267,30 @@ class KafkaPositionTarget(PositionTarget):
                 value = row.get("value")
                 key = row.get("key")
                 headers = row.get("headers")
-                self.producer.produce(
-                    self.spec.topic,
-                    value.encode() if isinstance(value, str) else value,
-                    key.encode() if isinstance(key, str) else key,
-                    headers=[(h["key"], h["value"]) for h in headers] if headers else None,
-                    on_delivery=self._delivered)
+                args = (self.spec.topic,
+                        value.encode() if isinstance(value, str) else value,
+                        key.encode() if isinstance(key, str) else key)
+                hdrs = [(h["key"], h["value"]) for h in headers] if headers else None
+                try:
+                    self.producer.produce(*args, headers=hdrs, on_delivery=self._delivered)
+                except BufferError:
+                    # librdkafka's queue (queue.buffering.max.*) is full: send what it
+                    # holds, then queue this row once more. The rows before it are queued
+                    # already; queueing them again would write them twice.
+                    self.producer.flush(30)
+                    try:
+                        self.producer.produce(*args, headers=hdrs,
+                                              on_delivery=self._delivered)
+                    except BufferError:
+                        raise TxsinkError(
+                            f"sink {self.spec.sink_id}: the producer's queue for source "
+                            f"partition {self.source} stayed full for 30 s (broker "
+                            "unreachable, or one record larger than "
+                            "queue.buffering.max.kbytes); nothing of this transaction is "
+                            "visible", sink_id=self.spec.sink_id) from None
             self.producer.poll(0)  # serve delivery reports once per batch of rows
         except KafkaException as exc:
             raise self._fail("write", exc) from None
-        except BufferError:
-            self.producer.flush(30)
-            self.write(rows)
 
     def commit(self, offset: int) -> None:
         from confluent_kafka import KafkaException
