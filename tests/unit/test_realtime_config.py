@@ -62,3 +62,21 @@ def test_a_real_time_pipeline_gets_spark_settings_for_latency_unless_it_sets_the
     micro["sink"] = {"backend": "kafka", "sink_id": "mb", "options": {
         "topic": "out", "kafka.bootstrap.servers": "b:9092"}}
     assert realtime_defaults(parse_pipeline(micro)) == {}
+
+
+@pytest.mark.parametrize(("columns", "field", "words"), [
+    ({"body": "string"}, "value", "has no 'value' column"),
+    ({"value": "string", "id": "bigint"}, "id", "would not be written"),
+    ({"key": "string", "value": "bigint"}, "value", "cast it to string or binary"),
+])
+def test_kafka_real_time_output_columns_it_would_not_write_are_refused(
+        columns: dict[str, str], field: str, words: str) -> None:
+    """Without the check a missing 'value' wrote every record empty and other columns
+    vanished, silently (the micro-batch Kafka sink refuses both)."""
+    from txsink_kafka.realtime import KafkaRealtimeSpec
+
+    spec = KafkaRealtimeSpec("rt", {"topic": "out", "kafka.bootstrap.servers": "b:9092"})
+    with pytest.raises(ConfigError, match=words) as info:
+        spec.check_columns(columns)
+    assert info.value.field == field and "\n" not in str(info.value)
+    spec.check_columns({"key": "binary", "value": "string", "headers": "array"})

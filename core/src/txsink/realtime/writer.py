@@ -128,6 +128,12 @@ class RealtimeTargetSpec(abc.ABC):
         """Every source partition's highest stored offset (tests, operators)."""
         raise NotImplementedError
 
+    def check_columns(self, columns: Mapping[str, str]) -> None:  # noqa: B027 - optional
+        """Driver side, before any data moves: refuse output columns (name -> Spark type
+        name, position columns left out) this target would not write as they are, with
+        a ``ConfigError`` naming the column. Targets that refuse them at the first write
+        anyway, before anything is visible, need not."""
+
 
 class SessionPool:
     """Claimed sessions kept, idle, between the tasks of one query run in one process.

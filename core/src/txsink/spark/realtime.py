@@ -246,6 +246,8 @@ def start_realtime(df: DataFrame, *, sink_id: str, backend: str, options: Mappin
                           field="source", sink_id=sink_id)
     rows = check_pipeline(df, position_columns)
     spec = target_spec(sink_id, backend, options)
+    spec.check_columns({f.name: f.dataType.simpleString() for f in df.schema.fields
+                        if f.name not in position_columns})
     spec.prepare()
     log.info("sink %s: real-time mode into %s, commit every %.0f ms", sink_id,
              spec.describe(), interval * 1000)
