@@ -80,3 +80,27 @@ def test_kafka_real_time_output_columns_it_would_not_write_are_refused(
         spec.check_columns(columns)
     assert info.value.field == field and "\n" not in str(info.value)
     spec.check_columns({"key": "binary", "value": "string", "headers": "array"})
+
+
+def _progress(start: str, end: str, latest: str) -> dict[str, Any]:
+    return {"batchId": 1, "sources": [{"startOffset": start, "endOffset": end,
+                                       "latestOffset": latest}]}
+
+
+def test_source_partitions_no_task_reads_are_named() -> None:
+    """As Spark reported them with four task slots and six source partitions: 0 and 2
+    never read (their records waited), the others read or idle."""
+    from txsink.spark.realtime import UNREAD_BATCHES, unread_error, unread_partitions
+
+    starved = _progress('{"s": {"0": 0, "1": 100, "2": 0, "3": 7}}',
+                        '{"s": {"0": 0, "1": 100, "2": 0, "3": 9}}',
+                        '{"s": {"0": 100, "1": 100, "2": 100, "3": 9}}')
+    assert unread_partitions([starved] * UNREAD_BATCHES) == ["s-0", "s-2"]
+    assert unread_partitions([starved] * (UNREAD_BATCHES - 1)) == []  # not yet
+    read = _progress('{"s": {"0": 0, "2": 0}}', '{"s": {"0": 50, "2": 0}}',
+                     '{"s": {"0": 100, "2": 100}}')
+    assert unread_partitions([starved, read, starved]) == ["s-2"]
+    idle = _progress('{"s": {"0": 5}}', '{"s": {"0": 5}}', '{"s": {"0": 5}}')
+    assert unread_partitions([idle] * 5) == [] and unread_partitions([{"sources": []}]) == []
+    error = unread_error(["s-0", "s-2"], "rt")
+    assert error.field == "spark.master" and "task slot per source partition" in str(error)

@@ -830,7 +830,12 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
     """
     from txsink.realtime import DEFAULT_COMMIT_INTERVAL_S
     from txsink.realtime.config import COMMIT_INTERVAL
-    from txsink.spark.realtime import parse_seconds, start_realtime
+    from txsink.spark.realtime import (
+        parse_seconds,
+        start_realtime,
+        unread_error,
+        unread_partitions,
+    )
 
     if remote is not None:
         raise ConfigError("real-time mode runs its query in a local driver; remove --remote "
@@ -869,6 +874,9 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
                         batches.add(batch)
                         out(f"real-time batch {batch} completed (Spark's checkpoint moved "
                             "past it)")
+                unread = unread_partitions(query.recentProgress)
+                if unread:
+                    raise unread_error(unread, cfg.sink.sink_id)
             else:
                 result.stopped_because = "query finished"
         except KeyboardInterrupt as exc:

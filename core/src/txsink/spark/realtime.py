@@ -20,6 +20,7 @@ Usage::
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -204,6 +205,54 @@ class RealtimeForeachWriter:
         log.info("sink %s: batch done: %s written, %s skipped (replayed), %s commits",
                  self.spec.sink_id, writer.stats.written, writer.stats.skipped,
                  writer.stats.commits)
+
+
+#: Batches in a row a source partition may end where it started while records wait.
+UNREAD_BATCHES = 3
+
+
+def _offsets(value: Any) -> dict[tuple[str, int], int]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, Mapping):
+        return {}
+    return {(str(topic), int(p)): int(o) for topic, parts in value.items()
+            if isinstance(parts, Mapping) for p, o in parts.items()}
+
+
+def unread_partitions(progresses: Sequence[Mapping[str, Any]],
+                      batches: int = UNREAD_BATCHES) -> list[str]:
+    """Source partitions that the last ``batches`` real-time batches (Spark's progress
+    reports, ``query.recentProgress``) all ended where they started although the
+    source held records past it: no task read them. Spark's Real-time Mode does that
+    without an error when it has fewer task slots than source partitions; a running
+    task reads every record that waits at its batch's start, so two such batches in a
+    row already mean none ran."""
+    recent = [p for p in progresses if p.get("sources")][-batches:]
+    if len(recent) < batches:
+        return []
+    unread: set[tuple[str, int]] | None = None
+    for progress in recent:
+        now = set()
+        for source in progress["sources"]:
+            start, end, latest = (_offsets(source.get(k))
+                                  for k in ("startOffset", "endOffset", "latestOffset"))
+            now |= {tp for tp, offset in start.items()
+                    if end.get(tp) == offset and latest.get(tp, offset) > offset}
+        unread = now if unread is None else unread & now
+    return [f"{topic}-{p}" for topic, p in sorted(unread or ())]
+
+
+def unread_error(unread: Sequence[str], sink_id: str) -> ConfigError:
+    return ConfigError(
+        f"real-time mode: source partition(s) {', '.join(unread)} were not read in "
+        f"{UNREAD_BATCHES} batches in a row although records wait there: Spark's Real-time "
+        "Mode needs a task slot per source partition (spark.master local[N] with N at least "
+        "the source topic's partitions, or that many executor cores); nothing of them is "
+        "lost, a run with enough slots reads them", field="spark.master", sink_id=sink_id)
 
 
 def parse_seconds(text: str | float, field: str) -> float:
