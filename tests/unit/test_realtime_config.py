@@ -90,7 +90,12 @@ def _progress(start: str, end: str, latest: str) -> dict[str, Any]:
 def test_source_partitions_no_task_reads_are_named() -> None:
     """As Spark reported them with four task slots and six source partitions: 0 and 2
     never read (their records waited), the others read or idle."""
-    from txsink.spark.realtime import UNREAD_BATCHES, unread_error, unread_partitions
+    from txsink.spark.realtime import (
+        UNREAD_BATCHES,
+        local_slots,
+        unread_error,
+        unread_partitions,
+    )
 
     starved = _progress('{"s": {"0": 0, "1": 100, "2": 0, "3": 7}}',
                         '{"s": {"0": 0, "1": 100, "2": 0, "3": 9}}',
@@ -102,5 +107,10 @@ def test_source_partitions_no_task_reads_are_named() -> None:
     assert unread_partitions([starved, read, starved]) == ["s-2"]
     idle = _progress('{"s": {"0": 5}}', '{"s": {"0": 5}}', '{"s": {"0": 5}}')
     assert unread_partitions([idle] * 5) == [] and unread_partitions([{"sources": []}]) == []
+    # Enough slots for the four partitions: a look of unread is something else.
+    assert unread_partitions([starved] * UNREAD_BATCHES, slots=4) == []
+    assert unread_partitions([starved] * UNREAD_BATCHES, slots=2) == ["s-0", "s-2"]
+    assert [local_slots(m) for m in ("local", "local[2]", "local[3, 4]", "spark://h:7077")] \
+        == [1, 2, 3, None]
     error = unread_error(["s-0", "s-2"], "rt")
     assert error.field == "spark.master" and "task slot per source partition" in str(error)

@@ -831,6 +831,7 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
     from txsink.realtime import DEFAULT_COMMIT_INTERVAL_S
     from txsink.realtime.config import COMMIT_INTERVAL
     from txsink.spark.realtime import (
+        local_slots,
         parse_seconds,
         start_realtime,
         unread_error,
@@ -874,7 +875,8 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
                         batches.add(batch)
                         out(f"real-time batch {batch} completed (Spark's checkpoint moved "
                             "past it)")
-                unread = unread_partitions(query.recentProgress)
+                unread = unread_partitions(query.recentProgress,
+                                           slots=local_slots(cfg.spark.master))
                 if unread:
                     raise unread_error(unread, cfg.sink.sink_id)
             else:
