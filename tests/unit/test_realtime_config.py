@@ -100,16 +100,17 @@ def test_source_partitions_no_task_reads_are_named() -> None:
     starved = _progress('{"s": {"0": 0, "1": 100, "2": 0, "3": 7}}',
                         '{"s": {"0": 0, "1": 100, "2": 0, "3": 9}}',
                         '{"s": {"0": 100, "1": 100, "2": 100, "3": 9}}')
-    assert unread_partitions([starved] * UNREAD_BATCHES) == ["s-0", "s-2"]
-    assert unread_partitions([starved] * (UNREAD_BATCHES - 1)) == []  # not yet
+    assert unread_partitions([starved] * UNREAD_BATCHES, 2) == ["s-0", "s-2"]
+    assert unread_partitions([starved] * (UNREAD_BATCHES - 1), 2) == []  # not yet
     read = _progress('{"s": {"0": 0, "2": 0}}', '{"s": {"0": 50, "2": 0}}',
                      '{"s": {"0": 100, "2": 100}}')
-    assert unread_partitions([starved, read, starved]) == ["s-2"]
+    assert unread_partitions([starved, read, starved], 2) == ["s-2"]
     idle = _progress('{"s": {"0": 5}}', '{"s": {"0": 5}}', '{"s": {"0": 5}}')
-    assert unread_partitions([idle] * 5) == [] and unread_partitions([{"sources": []}]) == []
-    # Enough slots for the four partitions: a look of unread is something else.
-    assert unread_partitions([starved] * UNREAD_BATCHES, slots=4) == []
-    assert unread_partitions([starved] * UNREAD_BATCHES, slots=2) == ["s-0", "s-2"]
+    assert unread_partitions([idle] * 5, 0) == [] and unread_partitions([{"sources": []}], 0) == []
+    # Enough slots for the four partitions, or slots unknown: no answer. An idle source
+    # whose offsets end on a transaction marker looks like `starved` (measured).
+    assert unread_partitions([starved] * UNREAD_BATCHES, 4) == []
+    assert unread_partitions([starved] * UNREAD_BATCHES, None) == []
     assert [local_slots(m) for m in ("local", "local[2]", "local[3, 4]", "spark://h:7077")] \
         == [1, 2, 3, None]
     error = unread_error(["s-0", "s-2"], "rt")

@@ -876,7 +876,7 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
                         out(f"real-time batch {batch} completed (Spark's checkpoint moved "
                             "past it)")
                 unread = unread_partitions(query.recentProgress,
-                                           slots=local_slots(cfg.spark.master))
+                                           local_slots(cfg.spark.master))
                 if unread:
                     raise unread_error(unread, cfg.sink.sink_id)
             else:

@@ -237,22 +237,21 @@ def local_slots(master: str) -> int | None:
     return (os.cpu_count() or 1) if match[1] == "*" else int(match[1])
 
 
-def unread_partitions(progresses: Sequence[Mapping[str, Any]],
-                      batches: int = UNREAD_BATCHES, slots: int | None = None) -> list[str]:
+def unread_partitions(progresses: Sequence[Mapping[str, Any]], slots: int | None,
+                      batches: int = UNREAD_BATCHES) -> list[str]:
     """Source partitions that the last ``batches`` real-time batches (Spark's progress
     reports, ``query.recentProgress``) all ended where they started although the
     source held records past it: no task read them. Spark's Real-time Mode does that
     without an error when it has fewer task slots than source partitions; a running
     task reads every record that waits at its batch's start, so two such batches in a
-    row already mean none ran. With ``slots`` (a local master's) it answers only when
-    the source has more partitions than that."""
+    row already mean none ran. It answers only when the source has more partitions
+    than ``slots`` (the task slots the query has; ``None``: unknown, no answer): an idle
+    source whose offsets end on a transaction marker looks the same, measured."""
     recent = [p for p in progresses if p.get("sources")][-batches:]
     if len(recent) < batches:
         return []
-    if slots is not None and sum(
+    if slots is None or sum(
             len(_offsets(s.get("startOffset"))) for s in recent[-1]["sources"]) <= slots:
-        # Enough slots: a partition that looks unread is something else (the source
-        # offsets may end on a transaction marker no record sits at).
         return []
     unread: set[tuple[str, int]] | None = None
     for progress in recent:
