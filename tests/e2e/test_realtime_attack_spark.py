@@ -101,7 +101,8 @@ def wait_exact(bootstrap: str, topic: str, n: int, query: Any | None = None,
 
             # A healthy query (a slot per source partition) is never taken for a starved
             # one, on this loaded machine with one-second batches.
-            assert not unread_partitions(query.recentProgress), query.recentProgress[-3:]
+            assert not unread_partitions(query.recentProgress, PARTITIONS), \
+                query.recentProgress[-3:]
         if time.monotonic() > deadline:
             missing = sorted(set(range(n)) - set(got))
             raise AssertionError(f"{len(got)} of {n} visible after {timeout_s}s; "
@@ -115,7 +116,8 @@ def start(spark: Any, bootstrap: str, src: str, out: str, sink_id: str, chk: Pat
     from txsink.spark import realtime as rt
 
     df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-          .option("subscribe", src).option("startingOffsets", "earliest").load()
+          .option("subscribe", src).option("startingOffsets", "earliest")
+          .options(**kw.get("source_options", {})).load()
           .selectExpr(*select))
     spec = CountingSpec(sink_id, {"topic": out, "kafka.bootstrap.servers": bootstrap,
                                   "progress.topic": f"{sink_id}-progress"})
@@ -315,7 +317,7 @@ def test_more_source_partitions_than_task_slots_are_named_not_silent(
         while len(out_counts(bootstrap, out)) < 600 and query.isActive and not unread:
             assert time.monotonic() < deadline, "neither every record nor a name"
             time.sleep(1)
-            unread = unread_partitions(query.recentProgress)
+            unread = unread_partitions(query.recentProgress, PARTITIONS)
         got = out_counts(bootstrap, out)
         print(f"slots: {len(got)} of 600 visible; unread {unread}")
         assert not {i for i, c in got.items() if c > 1}
@@ -366,3 +368,40 @@ def test_txsink_run_stops_naming_the_slots_when_partitions_go_unread(
     assert "task slot per source partition" in text, text[-3000:]
     got = out_counts(bootstrap, out)
     assert not {i for i, c in got.items() if c > 1} and len(got) < 400
+
+
+def test_a_transactional_source_with_an_aborted_transaction_idles_exactly(
+        spark: Any, broker: tuple[str, Any], tmp_path: Path) -> None:
+    """The source written by a transactional producer (a txsink Kafka output chained
+    into the next pipeline), read ``read_committed``, with an aborted transaction between
+    two committed ones, then idle: the committed ids once, none of the aborted, and the
+    idle partitions (offsets ending on a transaction marker) never taken for unread."""
+    from txsink.spark.realtime import unread_partitions
+
+    bootstrap, _ = broker
+    tag = uuid.uuid4().hex[:6]
+    src, out, sink_id = f"rtt-src-{tag}", f"rtt-out-{tag}", f"rtt-{tag}"
+    kt.create_topic(bootstrap, src, partitions=2)
+    kt.create_topic(bootstrap, out, partitions=1)
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"src-{tag}"})
+    p.init_transactions(30)
+    for lo, commit in ((0, True), (1000, False), (100, True)):
+        p.begin_transaction()
+        for i in range(lo, lo + 100):
+            p.produce(src, str(i).encode(), str(i).encode(), i % 2)
+        if commit:
+            p.commit_transaction(30)
+        else:
+            p.flush(30)
+            p.abort_transaction(30)
+    query = start(spark, bootstrap, src, out, sink_id, tmp_path / "chk",
+                  tmp_path / "claims.txt",
+                  source_options={"kafka.isolation.level": "read_committed"})
+    try:
+        got = wait_exact(bootstrap, out, 200, query)
+        for _ in range(6):  # idle batches on offsets that end on a marker
+            time.sleep(1)
+            assert not unread_partitions(query.recentProgress, PARTITIONS)
+        assert query.isActive and sum(got) == sum(range(200))
+    finally:
+        query.stop()
