@@ -249,6 +249,11 @@ class KafkaPositionTarget(PositionTarget):
         if err is not None and hasattr(err, "fatal"):
             fenced = bool(err.fatal()) or "fenced" in str(err).lower()
         cls = FencedError if fenced else TxsinkError
+        if fenced:
+            # A fenced (or otherwise fatally failed) producer can abort nothing: the newer
+            # producer's claim ended its transaction. Calling abort_transaction on it only
+            # logs a misleading "conflicting commit_transaction call" warning.
+            self.in_txn = False
         return cls(f"sink {self.spec.sink_id}: {what} for source partition {self.source} "
                    f"failed: {err or exc}; nothing of this transaction is visible",
                    sink_id=self.spec.sink_id)
