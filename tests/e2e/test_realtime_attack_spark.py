@@ -171,6 +171,9 @@ def test_short_batches_swapping_workers_restart_and_reset_stay_exact(
     wait_exact(bootstrap, out, 3200, query)
     query.stop()
     assert query.exception() is None, query.exception()
+    # Neither run left a transaction open (run 1's producers still sit in the pools).
+    assert kt.broker_open_transactions(bootstrap, f"txsink-rt.{sink_id}.") == {}
+    assert kt.unstable_partitions(bootstrap, [out, f"{sink_id}-progress"]) == {}
 
     # A reset checkpoint replays everything: the target skips what it holds.
     query = start(spark, bootstrap, src, out, sink_id, tmp_path / "chk-reset", claims)
