@@ -226,6 +226,8 @@ def test_kafka_to_postgres_exactly_once_across_a_stop_and_a_checkpoint_reset(
     (lambda df: df.select("value", "topic", "partition"), "column 'offset' is missing"),
     (lambda df: df.selectExpr("value", "topic", "partition", "offset + 1 AS offset"),
      "not the Kafka source's own 'offset'"),
+    (lambda df: df.selectExpr("CAST(value AS STRING) AS body", "topic", "partition",
+                              "offset"), "has no 'value' column"),  # written empty before
 ])
 def test_unsound_pipelines_are_refused_before_anything_runs(
         spark: Any, bootstrap: str, tmp_path: Path, build: Callable[[Any], Any],

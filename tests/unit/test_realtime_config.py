@@ -62,3 +62,56 @@ def test_a_real_time_pipeline_gets_spark_settings_for_latency_unless_it_sets_the
     micro["sink"] = {"backend": "kafka", "sink_id": "mb", "options": {
         "topic": "out", "kafka.bootstrap.servers": "b:9092"}}
     assert realtime_defaults(parse_pipeline(micro)) == {}
+
+
+@pytest.mark.parametrize(("columns", "field", "words"), [
+    ({"body": "string"}, "value", "has no 'value' column"),
+    ({"value": "string", "id": "bigint"}, "id", "would not be written"),
+    ({"key": "string", "value": "bigint"}, "value", "cast it to string or binary"),
+])
+def test_kafka_real_time_output_columns_it_would_not_write_are_refused(
+        columns: dict[str, str], field: str, words: str) -> None:
+    """Without the check a missing 'value' wrote every record empty and other columns
+    vanished, silently (the micro-batch Kafka sink refuses both)."""
+    from txsink_kafka.realtime import KafkaRealtimeSpec
+
+    spec = KafkaRealtimeSpec("rt", {"topic": "out", "kafka.bootstrap.servers": "b:9092"})
+    with pytest.raises(ConfigError, match=words) as info:
+        spec.check_columns(columns)
+    assert info.value.field == field and "\n" not in str(info.value)
+    spec.check_columns({"key": "binary", "value": "string", "headers": "array"})
+
+
+def _progress(start: str, end: str, latest: str) -> dict[str, Any]:
+    return {"batchId": 1, "sources": [{"startOffset": start, "endOffset": end,
+                                       "latestOffset": latest}]}
+
+
+def test_source_partitions_no_task_reads_are_named() -> None:
+    """As Spark reported them with four task slots and six source partitions: 0 and 2
+    never read (their records waited), the others read or idle."""
+    from txsink.spark.realtime import (
+        UNREAD_BATCHES,
+        local_slots,
+        unread_error,
+        unread_partitions,
+    )
+
+    starved = _progress('{"s": {"0": 0, "1": 100, "2": 0, "3": 7}}',
+                        '{"s": {"0": 0, "1": 100, "2": 0, "3": 9}}',
+                        '{"s": {"0": 100, "1": 100, "2": 100, "3": 9}}')
+    assert unread_partitions([starved] * UNREAD_BATCHES, 2) == ["s-0", "s-2"]
+    assert unread_partitions([starved] * (UNREAD_BATCHES - 1), 2) == []  # not yet
+    read = _progress('{"s": {"0": 0, "2": 0}}', '{"s": {"0": 50, "2": 0}}',
+                     '{"s": {"0": 100, "2": 100}}')
+    assert unread_partitions([starved, read, starved], 2) == ["s-2"]
+    idle = _progress('{"s": {"0": 5}}', '{"s": {"0": 5}}', '{"s": {"0": 5}}')
+    assert unread_partitions([idle] * 5, 0) == [] and unread_partitions([{"sources": []}], 0) == []
+    # Enough slots for the four partitions, or slots unknown: no answer. An idle source
+    # whose offsets end on a transaction marker looks like `starved` (measured).
+    assert unread_partitions([starved] * UNREAD_BATCHES, 4) == []
+    assert unread_partitions([starved] * UNREAD_BATCHES, None) == []
+    assert [local_slots(m) for m in ("local", "local[2]", "local[3, 4]", "spark://h:7077")] \
+        == [1, 2, 3, None]
+    error = unread_error(["s-0", "s-2"], "rt")
+    assert error.field == "spark.master" and "task slot per source partition" in str(error)

@@ -75,3 +75,56 @@ def test_a_progress_topic_that_is_not_compacted_is_refused(
         "progress.topic": progress})
     with pytest.raises(ConfigError, match="must be compacted"):
         spec.prepare()
+
+
+def test_a_kept_producer_fenced_while_idle_is_claimed_again_on_a_real_broker(
+        kafka_broker: Broker, topic: str) -> None:
+    """The broker's answer to a kept producer that another worker fenced between two
+    batches must read as fenced (so the writer claims again), and the rows the other
+    worker committed meanwhile must not appear twice."""
+    if kt.tansu_selected():
+        pytest.skip(kt.TANSU_CANNOT)
+    from txsink.realtime import SessionPool
+
+    spec = make_spec(kafka_broker, topic)
+    mine, theirs = SessionPool(), SessionPool()
+    try:
+        w = PositionWriter(spec, commit_interval_s=60, run="r", pool=mine)
+        for off in range(3):
+            w.add(SRC, off, {"value": str(off)})
+        w.close()
+        assert len(mine) == 1  # kept, idle, with a committed transaction behind it
+        other = PositionWriter(spec, commit_interval_s=60, run="r", pool=theirs)
+        for off in range(3, 6):
+            other.add(SRC, off, {"value": str(off)})
+        other.close()
+        again = PositionWriter(spec, commit_interval_s=60, run="r", pool=mine)
+        for off in range(3, 8):
+            again.add(SRC, off, {"value": str(off)})
+        again.close()
+        assert values(kafka_broker, topic) == list(range(8))
+        assert again.stats.skipped == 3 and spec.stored_positions() == {SRC: 7}
+    finally:
+        mine.clear()
+        theirs.clear()
+
+
+def test_a_full_producer_queue_in_a_transaction_does_not_send_rows_twice(
+        kafka_broker: Broker, topic: str) -> None:
+    """librdkafka's local queue (``queue.buffering.max.messages``) filling up in the
+    middle of one commit's rows (a backlog, a long commit interval, an explode) makes
+    ``produce`` raise BufferError: the rows already queued must not be queued again."""
+    if kt.tansu_selected():
+        pytest.skip(kt.TANSU_CANNOT)
+    sink = f"rt-{uuid.uuid4().hex[:8]}"
+    spec = KafkaBackend.realtime_target(sink, {
+        "topic": topic, "kafka.bootstrap.servers": kafka_broker.bootstrap,
+        "progress.topic": f"{sink}-progress", "kafka.queue.buffering.max.messages": "7",
+        "kafka.linger.ms": "50"})
+    spec.prepare()
+    w = PositionWriter(spec, commit_interval_s=60)
+    for off in range(50):
+        w.add(SRC, off, {"value": str(off)})
+    w.close()
+    assert values(kafka_broker, topic) == list(range(50))
+    assert spec.stored_positions() == {SRC: 49}

@@ -166,6 +166,27 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
                                   f"{timeout_s:.0f}s", sink_id=self.sink_id)
             time.sleep(0.2)
 
+    def check_columns(self, columns: Mapping[str, str]) -> None:
+        """Like Spark's Kafka sink: ``value`` (string or binary), optionally ``key``
+        (string or binary) and ``headers``. Any other column would be dropped without a
+        word, and a missing ``value`` would write every record empty."""
+        if "value" not in columns:
+            raise ConfigError(f"kafka real-time target: the pipeline's output has no 'value' "
+                              f"column (columns: {', '.join(columns) or 'none'}); it writes "
+                              "key, value and headers, as Spark's Kafka sink does",
+                              field="value", sink_id=self.sink_id)
+        other = [c for c in columns if c not in ("key", "value", "headers")]
+        if other:
+            raise ConfigError(f"kafka real-time target: output column(s) {', '.join(other)} "
+                              "would not be written (it writes key, value and headers; the "
+                              "target topic is the option 'topic'); drop or rename them",
+                              field=other[0], sink_id=self.sink_id)
+        for name in ("key", "value"):
+            kind = columns.get(name)
+            if kind is not None and kind not in ("string", "binary"):
+                raise ConfigError(f"kafka real-time target: column {name!r} is {kind}; cast "
+                                  "it to string or binary", field=name, sink_id=self.sink_id)
+
     def __call__(self, source: SourcePartition) -> PositionTarget:
         return KafkaPositionTarget(self, source)
 
@@ -247,6 +268,11 @@ class KafkaPositionTarget(PositionTarget):
         if err is not None and hasattr(err, "fatal"):
             fenced = bool(err.fatal()) or "fenced" in str(err).lower()
         cls = FencedError if fenced else TxsinkError
+        if fenced:
+            # A fenced (or otherwise fatally failed) producer can abort nothing: the newer
+            # producer's claim ended its transaction. Calling abort_transaction on it only
+            # logs a misleading "conflicting commit_transaction call" warning.
+            self.in_txn = False
         return cls(f"sink {self.spec.sink_id}: {what} for source partition {self.source} "
                    f"failed: {err or exc}; nothing of this transaction is visible",
                    sink_id=self.spec.sink_id)

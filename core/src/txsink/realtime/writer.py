@@ -146,6 +146,12 @@ class RealtimeTargetSpec(abc.ABC):
         there would hold each record twice)."""
         return type(self) is type(other) and self.describe() == other.describe()
 
+    def check_columns(self, columns: Mapping[str, str]) -> None:  # noqa: B027 - optional
+        """Driver side, before any data moves: refuse output columns (name -> Spark type
+        name, position columns left out) this target would not write as they are, with
+        a ``ConfigError`` naming the column. Targets that refuse them at the first write
+        anyway, before anything is visible, need not."""
+
 
 class SessionPool:
     """Claimed sessions kept, idle, between the tasks of one query run in one process.

@@ -920,7 +920,13 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
     """
     from txsink.realtime import DEFAULT_COMMIT_INTERVAL_S
     from txsink.realtime.config import COMMIT_INTERVAL
-    from txsink.spark.realtime import parse_seconds, start_realtime
+    from txsink.spark.realtime import (
+        local_slots,
+        parse_seconds,
+        start_realtime,
+        unread_error,
+        unread_partitions,
+    )
 
     if remote is not None:
         raise ConfigError("real-time mode runs its query in a local driver; remove --remote "
@@ -964,6 +970,10 @@ def _run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
                         batches.add(batch)
                         out(f"real-time batch {batch} completed (Spark's checkpoint moved "
                             "past it)")
+                unread = unread_partitions(query.recentProgress,
+                                           local_slots(cfg.spark.master))
+                if unread:
+                    raise unread_error(unread, cfg.sink.sink_id)
             else:
                 result.stopped_because = "query finished"
         except KeyboardInterrupt as exc:

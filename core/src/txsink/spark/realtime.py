@@ -24,6 +24,7 @@ or a ``txsink.spark.targets(..., realtime=True)`` set.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -239,6 +240,73 @@ class RealtimeForeachWriter:
                      stats.skipped, stats.commits)
 
 
+#: Batches in a row a source partition may end where it started while records wait.
+UNREAD_BATCHES = 3
+
+
+def _offsets(value: Any) -> dict[tuple[str, int], int]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, Mapping):
+        return {}
+    return {(str(topic), int(p)): int(o) for topic, parts in value.items()
+            if isinstance(parts, Mapping) for p, o in parts.items()}
+
+
+def local_slots(master: str) -> int | None:
+    """Task slots of a ``local``/``local[N]``/``local[*]``/``local[N,F]`` master (``None``
+    for a cluster, whose slots change with its executors)."""
+    import os
+    import re
+
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if match is None:
+        return None
+    if match[1] in (None, ""):
+        return 1
+    return (os.cpu_count() or 1) if match[1] == "*" else int(match[1])
+
+
+def unread_partitions(progresses: Sequence[Mapping[str, Any]], slots: int | None,
+                      batches: int = UNREAD_BATCHES) -> list[str]:
+    """Source partitions that the last ``batches`` real-time batches (Spark's progress
+    reports, ``query.recentProgress``) all ended where they started although the
+    source held records past it: no task read them. Spark's Real-time Mode does that
+    without an error when it has fewer task slots than source partitions; a running
+    task reads every record that waits at its batch's start, so two such batches in a
+    row already mean none ran. It answers only when the source has more partitions
+    than ``slots`` (the task slots the query has; ``None``: unknown, no answer): an idle
+    source whose offsets end on a transaction marker looks the same, measured."""
+    recent = [p for p in progresses if p.get("sources")][-batches:]
+    if len(recent) < batches:
+        return []
+    if slots is None or sum(
+            len(_offsets(s.get("startOffset"))) for s in recent[-1]["sources"]) <= slots:
+        return []
+    unread: set[tuple[str, int]] | None = None
+    for progress in recent:
+        now = set()
+        for source in progress["sources"]:
+            start, end, latest = (_offsets(source.get(k))
+                                  for k in ("startOffset", "endOffset", "latestOffset"))
+            now |= {tp for tp, offset in start.items()
+                    if end.get(tp) == offset and latest.get(tp, offset) > offset}
+        unread = now if unread is None else unread & now
+    return [f"{topic}-{p}" for topic, p in sorted(unread or ())]
+
+
+def unread_error(unread: Sequence[str], sink_id: str) -> ConfigError:
+    return ConfigError(
+        f"real-time mode: source partition(s) {', '.join(unread)} were not read in "
+        f"{UNREAD_BATCHES} batches in a row although records wait there: Spark's Real-time "
+        "Mode needs a task slot per source partition (spark.master local[N] with N at least "
+        "the source topic's partitions, or that many executor cores); nothing of them is "
+        "lost, a run with enough slots reads them", field="spark.master", sink_id=sink_id)
+
+
 def parse_seconds(text: str | float, field: str) -> float:
     """``'250 milliseconds'``, ``'1 second'`` or a number of seconds."""
     if isinstance(text, int | float):
@@ -298,6 +366,8 @@ def start_realtime(df: DataFrame, *, sink_id: str | None = None, backend: str | 
     rows = check_pipeline(df, position_columns)
     spec = target_spec(sink_id, backend, options)
     _check_no_feedback(df, {"": spec}, sink_id, lambda _: "options.topic")
+    spec.check_columns({f.name: f.dataType.simpleString() for f in df.schema.fields
+                        if f.name not in position_columns})
     spec.prepare()
     log.info("sink %s: real-time mode into %s, commit every %.0f ms", sink_id,
              spec.describe(), interval * 1000)
@@ -373,6 +443,15 @@ def _start_group(df: DataFrame, *, sink_id: str | None, backend: str | None,
     check_pipeline(shaped, position_columns)
     built = realtime_specs(sink_id, specs, prefix=prefix)
     _check_no_feedback(df, built, sink_id, lambda n: f"{prefix}[{n}].options.topic")
+    for t in specs:  # what each target would write, as its select makes the rows
+        part = df.selectExpr(*t.select) if t.select else df
+        try:
+            built[t.name].check_columns({
+                f.name: f.dataType.simpleString() for f in part.schema.fields
+                if t.select or f.name not in position_columns})
+        except ConfigError as exc:
+            where = f"{prefix}[{t.name}]" + (".select" if t.select else "")
+            raise ConfigError(f"{where}: {exc}", field=where, sink_id=sink_id) from None
     positions: dict[str, dict[SourcePartition, int]] = {}
     for name, spec in built.items():
         try:
