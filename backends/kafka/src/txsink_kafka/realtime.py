@@ -260,18 +260,22 @@ class KafkaPositionTarget(PositionTarget):
                 value = row.get("value")
                 key = row.get("key")
                 headers = row.get("headers")
-                self.producer.produce(
-                    self.spec.topic,
-                    value.encode() if isinstance(value, str) else value,
-                    key.encode() if isinstance(key, str) else key,
-                    headers=[(h["key"], h["value"]) for h in headers] if headers else None,
-                    on_delivery=self._delivered)
+                record = (value.encode() if isinstance(value, str) else value,
+                          key.encode() if isinstance(key, str) else key)
+                while True:
+                    try:
+                        self.producer.produce(
+                            self.spec.topic, *record,
+                            headers=[(h["key"], h["value"]) for h in headers]
+                            if headers else None, on_delivery=self._delivered)
+                        break
+                    except BufferError:
+                        # The local queue is full: wait for room, then this row again
+                        # (only this one: the rows before it are queued already).
+                        self.producer.poll(1)
             self.producer.poll(0)  # serve delivery reports once per batch of rows
         except KafkaException as exc:
             raise self._fail("write", exc) from None
-        except BufferError:
-            self.producer.flush(30)
-            self.write(rows)
 
     def commit(self, offset: int) -> None:
         from confluent_kafka import KafkaException
