@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka_bench import spark_kafka_jars
+from txsink.realtime.writer import DEFAULT_COMMIT_INTERVAL_S
 from txsink_kafka import testing as kt
 
 WRITERS = ("txsink-rt-kafka", "txsink-rt-postgres", "spark-rt-kafka", "txsink-mb-kafka")
@@ -54,22 +55,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def make_spark(jars: list[str], batch: str) -> Any:
+def make_spark(jars: list[str], batch: str, buffer_size: int | None = None) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pyspark.sql import SparkSession
     from txsink.config import duration_ms
     from txsink.spark import register
 
-    spark = (SparkSession.builder.master("local[2]").appName("realtime-bench")
-             # Spark refuses real-time batches shorter than this (5 s by default).
-             .config("spark.sql.streaming.realTimeMode.minBatchDuration",
+    builder = (SparkSession.builder.master("local[2]").appName("realtime-bench")
+               # Spark refuses real-time batches shorter than this (5 s by default).
+               .config("spark.sql.streaming.realTimeMode.minBatchDuration",
                      str(min(5000, duration_ms(batch))))
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.jars", ",".join(jars)).getOrCreate())
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", "2"))
+    if buffer_size is not None:
+        # The JVM's buffered stream to a Python worker: rows for a foreach writer wait in
+        # it until it fills (64 KiB by default) or the batch ends.
+        builder = builder.config("spark.buffer.size", str(buffer_size))
+    spark = builder.config("spark.jars", ",".join(jars)).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
@@ -160,7 +165,7 @@ def services(work: Path) -> Iterator[tuple[str, Any]]:
 
 
 def measure(spark: Any, bootstrap: str, pg: Any, writer: str, rate: int, seconds: float,
-            work: Path, batch: str) -> dict[str, Any]:
+            work: Path, batch: str, commit_interval: float) -> dict[str, Any]:
     import psycopg
     from txsink.spark.realtime import start_realtime
 
@@ -180,11 +185,12 @@ def measure(spark: Any, bootstrap: str, pg: Any, writer: str, rate: int, seconds
     if writer == "txsink-rt-kafka":
         query = start_realtime(stamped, sink_id=f"rb-{tag}", backend="kafka", options={
             "topic": out, "kafka.bootstrap.servers": bootstrap,
-            "progress.topic": f"rb-{tag}-progress"}, checkpoint_location=chk, trigger=batch)
+            "progress.topic": f"rb-{tag}-progress"}, checkpoint_location=chk, trigger=batch,
+            commit_interval=commit_interval)
     elif writer == "txsink-rt-postgres":
         query = start_realtime(stamped, sink_id=f"rb-{tag}", backend="postgres", options={
             "dsn": pg.dsn, "password": pg.password, "table": table},
-            checkpoint_location=chk, trigger=batch)
+            checkpoint_location=chk, trigger=batch, commit_interval=commit_interval)
     elif writer == "spark-rt-kafka":
         query = (stamped.select("value").writeStream.format("kafka").outputMode("update")
                  .option("kafka.bootstrap.servers", bootstrap).option("topic", out)
@@ -237,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--batch", default="5 seconds", help="real-time batch length")
     parser.add_argument("--writers", default=",".join(WRITERS))
+    parser.add_argument("--commit-interval", type=float, default=DEFAULT_COMMIT_INTERVAL_S,
+                        help="txsink real-time commit interval in seconds")
+    parser.add_argument("--buffer-size", type=int, default=None,
+                        help="spark.buffer.size in bytes (Spark's default: 65536)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rates = [int(r) for r in args.rates.split(",")]
@@ -248,12 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="realtime-bench-") as tmp, \
             services(Path(tmp)) as (bootstrap, pg):
-        spark = make_spark(jars, args.batch)
+        spark = make_spark(jars, args.batch, args.buffer_size)
         try:
             for rate in rates:
                 for writer in writers:
                     row = measure(spark, bootstrap, pg, writer, rate, args.seconds,
-                                  Path(tmp), args.batch)
+                                  Path(tmp), args.batch, args.commit_interval)
                     print(json.dumps(row), flush=True)
                     results.append(row)
         finally:
@@ -269,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                     "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                     "pyspark": pyspark.__version__, "connector": coordinates,
                     "batch": args.batch, "seconds": args.seconds,
+                    "spark_buffer_size": args.buffer_size,
+                    "commit_interval_s": args.commit_interval,
                     "command": " ".join(["benchmarks/realtime_bench.py", *(argv or sys.argv[1:])])},
            "results": results, "p99_ratio_to_spark_at_least_once": ratios,
            "goal_p99_s": 1.0}

@@ -14,6 +14,7 @@ The results directory holds:
 * ``commit.json``, ``kafka.json``, ``postgres.json``, ``multi.json``: what
   ``commit_bench.py``, ``kafka_bench.py``, ``postgres_bench.py`` and ``multi_bench.py``
   write with ``--json``;
+* ``lake.json``, ``realtime.json``: ``lake_bench.py`` and ``realtime_bench.py``;
 * ``notes.json``: ``{name: note}``, where each of those came from or why it is missing.
 
 The soak (``soak.py``, ``tox -e soak``) runs apart, for hours: its JSON
@@ -245,9 +246,18 @@ TARGETS_HEAD = ("| item | measure | value | target | met | from |\n"
 
 def targets_of(results: dict[str, list[Writer]], commit: list[dict[str, Any]] | None,
                kafka: dict[str, Any] | None, postgres: dict[str, Any] | None,
-               multi: dict[str, Any] | None = None) -> list[Target]:
+               multi: dict[str, Any] | None = None, lake: dict[str, Any] | None = None,
+               realtime: dict[str, Any] | None = None) -> list[Target]:
     """Every target of the performance issue, from this run's measurements."""
     out: list[Target] = []
+    for name, ratio in (lake or {}).get("ratios", {}).items():
+        out.append(Target("lakehouse tables", f"{name} (throughput)", ratio,
+                          lake["target_ratio"], True, source="lake_bench"))
+    for r in (realtime or {}).get("results", []):
+        if r["guarantee"] == "exactly-once" and r["writer"].startswith("txsink-rt"):
+            out.append(Target("real-time mode", f"{r['writer']} p99 append to visible at "
+                              f"{r['rate']:,} records/s", r["p99_s"], realtime["goal_p99_s"],
+                              False, unit=" s", source="realtime_bench"))
     if multi is not None:
         out.append(Target("6. one epoch, three systems", "txsink group of 3 targets / 3 "
                           "separate txsink sinks (records/s)",
@@ -430,6 +440,8 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
                   f"{rates['txsink']:,.0f} |",
                   f"| txsink, `copy_format=binary` (row by row) | "
                   f"{rates['txsink_rows']:,.0f} |"]
+    lines += lake_lines(libs.get("lake_bench", (None, "not run")))
+    lines += realtime_lines(libs.get("realtime_bench", (None, "not run")))
     rows, note = commit
     lines += ["", "## Commit latency", ""]
     if rows:
@@ -445,6 +457,46 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         lines.append(f"Not measured in this run: {note}.")
     path.write_text("\n".join(lines) + "\n")
 
+
+
+def lake_lines(lake: tuple[dict[str, Any] | None, str]) -> list[str]:
+    """Delta Lake and Iceberg next to Spark's Parquet writer (``lake_bench.py``)."""
+    result, note = lake
+    lines = ["", "### Delta Lake and Iceberg tables (`benchmarks/lake_bench.py`)", ""]
+    if result is None:
+        return [*lines, f"Not measured in this run: {note}."]
+    lines += [f"{result['rows']:,} rows x 5 columns per write, {result['partitions']} Spark "
+              f"partitions, median of the per-round ratios over {result['runs']} rounds; "
+              f"baseline: {result['baseline']}; goal >= {result['target_ratio']}.", "",
+              "| writer | vs baseline |", "|---|---:|"]
+    for name, value in result["ratios"].items():
+        lines.append(f"| {name} | {value:.2f} |")
+    lines += ["", "Driver commit per epoch (decided to committed):", "",
+              "| table, Spark partitions | p50 ms | p95 ms | epochs |", "|---|---:|---:|---:|"]
+    for name, c in result["commit"].items():
+        lines.append(f"| {name} | {c['p50_ms']:.0f} | {c['p95_ms']:.0f} | {c['epochs']} |")
+    return lines
+
+
+def realtime_lines(realtime: tuple[dict[str, Any] | None, str]) -> list[str]:
+    """Append-to-visible latency in Spark's Real-time Mode (``realtime_bench.py``)."""
+    result, note = realtime
+    lines = ["", "### Real-time Mode latency (`benchmarks/realtime_bench.py`)", ""]
+    if result is None:
+        return [*lines, f"Not measured in this run: {note}."]
+    info = result["info"]
+    lines += [f"Append (broker `LogAppendTime`) to visible (a `read_committed` consumer, a "
+              f"PostgreSQL commit timestamp); real-time batches of {info['batch']}, "
+              f"`spark.buffer.size` {info.get('spark_buffer_size') or 'default'}, "
+              f"{info['seconds']:g} s per rate; goal p99 <= {result['goal_p99_s']} s.", "",
+              "| writer | guarantee | records/s | p50 s | p99 s | p99 vs Spark's sink |",
+              "|---|---|---:|---:|---:|---:|"]
+    ratios = result["p99_ratio_to_spark_at_least_once"]
+    for r in result["results"]:
+        ratio = ratios.get(f"{r['writer']}@{r['rate']}")
+        lines.append(f"| {r['writer']} | {r['guarantee']} | {r['rate']:,} | "
+                     f"{r['p50_s']} | {r['p99_s']} | {'-' if ratio is None else ratio} |")
+    return lines
 
 
 # -- the soak ---------------------------------------------------------------------------
@@ -648,12 +700,15 @@ def render(results: Path, out_dir: Path) -> list[Target]:
     commit = (_load(results, "commit.json"), notes.get("commit_bench", "not run"))
     libs: dict[str, tuple[dict[str, Any] | None, str]] = {}
     for name, file in (("kafka_bench", "kafka.json"), ("postgres_bench", "postgres.json"),
-                       ("multi_bench", "multi.json")):
+                       ("multi_bench", "multi.json"), ("lake_bench", "lake.json"),
+                       ("realtime_bench", "realtime.json")):
         if name in notes:
             libs[name] = (_load(results, file), notes[name])
     goals = targets_of(writers, commit[0], libs.get("kafka_bench", (None, ""))[0],
                        libs.get("postgres_bench", (None, ""))[0],
-                       libs.get("multi_bench", (None, ""))[0])
+                       libs.get("multi_bench", (None, ""))[0],
+                       libs.get("lake_bench", (None, ""))[0],
+                       libs.get("realtime_bench", (None, ""))[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     info = run["info"]
     chart(writers, out_dir / "performance.png",

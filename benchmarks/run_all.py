@@ -359,6 +359,11 @@ KAFKA_BENCH = (["--records", "300000", "--rounds", "5"],
                ["--records", "50000", "--rounds", "1", "--open-epochs", "4"])
 POSTGRES_BENCH = (["--epochs", "10", "--rows", "100000"], ["--epochs", "3", "--rows", "20000"])
 MULTI_BENCH = (["--rows", "100000", "--epochs", "4", "--rounds", "3"], ["--quick"])
+LAKE_BENCH = ([], ["--quick"])
+REALTIME_BENCH = (["--rates", "1000,10000", "--seconds", "20", "--batch", "1 second",
+                   "--buffer-size", "512"],
+                  ["--rates", "1000", "--seconds", "10", "--batch", "1 second",
+                   "--buffer-size", "512"])
 
 
 # -- servers and session ----------------------------------------------------------------
@@ -516,6 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     if {"kafka", "postgres", "s3"} <= set(targets) and not args.no_library_benches:
         notes["multi_bench"] = sub_bench("multi_bench.py", MULTI_BENCH[args.quick],
                                          out / "multi.json")[1]
+    if "files" in targets and not args.no_library_benches:
+        notes["lake_bench"] = sub_bench("lake_bench.py", LAKE_BENCH[args.quick],
+                                        out / "lake.json")[1]
+    if {"kafka", "postgres"} <= set(targets) and not args.no_library_benches:
+        notes["realtime_bench"] = sub_bench("realtime_bench.py", REALTIME_BENCH[args.quick],
+                                            out / "realtime.json")[1]
     minutes = (time.monotonic() - started) / 60
     info["duration of the run"] = f"{minutes:.1f} min"
     (out / "notes.json").write_text(json.dumps(notes, indent=1))

@@ -197,3 +197,36 @@ def test_the_soak_samples_in_the_docs_are_judged_flat_by_the_current_bounds(
                       "--json", str(out)]) == 0
     runs = json.loads(out.read_text())["runs"]
     assert len(runs) == 12 and all(r["ok"] for r in runs)
+
+
+def test_the_lake_and_real_time_benchmarks_have_their_sections_and_targets(
+        tmp_path: Path, report) -> None:  # type: ignore[no-untyped-def]
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "run.json").write_text(json.dumps({
+        "info": {"date": "2026-11-26 00:00 UTC"}, "versions": {}, "rounds": 1, "quick": False,
+        "command": "tox -e bench", "loads": [], "sizes": {"files": 10},
+        "results": {"files": [_writer("files", "spark", "Spark Parquet writer", 1.0, None),
+                              _writer("files", "txsink", "txsink", 1.1, 0.91)]}}))
+    (results / "lake.json").write_text(json.dumps({
+        "rows": 2000, "runs": 3, "partitions": 2, "quick": False, "baseline": "Parquet",
+        "ratios": {"delta/spark": 0.93, "iceberg/spark": 0.81}, "target_ratio": 0.9,
+        "commit": {"delta 8 partitions": {"p50_ms": 61.0, "p95_ms": 70.0, "epochs": 5}}}))
+    (results / "realtime.json").write_text(json.dumps({
+        "info": {"batch": "1 second", "seconds": 20.0, "spark_buffer_size": 512},
+        "goal_p99_s": 1.0,
+        "p99_ratio_to_spark_at_least_once": {"txsink-rt-postgres@1000": 1.5},
+        "results": [
+            {"writer": "txsink-rt-postgres", "guarantee": "exactly-once", "rate": 1000,
+             "p50_s": 0.2, "p99_s": 0.6},
+            {"writer": "spark-rt-kafka", "guarantee": "at-least-once", "rate": 1000,
+             "p50_s": 0.05, "p99_s": 0.4}]}))
+    (results / "notes.json").write_text(json.dumps({"lake_bench": "from the test",
+                                                    "realtime_bench": "from the test"}))
+    goals = report.render(results, tmp_path / "docs")
+    page = (tmp_path / "docs" / "performance.md").read_text()
+    assert "| delta/spark | 0.93 |" in page and "| delta 8 partitions | 61 | 70 | 5 |" in page
+    assert "| txsink-rt-postgres | exactly-once | 1,000 | 0.2 | 0.6 | 1.5 |" in page
+    met = {g.measure: g.met() for g in goals if g.source in ("lake_bench", "realtime_bench")}
+    assert met == {"delta/spark (throughput)": True, "iceberg/spark (throughput)": False,
+                   "txsink-rt-postgres p99 append to visible at 1,000 records/s": True}

@@ -47,3 +47,18 @@ def test_bad_real_time_pipelines_name_the_field(data: dict[str, Any], field: str
     with pytest.raises(ConfigError, match=words) as info:
         parse_pipeline(data)
     assert info.value.field == field and "\n" not in str(info.value)
+
+
+def test_a_real_time_pipeline_gets_spark_settings_for_latency_unless_it_sets_them() -> None:
+    from txsink.spark.pipeline import MIN_BATCH_CONF, realtime_defaults
+
+    assert realtime_defaults(parse_pipeline(rt(KAFKA))) == {"spark.buffer.size": "512"}
+    short = realtime_defaults(parse_pipeline(rt(KAFKA, trigger="1 second")))
+    assert short == {"spark.buffer.size": "512", MIN_BATCH_CONF: "1000"}
+    own = rt(KAFKA, trigger="500 milliseconds")
+    own["spark"] = {"conf": {"spark.buffer.size": "4096"}}
+    assert realtime_defaults(parse_pipeline(own)) == {MIN_BATCH_CONF: "500"}
+    micro = {**rt(KAFKA), "trigger": {"processing_time": "1 second"}}
+    micro["sink"] = {"backend": "kafka", "sink_id": "mb", "options": {
+        "topic": "out", "kafka.bootstrap.servers": "b:9092"}}
+    assert realtime_defaults(parse_pipeline(micro)) == {}

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 from txsink.errors import FencedError
-from txsink.realtime import NOTHING, PositionOrderError, PositionTarget, PositionWriter
+from txsink.realtime import (
+    NOTHING,
+    PositionOrderError,
+    PositionTarget,
+    PositionWriter,
+    SessionPool,
+)
 from txsink.realtime import SourcePartition as SP
 
 
@@ -128,3 +134,82 @@ def test_flush_due_commits_rows_that_arrived_before_a_pause() -> None:
     w.flush_due()  # what a timer thread calls while no row arrives
     assert store.rows == [{"id": 0}]
     w.close()
+
+
+class KeptTarget(MemoryTarget):
+    reusable = True
+    claims = 0
+
+    def claim(self) -> int:
+        KeptTarget.claims += 1
+        return super().claim()
+
+
+def kept_writer(store: Store, clock: Clock, pool: SessionPool, run: str = "run-1",
+                **kw: Any) -> PositionWriter:
+    return PositionWriter(lambda s: KeptTarget(store, s), clock=clock, run=run, pool=pool,
+                          **kw)
+
+
+def test_a_kept_session_serves_the_next_batch_without_claiming_again() -> None:
+    store, clock = Store(), Clock()
+    pool = SessionPool(clock=clock)
+    KeptTarget.claims = 0
+    w = kept_writer(store, clock, pool)
+    for off in range(3):
+        w.add(A, off, {"id": off})
+    w.close()
+    assert len(pool) == 1 and KeptTarget.claims == 1
+    w2 = kept_writer(store, clock, pool)  # the next batch in the same worker
+    for off in range(3, 6):
+        w2.add(A, off, {"id": off})
+    w2.close()
+    assert KeptTarget.claims == 1 and [r["id"] for r in store.rows] == list(range(6))
+    # Another run (a restarted query) never takes this run's sessions.
+    w3 = kept_writer(store, clock, pool, run="run-2")
+    w3.add(A, 6, {"id": 6})
+    w3.close()
+    assert KeptTarget.claims == 2 and len(pool) == 2
+
+
+def test_a_kept_session_fenced_while_idle_claims_again_and_skips_what_is_held() -> None:
+    store, clock = Store(), Clock()
+    pool = SessionPool(clock=clock)
+    w = kept_writer(store, clock, pool)
+    for off in range(3):
+        w.add(A, off, {"id": off})
+    w.close()
+    # Meanwhile another worker process takes source partition A and commits 3..5.
+    other = kept_writer(store, clock, SessionPool(clock=clock))
+    for off in range(3, 6):
+        other.add(A, off, {"id": off})
+    other.close()
+    # The replayed batch reaches the kept (now fenced) session from offset 3 on: its
+    # stale stored offset (2) lets 3..5 through until the commit is refused.
+    w2 = kept_writer(store, clock, pool)
+    for off in range(3, 8):
+        w2.add(A, off, {"id": off})
+    w2.close()
+    assert sorted(r["id"] for r in store.rows) == list(range(8))
+    assert store.offsets[A] == 7 and w2.stats.skipped == 3
+
+
+def test_a_session_is_kept_only_after_a_clean_end_and_idle_ones_expire() -> None:
+    store, clock = Store(), Clock()
+    pool = SessionPool(idle_s=30, clock=clock)
+    w = kept_writer(store, clock, pool)
+    w.add(A, 0, {"id": 0})
+    w.close(RuntimeError("task killed"))
+    assert len(pool) == 0 and store.rows == []
+    w = kept_writer(store, clock, pool)
+    w.add(A, 0, {"id": 0})
+    w.close()
+    assert len(pool) == 1
+    clock.now = 31.0
+    assert pool.take("run-1", B) is None and len(pool) == 0  # expired at the access
+    # A fenced session that was not kept still fails loudly.
+    w = kept_writer(store, clock, pool)
+    w.add(A, 1, {"id": 1})
+    kept_writer(store, clock, SessionPool(clock=clock)).add(A, 1, {"id": 1})
+    with pytest.raises(FencedError):
+        w.close()

@@ -204,7 +204,14 @@ def _read_progress(spec: KafkaRealtimeSpec, want: bytes | None) -> list[tuple[by
 
 
 class KafkaPositionTarget(PositionTarget):
-    """One source partition's transactional producer."""
+    """One source partition's transactional producer.
+
+    Reusable between tasks (its claim, ``init_transactions`` plus a read of the
+    progress topic, is the slow part of a real-time batch's start): a newer producer's
+    ``init_transactions`` fences this one, so a kept producer that lost the source
+    partition fails its next transaction, with nothing visible."""
+
+    reusable = True
 
     def __init__(self, spec: KafkaRealtimeSpec, source: SourcePartition) -> None:
         self.spec = spec

@@ -8,15 +8,17 @@ Spark adapter is :mod:`txsink.spark.realtime`; targets come from the backends
 from txsink.realtime.writer import (
     DEFAULT_COMMIT_INTERVAL_S,
     NOTHING,
+    SESSIONS,
     PositionOrderError,
     PositionTarget,
     PositionWriter,
     RealtimeTargetSpec,
+    SessionPool,
     SourcePartition,
     TargetFactory,
     WriterStats,
 )
 
-__all__ = ["DEFAULT_COMMIT_INTERVAL_S", "NOTHING", "PositionOrderError", "PositionTarget",
-           "PositionWriter", "RealtimeTargetSpec", "SourcePartition", "TargetFactory",
-           "WriterStats"]
+__all__ = ["DEFAULT_COMMIT_INTERVAL_S", "NOTHING", "SESSIONS", "PositionOrderError",
+           "PositionTarget", "PositionWriter", "RealtimeTargetSpec", "SessionPool",
+           "SourcePartition", "TargetFactory", "WriterStats"]

@@ -15,6 +15,14 @@ Commits are small and frequent (``commit_interval_s``, a few hundred
 milliseconds): that interval, not the engine's batch length, bounds how long a
 written row stays invisible.
 
+A claim costs round trips (Kafka: ``init_transactions`` and a read of the progress
+topic, a few hundred milliseconds); a real-time engine opens a new writer per task
+and batch, so targets that allow it (``PositionTarget.reusable``) keep their claimed
+sessions in a :class:`SessionPool` between the batches of one query run, in the
+process that ran them. A kept session that another writer fenced meanwhile fails its
+first commit with nothing visible; it is then claimed afresh and its rows filtered
+again by the offset the new claim reads, before anything is written.
+
 Rows of one source record are never split across two commits when the pipeline
 may emit several rows per record (``rows_per_record="many"``, e.g. ``explode``):
 then the newest record's rows wait for the next record or the end of the batch.
@@ -30,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from txsink.errors import TxsinkError
+from txsink.errors import FencedError, TxsinkError
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +90,12 @@ class PositionTarget(abc.ABC):
     def abort(self) -> None:
         """Drop the open transaction, if any (the rows never become visible)."""
 
+    #: Whether a claimed session may serve later tasks of the same query run (see
+    #: :class:`SessionPool`): only for targets whose every transaction is refused once a
+    #: newer session claimed the source partition (fencing), so a kept session can never
+    #: commit on a stale offset.
+    reusable: bool = False
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections; an open transaction is aborted first."""
 
@@ -115,6 +129,63 @@ class RealtimeTargetSpec(abc.ABC):
         raise NotImplementedError
 
 
+class SessionPool:
+    """Claimed sessions kept, idle, between the tasks of one query run in one process.
+
+    Keyed by the run (a token the query's writer carries: a restarted query claims
+    afresh) and the source partition. A session is kept only after its task ended with
+    everything committed; one idle for :attr:`idle_s` is closed at the next access.
+    """
+
+    def __init__(self, idle_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.idle_s = idle_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, SourcePartition], tuple[PositionTarget, int, float]] = {}
+
+    def take(self, run: str, source: SourcePartition) -> tuple[PositionTarget, int] | None:
+        with self._lock:
+            stale = self._expire()
+            kept = self._idle.pop((run, source), None)
+        _close_all(stale)
+        return None if kept is None else (kept[0], kept[1])
+
+    def give(self, run: str, source: SourcePartition, target: PositionTarget,
+             stored: int) -> None:
+        with self._lock:
+            stale = self._expire()
+            old = self._idle.pop((run, source), None)
+            self._idle[(run, source)] = (target, stored, self._clock())
+        _close_all(stale + ([old[0]] if old is not None else []))
+
+    def clear(self) -> None:
+        with self._lock:
+            targets = [t for t, _, _ in self._idle.values()]
+            self._idle.clear()
+        _close_all(targets)
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def _expire(self) -> list[PositionTarget]:
+        now = self._clock()
+        old = [k for k, (_, _, since) in self._idle.items() if now - since > self.idle_s]
+        return [self._idle.pop(k)[0] for k in old]
+
+
+def _close_all(targets: Sequence[PositionTarget]) -> None:
+    for target in targets:
+        try:
+            target.close()
+        except Exception as exc:
+            log.warning("closing an idle real-time session: %s", exc)
+
+
+#: The pool of this process (a Python worker serves many tasks of a query run).
+SESSIONS = SessionPool()
+
+
 @dataclass
 class _Session:
     target: PositionTarget
@@ -123,6 +194,9 @@ class _Session:
     last: int
     pending: list[Mapping[str, Any]] = field(default_factory=list)
     pending_offsets: list[int] = field(default_factory=list)
+    #: Taken from the pool and not yet committed through: a newer writer may have
+    #: fenced it while it was idle.
+    kept: bool = False
 
 
 @dataclass
@@ -146,7 +220,8 @@ class PositionWriter:
     def __init__(self, factory: TargetFactory, *,
                  commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  rows_per_record: str = "one",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 run: str | None = None, pool: SessionPool = SESSIONS) -> None:
         if commit_interval_s < 0:
             raise ValueError("commit_interval_s must be >= 0")
         if rows_per_record not in ("one", "many"):
@@ -158,21 +233,31 @@ class PositionWriter:
         self._sessions: dict[SourcePartition, _Session] = {}
         self._last_commit = clock()
         self._lock = threading.Lock()
+        self._run = run
+        self._pool = pool
         self.stats = WriterStats()
 
     def _session(self, source: SourcePartition) -> _Session:
         session = self._sessions.get(source)
         if session is None:
-            target = self._factory(source)
-            try:
-                stored = target.claim()
-            except BaseException:
-                target.close()
-                raise
-            session = _Session(target, stored, stored)
+            kept = self._pool.take(self._run, source) if self._run is not None else None
+            if kept is not None:
+                session = _Session(kept[0], kept[1], kept[1], kept=True)
+            else:
+                target, stored = self._claim(source)
+                session = _Session(target, stored, stored)
             self._sessions[source] = session
-            log.debug("source partition %s: target holds up to offset %s", source, stored)
+            log.debug("source partition %s: target holds up to offset %s%s", source,
+                      session.stored, " (kept from an earlier task)" if session.kept else "")
         return session
+
+    def _claim(self, source: SourcePartition) -> tuple[PositionTarget, int]:
+        target = self._factory(source)
+        try:
+            return target, target.claim()
+        except BaseException:
+            target.close()
+            raise
 
     def add(self, source: SourcePartition, offset: int, row: Mapping[str, Any]) -> None:
         """One row that came from source record (``source``, ``offset``)."""
@@ -209,25 +294,54 @@ class PositionWriter:
         with self._lock:
             self._flush(final=final)
 
+    def _reclaim(self, source: SourcePartition, session: _Session) -> None:
+        log.info("source partition %s: a kept session was fenced while idle; claiming "
+                 "it again", source)
+        try:
+            session.target.abort()
+        finally:
+            session.target.close()
+        session.target, session.stored = self._claim(source)
+        session.kept = False
+        keep = [i for i, o in enumerate(session.pending_offsets) if o > session.stored]
+        self.stats.skipped += len(session.pending) - len(keep)
+        session.pending = [session.pending[i] for i in keep]
+        session.pending_offsets = [session.pending_offsets[i] for i in keep]
+
     def _flush(self, *, final: bool) -> None:
-        for session in self._sessions.values():
+        for source in list(self._sessions):
+            self._flush_one(source, final=final)
+        self._last_commit = self._clock()
+
+    def _flush_one(self, source: SourcePartition, *, final: bool) -> None:
+        session = self._sessions[source]
+        while True:
             rows, offsets = session.pending, session.pending_offsets
-            if not rows:
-                continue
             cut = len(rows)
-            if self._many and not final:
+            if self._many and not final and cut:
                 newest = offsets[-1]
                 while cut and offsets[cut - 1] == newest:
                     cut -= 1
-                if cut == 0:
-                    continue
-            session.target.write(rows[:cut])
-            session.target.commit(offsets[cut - 1])
+            if cut == 0:
+                return
+            try:
+                session.target.write(rows[:cut])
+                session.target.commit(offsets[cut - 1])
+            except FencedError:
+                if not session.kept:
+                    raise
+                # Fenced while idle in the pool (another process took the source
+                # partition in between): nothing of this transaction is visible. Claim
+                # again (once: the new session is not kept) and keep only the rows
+                # above what the target now holds.
+                self._reclaim(source, session)
+                continue
+            session.kept = False
             session.stored = offsets[cut - 1]
             self.stats.written += cut
             self.stats.commits += 1
             session.pending, session.pending_offsets = rows[cut:], offsets[cut:]
-        self._last_commit = self._clock()
+            return
 
     def close(self, error: BaseException | None = None) -> None:
         """End of the task: commit the rest on success, abort on error; always release."""
@@ -235,13 +349,19 @@ class PositionWriter:
             self._close(error)
 
     def _close(self, error: BaseException | None) -> None:
+        clean = False
         try:
             if error is None:
                 self._flush(final=True)
+                clean = True
         finally:
             first: BaseException | None = None
-            for session in self._sessions.values():
+            for source, session in self._sessions.items():
                 try:
+                    if (clean and not session.pending and session.target.reusable
+                            and self._run is not None):
+                        self._pool.give(self._run, source, session.target, session.stored)
+                        continue
                     if error is not None or session.pending:
                         session.target.abort()
                     session.target.close()

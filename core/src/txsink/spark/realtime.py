@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -135,11 +136,15 @@ def target_spec(sink_id: str, backend: str, options: Mapping[str, str]) -> Realt
 
 class RealtimeForeachWriter:
     """Spark's ``foreach`` writer object: one :class:`PositionWriter` per task and batch,
-    plus a timer that commits rows which arrived just before a pause."""
+    plus a timer that commits rows which arrived just before a pause. ``run`` names
+    this query run: later batches of it may reuse the sessions an earlier task claimed
+    in the same Python worker (a restarted query has another run and claims afresh)."""
 
     def __init__(self, spec: RealtimeTargetSpec, position_columns: Sequence[str],
-                 commit_interval_s: float, rows_per_record: str) -> None:
+                 commit_interval_s: float, rows_per_record: str,
+                 run: str | None = None) -> None:
         self.spec = spec
+        self.run = run or f"{spec.sink_id}/{uuid.uuid4().hex}"
         self.position_columns = tuple(position_columns)
         self.commit_interval_s = commit_interval_s
         self.rows_per_record = rows_per_record
@@ -150,14 +155,15 @@ class RealtimeForeachWriter:
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()
-                if k in ("spec", "position_columns", "commit_interval_s", "rows_per_record")}
+                if k in ("spec", "position_columns", "commit_interval_s", "rows_per_record",
+                         "run")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
 
     def open(self, partition_id: int, epoch_id: int) -> bool:
         self._writer = PositionWriter(self.spec, commit_interval_s=self.commit_interval_s,
-                                      rows_per_record=self.rows_per_record)
+                                      rows_per_record=self.rows_per_record, run=self.run)
         self._stop = threading.Event()
         self._timer_error = None
         self._timer = threading.Thread(target=self._tick, name="txsink-rt-commit",
