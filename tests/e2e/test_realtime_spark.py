@@ -182,7 +182,8 @@ def test_the_example_pipeline_file_runs_in_real_time_mode_and_resumes_exactly_on
 
 
 def test_kills_and_restarts_lose_and_duplicate_nothing_in_kafka_and_postgres(
-        kafka: tuple[str, Any], pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
+        kafka: tuple[str, Any], pg: pgtesting.LocalPostgres, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """The short chaos of Real-time Mode (``tests/chaos/realtime.py``; ``tox -e
     chaos-realtime-long`` has a hundred faults per target): one driver process runs a
     query into Kafka and one into PostgreSQL from one source topic while records are
@@ -206,6 +207,8 @@ def test_kills_and_restarts_lose_and_duplicate_nothing_in_kafka_and_postgres(
     plan = ["executor-kill", "database-restart", "broker-restart", "driver-kill"]
     reports = run(["kafka", "postgres"], 0, 2026, tmp_path, plan=plan,
                   servers=(kafka[1], pg))
+    with capsys.disabled():
+        print("".join(f"\n{report.line()}" for report in reports))
     for report in reports:
         assert report.failures == [], report.line()
         assert report.appended > 0 and report.visible == report.appended, report.line()
