@@ -52,6 +52,26 @@ def test_records_and_progress_commit_together_and_a_replay_is_skipped(
     assert replay.stats.skipped == 5 and spec.stored_positions() == {SRC: 14}
 
 
+def test_a_full_producer_queue_writes_each_record_once(
+        kafka_broker: Broker, topic: str) -> None:
+    """A write larger than the producer's local queue (BufferError part-way through)
+    waits for room and goes on from the record that did not fit: the records queued
+    before it are not produced a second time."""
+    if kt.tansu_selected():
+        pytest.skip(kt.TANSU_CANNOT)
+    sink = f"rt-{uuid.uuid4().hex[:8]}"
+    spec = KafkaBackend.realtime_target(sink, {
+        "topic": topic, "kafka.bootstrap.servers": kafka_broker.bootstrap,
+        "progress.topic": f"{sink}-progress", "kafka.queue.buffering.max.messages": "7"})
+    spec.prepare()
+    w = PositionWriter(spec, commit_interval_s=60)
+    for off in range(50):
+        w.add(SRC, off, {"value": str(off)})
+    w.close()  # one write of 50 rows through a queue of 7
+    assert values(kafka_broker, topic) == list(range(50))
+    assert spec.stored_positions() == {SRC: 49}
+
+
 def test_a_second_writer_fences_the_first(kafka_broker: Broker, topic: str) -> None:
     if kt.tansu_selected():
         pytest.skip(kt.TANSU_CANNOT)

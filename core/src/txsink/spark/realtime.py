@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -307,6 +308,38 @@ def unread_error(unread: Sequence[str], sink_id: str) -> ConfigError:
         "lost, a run with enough slots reads them", field="spark.master", sink_id=sink_id)
 
 
+#: The temporary file of Spark's atomic checkpoint writes (``.<name>.<uuid>.tmp``).
+_TEMP_ENTRY = re.compile(r"\..+\.tmp")
+
+
+def clear_unfinished_first_batch(df: DataFrame, checkpoint_location: str) -> list[str]:
+    """Delete the temporary offset-log file a driver killed during the query's first
+    real-time batch leaves behind, when the offset log has no entry yet.
+
+    Real-time Mode writes a batch's offsets when the batch ends; a driver killed while
+    batch 0's entry was being written leaves ``offsets/.0.<uuid>.tmp``, and every later
+    start then fails with ``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY`` (the offset log
+    must be empty on batch 0): the query could never be resumed. The file is an
+    unfinished write Spark never reads, and with no finished entry the query starts
+    from its starting offsets either way, so removing it changes nothing but that.
+    Returns the names removed."""
+    jvm: Any = df.sparkSession._jvm
+    hadoop_conf = df.sparkSession._jsc.hadoopConfiguration()
+    offsets = jvm.org.apache.hadoop.fs.Path(checkpoint_location, "offsets")
+    fs = offsets.getFileSystem(hadoop_conf)
+    if not fs.exists(offsets):
+        return []
+    names = [str(status.getPath().getName()) for status in fs.listStatus(offsets)]
+    if any(not _TEMP_ENTRY.fullmatch(name) for name in names):
+        return []  # a finished entry (or something else): Spark decides, not txsink
+    for name in names:
+        fs.delete(jvm.org.apache.hadoop.fs.Path(offsets, name), False)
+        log.warning("checkpoint %s: removed %s, an unfinished write of the first batch's "
+                    "offsets (its driver was killed); the query starts from its starting "
+                    "offsets", checkpoint_location, name)
+    return names
+
+
 def parse_seconds(text: str | float, field: str) -> float:
     """``'250 milliseconds'``, ``'1 second'`` or a number of seconds."""
     if isinstance(text, int | float):
@@ -387,6 +420,7 @@ def _check_frame(df: DataFrame, sink_id: str, position_columns: Sequence[str]) -
 
 def _start(df: DataFrame, writer: RealtimeForeachWriter, checkpoint_location: str,
            trigger: str, query_name: str | None) -> StreamingQuery:
+    clear_unfinished_first_batch(df, checkpoint_location)
     stream = (df.writeStream.outputMode("update").foreach(writer)
               .option("checkpointLocation", checkpoint_location)
               .trigger(realTime=trigger))  # type: ignore[call-overload]
