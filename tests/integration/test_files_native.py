@@ -57,6 +57,7 @@ def expected(versions: int) -> tuple[int, str]:
 def backend(tmp_path: Path) -> FilesBackend:
     b = FilesBackend(str(tmp_path / "out"))
     b.preflight(SINK)
+    b.claim_sink(SINK, "state-of-the-test", str(tmp_path / "state"))  # as a coordinator does
     return b
 
 
