@@ -295,7 +295,9 @@ def test_unsound_pipelines_are_refused_before_anything_runs(
     progress = f"never-{uuid.uuid4().hex[:6]}"
     with pytest.raises(ConfigError, match=reason) as info:
         start_realtime(df, sink_id="refused", backend="kafka", options={
-            "topic": out, "kafka.bootstrap.servers": bootstrap, "progress.topic": progress},
+            # Another topic than the one read: writing that one is refused on its own.
+            "topic": f"{out}-target", "kafka.bootstrap.servers": bootstrap,
+            "progress.topic": progress},
             checkpoint_location=str(tmp_path / "chk"))
     assert "\n" not in str(info.value)
     assert spark.streams.active == []
