@@ -104,3 +104,20 @@ def test_bad_options_are_refused_before_writing(tmp_path: Path) -> None:
         IcebergBackend.from_options({"warehouse": str(tmp_path), "table": "db.t",
                                      "catalog_uri": secret, "bogus": "1"})
     assert "hunter2" not in str(err.value)
+
+
+def test_epochs_committed_out_of_order_are_each_recognised(backend: IcebergBackend) -> None:
+    """Two batch writes of one sink reserve epochs 0 and 1; 1 commits first, then 0.
+    Epoch 1 must still be seen as in the table: a retried commit of it adds nothing
+    (it added every row a second time), and ``holds_epoch`` / ``highest_epoch`` see it."""
+    low = [prepare(backend, 0, p, range(p * 10, p * 10 + 10)) for p in range(2)]
+    high = [prepare(backend, 1, p, range(100 + p * 10, 110 + p * 10)) for p in range(2)]
+    assert backend.commit_all(high) == [CommitOutcome.COMMITTED] * 2
+    assert backend.commit_all(low) == [CommitOutcome.COMMITTED] * 2
+    again = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri)
+    assert again.holds_epoch("orders", 1) and again.holds_epoch("orders", 0)
+    assert again.highest_epoch("orders") == 1
+    again.epoch_committed("orders", 1, high)  # the table names it: no error
+    assert again.commit_all(high) == [CommitOutcome.ALREADY_COMMITTED] * 2
+    assert again.commit_all(low) == [CommitOutcome.ALREADY_COMMITTED] * 2
+    assert sorted(read_table_ids(backend)) == [*range(20), *range(100, 120)]

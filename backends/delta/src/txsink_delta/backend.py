@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 SINK_KEY = "txsink.sink"
 EPOCH_KEY = "txsink.epoch"
 PARTICIPANTS_KEY = "txsink.participants"
+#: The sink's highest epoch in the table once the entry is in (its ``txn`` version): an
+#: epoch may commit after a higher one (two batch writes reserve 5 and 6, 6 commits
+#: first), so the epochs of the log's entries are not in order, but these are.
+HIGHEST_KEY = "txsink.highest"
 #: Log entries read per step when looking back for an epoch.
 HISTORY_STEP = 32
 #: (endpoint, bucket) pairs whose conditional writes this process has seen work.
@@ -220,8 +224,8 @@ class DeltaBackend(TableBackend):
                 e = int(entry[EPOCH_KEY])
                 if e == epoch:
                     found = {**(found or {}), **marker_dirs(str(entry[PARTICIPANTS_KEY]))}
-                elif e < epoch:
-                    return found
+                elif int(entry.get(HIGHEST_KEY, e)) < epoch:
+                    return found  # no older entry can be of this epoch
             if len(entries) < limit:
                 break
             limit *= 4
@@ -259,6 +263,11 @@ class DeltaBackend(TableBackend):
         self.refuse_if_named(table, sink_id, epoch, participants)
         schema = table.schema()
         self._check_schema(schema, files)
+        # The txn version stays the sink's highest epoch when a lower one commits after
+        # it: Delta keeps the latest txn action, and a lowered one would hide the higher
+        # epoch from table_epoch (whose retry then added its rows again).
+        recorded = table.transaction_version(sink_id)
+        highest = epoch if recorded is None else max(epoch, int(recorded))
         actions = []
         for f in files:
             mtime = self.modified_ns(f.path) // 1_000_000
@@ -266,8 +275,9 @@ class DeltaBackend(TableBackend):
                                      f.stats or f'{{"numRecords":{f.rows}}}'))
         props = CommitProperties(
             custom_metadata={SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
-                             PARTICIPANTS_KEY: marker_json(participants)},
-            app_transactions=[Transaction(sink_id, epoch)],
+                             PARTICIPANTS_KEY: marker_json(participants),
+                             HIGHEST_KEY: str(highest)},
+            app_transactions=[Transaction(sink_id, highest)],
             # delta-rs would retry a lost race itself, on the new log version, without
             # looking at the winner's txn: two committers of one epoch then both add it
             # (seen: both answered committed). Lost races come back here instead, and

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 SINK_KEY = "txsink.sink"
 EPOCH_KEY = "txsink.epoch"
 PARTICIPANTS_KEY = "txsink.participants"
+#: The sink's highest epoch in the table once the snapshot is in: an epoch may commit
+#: after a higher one (two batch writes reserve 5 and 6, 6 commits first), so the
+#: epochs along the ancestry are not in order, but these are.
+HIGHEST_KEY = "txsink.highest"
 #: Table property prefix: ``txsink.epoch.<sink id>`` = the sink's highest committed epoch.
 EPOCH_PROPERTY = "txsink.epoch."
 CATALOG_FILE = "txsink-catalog.db"
@@ -255,8 +259,8 @@ class IcebergBackend(TableBackend):
                 e = int(summary[EPOCH_KEY])
                 if e == epoch:
                     found = {**(found or {}), **marker_dirs(summary[PARTICIPANTS_KEY])}
-                elif e < epoch:
-                    return found
+                elif int(summary.get(HIGHEST_KEY, e)) < epoch:
+                    return found  # no older snapshot can be of this epoch
                 else:
                     later = True
             parent = snapshot.parent_snapshot_id
@@ -278,7 +282,7 @@ class IcebergBackend(TableBackend):
         while snapshot is not None:
             summary = snapshot.summary
             if summary is not None and summary.get(SINK_KEY) == sink_id:
-                return int(summary[EPOCH_KEY])
+                return int(summary.get(HIGHEST_KEY, summary[EPOCH_KEY]))
             parent = snapshot.parent_snapshot_id
             snapshot = table.snapshot_by_id(parent) if parent is not None else None
         if table is None or any(_is_marker(s, sink_id) for s in table.metadata.snapshots):
@@ -298,10 +302,11 @@ class IcebergBackend(TableBackend):
         if table is None:
             return  # an empty epoch into a table that does not exist yet
         self.refuse_if_named(table, sink_id, epoch, participants)
-        props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
-                 PARTICIPANTS_KEY: marker_json(participants)}
-        paths = [self._file_uri(f.path) for f in files]
         recorded = _recorded_epoch(table, sink_id)
+        props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
+                 PARTICIPANTS_KEY: marker_json(participants),
+                 HIGHEST_KEY: str(max(epoch, recorded))}
+        paths = [self._file_uri(f.path) for f in files]
         table = _without_retries(table)
         try:
             with table.transaction() as tx:
