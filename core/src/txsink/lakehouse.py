@@ -207,6 +207,17 @@ class TableBackend(Backend):
         may have committed between the caller's read and this load, and the format's
         optimistic concurrency only catches a commit made after it."""
 
+    def check_files_schema(self, files: Sequence[DataFile]) -> None:
+        """Raise :class:`~txsink.errors.ConfigError` (naming a column as ``field``) when
+        the table exists and ``files`` (one epoch's, all of one frame) do not fit its
+        schema. Nothing to check by default."""
+
+    def check_prepared(self, committables: Sequence[Committable]) -> None:
+        # One file stands for the epoch: every participant's rows come from one frame.
+        files = [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
+        if files:
+            self.check_files_schema(files[:1])
+
     def refuse_if_named(self, table: Any, sink_id: str, epoch: int,
                         participants: Mapping[str, Sequence[DataFile]]) -> None:
         """Raise :class:`ConflictError` when ``table`` (as loaded for the commit) already

@@ -305,16 +305,39 @@ class DeltaBackend(TableBackend):
             log.info("delta table %s: create raced with another writer (%s)", self.path, exc)
         return self._table()
 
-    def _check_schema(self, schema: Any, files: Sequence[DataFile]) -> None:
+    def _schema_mismatch(self, schema: Any, files: Sequence[DataFile]) -> tuple[str, str] | None:
+        """(first offending column, what differs) when the files do not fit ``schema``."""
         from deltalake import Schema
 
         if not files:
-            return
+            return None
         theirs = Schema.from_arrow(self.read_schema(files[0].path))
         want = {f.name: f.type for f in schema.fields}
         have = {f.name: f.type for f in theirs.fields}
-        if want != have:
+        if want == have:
+            return None
+        extra = sorted(set(have) - set(want))
+        missing = sorted(set(want) - set(have))
+        changed = sorted(n for n in set(want) & set(have) if want[n] != have[n])
+        parts = ([f"not in the table: {', '.join(extra)}"] if extra else []) + (
+            [f"missing: {', '.join(missing)}"] if missing else []) + (
+            [f"of another type: {', '.join(changed)}"] if changed else [])
+        return (extra or missing or changed)[0], "; ".join(parts)
+
+    def check_files_schema(self, files: Sequence[DataFile]) -> None:
+        table = self._table()
+        mismatch = self._schema_mismatch(table.schema(), files) if table is not None else None
+        if mismatch is not None:
+            raise ConfigError(
+                f"delta backend: the epoch's rows do not fit the schema of {self.path} "
+                f"(columns {mismatch[1]}); nothing of the epoch is committed in any target: "
+                "alter the table or write a matching frame", field=mismatch[0])
+
+    def _check_schema(self, schema: Any, files: Sequence[DataFile]) -> None:
+        # Again at commit: the table may have been altered since the epoch was decided.
+        mismatch = self._schema_mismatch(schema, files)
+        if mismatch is not None:
             raise FatalCommitError(
                 f"delta backend: the epoch's files do not match the schema of {self.path} "
-                f"(table: {sorted(want)}, files: {sorted(have)} or their types differ); "
-                "the epoch stays DECIDED: alter the table or write a matching frame")
+                f"(columns {mismatch[1]}); the epoch stays DECIDED: alter the table or "
+                "write a matching frame")

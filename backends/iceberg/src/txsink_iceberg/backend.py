@@ -329,6 +329,26 @@ class IcebergBackend(TableBackend):
             raise FatalCommitError(f"iceberg backend: table {self.table} refused the "
                                    f"epoch's files: {exc}") from exc
 
+    def check_files_schema(self, files: Sequence[DataFile]) -> None:
+        # The check pyiceberg's add_files makes at commit, made before the decision.
+        from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
+
+        table = self._load()
+        if table is None:
+            return
+        theirs = self.read_schema(files[0].path)
+        try:
+            _check_pyarrow_schema_compatible(table.schema(), theirs,
+                                             format_version=table.metadata.format_version)
+        except ValueError as exc:
+            known = {f.name for f in table.schema().fields}
+            extra = [n for n in theirs.names if n not in known]
+            raise ConfigError(
+                f"iceberg backend: the epoch's rows do not fit the schema of table "
+                f"{self.table}: {exc}; nothing of the epoch is committed in any target: "
+                "alter the table or write a matching frame",
+                field=(extra or list(theirs.names) or ["?"])[0]) from None
+
     def _create(self, files: Sequence[DataFile]) -> Any:
         from pyiceberg.exceptions import TableAlreadyExistsError
 
