@@ -42,7 +42,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
-from txsink.errors import ParticipantLostError, StateError
+from txsink.errors import ParticipantLostError, SinkOwnedError, StateError
 from txsink.model import Committable, TransactionContext, parse_participant
 from txsink.objectstore import S3Access, is_s3, split_uri
 
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 #: The folder under a table's data root that holds every file txsink writes there.
 DATA_FOLDER = "txsink"
 COMMITTED_MARKER = "_committed.json"
+#: Which txsink state owns a sink id in this table (``txsink/<sink id>/_owner.json``).
+OWNER_FILE = "_owner.json"
 #: Row groups are buffered up to this many bytes (Spark's own writer buffers 128 MiB;
 #: a smaller group keeps a task's memory near it and the group costs low).
 ROW_GROUP_BYTES = 16 << 20
@@ -596,6 +598,67 @@ class TableBackend(Backend):
             self.abort(c)
             aborted.append(c)
         return aborted
+
+    # -- ownership ------------------------------------------------------------------------
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Record which txsink state owns ``sink_id`` in ``txsink/<sink id>/_owner.json``.
+
+        A new state for a sink id the table holds is a query whose checkpoint went with
+        its state: Spark reads the source from its start, and the table would take every
+        row a second time (and each state's orphan scan would delete the other's
+        prepared files). Refused, as every backend that records an owner does. On local
+        disk the file is created once (a link never replaces a name); on S3 it is read
+        before it is written and read back after."""
+        fs, _ = self._fs()
+        rel = f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
+        path = self.absolute(rel)
+        document = {"sink_id": sink_id, "state_id": state_id,
+                    "state_location": state_location}
+        owner = self._read_owner(path)
+        if owner is None:
+            if self._local():
+                folder = os.path.dirname(path)
+                os.makedirs(folder, exist_ok=True)
+                tmp = f"{folder}/.{OWNER_FILE}.{uuid.uuid4().hex[:8]}"
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(json.dumps(document).encode())
+                        os.fsync(f.fileno())
+                    with contextlib.suppress(FileExistsError):
+                        os.link(tmp, path)  # of two claims at once, one name wins
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+            else:
+                with fs.open_output_stream(path) as out:
+                    out.write(json.dumps(document).encode())
+            owner = self._read_owner(path) or document
+        if str(owner.get("state_id")) != state_id:
+            raise SinkOwnedError(
+                f"{self.name} backend: sink id {sink_id!r} in {self.describe()} belongs to "
+                f"the txsink state at {owner.get('state_location')!r}, not "
+                f"{state_location!r}: two queries must not share a sink id (a new "
+                "checkpoint reads the source again, and the table would hold its rows "
+                "twice). Use another sink_id, or, if the old query and its checkpoint are "
+                f"gone for good, delete {self.uri(rel)} and accept that the source is read "
+                "again", field="sink_id", sink_id=sink_id,
+                owner_state=str(owner.get("state_location")))
+
+    def _read_owner(self, path: str) -> dict[str, Any] | None:
+        fs, _ = self._fs()
+        try:
+            with fs.open_input_stream(path) as f:
+                found = json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StateError(f"{self.name} backend: the owner file {path} is unreadable "
+                             f"({exc}); delete it if its state is gone") from exc
+        if not isinstance(found, dict):
+            raise StateError(f"{self.name} backend: the owner file {path} is not a JSON "
+                             "object; delete it if its state is gone")
+        return found
 
     def reset_sink(self, sink_id: str) -> list[str]:
         raise NotImplementedError(

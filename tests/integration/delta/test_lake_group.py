@@ -108,3 +108,36 @@ def test_rows_that_do_not_fit_the_table_are_refused_before_the_decision(
            else read_iceberg(member))  # type: ignore[arg-type]
     assert sorted(ids) == list(range(10))
     assert member.list_prepared(target_sink_id(GROUP, table)) == []
+
+
+@pytest.mark.parametrize("table", ["delta", "iceberg"])
+def test_a_new_state_for_a_sink_id_the_table_holds_is_refused(
+        tmp_path: Path, table: str) -> None:
+    """The checkpoint was deleted with its state, and the query started again: Spark
+    reads the source from its start. Every other backend records which state owns the
+    sink id and refuses the new one; a table took it, and the new query wrote every row
+    a second time. The refusal names the owner file to delete once the old query is
+    gone for good; until then the table keeps each row once."""
+    from txsink.errors import SinkOwnedError
+
+    plugins = build_plugins()
+
+    def run(state: str, epochs: range) -> None:
+        group = TargetGroup.from_specs(GROUP, specs(tmp_path, (table,)), plugins)
+        coord = Coordinator(group, DirectoryStateStore(tmp_path / state), GROUP,
+                            plugins=plugins)
+        coord.start()
+        for e in epochs:
+            epoch = coord.reserve_epoch()
+            assert coord.commit_epoch(epoch, write_group(group, epoch, 0, 0, [epoch_rows(e, 0)])
+                                      ) is EpochOutcome.COMMITTED
+
+    run("state", range(2))
+    run("state", range(2, 3))  # the same state again: its own sink id
+    with pytest.raises(SinkOwnedError, match=r"_owner\.json") as refused:
+        run("state-new", range(3))  # the source read again from its start
+    assert str(tmp_path / "state-new") not in str(refused.value.owner_state)
+    member = TargetGroup.from_specs(GROUP, specs(tmp_path, (table,)), plugins).member(table)
+    ids = (read_table_ids(str(tmp_path / "delta")) if table == "delta"
+           else read_iceberg(member.backend))  # type: ignore[arg-type]
+    assert sorted(ids) == sorted(e * 1000 + i for e in range(3) for i in range(10))
