@@ -211,14 +211,15 @@ class TableBackend(Backend):
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
         """Raise :class:`~txsink.errors.ConfigError` (naming a column as ``field``) when
-        the table exists and ``files`` (one epoch's, all of one frame) do not fit its
-        schema. Nothing to check by default."""
+        the table exists and ``files`` (one epoch's, all of one frame: read the first
+        one's schema only) do not fit its schema. Nothing to check by default."""
 
     def check_prepared(self, committables: Sequence[Committable]) -> None:
-        # One file stands for the epoch: every participant's rows come from one frame.
+        # Every participant's rows come from one frame: the first file's schema stands
+        # for all (one footer read); the others' statistics are in the committables.
         files = [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
         if files:
-            self.check_files_schema(files[:1])
+            self.check_files_schema(files)
 
     def refuse_if_named(self, table: Any, sink_id: str, epoch: int,
                         participants: Mapping[str, Sequence[DataFile]]) -> None:

@@ -159,3 +159,31 @@ def test_epochs_committed_out_of_order_are_each_recognised(
     assert again.commit_all(high) == [CommitOutcome.ALREADY_COMMITTED] * 2
     assert again.commit_all(low) == [CommitOutcome.ALREADY_COMMITTED] * 2
     assert sorted(read_table_ids(str(table))) == [*range(20), *range(100, 120)]
+
+
+def test_nulls_for_a_not_null_column_are_refused_before_the_decision(
+        backend: DeltaBackend, table: Path) -> None:
+    """The table's column is NOT NULL (created from a frame whose column was, as Spark's
+    ``range`` gives it); a later frame is nullable. Rows without nulls go in; a null
+    is refused naming the column, before the decision and again at commit, where it
+    went in and left a NOT NULL column holding a null."""
+    from txsink.errors import FatalCommitError
+
+    required = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    optional = pa.schema([pa.field("id", pa.int64())])
+
+    def prepared(epoch: int, ids: list[int | None], schema: pa.Schema):
+        return write_participant(backend, TransactionContext("orders", epoch, 0, 0),
+                                 [pa.record_batch([pa.array(ids, pa.int64())], schema=schema)])
+
+    first = [prepared(0, [1, 2], required)]
+    assert backend.commit_all(first) == [CommitOutcome.COMMITTED]
+    no_nulls = [prepared(1, [3], optional)]
+    backend.check_prepared(no_nulls)
+    assert backend.commit_all(no_nulls) == [CommitOutcome.COMMITTED]
+    with_null = [prepared(2, [4, None], optional)]
+    with pytest.raises(ConfigError, match="NOT NULL") as refused:
+        backend.check_prepared(with_null)
+    assert refused.value.field == "id"
+    assert isinstance(backend.commit_all(with_null)[0], FatalCommitError)
+    assert sorted(read_table_ids(str(table))) == [1, 2, 3]

@@ -315,7 +315,10 @@ class DeltaBackend(TableBackend):
         want = {f.name: f.type for f in schema.fields}
         have = {f.name: f.type for f in theirs.fields}
         if want == have:
-            return None
+            nulls = _nulls_in_required(schema, theirs, files)
+            return None if not nulls else (
+                nulls[0], f"NOT NULL in the table, with nulls (or maybe nulls) in the "
+                f"epoch's files: {', '.join(nulls)}")
         extra = sorted(set(have) - set(want))
         missing = sorted(set(want) - set(have))
         changed = sorted(n for n in set(want) & set(have) if want[n] != have[n])
@@ -341,3 +344,23 @@ class DeltaBackend(TableBackend):
                 f"delta backend: the epoch's files do not match the schema of {self.path} "
                 f"(columns {mismatch[1]}); the epoch stays DECIDED: alter the table or "
                 "write a matching frame")
+
+
+def _nulls_in_required(schema: Any, theirs: Any, files: Sequence[DataFile]) -> list[str]:
+    """The table's NOT NULL columns that some file may hold a null in: its statistics
+    count one, or say nothing and the file's own schema allows them. (Delta writers
+    refuse such rows; a table holding one breaks the readers that trust the schema.)"""
+    import json
+
+    required = [f.name for f in schema.fields if not f.nullable]
+    if not required:
+        return []
+    allowed = {f.name for f in theirs.fields if f.nullable}
+    counts = []
+    for f in files:
+        try:
+            counts.append(json.loads(f.stats).get("nullCount", {}) if f.stats else {})
+        except ValueError:
+            counts.append({})
+    return [name for name in required
+            if any(c.get(name, 1 if name in allowed else 0) for c in counts)]
