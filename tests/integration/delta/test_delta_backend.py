@@ -187,3 +187,24 @@ def test_nulls_for_a_not_null_column_are_refused_before_the_decision(
     assert refused.value.field == "id"
     assert isinstance(backend.commit_all(with_null)[0], FatalCommitError)
     assert sorted(read_table_ids(str(table))) == [1, 2, 3]
+
+
+def test_a_table_with_a_check_constraint_is_refused(backend: DeltaBackend, table: Path) -> None:
+    """txsink adds files without reading their rows: a CHECK constraint (which delta-rs's
+    own writer enforces) would be broken by the first row that fails it. Refused at
+    start, and before an epoch is decided when the constraint came since."""
+    from deltalake import DeltaTable, write_deltalake
+
+    first = [prepare(backend, 0, 0, range(1, 3))]
+    assert backend.commit_all(first) == [CommitOutcome.COMMITTED]
+    DeltaTable(str(table)).alter.add_constraint({"id_positive": "id > 0"})
+    breaking = write_participant(backend, TransactionContext("orders", 1, 0, 0),
+                                 [pa.record_batch({"id": pa.array([-5], pa.int64())})])
+    with pytest.raises(ConfigError, match="id_positive"):
+        backend.check_prepared([breaking])
+    with pytest.raises(ConfigError, match="id_positive"):
+        DeltaBackend.from_options({"path": str(table)}).preflight("orders")
+    with pytest.raises(Exception, match="failed validation"):  # what delta-rs does
+        write_deltalake(str(table), pa.table({"id": pa.array([-6], pa.int64())}),
+                        mode="append")
+    assert sorted(read_table_ids(str(table))) == [1, 2]

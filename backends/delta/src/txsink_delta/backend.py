@@ -160,11 +160,30 @@ class DeltaBackend(TableBackend):
                                   "create=false; create it first, or drop create=false",
                                   field="path")
             return
+        self._refuse_constraints(table)
         parts = table.metadata().partition_columns
         if parts:
             raise ConfigError(
                 f"delta backend: table {self.path} is partitioned by {', '.join(parts)}; "
                 "txsink writes unpartitioned Delta tables only (for now)", field="path")
+
+    def _refuse_constraints(self, table: Any) -> None:
+        """Refuse a table with rules its writers must check on every row (CHECK
+        constraints, column invariants, generated columns): txsink adds Spark's or its
+        own Parquet files as they are, and a row breaking the rule would go in (delta-rs's
+        own writer refuses it)."""
+        rules = sorted(k.removeprefix("delta.constraints.")
+                       for k in table.metadata().configuration
+                       if k.startswith("delta.constraints."))
+        rules += sorted(f"{f.name} ({key.removeprefix('delta.')})"
+                        for f in table.schema().fields for key in f.metadata
+                        if key in ("delta.invariants", "delta.generationExpression"))
+        if rules:
+            raise ConfigError(
+                f"delta backend: table {self.path} has rules every written row must pass "
+                f"({', '.join(rules)}); txsink commits files without checking rows against "
+                "them, so a row breaking one would go in. Drop them, or write this table "
+                "with a writer that enforces them", field="path")
 
     def _check_conditional_put(self) -> None:
         """Two writers of one log version on a scratch table under the data folder: the
@@ -329,6 +348,8 @@ class DeltaBackend(TableBackend):
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
         table = self._table()
+        if table is not None:
+            self._refuse_constraints(table)  # added since the start, by another writer
         mismatch = self._schema_mismatch(table.schema(), files) if table is not None else None
         if mismatch is not None:
             raise ConfigError(
