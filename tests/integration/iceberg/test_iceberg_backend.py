@@ -121,3 +121,17 @@ def test_epochs_committed_out_of_order_are_each_recognised(backend: IcebergBacke
     assert again.commit_all(high) == [CommitOutcome.ALREADY_COMMITTED] * 2
     assert again.commit_all(low) == [CommitOutcome.ALREADY_COMMITTED] * 2
     assert sorted(read_table_ids(backend)) == [*range(20), *range(100, 120)]
+
+
+def test_a_table_partitioned_since_the_start_is_refused_before_the_decision(
+        backend: IcebergBackend) -> None:
+    """Another writer partitions the table while the pipeline runs: add_files refused
+    the epoch's files at commit, after the decision (the epoch stuck DECIDED, a group's
+    other targets holding it). Refused before the decision instead."""
+    assert backend.commit_all([prepare(backend, 0, 0, range(2))]) == [CommitOutcome.COMMITTED]
+    with backend._load().update_spec() as spec:
+        spec.add_identity("id")
+    with pytest.raises(ConfigError, match="partitioned now") as refused:
+        backend.check_prepared([prepare(backend, 1, 0, range(2, 4))])
+    assert refused.value.field == "table"
+    assert sorted(read_table_ids(backend)) == [0, 1]

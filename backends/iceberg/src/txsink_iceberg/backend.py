@@ -336,6 +336,12 @@ class IcebergBackend(TableBackend):
         table = self._load()
         if table is None:
             return
+        if table.spec().fields:  # partitioned since the start, by another writer
+            raise ConfigError(
+                f"iceberg backend: table {self.table} is partitioned now (by "
+                f"{', '.join(f.name for f in table.spec().fields)}); txsink writes "
+                "unpartitioned Iceberg tables only: nothing of the epoch is committed in "
+                "any target", field="table")
         theirs = self.read_schema(files[0].path)
         try:
             _check_pyarrow_schema_compatible(table.schema(), theirs,
