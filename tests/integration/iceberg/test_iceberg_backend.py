@@ -135,3 +135,21 @@ def test_a_table_partitioned_since_the_start_is_refused_before_the_decision(
         backend.check_prepared([prepare(backend, 1, 0, range(2, 4))])
     assert refused.value.field == "table"
     assert sorted(read_table_ids(backend)) == [0, 1]
+
+
+def test_a_rollback_takes_epochs_out_of_the_highest_the_next_commit_records(
+        backend: IcebergBackend) -> None:
+    """Epoch 2 commits before epoch 1 (two batch writes); the owner rolls the table back
+    to epoch 0's snapshot; epoch 1, still decided, is committed then. The table holds
+    0 and 1: its highest epoch is 1, not the rolled-back 2 (the cut would name 2)."""
+    assert backend.commit_all([prepare(backend, 0, 0, range(2))]) == [CommitOutcome.COMMITTED]
+    first = backend._load().current_snapshot().snapshot_id
+    one = [prepare(backend, 1, 0, range(10, 12))]
+    assert backend.commit_all([prepare(backend, 2, 0, range(20, 22))]) == [
+        CommitOutcome.COMMITTED]
+    backend._load().manage_snapshots().rollback_to_snapshot(first).commit()
+    assert backend.highest_epoch("orders") == 0
+    assert backend.commit_all(one) == [CommitOutcome.COMMITTED]
+    assert backend.highest_epoch("orders") == 1
+    assert not backend.holds_epoch("orders", 2) and backend.holds_epoch("orders", 1)
+    assert sorted(read_table_ids(backend)) == [0, 1, 10, 11]

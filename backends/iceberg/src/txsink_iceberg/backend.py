@@ -278,16 +278,7 @@ class IcebergBackend(TableBackend):
 
     def highest_epoch(self, sink_id: str) -> int | None:
         table = self._load()
-        snapshot = table.current_snapshot() if table is not None else None
-        while snapshot is not None:
-            summary = snapshot.summary
-            if summary is not None and summary.get(SINK_KEY) == sink_id:
-                return int(summary.get(HIGHEST_KEY, summary[EPOCH_KEY]))
-            parent = snapshot.parent_snapshot_id
-            snapshot = table.snapshot_by_id(parent) if parent is not None else None
-        if table is None or any(_is_marker(s, sink_id) for s in table.metadata.snapshots):
-            return -1  # no table, or the sink's epochs were all rolled back
-        return _recorded_epoch(table, sink_id)  # their snapshots expired
+        return -1 if table is None else _highest(table, sink_id)
 
     # -- commit ---------------------------------------------------------------------------
 
@@ -303,9 +294,11 @@ class IcebergBackend(TableBackend):
             return  # an empty epoch into a table that does not exist yet
         self.refuse_if_named(table, sink_id, epoch, participants)
         recorded = _recorded_epoch(table, sink_id)
+        # The branch's own highest (a rollback takes epochs out of it; the property
+        # keeps them).
         props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
                  PARTICIPANTS_KEY: marker_json(participants),
-                 HIGHEST_KEY: str(max(epoch, recorded))}
+                 HIGHEST_KEY: str(max(epoch, _highest(table, sink_id)))}
         paths = [self._file_uri(f.path) for f in files]
         table = _without_retries(table)
         try:
@@ -373,6 +366,22 @@ class IcebergBackend(TableBackend):
                                         else f"file://{location}")
         except TableAlreadyExistsError:
             return self._load()
+
+
+def _highest(table: Any, sink_id: str) -> int:
+    """The sink's highest epoch on the table's current branch: the newest marked
+    snapshot's ``txsink.highest`` (its epoch, before that key); -1 when the sink's
+    epochs were all rolled back; the table property when their snapshots expired."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        summary = snapshot.summary
+        if summary is not None and summary.get(SINK_KEY) == sink_id:
+            return int(summary.get(HIGHEST_KEY, summary[EPOCH_KEY]))
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    if any(_is_marker(s, sink_id) for s in table.metadata.snapshots):
+        return -1
+    return _recorded_epoch(table, sink_id)
 
 
 def _recorded_epoch(table: Any, sink_id: str) -> int:
