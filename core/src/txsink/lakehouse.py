@@ -560,6 +560,10 @@ class TableBackend(Backend):
         for epoch, dirs, marker in self._epochs(sink_id):
             if up_to_epoch is not None and epoch > up_to_epoch:
                 continue
+            if not dirs:
+                # An aborted epoch's empty folder: nothing to ask the table about (an
+                # old one's log entries may be cleaned up, and asking stopped the scan).
+                continue
             held = marker if marker is not None else (self.table_epoch(sink_id, epoch) or {})
             named = set(held.values())
             for d in dirs:

@@ -208,3 +208,30 @@ def test_a_table_with_a_check_constraint_is_refused(backend: DeltaBackend, table
         write_deltalake(str(table), pa.table({"id": pa.array([-6], pa.int64())}),
                         mode="append")
     assert sorted(read_table_ids(str(table))) == [1, 2]
+
+
+def test_an_aborted_epochs_empty_folder_does_not_stop_the_orphan_scan_after_log_cleanup(
+        backend: DeltaBackend, table: Path) -> None:
+    """An epoch given up (its batch write failed, or its rows were refused) leaves an
+    empty folder. Once log cleanup removed the entries around it, the orphan scan asked
+    the table about it on every commit and start, and stopped with 'its log no longer
+    reaches back': a pipeline wedged by a folder holding nothing."""
+    import glob
+
+    from deltalake import DeltaTable
+
+    for epoch in range(8):
+        msgs = [prepare(backend, epoch, 0, range(epoch * 10, epoch * 10 + 3))]
+        if epoch == 2:
+            backend.abort(msgs[0])
+            continue
+        backend.commit_all(msgs)
+        backend.epoch_committed("orders", epoch, msgs)
+    assert os.listdir(table / "txsink" / "orders" / "e0000000002") == []
+    DeltaTable(str(table)).create_checkpoint()
+    for name in sorted(glob.glob(str(table / "_delta_log" / "0000*.json")))[:4]:
+        os.unlink(name)  # delta.logRetentionDuration cleaned the oldest entries
+    again = DeltaBackend.from_options({"path": str(table)})
+    assert again.abort_orphans("orders", set(), None) == []
+    assert sorted(read_table_ids(str(table))) == [e * 10 + i for e in range(8) if e != 2
+                                                 for i in range(3)]
