@@ -564,7 +564,19 @@ class TableBackend(Backend):
                 # An aborted epoch's empty folder: nothing to ask the table about (an
                 # old one's log entries may be cleaned up, and asking stopped the scan).
                 continue
-            held = marker if marker is not None else (self.table_epoch(sink_id, epoch) or {})
+            if marker is not None:
+                held = marker
+            else:
+                try:
+                    held = self.table_epoch(sink_id, epoch) or {}
+                except StateError as exc:
+                    # The marker is gone (an Iceberg orphan-file removal deletes it) and
+                    # the table's history no longer tells: these directories may hold
+                    # committed rows. Neither aborted nor committed again; left alone.
+                    log.warning("sink=%s epoch=%d: %d director(ies) under %s left alone, "
+                                "neither aborted nor committed: %s", sink_id, epoch,
+                                len(dirs), self.describe(), exc)
+                    continue
             named = set(held.values())
             for d in dirs:
                 if d in named:

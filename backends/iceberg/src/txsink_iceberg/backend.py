@@ -264,10 +264,13 @@ class IcebergBackend(TableBackend):
                 else:
                     later = True
             parent = snapshot.parent_snapshot_id
-            if parent is None:
+            older = table.snapshot_by_id(parent) if parent is not None else None
+            if older is None and (found is not None or not later
+                                  or _first_of_table(snapshot)):
                 return found
-            snapshot = table.snapshot_by_id(parent)
-            if snapshot is None and found is None and later:
+            snapshot = older
+            if snapshot is None:
+                # Expired: the parent is gone, or (pyiceberg's expiry) no longer named.
                 raise StateError(
                     f"sink={sink_id} epoch={epoch}: table {self.table} holds later epochs of "
                     f"this sink, but its snapshots no longer reach back to epoch {epoch} "
@@ -366,6 +369,13 @@ class IcebergBackend(TableBackend):
                                         else f"file://{location}")
         except TableAlreadyExistsError:
             return self._load()
+
+
+def _first_of_table(snapshot: Any) -> bool:
+    """Whether ``snapshot`` is the table's first: the ancestry read to it is whole.
+    (Expiry leaves the oldest kept snapshot without a parent too; its sequence number
+    tells it apart. Format 1 tables number nothing: never known to be the first.)"""
+    return snapshot.parent_snapshot_id is None and snapshot.sequence_number == 1
 
 
 def _highest(table: Any, sink_id: str) -> int:
