@@ -293,6 +293,12 @@ class Backend(abc.ABC):
     def abort(self, committable: Committable) -> None:
         """Roll back a prepared participant. Aborting a missing participant succeeds."""
 
+    def check_prepared(self, committables: Sequence[Committable]) -> None:  # noqa: B027
+        """Before an epoch is decided: raise :class:`~txsink.errors.FatalCommitError` when
+        the target could never commit these participants (a table whose schema the files
+        do not match). Refused here, nothing of the epoch becomes visible in any target
+        of a group; refused at commit, the others would hold it and this one never."""
+
     def epoch_committed(  # noqa: B027 - optional hook
         self, sink_id: str, epoch: int, committables: Sequence[Committable]
     ) -> None:

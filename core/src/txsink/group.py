@@ -227,6 +227,10 @@ class TargetGroup(Backend):
             done.append(r)
         return done
 
+    def check_prepared(self, committables: Sequence[Committable]) -> None:
+        for name, idx in self._by_target(committables).items():
+            self.members[name].backend.check_prepared([committables[i] for i in idx])
+
     def first_commit_size(self, committables: Sequence[Committable]) -> int:
         """1, unless the first participant's target commits an epoch as one entry (a
         table format): then the whole epoch, so that target gets its participants in

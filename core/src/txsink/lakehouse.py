@@ -42,7 +42,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
-from txsink.errors import ParticipantLostError, StateError
+from txsink.errors import ParticipantLostError, SinkOwnedError, StateError
 from txsink.model import Committable, TransactionContext, parse_participant
 from txsink.objectstore import S3Access, is_s3, split_uri
 
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 #: The folder under a table's data root that holds every file txsink writes there.
 DATA_FOLDER = "txsink"
 COMMITTED_MARKER = "_committed.json"
+#: Which txsink state owns a sink id in this table (``txsink/<sink id>/_owner.json``).
+OWNER_FILE = "_owner.json"
 #: Row groups are buffered up to this many bytes (Spark's own writer buffers 128 MiB;
 #: a smaller group keeps a task's memory near it and the group costs low).
 ROW_GROUP_BYTES = 16 << 20
@@ -206,6 +208,18 @@ class TableBackend(Backend):
         entry is based on (:meth:`refuse_if_named`): a racing committer of the same epoch
         may have committed between the caller's read and this load, and the format's
         optimistic concurrency only catches a commit made after it."""
+
+    def check_files_schema(self, files: Sequence[DataFile]) -> None:
+        """Raise :class:`~txsink.errors.ConfigError` (naming a column as ``field``) when
+        the table exists and ``files`` (one epoch's, all of one frame: read the first
+        one's schema only) do not fit its schema. Nothing to check by default."""
+
+    def check_prepared(self, committables: Sequence[Committable]) -> None:
+        # Every participant's rows come from one frame: the first file's schema stands
+        # for all (one footer read); the others' statistics are in the committables.
+        files = [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
+        if files:
+            self.check_files_schema(files)
 
     def refuse_if_named(self, table: Any, sink_id: str, epoch: int,
                         participants: Mapping[str, Sequence[DataFile]]) -> None:
@@ -546,7 +560,23 @@ class TableBackend(Backend):
         for epoch, dirs, marker in self._epochs(sink_id):
             if up_to_epoch is not None and epoch > up_to_epoch:
                 continue
-            held = marker if marker is not None else (self.table_epoch(sink_id, epoch) or {})
+            if not dirs:
+                # An aborted epoch's empty folder: nothing to ask the table about (an
+                # old one's log entries may be cleaned up, and asking stopped the scan).
+                continue
+            if marker is not None:
+                held = marker
+            else:
+                try:
+                    held = self.table_epoch(sink_id, epoch) or {}
+                except StateError as exc:
+                    # The marker is gone (an Iceberg orphan-file removal deletes it) and
+                    # the table's history no longer tells: these directories may hold
+                    # committed rows. Neither aborted nor committed again; left alone.
+                    log.warning("sink=%s epoch=%d: %d director(ies) under %s left alone, "
+                                "neither aborted nor committed: %s", sink_id, epoch,
+                                len(dirs), self.describe(), exc)
+                    continue
             named = set(held.values())
             for d in dirs:
                 if d in named:
@@ -585,6 +615,67 @@ class TableBackend(Backend):
             self.abort(c)
             aborted.append(c)
         return aborted
+
+    # -- ownership ------------------------------------------------------------------------
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Record which txsink state owns ``sink_id`` in ``txsink/<sink id>/_owner.json``.
+
+        A new state for a sink id the table holds is a query whose checkpoint went with
+        its state: Spark reads the source from its start, and the table would take every
+        row a second time (and each state's orphan scan would delete the other's
+        prepared files). Refused, as every backend that records an owner does. On local
+        disk the file is created once (a link never replaces a name); on S3 it is read
+        before it is written and read back after."""
+        fs, _ = self._fs()
+        rel = f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
+        path = self.absolute(rel)
+        document = {"sink_id": sink_id, "state_id": state_id,
+                    "state_location": state_location}
+        owner = self._read_owner(path)
+        if owner is None:
+            if self._local():
+                folder = os.path.dirname(path)
+                os.makedirs(folder, exist_ok=True)
+                tmp = f"{folder}/.{OWNER_FILE}.{uuid.uuid4().hex[:8]}"
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(json.dumps(document).encode())
+                        os.fsync(f.fileno())
+                    with contextlib.suppress(FileExistsError):
+                        os.link(tmp, path)  # of two claims at once, one name wins
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+            else:
+                with fs.open_output_stream(path) as out:
+                    out.write(json.dumps(document).encode())
+            owner = self._read_owner(path) or document
+        if str(owner.get("state_id")) != state_id:
+            raise SinkOwnedError(
+                f"{self.name} backend: sink id {sink_id!r} in {self.describe()} belongs to "
+                f"the txsink state at {owner.get('state_location')!r}, not "
+                f"{state_location!r}: two queries must not share a sink id (a new "
+                "checkpoint reads the source again, and the table would hold its rows "
+                "twice). Use another sink_id, or, if the old query and its checkpoint are "
+                f"gone for good, delete {self.uri(rel)} and accept that the source is read "
+                "again", field="sink_id", sink_id=sink_id,
+                owner_state=str(owner.get("state_location")))
+
+    def _read_owner(self, path: str) -> dict[str, Any] | None:
+        fs, _ = self._fs()
+        try:
+            with fs.open_input_stream(path) as f:
+                found = json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StateError(f"{self.name} backend: the owner file {path} is unreadable "
+                             f"({exc}); delete it if its state is gone") from exc
+        if not isinstance(found, dict):
+            raise StateError(f"{self.name} backend: the owner file {path} is not a JSON "
+                             "object; delete it if its state is gone")
+        return found
 
     def reset_sink(self, sink_id: str) -> list[str]:
         raise NotImplementedError(

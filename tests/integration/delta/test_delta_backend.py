@@ -139,3 +139,99 @@ def test_bad_options_are_refused_before_writing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="create=false"):
         DeltaBackend.from_options({"path": str(tmp_path / "t"), "create": "false"}
                                   ).preflight("orders")
+
+
+def test_epochs_committed_out_of_order_are_each_recognised(
+        backend: DeltaBackend, table: Path) -> None:
+    """Two batch writes of one sink reserve epochs 0 and 1 (concurrent writers, or
+    nested ``epoch()`` blocks); 1 commits first, then 0. Epoch 1 must still be seen as
+    in the table: a commit of it whose outcome was unknown, retried after 0 landed,
+    adds nothing (it added every row a second time), and ``holds_epoch`` /
+    ``highest_epoch`` (the cut, stream numbering) still see it."""
+    low = [prepare(backend, 0, p, range(p * 10, p * 10 + 10)) for p in range(2)]
+    high = [prepare(backend, 1, p, range(100 + p * 10, 110 + p * 10)) for p in range(2)]
+    assert backend.commit_all(high) == [CommitOutcome.COMMITTED] * 2
+    assert backend.commit_all(low) == [CommitOutcome.COMMITTED] * 2
+    again = DeltaBackend.from_options({"path": str(table)})  # the retry, after a restart
+    assert again.holds_epoch("orders", 1) and again.holds_epoch("orders", 0)
+    assert again.highest_epoch("orders") == 1
+    again.epoch_committed("orders", 1, high)  # the table names it: no error
+    assert again.commit_all(high) == [CommitOutcome.ALREADY_COMMITTED] * 2
+    assert again.commit_all(low) == [CommitOutcome.ALREADY_COMMITTED] * 2
+    assert sorted(read_table_ids(str(table))) == [*range(20), *range(100, 120)]
+
+
+def test_nulls_for_a_not_null_column_are_refused_before_the_decision(
+        backend: DeltaBackend, table: Path) -> None:
+    """The table's column is NOT NULL (created from a frame whose column was, as Spark's
+    ``range`` gives it); a later frame is nullable. Rows without nulls go in; a null
+    is refused naming the column, before the decision and again at commit, where it
+    went in and left a NOT NULL column holding a null."""
+    from txsink.errors import FatalCommitError
+
+    required = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    optional = pa.schema([pa.field("id", pa.int64())])
+
+    def prepared(epoch: int, ids: list[int | None], schema: pa.Schema):
+        return write_participant(backend, TransactionContext("orders", epoch, 0, 0),
+                                 [pa.record_batch([pa.array(ids, pa.int64())], schema=schema)])
+
+    first = [prepared(0, [1, 2], required)]
+    assert backend.commit_all(first) == [CommitOutcome.COMMITTED]
+    no_nulls = [prepared(1, [3], optional)]
+    backend.check_prepared(no_nulls)
+    assert backend.commit_all(no_nulls) == [CommitOutcome.COMMITTED]
+    with_null = [prepared(2, [4, None], optional)]
+    with pytest.raises(ConfigError, match="NOT NULL") as refused:
+        backend.check_prepared(with_null)
+    assert refused.value.field == "id"
+    assert isinstance(backend.commit_all(with_null)[0], FatalCommitError)
+    assert sorted(read_table_ids(str(table))) == [1, 2, 3]
+
+
+def test_a_table_with_a_check_constraint_is_refused(backend: DeltaBackend, table: Path) -> None:
+    """txsink adds files without reading their rows: a CHECK constraint (which delta-rs's
+    own writer enforces) would be broken by the first row that fails it. Refused at
+    start, and before an epoch is decided when the constraint came since."""
+    from deltalake import DeltaTable, write_deltalake
+
+    first = [prepare(backend, 0, 0, range(1, 3))]
+    assert backend.commit_all(first) == [CommitOutcome.COMMITTED]
+    DeltaTable(str(table)).alter.add_constraint({"id_positive": "id > 0"})
+    breaking = write_participant(backend, TransactionContext("orders", 1, 0, 0),
+                                 [pa.record_batch({"id": pa.array([-5], pa.int64())})])
+    with pytest.raises(ConfigError, match="id_positive"):
+        backend.check_prepared([breaking])
+    with pytest.raises(ConfigError, match="id_positive"):
+        DeltaBackend.from_options({"path": str(table)}).preflight("orders")
+    with pytest.raises(Exception, match="failed validation"):  # what delta-rs does
+        write_deltalake(str(table), pa.table({"id": pa.array([-6], pa.int64())}),
+                        mode="append")
+    assert sorted(read_table_ids(str(table))) == [1, 2]
+
+
+def test_an_aborted_epochs_empty_folder_does_not_stop_the_orphan_scan_after_log_cleanup(
+        backend: DeltaBackend, table: Path) -> None:
+    """An epoch given up (its batch write failed, or its rows were refused) leaves an
+    empty folder. Once log cleanup removed the entries around it, the orphan scan asked
+    the table about it on every commit and start, and stopped with 'its log no longer
+    reaches back': a pipeline wedged by a folder holding nothing."""
+    import glob
+
+    from deltalake import DeltaTable
+
+    for epoch in range(8):
+        msgs = [prepare(backend, epoch, 0, range(epoch * 10, epoch * 10 + 3))]
+        if epoch == 2:
+            backend.abort(msgs[0])
+            continue
+        backend.commit_all(msgs)
+        backend.epoch_committed("orders", epoch, msgs)
+    assert os.listdir(table / "txsink" / "orders" / "e0000000002") == []
+    DeltaTable(str(table)).create_checkpoint()
+    for name in sorted(glob.glob(str(table / "_delta_log" / "0000*.json")))[:4]:
+        os.unlink(name)  # delta.logRetentionDuration cleaned the oldest entries
+    again = DeltaBackend.from_options({"path": str(table)})
+    assert again.abort_orphans("orders", set(), None) == []
+    assert sorted(read_table_ids(str(table))) == [e * 10 + i for e in range(8) if e != 2
+                                                 for i in range(3)]

@@ -76,3 +76,68 @@ def test_one_entry_per_table_per_epoch_in_a_group(tmp_path: Path,
     assert group.highest_epochs() == {"delta": 1, "iceberg": 1, "files": 1}
     assert delta.list_prepared(delta_sink) == []
     assert iceberg.list_prepared(target_sink_id(GROUP, "iceberg")) == []
+
+
+@pytest.mark.parametrize("table", ["delta", "iceberg"])
+def test_rows_that_do_not_fit_the_table_are_refused_before_the_decision(
+        tmp_path: Path, table: str) -> None:
+    """An epoch whose frame gained a column: the table would refuse its files at commit,
+    after the decision, with the files target of the group holding the epoch already
+    (half an epoch visible, the table stuck on it). Refused before the decision instead:
+    no target shows any of it, no participant is left, the error names the column."""
+    import glob
+
+    from txsink.errors import ConfigError
+    from txsink.state import EpochState
+
+    plugins = build_plugins()
+    group = TargetGroup.from_specs(GROUP, specs(tmp_path, ("files", table)), plugins)
+    coord = Coordinator(group, DirectoryStateStore(tmp_path / "state"), GROUP, plugins=plugins)
+    coord.start()
+    assert coord.commit_epoch(0, write_group(group, 0, 0, 0, [epoch_rows(0, 0)])
+                              ) is EpochOutcome.COMMITTED
+    wider = pa.record_batch({"id": pa.array([5000], pa.int64()), "extra": pa.array(["x"])})
+    with pytest.raises(ConfigError, match="nothing of the epoch is committed") as refused:
+        coord.commit_epoch(1, write_group(group, 1, 0, 0, [wider]))
+    assert refused.value.field == "extra"
+    assert EpochState.DECIDED not in coord.store.states().values()
+    visible = [p for p in glob.glob(str(tmp_path / "files" / "*.parquet"))]
+    assert len(visible) == 1  # epoch 0's file only
+    member = group.member(table).backend
+    ids = (read_table_ids(str(tmp_path / "delta")) if table == "delta"
+           else read_iceberg(member))  # type: ignore[arg-type]
+    assert sorted(ids) == list(range(10))
+    assert member.list_prepared(target_sink_id(GROUP, table)) == []
+
+
+@pytest.mark.parametrize("table", ["delta", "iceberg"])
+def test_a_new_state_for_a_sink_id_the_table_holds_is_refused(
+        tmp_path: Path, table: str) -> None:
+    """The checkpoint was deleted with its state, and the query started again: Spark
+    reads the source from its start. Every other backend records which state owns the
+    sink id and refuses the new one; a table took it, and the new query wrote every row
+    a second time. The refusal names the owner file to delete once the old query is
+    gone for good; until then the table keeps each row once."""
+    from txsink.errors import SinkOwnedError
+
+    plugins = build_plugins()
+
+    def run(state: str, epochs: range) -> None:
+        group = TargetGroup.from_specs(GROUP, specs(tmp_path, (table,)), plugins)
+        coord = Coordinator(group, DirectoryStateStore(tmp_path / state), GROUP,
+                            plugins=plugins)
+        coord.start()
+        for e in epochs:
+            epoch = coord.reserve_epoch()
+            assert coord.commit_epoch(epoch, write_group(group, epoch, 0, 0, [epoch_rows(e, 0)])
+                                      ) is EpochOutcome.COMMITTED
+
+    run("state", range(2))
+    run("state", range(2, 3))  # the same state again: its own sink id
+    with pytest.raises(SinkOwnedError, match=r"_owner\.json") as refused:
+        run("state-new", range(3))  # the source read again from its start
+    assert str(tmp_path / "state-new") not in str(refused.value.owner_state)
+    member = TargetGroup.from_specs(GROUP, specs(tmp_path, (table,)), plugins).member(table)
+    ids = (read_table_ids(str(tmp_path / "delta")) if table == "delta"
+           else read_iceberg(member.backend))  # type: ignore[arg-type]
+    assert sorted(ids) == sorted(e * 1000 + i for e in range(3) for i in range(10))

@@ -104,3 +104,4 @@ def test_bad_options_are_refused_before_writing(tmp_path: Path) -> None:
         IcebergBackend.from_options({"warehouse": str(tmp_path), "table": "db.t",
                                      "catalog_uri": secret, "bogus": "1"})
     assert "hunter2" not in str(err.value)
+

@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 SINK_KEY = "txsink.sink"
 EPOCH_KEY = "txsink.epoch"
 PARTICIPANTS_KEY = "txsink.participants"
+#: The sink's highest epoch in the table once the entry is in (its ``txn`` version): an
+#: epoch may commit after a higher one (two batch writes reserve 5 and 6, 6 commits
+#: first), so the epochs of the log's entries are not in order, but these are.
+HIGHEST_KEY = "txsink.highest"
 #: Log entries read per step when looking back for an epoch.
 HISTORY_STEP = 32
 #: (endpoint, bucket) pairs whose conditional writes this process has seen work.
@@ -156,11 +160,30 @@ class DeltaBackend(TableBackend):
                                   "create=false; create it first, or drop create=false",
                                   field="path")
             return
+        self._refuse_constraints(table)
         parts = table.metadata().partition_columns
         if parts:
             raise ConfigError(
                 f"delta backend: table {self.path} is partitioned by {', '.join(parts)}; "
                 "txsink writes unpartitioned Delta tables only (for now)", field="path")
+
+    def _refuse_constraints(self, table: Any) -> None:
+        """Refuse a table with rules its writers must check on every row (CHECK
+        constraints, column invariants, generated columns): txsink adds Spark's or its
+        own Parquet files as they are, and a row breaking the rule would go in (delta-rs's
+        own writer refuses it)."""
+        rules = sorted(k.removeprefix("delta.constraints.")
+                       for k in table.metadata().configuration
+                       if k.startswith("delta.constraints."))
+        rules += sorted(f"{f.name} ({key.removeprefix('delta.')})"
+                        for f in table.schema().fields for key in f.metadata
+                        if key in ("delta.invariants", "delta.generationExpression"))
+        if rules:
+            raise ConfigError(
+                f"delta backend: table {self.path} has rules every written row must pass "
+                f"({', '.join(rules)}); txsink commits files without checking rows against "
+                "them, so a row breaking one would go in. Drop them, or write this table "
+                "with a writer that enforces them", field="path")
 
     def _check_conditional_put(self) -> None:
         """Two writers of one log version on a scratch table under the data folder: the
@@ -220,8 +243,8 @@ class DeltaBackend(TableBackend):
                 e = int(entry[EPOCH_KEY])
                 if e == epoch:
                     found = {**(found or {}), **marker_dirs(str(entry[PARTICIPANTS_KEY]))}
-                elif e < epoch:
-                    return found
+                elif int(entry.get(HIGHEST_KEY, e)) < epoch:
+                    return found  # no older entry can be of this epoch
             if len(entries) < limit:
                 break
             limit *= 4
@@ -259,6 +282,11 @@ class DeltaBackend(TableBackend):
         self.refuse_if_named(table, sink_id, epoch, participants)
         schema = table.schema()
         self._check_schema(schema, files)
+        # The txn version stays the sink's highest epoch when a lower one commits after
+        # it: Delta keeps the latest txn action, and a lowered one would hide the higher
+        # epoch from table_epoch (whose retry then added its rows again).
+        recorded = table.transaction_version(sink_id)
+        highest = epoch if recorded is None else max(epoch, int(recorded))
         actions = []
         for f in files:
             mtime = self.modified_ns(f.path) // 1_000_000
@@ -266,8 +294,9 @@ class DeltaBackend(TableBackend):
                                      f.stats or f'{{"numRecords":{f.rows}}}'))
         props = CommitProperties(
             custom_metadata={SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
-                             PARTICIPANTS_KEY: marker_json(participants)},
-            app_transactions=[Transaction(sink_id, epoch)],
+                             PARTICIPANTS_KEY: marker_json(participants),
+                             HIGHEST_KEY: str(highest)},
+            app_transactions=[Transaction(sink_id, highest)],
             # delta-rs would retry a lost race itself, on the new log version, without
             # looking at the winner's txn: two committers of one epoch then both add it
             # (seen: both answered committed). Lost races come back here instead, and
@@ -295,16 +324,64 @@ class DeltaBackend(TableBackend):
             log.info("delta table %s: create raced with another writer (%s)", self.path, exc)
         return self._table()
 
-    def _check_schema(self, schema: Any, files: Sequence[DataFile]) -> None:
+    def _schema_mismatch(self, schema: Any, files: Sequence[DataFile]) -> tuple[str, str] | None:
+        """(first offending column, what differs) when the files do not fit ``schema``."""
         from deltalake import Schema
 
         if not files:
-            return
+            return None
         theirs = Schema.from_arrow(self.read_schema(files[0].path))
         want = {f.name: f.type for f in schema.fields}
         have = {f.name: f.type for f in theirs.fields}
-        if want != have:
+        if want == have:
+            nulls = _nulls_in_required(schema, theirs, files)
+            return None if not nulls else (
+                nulls[0], f"NOT NULL in the table, with nulls (or maybe nulls) in the "
+                f"epoch's files: {', '.join(nulls)}")
+        extra = sorted(set(have) - set(want))
+        missing = sorted(set(want) - set(have))
+        changed = sorted(n for n in set(want) & set(have) if want[n] != have[n])
+        parts = ([f"not in the table: {', '.join(extra)}"] if extra else []) + (
+            [f"missing: {', '.join(missing)}"] if missing else []) + (
+            [f"of another type: {', '.join(changed)}"] if changed else [])
+        return (extra or missing or changed)[0], "; ".join(parts)
+
+    def check_files_schema(self, files: Sequence[DataFile]) -> None:
+        table = self._table()
+        if table is not None:
+            self._refuse_constraints(table)  # added since the start, by another writer
+        mismatch = self._schema_mismatch(table.schema(), files) if table is not None else None
+        if mismatch is not None:
+            raise ConfigError(
+                f"delta backend: the epoch's rows do not fit the schema of {self.path} "
+                f"(columns {mismatch[1]}); nothing of the epoch is committed in any target: "
+                "alter the table or write a matching frame", field=mismatch[0])
+
+    def _check_schema(self, schema: Any, files: Sequence[DataFile]) -> None:
+        # Again at commit: the table may have been altered since the epoch was decided.
+        mismatch = self._schema_mismatch(schema, files)
+        if mismatch is not None:
             raise FatalCommitError(
                 f"delta backend: the epoch's files do not match the schema of {self.path} "
-                f"(table: {sorted(want)}, files: {sorted(have)} or their types differ); "
-                "the epoch stays DECIDED: alter the table or write a matching frame")
+                f"(columns {mismatch[1]}); the epoch stays DECIDED: alter the table or "
+                "write a matching frame")
+
+
+def _nulls_in_required(schema: Any, theirs: Any, files: Sequence[DataFile]) -> list[str]:
+    """The table's NOT NULL columns that some file may hold a null in: its statistics
+    count one, or say nothing and the file's own schema allows them. (Delta writers
+    refuse such rows; a table holding one breaks the readers that trust the schema.)"""
+    import json
+
+    required = [f.name for f in schema.fields if not f.nullable]
+    if not required:
+        return []
+    allowed = {f.name for f in theirs.fields if f.nullable}
+    counts = []
+    for f in files:
+        try:
+            counts.append(json.loads(f.stats).get("nullCount", {}) if f.stats else {})
+        except ValueError:
+            counts.append({})
+    return [name for name in required
+            if any(c.get(name, 1 if name in allowed else 0) for c in counts)]

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 SINK_KEY = "txsink.sink"
 EPOCH_KEY = "txsink.epoch"
 PARTICIPANTS_KEY = "txsink.participants"
+#: The sink's highest epoch in the table once the snapshot is in: an epoch may commit
+#: after a higher one (two batch writes reserve 5 and 6, 6 commits first), so the
+#: epochs along the ancestry are not in order, but these are.
+HIGHEST_KEY = "txsink.highest"
 #: Table property prefix: ``txsink.epoch.<sink id>`` = the sink's highest committed epoch.
 EPOCH_PROPERTY = "txsink.epoch."
 CATALOG_FILE = "txsink-catalog.db"
@@ -255,15 +259,18 @@ class IcebergBackend(TableBackend):
                 e = int(summary[EPOCH_KEY])
                 if e == epoch:
                     found = {**(found or {}), **marker_dirs(summary[PARTICIPANTS_KEY])}
-                elif e < epoch:
-                    return found
+                elif int(summary.get(HIGHEST_KEY, e)) < epoch:
+                    return found  # no older snapshot can be of this epoch
                 else:
                     later = True
             parent = snapshot.parent_snapshot_id
-            if parent is None:
+            older = table.snapshot_by_id(parent) if parent is not None else None
+            if older is None and (found is not None or not later
+                                  or _first_of_table(snapshot)):
                 return found
-            snapshot = table.snapshot_by_id(parent)
-            if snapshot is None and found is None and later:
+            snapshot = older
+            if snapshot is None:
+                # Expired: the parent is gone, or (pyiceberg's expiry) no longer named.
                 raise StateError(
                     f"sink={sink_id} epoch={epoch}: table {self.table} holds later epochs of "
                     f"this sink, but its snapshots no longer reach back to epoch {epoch} "
@@ -274,16 +281,7 @@ class IcebergBackend(TableBackend):
 
     def highest_epoch(self, sink_id: str) -> int | None:
         table = self._load()
-        snapshot = table.current_snapshot() if table is not None else None
-        while snapshot is not None:
-            summary = snapshot.summary
-            if summary is not None and summary.get(SINK_KEY) == sink_id:
-                return int(summary[EPOCH_KEY])
-            parent = snapshot.parent_snapshot_id
-            snapshot = table.snapshot_by_id(parent) if parent is not None else None
-        if table is None or any(_is_marker(s, sink_id) for s in table.metadata.snapshots):
-            return -1  # no table, or the sink's epochs were all rolled back
-        return _recorded_epoch(table, sink_id)  # their snapshots expired
+        return -1 if table is None else _highest(table, sink_id)
 
     # -- commit ---------------------------------------------------------------------------
 
@@ -298,10 +296,13 @@ class IcebergBackend(TableBackend):
         if table is None:
             return  # an empty epoch into a table that does not exist yet
         self.refuse_if_named(table, sink_id, epoch, participants)
-        props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
-                 PARTICIPANTS_KEY: marker_json(participants)}
-        paths = [self._file_uri(f.path) for f in files]
         recorded = _recorded_epoch(table, sink_id)
+        # The branch's own highest (a rollback takes epochs out of it; the property
+        # keeps them).
+        props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
+                 PARTICIPANTS_KEY: marker_json(participants),
+                 HIGHEST_KEY: str(max(epoch, _highest(table, sink_id)))}
+        paths = [self._file_uri(f.path) for f in files]
         table = _without_retries(table)
         try:
             with table.transaction() as tx:
@@ -324,6 +325,32 @@ class IcebergBackend(TableBackend):
             raise FatalCommitError(f"iceberg backend: table {self.table} refused the "
                                    f"epoch's files: {exc}") from exc
 
+    def check_files_schema(self, files: Sequence[DataFile]) -> None:
+        # The check pyiceberg's add_files makes at commit, made before the decision.
+        from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
+
+        table = self._load()
+        if table is None:
+            return
+        if table.spec().fields:  # partitioned since the start, by another writer
+            raise ConfigError(
+                f"iceberg backend: table {self.table} is partitioned now (by "
+                f"{', '.join(f.name for f in table.spec().fields)}); txsink writes "
+                "unpartitioned Iceberg tables only: nothing of the epoch is committed in "
+                "any target", field="table")
+        theirs = self.read_schema(files[0].path)
+        try:
+            _check_pyarrow_schema_compatible(table.schema(), theirs,
+                                             format_version=table.metadata.format_version)
+        except ValueError as exc:
+            known = {f.name for f in table.schema().fields}
+            extra = [n for n in theirs.names if n not in known]
+            raise ConfigError(
+                f"iceberg backend: the epoch's rows do not fit the schema of table "
+                f"{self.table}: {exc}; nothing of the epoch is committed in any target: "
+                "alter the table or write a matching frame",
+                field=(extra or list(theirs.names) or ["?"])[0]) from None
+
     def _create(self, files: Sequence[DataFile]) -> Any:
         from pyiceberg.exceptions import TableAlreadyExistsError
 
@@ -342,6 +369,29 @@ class IcebergBackend(TableBackend):
                                         else f"file://{location}")
         except TableAlreadyExistsError:
             return self._load()
+
+
+def _first_of_table(snapshot: Any) -> bool:
+    """Whether ``snapshot`` is the table's first: the ancestry read to it is whole.
+    (Expiry leaves the oldest kept snapshot without a parent too; its sequence number
+    tells it apart. Format 1 tables number nothing: never known to be the first.)"""
+    return snapshot.parent_snapshot_id is None and snapshot.sequence_number == 1
+
+
+def _highest(table: Any, sink_id: str) -> int:
+    """The sink's highest epoch on the table's current branch: the newest marked
+    snapshot's ``txsink.highest`` (its epoch, before that key); -1 when the sink's
+    epochs were all rolled back; the table property when their snapshots expired."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        summary = snapshot.summary
+        if summary is not None and summary.get(SINK_KEY) == sink_id:
+            return int(summary.get(HIGHEST_KEY, summary[EPOCH_KEY]))
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    if any(_is_marker(s, sink_id) for s in table.metadata.snapshots):
+        return -1
+    return _recorded_epoch(table, sink_id)
 
 
 def _recorded_epoch(table: Any, sink_id: str) -> int:

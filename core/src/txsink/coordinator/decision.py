@@ -153,6 +153,14 @@ class Decision:
             return self._held_by_target(epoch, committables, reserved=reserved)
 
         self._check_secrets(epoch, committables)
+        try:
+            sink.backend.check_prepared(committables)
+        except Exception:
+            if reserved:
+                self._discard_reserved(epoch, committables)
+            else:
+                self.abort_all(epoch, committables, "aborted", raise_errors=False)
+            raise
         sink.plugins.epoch_prepared(sink.sink_id, epoch, committables)
         sink.faults.hit(BEFORE_DECIDE, epoch)
         origin, query = self._origin(reserved=reserved)
@@ -499,19 +507,21 @@ class Decision:
             results += self.commit_many(rest)
         if any(isinstance(r, ParticipantLostError) for r in results):
             record, results = self._salvage(record, results)
+        failed: list[Committable] = []
         for c, outcome in zip(record.committables, results, strict=True):
             if isinstance(outcome, CommitError):
                 log.error("sink=%s epoch=%d partition=%d participant=%s: %s", c.sink_id,
                           c.epoch, c.partition, c.participant, outcome)
                 failures.append(outcome)
+                failed.append(c)
                 continue
             log.debug("sink=%s epoch=%d partition=%d participant=%s: %s", c.sink_id, c.epoch,
                       c.partition, c.participant, outcome.value)
         if failures:
-            targets = {c.participant: c.target for c in record.committables}
-            names = ", ".join((f"target {targets[str(f.participant)]}: "
-                               if targets.get(str(f.participant)) else "") + str(f.participant)
-                              for f in failures)
+            # The committables name the participants (an error raised for a whole
+            # table's epoch carries none).
+            names = ", ".join((f"target {c.target}: " if c.target else "") + c.participant
+                              for c in failed)
             error_type: type[CommitError] = (
                 ParticipantLostError if any(isinstance(f, ParticipantLostError)
                                             for f in failures)
@@ -524,7 +534,7 @@ class Decision:
                 f"sink={sink.sink_id} epoch={record.epoch}: {len(failures)} decided "
                 f"participant(s) could not be committed: {names}. The epoch stays DECIDED: "
                 f"{after}; `txsink status` shows it. First error: {failures[0]}",
-                sink_id=sink.sink_id, epoch=record.epoch, participant=failures[0].participant,
+                sink_id=sink.sink_id, epoch=record.epoch, participant=failed[0].participant,
             ) from failures[0]
         sink.backend.epoch_committed(sink.sink_id, record.epoch, record.committables)
         sink.faults.hit(BEFORE_MARK_COMMITTED, record.epoch)
