@@ -192,3 +192,18 @@ class S3Access:
                                f"{self.credentials_source()}: check them and the bucket "
                                "policy", field=field)
         return ConfigError(f"{owner}: cannot use {where}: {text}", field=field)
+
+
+def table_location(opts: Options, options: Mapping[str, str], owner: str,
+                   field: str) -> tuple[str, S3Access | None]:
+    """A table backend's location option: ``s3://bucket/prefix`` (with its S3 access
+    from the options) or a local directory (made absolute; S3 options refused there)."""
+    location = opts.str(field, required=True)
+    if is_s3(location):
+        bucket, key = split_uri(location, owner=owner, field=field)
+        return f"s3://{bucket}/{key}".rstrip("/"), S3Access.from_options(opts, owner)
+    if location.startswith("file://") or "://" not in location:
+        S3Access.refuse_for_local(options, owner, field)
+        return os.path.abspath(location.removeprefix("file://")), None
+    raise ConfigError(f"{owner}: option '{field}' must be a local directory or "
+                      f"s3://<bucket>/<prefix>, got {location!r}", field=field)

@@ -18,7 +18,6 @@ honour that condition: the preflight proves it on a scratch log before data move
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -32,7 +31,7 @@ from txsink.lakehouse import (
     marker_dirs,
     marker_json,
 )
-from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri
+from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
 from txsink.options import Options
 
 log = logging.getLogger(__name__)
@@ -64,19 +63,7 @@ class DeltaBackend(TableBackend):
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> DeltaBackend:
         opts = Options(options, owner="delta backend", secret_keys=SECRET_KEYS)
-        path = opts.str("path", required=True)
-        s3: S3Access | None = None
-        if is_s3(path):
-            bucket, key = split_uri(path, owner="delta backend", field="path")
-            path = f"s3://{bucket}/{key}".rstrip("/")
-            s3 = S3Access.from_options(opts, "delta backend")
-        elif path.startswith("file://") or "://" not in path:
-            S3Access.refuse_for_local(options, "delta backend", "path")
-            path = os.path.abspath(path.removeprefix("file://"))
-        else:
-            raise ConfigError(
-                f"delta backend: option 'path' must be a local directory or "
-                f"s3://<bucket>/<prefix>, got {path!r}", field="path")
+        path, s3 = table_location(opts, options, "delta backend", "path")
         create = opts.bool("create", True)
         opts.check_unknown()
         return cls(path, create=create, s3=s3)

@@ -37,7 +37,7 @@ from txsink.lakehouse import (
     marker_dirs,
     marker_json,
 )
-from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri
+from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
 from txsink.options import Options
 
 log = logging.getLogger(__name__)
@@ -86,19 +86,7 @@ class IcebergBackend(TableBackend):
         if len(table.split(".")) != 2 or not all(table.split(".")):
             raise ConfigError(f"iceberg backend: option 'table' must be 'namespace.name', "
                               f"got {table!r}", field="table")
-        warehouse = opts.str("warehouse", required=True)
-        s3: S3Access | None = None
-        if is_s3(warehouse):
-            bucket, key = split_uri(warehouse, owner="iceberg backend", field="warehouse")
-            warehouse = f"s3://{bucket}/{key}".rstrip("/")
-            s3 = S3Access.from_options(opts, "iceberg backend")
-        elif warehouse.startswith("file://") or "://" not in warehouse:
-            S3Access.refuse_for_local(options, "iceberg backend", "warehouse")
-            warehouse = os.path.abspath(warehouse.removeprefix("file://"))
-        else:
-            raise ConfigError(
-                f"iceberg backend: option 'warehouse' must be a local directory or "
-                f"s3://<bucket>/<prefix>, got {warehouse!r}", field="warehouse")
+        warehouse, s3 = table_location(opts, options, "iceberg backend", "warehouse")
         secret = opts.secret("catalog_uri")
         name = opts.str("catalog_name", "txsink")
         create = opts.bool("create", True)
