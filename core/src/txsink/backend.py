@@ -165,6 +165,17 @@ class Backend(abc.ABC):
         when ``sink_id`` is already bound to another ``state_id``. Must be idempotent.
         """
 
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:  # noqa: B027
+        """Raise exactly what :meth:`claim_sink` would raise for this claim, recording
+        nothing (read-only).
+
+        A group of targets asks every target first and claims only when all would
+        accept: a claim cannot be taken back, so a target refusing after others had
+        claimed would leave them bound to a state that was never used. The default
+        does nothing (a backend that cannot tell); its refusal then comes from
+        :meth:`claim_sink`.
+        """
+
     def reset_sink(self, sink_id: str) -> list[str]:
         """Delete everything ``sink_id`` wrote and its owner record (``txsink reset``).
 

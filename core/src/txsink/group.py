@@ -147,8 +147,15 @@ class TargetGroup(Backend):
                                 field=where, sink_id=m.sink_id) from None
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Every target's claim, or none: each is checked (read-only) before any is made,
+        so a target that belongs to another query leaves the others unclaimed."""
+        self.check_claim(sink_id, state_id, state_location)
         for m in self.members.values():
             m.backend.claim_sink(m.sink_id, state_id, state_location)
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        for m in self.members.values():
+            m.backend.check_claim(m.sink_id, state_id, state_location)
 
     def reset_sink(self, sink_id: str) -> list[str]:
         """Every target's reset, or none: a target that cannot delete what it wrote is

@@ -651,6 +651,18 @@ class TableBackend(Backend):
                 with fs.open_output_stream(path) as out:
                     out.write(json.dumps(document).encode())
             owner = self._read_owner(path) or document
+        self._refuse_owner(owner, sink_id, state_id, state_location)
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """:meth:`claim_sink`'s refusal from the owner file as it is (a read, no write)."""
+        owner = self._read_owner(self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+        if owner is not None:
+            self._refuse_owner(owner, sink_id, state_id, state_location)
+
+    def _refuse_owner(self, owner: Mapping[str, Any], sink_id: str, state_id: str,
+                      state_location: str) -> None:
+        """Refuse ``state_id`` if the owner file names another state."""
+        rel = f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
         if str(owner.get("state_id")) != state_id:
             raise SinkOwnedError(
                 f"{self.name} backend: sink id {sink_id!r} in {self.describe()} belongs to "

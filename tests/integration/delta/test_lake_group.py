@@ -141,3 +141,29 @@ def test_a_new_state_for_a_sink_id_the_table_holds_is_refused(
     ids = (read_table_ids(str(tmp_path / "delta")) if table == "delta"
            else read_iceberg(member.backend))  # type: ignore[arg-type]
     assert sorted(ids) == sorted(e * 1000 + i for e in range(3) for i in range(10))
+
+
+@pytest.mark.parametrize("table", ["delta", "iceberg"])
+def test_a_table_of_another_query_leaves_the_files_target_unclaimed(
+        tmp_path: Path, table: str) -> None:
+    """The files target comes first: before the group checked every claim, it was
+    claimed and kept bound to a state the refused run then deleted. The table's check
+    reads its owner file and writes none."""
+    from txsink.errors import SinkOwnedError
+
+    plugins = build_plugins()
+    group = TargetGroup.from_specs(GROUP, specs(tmp_path, ("files", table)), plugins)
+    lake = group.member(table).backend
+    sink = target_sink_id(GROUP, table)
+    try:
+        lake.check_claim(sink, "state-new", "/new")  # no owner file: nothing to refuse
+        assert not list(tmp_path.rglob("_owner.json"))
+        lake.claim_sink(sink, "state-old", "/old")  # another query's
+        owner_files = list(tmp_path.rglob("_owner.json"))
+        with pytest.raises(SinkOwnedError, match=r"_owner\.json") as refused:
+            group.claim_sink(GROUP, "state-new", "/new")
+        assert refused.value.owner_state == "/old"
+        assert not (tmp_path / "files" / "_txsink" / "state.json").exists()
+        assert list(tmp_path.rglob("_owner.json")) == owner_files
+    finally:
+        group.close()

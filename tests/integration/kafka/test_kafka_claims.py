@@ -10,10 +10,12 @@ import pyarrow as pa
 import pytest
 from conftest import Broker
 from txsink.coordinator import Coordinator
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, SinkOwnedError
+from txsink.group import TargetGroup
 from txsink.model import TransactionContext
 from txsink.plugins import build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
+from txsink.targets import parse_targets
 from txsink.writer import write_participant
 from txsink_kafka.backend import KafkaBackend, close_shared_clients
 
@@ -91,3 +93,46 @@ def test_of_two_queries_claiming_at_once_exactly_one_wins(
     for round_ in range(4):
         outcomes = race(options, tmp_path, f"race-{round_}-{uuid.uuid4().hex[:6]}")
         assert sorted(o.split(":")[0] for o in outcomes) == ["refused", "won"], outcomes
+
+
+def _topics(bootstrap: str) -> set[str]:
+    import confluent_kafka.admin as kadmin
+
+    return set(kadmin.AdminClient({"bootstrap.servers": bootstrap}).list_topics(
+        timeout=30).topics)
+
+
+def test_a_kafka_target_of_another_query_leaves_the_files_target_unclaimed(
+        kafka_broker: Broker, options: dict[str, str], tmp_path: Path) -> None:
+    """The files target comes first: before the group checked every claim, it was
+    claimed and kept bound to a state the refused run then deleted. The check writes
+    no claim and creates no claim topic; with owner.takeover the group claims both."""
+    sink = f"grp-{uuid.uuid4().hex[:8]}"
+
+    def group(**extra: str) -> TargetGroup:
+        items = [{"name": "files", "backend": "files",
+                  "options": {"path": str(tmp_path / "out")}},
+                 {"name": "events", "backend": "kafka", "options": {**options, **extra}}]
+        return TargetGroup.from_specs(sink, parse_targets(items, sink))
+
+    refused = group()
+    events = refused.members["events"].backend
+    assert isinstance(events, KafkaBackend)
+    try:
+        events.check_claim(f"{sink}--events", "state-new", "/new")
+        assert options["claim.topic"] not in _topics(kafka_broker.bootstrap)
+        events.claim_sink(f"{sink}--events", "state-old", "/old")  # another query's
+        with pytest.raises(SinkOwnedError, match="already written by another query") as info:
+            refused.claim_sink(sink, "state-new", "/new")
+        assert info.value.owner_state == "/old"
+        assert not (tmp_path / "out" / "_txsink" / "state.json").exists()
+        claims = events.admin._read_claims(f"{sink}--events")
+        assert [c.state_id for c in claims] == ["state-old"]
+    finally:
+        refused.close()
+    taking_over = group(**{"owner.takeover": "true"})
+    try:
+        taking_over.claim_sink(sink, "state-new", "/new")
+    finally:
+        taking_over.close()
+    assert (tmp_path / "out" / "_txsink" / "state.json").exists()

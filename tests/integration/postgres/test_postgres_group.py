@@ -16,7 +16,7 @@ import pytest
 from postgres_support import PgServer
 from txsink.coordinator import Coordinator, RetryPolicy
 from txsink.cut import consistent_cut
-from txsink.errors import ParticipantLostError
+from txsink.errors import ParticipantLostError, SinkOwnedError
 from txsink.faults import AFTER_DECIDE, FaultInjector, FaultRule, InjectedFault
 from txsink.group import TargetGroup, write_group
 from txsink.state import DirectoryStateStore, EpochState
@@ -67,3 +67,41 @@ def test_a_lost_participant_stops_the_group_naming_target_and_participant(
         assert cut.targets == {"totals": 0, "files": 1} and cut.cut == 0
     finally:
         group.close()
+
+
+def test_a_postgres_target_of_another_query_leaves_the_files_target_unclaimed(
+        pg_server: PgServer, table_name: str, tmp_path: Path) -> None:
+    """The files target comes first: before the group checked every claim, it was
+    claimed (its state.json written) and kept bound to a state the refused run then
+    deleted. The check reads the owner table only where it exists: it creates no
+    schema, table or row."""
+    sink = f"pg-claim-{uuid.uuid4().hex[:6]}"
+    schema = f"claims_{uuid.uuid4().hex[:8]}"
+    items = [{"name": "files", "backend": "files", "options": {"path": str(tmp_path / "out")}},
+             {"name": "totals", "backend": "postgres",
+              "options": pg_server.options(table_name, marker_schema=schema)}]
+    group = TargetGroup.from_specs(sink, parse_targets(items, sink))
+    totals = group.members["totals"].backend
+
+    def schemas() -> list[str]:
+        with pg_server.connect() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT schema_name FROM information_schema.schemata WHERE schema_name = %s",
+                (schema,)).fetchall()]
+
+    try:
+        totals.check_claim(f"{sink}--totals", "state-new", "/new")  # no owner table yet
+        assert schemas() == []
+        totals.claim_sink(f"{sink}--totals", "state-old", "/old")  # another query's
+        with pytest.raises(SinkOwnedError, match="already written by another query") as info:
+            group.claim_sink(sink, "state-new", "/new")
+        assert info.value.owner_state == "/old"
+        assert not (tmp_path / "out" / "_txsink" / "state.json").exists()
+        with pg_server.connect() as conn:
+            owners = conn.execute(f"SELECT sink_id, state_id FROM {schema}.txsink_commits_sinks"
+                                  ).fetchall()
+        assert owners == [(f"{sink}--totals", "state-old")]
+    finally:
+        group.close()
+        with pg_server.connect() as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from txsink.errors import ConfigError, SinkOwnedError
+from txsink.group import TargetGroup
+from txsink.targets import parse_targets
 from txsink_s3 import backend as s3backend
 from txsink_s3.backend import S3Backend
 
@@ -104,3 +107,31 @@ def test_a_server_ignoring_if_none_match_cannot_give_one_sink_id_to_two_queries(
         second.close()
     # The probe left nothing behind.
     assert not [k for k in s3_server.keys(f"{prefix}/") if "/probe-" in k]
+
+
+def test_an_s3_target_of_another_query_leaves_the_files_target_unclaimed(
+        s3_server: S3Server, prefix: str, tmp_path: Path) -> None:
+    """The files target comes first: before the group checked every claim, it was
+    claimed and kept bound to a state the refused run then deleted. The S3 check is a
+    GET of the owner object: it writes none."""
+    items = [{"name": "files", "backend": "files", "options": {"path": str(tmp_path / "out")}},
+             {"name": "copy", "backend": "s3", "options": s3_server.options(prefix)}]
+    group = TargetGroup.from_specs("g", parse_targets(items, "g"))
+    copy = group.members["copy"].backend
+    assert isinstance(copy, S3Backend)
+
+    def keys() -> list[str]:
+        return sorted(s3_server.keys(prefix))
+
+    try:
+        copy.check_claim("g--copy", "state-new", "s3://chk/new/txsink")
+        assert not [k for k in keys() if k.endswith("owner.json")]
+        copy.claim_sink("g--copy", "state-old", "s3://chk/old/txsink")  # another query's
+        before = keys()
+        with pytest.raises(SinkOwnedError, match="two queries must not share a sink id") as info:
+            group.claim_sink("g", "state-new", "s3://chk/new/txsink")
+        assert info.value.owner_state == "s3://chk/old/txsink"
+        assert not (tmp_path / "out" / "_txsink" / "state.json").exists()
+        assert keys() == before
+    finally:
+        group.close()

@@ -269,9 +269,12 @@ class KafkaAdmin:
                           f"but has no leader after {self.config.request_timeout_s:.0f}s",
                           sink_id=sink_id)
 
-    def _read_claims(self, sink_id: str) -> list[Claim]:
-        """Every claim on ``sink_id``, in log order: the whole claim topic is read."""
-        from confluent_kafka import KafkaException
+    def _read_claims(self, sink_id: str, *, create: bool = True) -> list[Claim]:
+        """Every claim on ``sink_id``, in log order: the whole claim topic is read.
+
+        A claim topic that is not there yet is created, unless ``create`` is false:
+        then it holds no claim."""
+        from confluent_kafka import KafkaError, KafkaException
 
         d = self.shared.driver()
         topic = self.config.claim_topic
@@ -282,6 +285,15 @@ class KafkaAdmin:
             try:
                 low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
             except KafkaException:
+                if not create:
+                    # watermarks() fails at once on a topic the broker does not know;
+                    # anything else (a broker away past the bound) is raised as it came.
+                    md = d.uncommitted_offsets.list_topics(topic, timeout=timeout)
+                    tmd = md.topics.get(topic)
+                    if tmd is None or (tmd.error is not None and tmd.error.code()
+                                       == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                        return []
+                    raise
                 # Not there yet (a coordinator started without the preflight, as
                 # `txsink resolve` does): create it, once.
                 import confluent_kafka.admin as kadmin
@@ -305,17 +317,13 @@ class KafkaAdmin:
             "'owner.takeover' to 'true' once", field="sink_id", sink_id=sink_id,
             owner_state=owner_location)
 
-    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
-        """Bind ``sink_id`` to one query's state in the claim topic, or refuse.
-
-        See :mod:`txsink_kafka.claims`: the whole claim topic is read, so the claim
-        holds regardless of its age and of other sinks' traffic.
-        """
-        claims = self._read_claims(sink_id)
+    def _check_owner(self, sink_id: str, state_id: str, claims: list[Claim]) -> Claim | None:
+        """The current owner among ``claims``; refused if it is another state and
+        ``owner.takeover`` is not set (also an owner record an older release left in
+        the marker partition, when the claim topic holds none)."""
         owner = owner_of(claims)
         if owner is not None and owner.state_id == state_id:
-            return
-        where = f"the claim topic {self.config.claim_topic!r}"
+            return owner
         if owner is None:
             # Sinks claimed by releases before the claim topic: their owner record in
             # the marker partition, if it is still in the scan window.
@@ -325,7 +333,24 @@ class KafkaAdmin:
                 raise self._refuse_claim(sink_id, legacy.state_location,
                                          f"the owner record in {self.config.marker_topic!r}")
         elif not self.config.takeover:
-            raise self._refuse_claim(sink_id, owner.state_location, where)
+            raise self._refuse_claim(sink_id, owner.state_location,
+                                     f"the claim topic {self.config.claim_topic!r}")
+        return owner
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """:meth:`claim_sink`'s refusal from the claims as they are: nothing is written,
+        and a claim topic not created yet holds no claim."""
+        self._check_owner(sink_id, state_id, self._read_claims(sink_id, create=False))
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Bind ``sink_id`` to one query's state in the claim topic, or refuse.
+
+        See :mod:`txsink_kafka.claims`: the whole claim topic is read, so the claim
+        holds regardless of its age and of other sinks' traffic.
+        """
+        owner = self._check_owner(sink_id, state_id, self._read_claims(sink_id))
+        if owner is not None and owner.state_id == state_id:
+            return
         takeover = owner is not None and self.config.takeover
         mine = Claim(owner_key(self.config.transactional_id_prefix, sink_id), state_id,
                      state_location, takeover)

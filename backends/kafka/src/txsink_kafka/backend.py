@@ -161,6 +161,9 @@ class KafkaBackend(Backend):
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         self.admin.claim_sink(sink_id, state_id, state_location)
 
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        self.admin.check_claim(sink_id, state_id, state_location)
+
     def close(self) -> None:
         self.shared.close()
 

@@ -540,20 +540,41 @@ class PostgresBackend(Backend):
         """Bind ``sink_id`` to one query's state in the database, or refuse a second one."""
         from psycopg import sql
 
-        try:
-            conn = self._connect(autocommit=True)
-        except _ConnectError as exc:
-            # Down, not misconfigured: `txsink run` says "server down".
-            raise ServerUnavailableError(str(exc), field="dsn", sink_id=sink_id) from None
-        with conn:
+        with self._claim_connection(sink_id) as conn:
             self._ensure_marker_table(conn)
             table = self._sinks_table()
             conn.execute(sql.SQL("INSERT INTO {} (sink_id, state_id, state_location) VALUES "
                                  "(%s, %s, %s) ON CONFLICT (sink_id) DO NOTHING").format(table),
                          (sink_id, state_id, state_location))
-            row = conn.execute(sql.SQL("SELECT state_id, state_location FROM {} "
-                                       "WHERE sink_id = %s").format(table),
-                               (sink_id,)).fetchone()
+            row = self._owner_row(conn, sink_id)
+        self._refuse_owner(row, sink_id, state_id)
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """:meth:`claim_sink`'s refusal from the owner table as it is: a table not
+        created yet holds no owner, and nothing is created or inserted."""
+        with self._claim_connection(sink_id) as conn:
+            sinks = TableName(self.marker_table.schema, self.marker_table.table + "_sinks")
+            row = (self._owner_row(conn, sink_id)
+                   if self._table_oid(conn, sinks) is not None else None)
+        self._refuse_owner(row, sink_id, state_id)
+
+    def _claim_connection(self, sink_id: str) -> psycopg.Connection[Any]:
+        try:
+            return self._connect(autocommit=True)
+        except _ConnectError as exc:
+            # Down, not misconfigured: `txsink run` says "server down".
+            raise ServerUnavailableError(str(exc), field="dsn", sink_id=sink_id) from None
+
+    def _owner_row(self, conn: psycopg.Connection[Any], sink_id: str) -> tuple[Any, ...] | None:
+        from psycopg import sql
+
+        row = conn.execute(sql.SQL("SELECT state_id, state_location FROM {} "
+                                   "WHERE sink_id = %s").format(self._sinks_table()),
+                           (sink_id,)).fetchone()
+        return None if row is None else tuple(row)
+
+    def _refuse_owner(self, row: tuple[Any, ...] | None, sink_id: str, state_id: str) -> None:
+        """Refuse ``state_id`` if the owner row names another state."""
         if row is not None and row[0] != state_id:
             owner_table = f"{self.marker_table.schema}.{self.marker_table.table}_sinks"
             raise SinkOwnedError(

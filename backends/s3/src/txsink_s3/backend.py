@@ -549,17 +549,30 @@ class S3Backend(Backend):
                 owner = self._read_owner(sink_id, key, where)
                 if owner is None:
                     continue  # deleted (or not yet visible) in between: claim again
-            if str(owner["state_id"]) == state_id:
-                return
+            self._refuse_owner(owner, sink_id, state_id, state_location, where)
+            return
+        raise ConfigError(f"sink id {sink_id!r}: the owner object {where} kept appearing "
+                          "and disappearing; is something deleting it?", field="sink_id",
+                          sink_id=sink_id)
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """:meth:`claim_sink`'s refusal from the owner object as it is (a GET, no PUT)."""
+        key = keys.owner_key(self.base(sink_id))
+        where = f"s3://{self.bucket}/{key}"
+        owner = self._read_owner(sink_id, key, where)
+        if owner is not None:
+            self._refuse_owner(owner, sink_id, state_id, state_location, where)
+
+    def _refuse_owner(self, owner: Mapping[str, Any], sink_id: str, state_id: str,
+                      state_location: str, where: str) -> None:
+        """Refuse ``state_id`` if the owner object names another state."""
+        if str(owner["state_id"]) != state_id:
             raise SinkOwnedError(
                 f"sink id {sink_id!r} under s3://{self.bucket}/{self.base(sink_id)}/ "
                 f"belongs to the txsink state at {owner.get('state_location')!r}, not "
                 f"{state_location!r}: two queries must not share a sink id. Use another "
                 f"sink_id, or delete the owner object {where} if that state is gone for good",
                 field="sink_id", sink_id=sink_id, owner_state=owner.get("state_location"))
-        raise ConfigError(f"sink id {sink_id!r}: the owner object {where} kept appearing "
-                          "and disappearing; is something deleting it?", field="sink_id",
-                          sink_id=sink_id)
 
     def _read_owner(self, sink_id: str, key: str, where: str) -> dict[str, Any] | None:
         """The owner object, or None where there is none."""

@@ -115,10 +115,21 @@ def _create_json_once(path: Path, data: Mapping[str, str]) -> dict[str, Any]:
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+    found = _existing_json(path)
+    if found is None:
+        raise StateError(f"files backend: {path} is unreadable (it vanished right after it "
+                         "was written); restart")
+    return found
+
+
+def _existing_json(path: Path) -> dict[str, Any] | None:
+    """What ``path`` holds, or None if there is no such file (nothing is written)."""
     try:
         found = json.loads(path.read_text())
         if not isinstance(found, dict):
             raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        return None
     except (ValueError, OSError) as exc:
         raise StateError(f"files backend: {path} is unreadable ({exc}); if it is empty or "
                          "cut short (a full disk under an older txsink), delete it and "
@@ -289,20 +300,23 @@ class FilesBackend(Backend):
         """Bind the base directory to one sink id; a second sink id is refused."""
         for d in (self._inprogress, self._pending):
             d.mkdir(parents=True, exist_ok=True)
-        marker = self._meta / "sink.json"
-        owner = _create_json_once(marker, {"sink_id": sink_id}).get("sink_id")
+        self._refuse_other_sink(_create_json_once(self._meta / "sink.json",
+                                                  {"sink_id": sink_id}), sink_id)
+
+    def _refuse_other_sink(self, marker: Mapping[str, Any] | None, sink_id: str) -> None:
+        """Refuse ``sink_id`` if the directory's sink marker names another sink."""
+        owner = sink_id if marker is None else marker.get("sink_id")
         if owner != sink_id:
             raise ConfigError(
                 f"files backend: directory {self.base} belongs to sink {owner!r}, not "
                 f"{sink_id!r}; give each sink its own 'path'", field="path",
                 sink_id=sink_id) from None
 
-    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
-        self._claim(sink_id)
-        owner_file = self._meta / "state.json"
-        owner = _create_json_once(owner_file, {"state_id": state_id,
-                                               "state_location": state_location})
-        if owner.get("state_id") != state_id:
+    def _refuse_other_state(self, owner: Mapping[str, Any] | None, sink_id: str,
+                            state_id: str) -> None:
+        """Refuse ``state_id`` if the directory's owner record names another state."""
+        if owner is not None and owner.get("state_id") != state_id:
+            owner_file = self._meta / "state.json"
             raise SinkOwnedError(
                 f"files backend: sink {sink_id!r} at {self.base} is already written by "
                 f"another query (txsink state at {owner.get('state_location')!r}). A sink "
@@ -310,6 +324,18 @@ class FilesBackend(Backend):
                 f"if the old query and its checkpoint are gone for good, delete {owner_file}",
                 field="sink_id", sink_id=sink_id,
                 owner_state=owner.get("state_location")) from None
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        self._claim(sink_id)
+        owner = _create_json_once(self._meta / "state.json",
+                                  {"state_id": state_id, "state_location": state_location})
+        self._refuse_other_state(owner, sink_id, state_id)
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """:meth:`claim_sink`'s refusals, from the markers as they are; nothing is made."""
+        self._refuse_other_sink(_existing_json(self._meta / "sink.json"), sink_id)
+        self._refuse_other_state(_existing_json(self._meta / "state.json"), sink_id,
+                                 state_id)
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
         """A final file of ``epoch`` exists in the directory ``sink_id`` owns."""
