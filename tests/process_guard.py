@@ -7,7 +7,8 @@ PySpark replaces pytest's SIGINT handler in any process that creates a SparkCont
 This plugin, loaded by ``tests/conftest.py``, makes the run's end bounded:
 
 * every process the run starts inherits a marker in its environment
-  (``TXSINK_TEST_RUN=<token>``, whatever its session or parent), so at the end, and
+  (``TXSINK_TEST_RUN=<token>``, whatever its session or parent; with ``-n`` the
+  workers too, the controller sets it before it starts them), so at the end, and
   on a signal, the run finds all of them in ``/proc`` and stops them: SIGTERM, then
   SIGKILL after :data:`GRACE_S`;
 * every temporary file of the run, the servers' and Spark's included (``TMPDIR``,
