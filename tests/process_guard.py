@@ -7,7 +7,8 @@ PySpark replaces pytest's SIGINT handler in any process that creates a SparkCont
 This plugin, loaded by ``tests/conftest.py``, makes the run's end bounded:
 
 * every process the run starts inherits a marker in its environment
-  (``TXSINK_TEST_RUN=<token>``, whatever its session or parent), so at the end, and
+  (``TXSINK_TEST_RUN=<token>``, whatever its session or parent; with ``-n`` the
+  workers too, the controller sets it before it starts them), so at the end, and
   on a signal, the run finds all of them in ``/proc`` and stops them: SIGTERM, then
   SIGKILL after :data:`GRACE_S`;
 * every temporary file of the run, the servers' and Spark's included (``TMPDIR``,
@@ -119,6 +120,14 @@ def stop_marked(token: str, root: Path | None, grace_s: float = GRACE_S) -> list
     return killed
 
 
+def _command(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+
+
 def _hard_stop(signum: int) -> None:
     """Everything of this run dies now; the directory goes; the process exits."""
     with _lock:
@@ -202,10 +211,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if _token is None:
         return
     with _lock:
+        left = {pid: _command(pid) for pid in marked_processes(_token, _root)}
         killed = stop_marked(_token, _root)
         if killed:
             sys.stderr.write(f"txsink tests: killed {len(killed)} process(es) the run had "
-                             f"left (pids {', '.join(map(str, killed))})\n")
+                             "left:\n" + "".join(f"  {pid}: {left.get(pid) or _command(pid)}\n"
+                                                  for pid in killed))
         if _root is not None:
             shutil.rmtree(_root, ignore_errors=True)
         _token = _root = None

@@ -1,16 +1,18 @@
-"""Fast tiers first, and a line per tier with roughly how long is left.
+"""Fast tiers first, and lines saying what the run is doing and roughly how long is left.
 
 Loaded by ``tests/conftest.py``. The run is ordered unit → integration → e2e → chaos →
-cluster (the order inside a tier is kept, so module and session fixtures still group),
-and when a tier starts the run prints what it starts and an estimate:
+cluster (the order inside a tier is kept, so module and session fixtures still group;
+with ``-n`` the files are handed to the workers in that order). When a tier's first
+test reports, and then every :data:`EVERY_S` seconds, the run prints a line:
 
     == tier e2e: 41 tests, about 5 min; about 7 min left in the run
 
-The estimate comes from ``tests/durations.json`` (seconds per test, measured; a test
-not in it counts as its tier's median, a unit test as one second), scaled by how fast
-this run has gone so far compared with the stored figures: a loaded machine gets a longer estimate.
+The estimate comes from ``tests/durations.json`` (seconds per test, measured in a
+run without ``-n``; a test not in it counts as its tier's median, a unit test as one
+second), scaled by how fast this run has gone so far compared with the stored figures:
+a loaded machine gets a longer estimate, two workers a shorter one.
 ``TXSINK_STORE_DURATIONS=path`` writes this run's durations there (refresh the file
-with it after adding slow tests).
+with it, from a run with ``-n 0``, after adding slow tests).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import pytest
 TIERS = ("unit", "integration", "e2e", "chaos", "cluster")
 DURATIONS = Path(__file__).with_name("durations.json")
 STORE_ENV = "TXSINK_STORE_DURATIONS"
+#: Seconds between two progress lines inside a long tier.
+EVERY_S = 120.0
 
 
 def tier_of(nodeid: str) -> str:
@@ -38,6 +42,9 @@ def _minutes(seconds: float) -> str:
 
 
 class Progress:
+    """Driven by test reports only, so it works the same in a plain run and in the
+    controller of an ``-n`` run (where no test runs in this process)."""
+
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         try:
@@ -45,59 +52,63 @@ class Progress:
         except (OSError, ValueError):
             self.stored = {}
         self.estimate: dict[str, float] = {}
-        self.order: list[str] = []
-        self.tier: str | None = None
         self.started = 0.0
+        self.last_line = 0.0
+        self.announced: set[str] = set()
+        self.finished_ids: set[str] = set()
         self.done_estimate = 0.0
         self.measured: dict[str, float] = {}
 
-    def plan(self, items: list[pytest.Item]) -> None:
+    def plan(self, nodeids: list[str]) -> None:
         by_tier: dict[str, list[float]] = {}
         for nodeid, seconds in self.stored.items():
             by_tier.setdefault(tier_of(nodeid), []).append(seconds)
         median = {t: statistics.median(v) for t, v in by_tier.items()}
         # The file lists the slow unit tests; any other unit test takes about a second.
         median["unit"] = 1.0
-        self.order = [item.nodeid for item in items]
         self.estimate = {n: self.stored.get(n, median.get(tier_of(n), 1.0))
-                         for n in self.order}
+                         for n in nodeids}
 
-    def left(self, position: int) -> float:
-        return sum(self.estimate.get(n, 0.0) for n in self.order[position:])
-
-    def scale(self) -> float:
-        """How much slower (> 1) or faster this run goes than the stored figures."""
-        elapsed = time.monotonic() - self.started
+    def scale(self, now: float) -> float:
+        """Wall seconds per stored second so far: > 1 on a loaded machine, < 1 with
+        workers side by side."""
+        elapsed = now - self.started
         if self.done_estimate < 30 or elapsed < 30:
             return 1.0
-        return max(0.25, min(8.0, elapsed / self.done_estimate))
+        return max(0.1, min(8.0, elapsed / self.done_estimate))
 
-    def start(self, item: pytest.Item) -> None:
-        if not self.started:
-            self.started = time.monotonic()
-        tier = tier_of(item.nodeid)
-        if tier == self.tier:
-            return
-        self.tier = tier
-        try:
-            position = self.order.index(item.nodeid)
-        except ValueError:
-            return
-        ids = [n for n in self.order[position:] if tier_of(n) == tier]
-        scale = self.scale()
-        in_tier = sum(self.estimate[n] for n in ids) * scale
-        left = self.left(position) * scale
+    def _line(self, text: str, now: float) -> None:
+        self.last_line = now
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
         reporter.ensure_newline()
-        reporter.write_line(f"== tier {tier}: {len(ids)} tests, about {_minutes(in_tier)}; "
-                            f"about {_minutes(left)} left in the run", bold=True)
+        reporter.write_line(text, bold=True)
 
-    def finished(self, report: pytest.TestReport) -> None:
-        self.measured[report.nodeid] = self.measured.get(report.nodeid, 0.0) + report.duration
-        if report.when == "teardown":
-            self.done_estimate += self.estimate.get(report.nodeid, 0.0)
+    def report(self, report: pytest.TestReport) -> None:
+        now = time.monotonic()
+        if not self.started:
+            self.started = self.last_line = now
+        nodeid = report.nodeid
+        self.measured[nodeid] = self.measured.get(nodeid, 0.0) + report.duration
+        if report.when == "teardown" and nodeid not in self.finished_ids:
+            self.finished_ids.add(nodeid)
+            self.done_estimate += self.estimate.get(nodeid, 0.0)
+        if nodeid not in self.estimate:
+            return
+        tier = tier_of(nodeid)
+        scale = self.scale(now)
+        left = sum(s for n, s in self.estimate.items() if n not in self.finished_ids) * scale
+        if tier not in self.announced:
+            self.announced.add(tier)
+            ids = [n for n in self.estimate if tier_of(n) == tier
+                   and n not in self.finished_ids]
+            in_tier = sum(self.estimate[n] for n in ids) * scale
+            self._line(f"== tier {tier}: {len(ids)} tests, about {_minutes(in_tier)}; "
+                       f"about {_minutes(left)} left in the run", now)
+        elif now - self.last_line >= EVERY_S:
+            self._line(f"== {len(self.finished_ids)} of {len(self.estimate)} tests done, "
+                       f"tier {tier}; about {_minutes(left)} left in the run", now)
 
     def store(self) -> None:
         path = os.environ.get(STORE_ENV)
@@ -116,18 +127,21 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: TIERS.index(tier_of(item.nodeid)))  # stable: order kept
-    config.stash[_KEY].plan(items)
+    config.stash[_KEY].plan([item.nodeid for item in items])
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    item.config.stash[_KEY].start(item)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """The controller of an ``-n`` run collects nothing itself: the workers' list."""
+    progress = _progress
+    if progress is not None and not progress.estimate:
+        progress.plan(list(ids))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     progress = _progress
     if progress is not None:
-        progress.finished(report)
+        progress.report(report)
 
 
 _progress: Progress | None = None
@@ -136,8 +150,11 @@ _progress: Progress | None = None
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _progress
-    _progress = session.config.stash[_KEY]
+    # An ``-n`` worker's reports reach the controller, which prints and stores.
+    if not hasattr(session.config, "workerinput"):
+        _progress = session.config.stash[_KEY]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    session.config.stash[_KEY].store()
+    if _progress is not None:
+        _progress.store()

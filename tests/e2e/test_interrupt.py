@@ -1,7 +1,8 @@
 """Ctrl-C (SIGINT) and SIGTERM of a test run stop it within 10 seconds and leave no
 process and no temporary directory behind (``tests/process_guard.py``).
 
-Two child pytest runs of ``interrupt_target.py``, each with a private ``TMPDIR``, hold
+Two child pytest runs of ``interrupt_target.py`` (with the project's options, so in an
+xdist worker, as the README's command runs), each with a private ``TMPDIR``, hold
 PostgreSQL, SeaweedFS, a Spark driver in its own session, and a SparkContext in the
 child pytest itself (PySpark's SIGINT handler installed). Once both are up, one gets
 SIGINT and the other SIGTERM; every process that inherited the child's probe variable

@@ -44,7 +44,7 @@ def test_installed_example_is_listed_with_its_distribution(installed: dict[str, 
 @pytest.mark.slow
 def test_installed_example_passes_the_conformance_kit(installed: dict[str, str]) -> None:
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(EXAMPLE / "tests")], cwd=ROOT, env=installed,
+                           "-n", "0", str(EXAMPLE / "tests")], cwd=ROOT, env=installed,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "13 passed" in done.stdout

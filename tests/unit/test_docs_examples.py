@@ -179,9 +179,14 @@ def test_state_directory_and_resolve_commands(tmp_path: Path,
         "part-0000000040-00000.jsonl", "part-0000000041-00000.jsonl"]
 
 
-def test_alert_rules_are_valid_and_name_txsink_metrics() -> None:
+def test_alert_rules_are_valid_and_name_txsink_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
     from txsink import metrics
 
+    # This process's metrics as a library user gets them, whatever an earlier test in
+    # it left (metric objects made for multiprocess mode register nothing here).
+    monkeypatch.delenv(metrics.MULTIPROC_ENV, raising=False)
+    monkeypatch.setenv(metrics.ENABLED_ENV, "1")  # registry() sets it: restored after
+    metrics.reset_for_tests()
     rules = yaml.safe_load(example("alert-rules"))
     exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
     assert len(exprs) == 2
@@ -189,3 +194,4 @@ def test_alert_rules_are_valid_and_name_txsink_metrics() -> None:
              for f in metrics.registry().collect()} | {"txsink_oldest_prepared_age_seconds"}
     used = {n for e in exprs for n in re.findall(r"txsink_\w+", e)}
     assert used and used <= names, used - names
+    metrics.reset_for_tests()
