@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from txsink.coordinator import Coordinator, EpochOutcome, RetryPolicy
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, ServerUnavailableError
 from txsink.hookspecs import hookimpl
 from txsink.model import Committable, TransactionContext
 from txsink.plugins import build_plugins, get_plugins
@@ -157,3 +157,27 @@ def test_the_marker_scan_waits_for_a_partition_the_client_does_not_know_yet(
     waits = [r.getMessage() for r in caplog.records if "marker scan" in r.getMessage()]
     assert waits, "the scan should have waited for the unknown partition"
     assert all(f"sink={sink}" in m and "unavailable.retry.s" in m for m in waits)
+
+
+def test_a_broker_gone_after_the_preflight_is_down_in_the_claim_check(
+        kafka: LocalKafka, tmp_path: Path) -> None:
+    """A group asks each target's claim before making any (``check_claim``); a broker
+    that stopped after the preflight is reported as down, in words, naming the option."""
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(kafka.bootstrap, topic, partitions=1)
+    sink = f"cc-{uuid.uuid4().hex[:8]}"
+    backend = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka.bootstrap, "topic": topic,
+        "request.timeout.s": "2", "unavailable.retry.s": "2"})
+    assert isinstance(backend, KafkaBackend)
+    try:
+        backend.preflight(sink)
+        kafka.stop()
+        with pytest.raises(ServerUnavailableError) as down:
+            backend.check_claim(sink, "state-1", str(tmp_path / "state"))
+    finally:
+        backend.close()
+    said = str(down.value)
+    assert "stopped answering" in said and "kafka.bootstrap.servers" in said, said
+    assert "KafkaError{" not in said and "cimpl" not in said, said
+    assert down.value.field == "kafka.bootstrap.servers"

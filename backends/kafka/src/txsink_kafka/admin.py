@@ -340,7 +340,21 @@ class KafkaAdmin:
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         """:meth:`claim_sink`'s refusal from the claims as they are: nothing is written,
         and a claim topic not created yet holds no claim."""
-        self._check_owner(sink_id, state_id, self._read_claims(sink_id, create=False))
+        from confluent_kafka import KafkaException
+
+        try:
+            claims = self._read_claims(sink_id, create=False)
+        except KafkaException as exc:
+            # The broker went away after the preflight: say so, not the library's object.
+            error = exc.args[0] if exc.args else None
+            describe = getattr(error, "str", None)
+            said = str(describe()) if callable(describe) else str(exc)
+            raise ServerUnavailableError(
+                f"kafka sink: Kafka at {self.config.bootstrap!r} stopped answering while the "
+                f"claims in {self.config.claim_topic!r} were read (option "
+                f"'kafka.bootstrap.servers'): {self.shared.redact(said)}",
+                field="kafka.bootstrap.servers", sink_id=sink_id) from None
+        self._check_owner(sink_id, state_id, claims)
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         """Bind ``sink_id`` to one query's state in the claim topic, or refuse.
