@@ -17,13 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from txsink.backend import Backend
 from txsink.config import load_pipeline
 from txsink.errors import ConfigError, ServerUnavailableError, SinkOwnedError
 from txsink.files.backend import FilesBackend
-from txsink.group import TargetGroup
+from txsink.group import Member, TargetGroup
 from txsink.plugins import get_plugins
 from txsink.state import DirectoryStateStore
-from txsink.targets import parse_targets
+from txsink.targets import TargetSpec, parse_targets
 
 
 def _group(tmp_path: Path, name: str, own: str, shared: str) -> Path:
@@ -122,3 +123,104 @@ def test_a_target_whose_server_is_down_is_a_server_down_and_leaves_the_others_un
     assert checked.field == claimed.field == "dsn"
     assert str(port) in str(checked), str(checked)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_way_out_of_a_refusal_by_another_sinks_directory_works(tmp_path: Path) -> None:
+    """The refusal says "give each sink its own 'path'"; doing so must run, not be
+    refused as a move of the target (the refused run's new state had kept the refused
+    path as the target's destination). The same for a single sink."""
+    FilesBackend.from_options({"path": str(tmp_path / "shared")}).claim_sink(
+        "single", "state-0", "/elsewhere")
+    file = _group(tmp_path, "grouped", "archive", "shared")
+    with pytest.raises(ConfigError, match="belongs to sink 'single'"):
+        _check(tmp_path, file)
+    assert not (tmp_path / "grouped" / "checkpoint").exists()
+    _check(tmp_path, _group(tmp_path, "grouped", "archive", "own"))
+    assert (tmp_path / "own" / "_txsink" / "state.json").exists()
+
+    single = tmp_path / "single.yaml"
+    for out in ("shared", "mine"):
+        single.write_text(f"""
+name: single
+source: {{type: rate}}
+sink: {{sink_id: solo, backend: files, options: {{path: {tmp_path / out}}}}}
+checkpoint: {tmp_path / 'single' / 'checkpoint'}
+""")
+        if out == "shared":
+            with pytest.raises(ConfigError, match="belongs to sink 'single'"):
+                _check(tmp_path, single)
+        else:
+            _check(tmp_path, single)
+    assert (tmp_path / "mine" / "_txsink" / "state.json").exists()
+
+
+def test_two_targets_in_one_directory_are_refused_before_any_claim(tmp_path: Path) -> None:
+    """Each target has its own sink id and a files directory holds one: the second
+    claim was refused after the first was made, leaving the directory bound to a state
+    that was then deleted, and the next run told its checkpoint "was deleted"."""
+    (tmp_path / "a").mkdir()
+    file = _group(tmp_path, "twice", "same", "a/../same")
+    for _ in range(2):  # the same refusal each time, at load: nothing is touched
+        with pytest.raises(ConfigError, match="'archive' and 'copy' both write to the "
+                           "directory") as refused:
+            _check(tmp_path, file)
+        assert refused.value.field == "sink.targets[copy].options.path"
+    assert not (tmp_path / "same").exists()
+    assert not (tmp_path / "twice").exists()
+    with pytest.raises(ConfigError, match="both write to the directory"):  # from Python
+        parse_targets([{"name": n, "backend": "files", "options": {"path": path}}
+                       for n, path in (("a", str(tmp_path / "x")),
+                                       ("b", f"file://{tmp_path}/x/"))], "g")
+
+
+def test_a_refused_new_state_keeps_no_destination_from_python(tmp_path: Path) -> None:
+    """The Python API's path (TargetSet.write, txsink.spark.epoch, the data source):
+    the coordinator's first start, refused by a target, wrote the new state's meta
+    first, so the way out (another path) was then refused as a move of the target."""
+    from txsink.coordinator import Coordinator
+    from txsink.spark.group import recorded_targets_refusal
+
+    FilesBackend.from_options({"path": str(tmp_path / "shared")}).claim_sink(
+        "single", "state-0", "/elsewhere")
+
+    def specs(copy: str) -> tuple[TargetSpec, ...]:
+        return parse_targets([
+            {"name": "a", "backend": "files", "options": {"path": str(tmp_path / "a")}},
+            {"name": "b", "backend": "files", "options": {"path": str(tmp_path / copy)}}], "g")
+
+    state = str(tmp_path / "state")
+    group = TargetGroup.from_specs("g", specs("shared"))
+    try:
+        with pytest.raises(ConfigError, match="belongs to sink 'single'"):
+            Coordinator(group, get_plugins().state_store(state), "g",
+                        owner="test").start(recover=True, batch=True)
+    finally:
+        group.close()
+    assert not (tmp_path / "state" / "meta.json").exists()
+    assert not (tmp_path / "a").exists()
+    assert recorded_targets_refusal(state, "g", specs("own")) is None
+
+
+class _Unchecked(FilesBackend):
+    """A plugin's backend without check_claim whose claim refuses (another owner)."""
+
+    check_claim = Backend.check_claim
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        raise SinkOwnedError("owned by another query", field="sink_id", sink_id=sink_id,
+                             owner_state="/other")
+
+
+def test_a_target_that_cannot_check_is_claimed_first(tmp_path: Path) -> None:
+    """A backend without check_claim refuses only when it claims; listed after a files
+    target, the files directory was claimed first and stayed bound to the refused
+    run's state. Such a target is now claimed before the checked ones."""
+    specs = parse_targets([
+        {"name": name, "backend": "files", "options": {"path": str(tmp_path / name)}}
+        for name in ("archive", "plugin")], "g")
+    members = [Member(specs[0], FilesBackend.from_options(specs[0].options), "g--archive"),
+               Member(specs[1], _Unchecked.from_options(specs[1].options), "g--plugin")]
+    group = TargetGroup("g", members)
+    with pytest.raises(SinkOwnedError):
+        group.claim_sink("g", "state-1", "/s")
+    assert not (tmp_path / "archive").exists()

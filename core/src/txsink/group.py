@@ -150,7 +150,11 @@ class TargetGroup(Backend):
         """Every target's claim, or none: each is checked (read-only) before any is made,
         so a target that belongs to another query leaves the others unclaimed."""
         self.check_claim(sink_id, state_id, state_location)
-        for m in self.members.values():
+        # A backend that cannot check (no check_claim of its own) refuses only when it
+        # claims: it claims first, so with one such target nothing else is bound yet.
+        unchecked = [m for m in self.members.values()
+                     if type(m.backend).check_claim is Backend.check_claim]
+        for m in unchecked + [m for m in self.members.values() if m not in unchecked]:
             m.backend.claim_sink(m.sink_id, state_id, state_location)
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:

@@ -732,6 +732,13 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
             raise _owned_hint(exc, cfg, backend.describe(),
                               pipeline_file if resettable else None,
                               fresh=meta_before is None, here=store.location) from None
+        except BaseException:
+            # Any other refusal (a directory bound to another sink id, a server down):
+            # the state this check made would keep the refused destination as the
+            # sink's, and the way out the message gives would be refused as a move.
+            if meta_before is None:
+                _forget_new_state(store)
+            raise
         store.release(coordinator.lease)
     finally:
         backend.close()
@@ -740,8 +747,9 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
 def _forget_new_state(store: StateStore) -> None:
     """Remove the empty state this check created, so the next try sees the same thing."""
     root = Path(store.location)
-    if store.records() or not (root / "meta.json").is_file():
-        return
+    if store.records() or not any((root / name).is_file()
+                                  for name in ("meta.json", "lease.json")):
+        return  # not a state this check made
     shutil.rmtree(root, ignore_errors=True)
     with contextlib.suppress(OSError):  # the checkpoint dir, if nothing else is in it
         root.parent.rmdir()
