@@ -12,6 +12,7 @@ every target (``Backend.check_claim``, read-only) before it claims any.
 
 from __future__ import annotations
 
+import shutil
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,8 @@ from txsink.config import load_pipeline
 from txsink.errors import ConfigError, ServerUnavailableError, SinkOwnedError
 from txsink.files.backend import FilesBackend
 from txsink.group import Member, TargetGroup
-from txsink.plugins import get_plugins
+from txsink.hookspecs import hookimpl
+from txsink.plugins import BackendRegistry, build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
 from txsink.targets import TargetSpec, parse_targets
 
@@ -120,7 +122,8 @@ def test_a_target_whose_server_is_down_is_a_server_down_and_leaves_the_others_un
     finally:
         group.close()
     assert type(checked) is type(claimed) is ServerUnavailableError
-    assert checked.field == claimed.field == "dsn"
+    assert (claimed.field, checked.field) == ("dsn", "targets[totals].options.dsn")
+    assert str(checked) == f"target 'totals' ({totals.describe()}): {claimed}"
     assert str(port) in str(checked), str(checked)
     assert not (tmp_path / "out").exists()
 
@@ -224,3 +227,51 @@ def test_a_target_that_cannot_check_is_claimed_first(tmp_path: Path) -> None:
     with pytest.raises(SinkOwnedError):
         group.claim_sink("g", "state-1", "/s")
     assert not (tmp_path / "archive").exists()
+
+
+class _Keeper(FilesBackend):
+    """A plugin's backend that records an owner but cannot delete what it wrote."""
+
+    name = "keeper"
+    reset_sink = Backend.reset_sink
+
+
+class _KeeperPlugin:
+    @hookimpl
+    def txsink_register_backends(self, registry: BackendRegistry) -> None:
+        registry.add(_Keeper)
+
+
+def test_a_deleted_checkpoints_hint_names_the_target_and_a_reset_that_works(
+        tmp_path: Path) -> None:
+    """The hint after a deleted checkpoint offered `txsink reset FILE` for any group
+    (the group has a reset), which a target that cannot delete its output then refused;
+    and it named the whole group, not the target that refused."""
+    plugins = build_plugins(extra_plugins=[("keeper", _KeeperPlugin())])
+    file = tmp_path / "g.yaml"
+    file.write_text(f"""
+name: g
+source: {{type: rate}}
+sink:
+  sink_id: orders
+  targets:
+    - {{name: archive, backend: files, options: {{path: {tmp_path / 'archive'}}}}}
+    - {{name: kept, backend: keeper, options: {{path: {tmp_path / 'kept'}}}}}
+checkpoint: {tmp_path / 'checkpoint'}
+""")
+
+    def check() -> None:
+        from txsink.spark.pipeline import check_ownership
+
+        cfg = load_pipeline(str(file), plugins=plugins)
+        store = DirectoryStateStore(Path(cfg.checkpoint) / "txsink")
+        check_ownership(cfg, plugins, store, str(file))
+
+    check()
+    shutil.rmtree(tmp_path / "checkpoint")
+    with pytest.raises(ConfigError, match="no longer exists") as refused:
+        check()
+    message = str(refused.value)
+    assert f"(target 'archive': files parquet at {tmp_path / 'archive'})" in message, message
+    assert "txsink reset" in message and f"txsink reset {file}" not in message, message
+
