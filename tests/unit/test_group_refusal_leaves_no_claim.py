@@ -275,3 +275,37 @@ checkpoint: {tmp_path / 'checkpoint'}
     assert f"(target 'archive': files parquet at {tmp_path / 'archive'})" in message, message
     assert "txsink reset" in message and f"txsink reset {file}" not in message, message
 
+
+def test_reset_of_a_refused_group_deletes_no_other_querys_output(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A group refused because a target is another live query's (same sink id and
+    target name) has no state; `txsink reset` of its file deleted that query's
+    committed files and owner record. It is refused while that query's state exists,
+    and goes on once that state is gone (what reset is for). A target that is another
+    sink id's directory is refused before any target is reset (the group's reset had
+    deleted the targets before it)."""
+    from txsink.cli import main
+
+    _check(tmp_path, _group(tmp_path, "first", "first-archive", "shared"))
+    (tmp_path / "shared" / "part-0000000000-00000.jsonl").write_text('{"id": 1}\n')
+    second = _group(tmp_path, "second", "second-archive", "shared")
+    assert main(["reset", str(second), "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "target 'copy'" in err and "still exists" in err and "nothing deleted" in err, err
+    assert (tmp_path / "shared" / "part-0000000000-00000.jsonl").exists()
+    assert (tmp_path / "shared" / "_txsink" / "state.json").exists()
+
+    FilesBackend.from_options({"path": str(tmp_path / "single")}).claim_sink(
+        "single", "state-0", "/elsewhere")
+    (tmp_path / "third-archive").mkdir()
+    (tmp_path / "third-archive" / "part-0000000000-00000.jsonl").write_text("{}\n")
+    FilesBackend.from_options({"path": str(tmp_path / "third-archive")}).claim_sink(
+        "orders--archive", "state-3", str(tmp_path / "third" / "checkpoint" / "txsink"))
+    third = _group(tmp_path, "third", "third-archive", "single")
+    assert main(["reset", str(third), "--yes"]) == 1
+    assert "belongs to sink 'single'" in capsys.readouterr().err
+    assert (tmp_path / "third-archive" / "part-0000000000-00000.jsonl").exists()
+
+    shutil.rmtree(tmp_path / "first" / "checkpoint")  # the owner's state is gone now
+    assert main(["reset", str(second), "--yes"]) == 0
+    assert not (tmp_path / "shared").exists()
