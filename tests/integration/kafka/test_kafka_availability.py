@@ -120,6 +120,7 @@ def test_preflight_writer_and_commit_ride_out_a_broker_restart(
     assert any("preflight" in m for m in retries)
     assert any(f"sink={sink} epoch=0" in m and "commit" in m for m in retries)
     assert any(f"sink={sink} epoch=1" in m and "transactional.id" in m for m in retries)
+    _a_group_claim_with_its_broker_stopped_says_server_down(kafka, tmp_path)
 
 
 def test_a_wrong_host_is_a_config_error_at_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -157,3 +158,47 @@ def test_the_marker_scan_waits_for_a_partition_the_client_does_not_know_yet(
     waits = [r.getMessage() for r in caplog.records if "marker scan" in r.getMessage()]
     assert waits, "the scan should have waited for the unknown partition"
     assert all(f"sink={sink}" in m and "unavailable.retry.s" in m for m in waits)
+
+
+def _a_group_claim_with_its_broker_stopped_says_server_down(
+        kafka: LocalKafka, tmp_path: Path) -> None:
+    """(Run at the end of the restart test, on its broker: about 4 s, no broker of its
+    own.) The driver's Kafka clients are up (an earlier claim) and the broker stops: a
+    group's check (a new state's start, `txsink resolve`) and claim raised the client's
+    KafkaException as it came ("KafkaError{code=_TRANSPORT,...}", a traceback from the
+    CLI), and the claim path read a broker that did not answer as a claim topic to
+    create ("cannot create topic ..."). Both are a server down naming the target, and
+    the files target of the new state is not claimed."""
+    from txsink.errors import ServerUnavailableError
+    from txsink.group import TargetGroup
+    from txsink.targets import parse_targets
+
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kt.create_topic(kafka.bootstrap, topic, partitions=1)
+
+    def group(out: str) -> TargetGroup:
+        return TargetGroup.from_specs("g", parse_targets([
+            {"name": "archive", "backend": "files", "options": {"path": str(tmp_path / out)}},
+            {"name": "events", "backend": "kafka", "options": {
+                "kafka.bootstrap.servers": kafka.bootstrap, "topic": topic,
+                "request.timeout.s": "1", "unavailable.retry.s": "0"}}], "g"))
+
+    first = group("first")
+    try:
+        first.preflight("g")  # as every start does first: the claim and marker topics
+        first.claim_sink("g", "state-1", "/one")  # the driver clients are up now
+        kafka.stop()
+        for action in ("check_claim", "claim_sink"):
+            second = group("second")
+            try:
+                with pytest.raises(ServerUnavailableError) as caught:
+                    getattr(second, action)("g", "state-2", "/two")
+            finally:
+                second.close()
+            message = str(caught.value)
+            assert message.startswith("target 'events' (kafka "), (action, message)
+            assert "is down or unreachable" in message, (action, message)
+            assert "KafkaError{" not in message, (action, message)
+            assert not (tmp_path / "second").exists()
+    finally:
+        first.close()
