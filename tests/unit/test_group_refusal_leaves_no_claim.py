@@ -309,3 +309,15 @@ def test_reset_of_a_refused_group_deletes_no_other_querys_output(
     shutil.rmtree(tmp_path / "first" / "checkpoint")  # the owner's state is gone now
     assert main(["reset", str(second), "--yes"]) == 0
     assert not (tmp_path / "shared").exists()
+
+
+def test_two_targets_in_one_directory_through_a_link_claim_nothing(tmp_path: Path) -> None:
+    """The paths differ (a symbolic link), so loading the file lets them through; the
+    directory is one: the group's check says so before either target is claimed."""
+    (tmp_path / "same").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "same")
+    file = _group(tmp_path, "linked", "same", "link")
+    with pytest.raises(ConfigError, match="'archive' and 'copy' both write to the directory"):
+        _check(tmp_path, file)
+    assert list((tmp_path / "same").iterdir()) == []
+    assert not (tmp_path / "linked" / "checkpoint").exists()

@@ -160,9 +160,30 @@ class TargetGroup(Backend):
                 m.backend.claim_sink(m.sink_id, state_id, state_location)
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        self._one_directory_each()
         for m in self.members.values():
             with _naming(m):
                 m.backend.check_claim(m.sink_id, state_id, state_location)
+
+    def _one_directory_each(self) -> None:
+        """Two files targets in one directory, also through a link (the file's paths are
+        compared when it is loaded): the second claim would be refused after the first
+        was made. Said before any claim."""
+        import os
+
+        from txsink.files.backend import FilesBackend
+
+        seen: dict[str, str] = {}
+        for m in self.members.values():
+            if isinstance(m.backend, FilesBackend):
+                where = os.path.realpath(m.backend.base)
+                if where in seen:
+                    raise ConfigError(
+                        f"targets[{m.name}].options.path: targets {seen[where]!r} and "
+                        f"{m.name!r} both write to the directory {where}, which holds one "
+                        "target's files; give each target its own 'path'",
+                        field=f"targets[{m.name}].options.path", sink_id=m.sink_id)
+                seen[where] = m.name
 
     def reset_sink(self, sink_id: str) -> list[str]:
         """Every target's reset, or none: a target that cannot delete what it wrote is
