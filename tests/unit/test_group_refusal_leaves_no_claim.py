@@ -321,3 +321,33 @@ def test_two_targets_in_one_directory_through_a_link_claim_nothing(tmp_path: Pat
         _check(tmp_path, file)
     assert list((tmp_path / "same").iterdir()) == []
     assert not (tmp_path / "linked" / "checkpoint").exists()
+
+
+def test_reset_of_a_group_with_a_table_target_deletes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A group's reset checks that every target can delete its output before it deletes
+    any: it looked for the default reset_sink, and Delta and Iceberg overrode it only
+    to refuse, so the files target before the table was deleted, then the reset said
+    "nothing deleted"."""
+    pytest.importorskip("deltalake", reason="the Delta backend is not installed")
+    from txsink.cli import main
+
+    file = tmp_path / "g.yaml"
+    file.write_text(f"""
+name: g
+source: {{type: rate}}
+sink:
+  sink_id: orders
+  targets:
+    - {{name: archive, backend: files, options: {{path: {tmp_path / 'archive'}}}}}
+    - {{name: table, backend: delta, options: {{path: {tmp_path / 'table'}}}}}
+checkpoint: {tmp_path / 'checkpoint'}
+""")
+    _check(tmp_path, file)
+    kept = tmp_path / "archive" / "part-0000000000-00000.parquet"
+    kept.write_bytes(b"rows")
+    assert main(["reset", str(file), "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "target 'table'" in err and "nothing deleted" in err, err
+    assert kept.exists()
+    assert (tmp_path / "checkpoint" / "txsink" / "meta.json").exists()
