@@ -19,6 +19,7 @@ from txsink.errors import ConfigError, ServerUnavailableError, SinkOwnedError, T
 from txsink_kafka import config as cfg
 from txsink_kafka.claims import Claim, owner_key, owner_of
 from txsink_kafka.clients import SinkClients, check_hosts, read_range, watermarks
+from txsink_kafka.markers import Marker
 from txsink_kafka.naming import preflight_id
 from txsink_kafka.recovery import KafkaRecovery
 from txsink_kafka.retry import BrokerReadTimeout, is_transient, retry_transient
@@ -341,8 +342,7 @@ class KafkaAdmin:
         if owner is None:
             # Sinks claimed by releases before the claim topic: their owner record in
             # the marker partition, if it is still in the scan window.
-            self.recovery.open_markers(sink_id)
-            legacy = self.recovery.scan_state(sink_id).owner
+            legacy = self._legacy_owner(sink_id)
             if legacy is not None and legacy.state_id != state_id and not self.config.takeover:
                 raise self._refuse_claim(sink_id, legacy.state_location,
                                          f"the owner record in {self.config.marker_topic!r}")
@@ -350,6 +350,23 @@ class KafkaAdmin:
             raise self._refuse_claim(sink_id, owner.state_location,
                                      f"the claim topic {self.config.claim_topic!r}")
         return owner
+
+    def _legacy_owner(self, sink_id: str) -> Marker | None:
+        """The owner record an older release left in the sink's marker partition; none
+        where the marker topic does not exist yet (a check before the preflight that
+        creates it: the scan would wait out "Unknown partition" and raise it)."""
+        from confluent_kafka import KafkaError
+
+        topic = self.config.marker_topic
+        d = self.shared.driver()
+        with d.lock:
+            md = d.uncommitted_offsets.list_topics(topic, timeout=self.config.request_timeout_s)
+        tmd = md.topics.get(topic)
+        if tmd is None or (tmd.error is not None
+                           and tmd.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        self.recovery.open_markers(sink_id)
+        return self.recovery.scan_state(sink_id).owner
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         """:meth:`claim_sink`'s refusal from the claims as they are: nothing is written,
