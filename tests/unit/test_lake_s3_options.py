@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pickle
+import socket
+from pathlib import Path
 
 import pytest
 from txsink.errors import ConfigError
@@ -124,3 +126,34 @@ def test_the_destination_on_s3_is_the_store_and_prefix_not_the_keys(kind: str) -
     backend = create(kind, base)
     assert cls.destination(backend.safe_options(base)) == place  # type: ignore[attr-defined]
     assert not any(KEYS["secret_access_key"] in v for v in place.values())
+
+
+def test_an_owner_file_that_cannot_be_read_is_not_advised_for_deletion(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table's claim (its owner file) read while the store is down said "the owner
+    file ... is unreadable (... NETWORK_CONNECTION ...); delete it if its state is gone":
+    an error, not a server down, advising to drop the claim that keeps a second query
+    out. A store that is down is a server down now; a file that cannot be read for
+    another reason is kept. A closed port, one attempt: about 1 s."""
+    from txsink.errors import ServerUnavailableError, StateError
+    from txsink.objectstore import S3Access
+
+    one_try = S3Access.filesystem
+    monkeypatch.setattr(S3Access, "filesystem", lambda self, max_attempts=1: one_try(self, 1))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    down = create("delta", {"path": "s3://bucket/t", **KEYS,
+                            "endpoint_url": f"http://127.0.0.1:{port}"})
+    assert isinstance(down, DeltaBackend)
+    with pytest.raises(ServerUnavailableError) as info:
+        down.check_claim("s", "state-1", "/one")
+    assert info.value.field == "endpoint_url"
+    assert "down or unreachable" in str(info.value) and "delete" not in str(info.value)
+    assert "wJalr" not in str(info.value)
+
+    local = create("delta", {"path": str(tmp_path / "t")})
+    assert isinstance(local, DeltaBackend)
+    (tmp_path / "t" / "txsink" / "s" / "_owner.json").mkdir(parents=True)  # not a file
+    with pytest.raises(StateError, match="do not delete it"):
+        local.check_claim("s", "state-1", "/one")

@@ -97,3 +97,35 @@ checkpoint: {tmp_path / 'checkpoint'}
     assert caught.value.field == "sink.targets[totals].options.dsn", caught.value.field
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.yaml"]
+
+
+def test_a_group_claim_without_preflight_says_which_s3_target_is_down(
+        tmp_path: Path) -> None:
+    """`txsink resolve`, `cut` and a first start claim without a preflight: an S3
+    endpoint that is down came out of the claim as botocore's EndpointConnectionError (a
+    traceback from the CLI). It is a server down naming the target; the group's files
+    target is not claimed. About 1 s (a closed port, connect_retry_s 0)."""
+    from txsink.group import TargetGroup
+    from txsink.targets import parse_targets
+
+    pytest.importorskip("boto3", reason="the S3 backend's client is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    specs = parse_targets([
+        {"name": "archive", "backend": "files", "options": {"path": str(tmp_path / "out")}},
+        {"name": "objects", "backend": "s3", "options": {
+            "bucket": "down-bucket", "endpoint_url": f"http://127.0.0.1:{port}",
+            "access_key_id": "key-id", "secret_access_key": "secret-value", "region": "us-east-1",
+            "connect_retry_s": "0"}}], "g")
+    group = TargetGroup.from_specs("g", specs)
+    try:
+        with pytest.raises(ServerUnavailableError) as caught:
+            group.claim_sink("g", "state-1", "/s")
+    finally:
+        group.close()
+    message = str(caught.value)
+    assert message.startswith("target 'objects' (s3://down-bucket/"), message
+    assert f"127.0.0.1:{port} is down or unreachable" in message, message
+    assert caught.value.field == "targets[objects].options.endpoint_url"
+    assert not (tmp_path / "out").exists()

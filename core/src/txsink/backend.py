@@ -171,9 +171,10 @@ class Backend(abc.ABC):
 
         A group of targets asks every target first and claims only when all would
         accept: a claim cannot be taken back, so a target refusing after others had
-        claimed would leave them bound to a state that was never used. The default
-        does nothing (a backend that cannot tell); its refusal then comes from
-        :meth:`claim_sink`.
+        claimed would leave them bound to a state that was never used. A new state is
+        checked before it is recorded, so a refused first run keeps no destination.
+        The default does nothing (a backend that cannot tell); its refusal then comes
+        from :meth:`claim_sink` (a group claims such targets first).
         """
 
     def reset_sink(self, sink_id: str) -> list[str]:

@@ -322,6 +322,48 @@ def _refuse_reset_under_a_holder(lease: dict[str, Any], sink_id: str,
                     "still run", sink_id, lease["owner"])
 
 
+def _refuse_reset_of_anothers_output(backend: Backend, cfg: PipelineConfig, store_dir: Path,
+                                     plugins: Plugins, file: str) -> None:
+    """Refuse a reset of output that another query's state owns (nothing is deleted).
+
+    A target whose owner record names a state other than this file's (a pipeline whose
+    run was refused because that target is another query's, with the same sink id and
+    target name) would have that query's output deleted. Output of a state that no
+    longer exists (a deleted checkpoint, this file's or another's) is what reset is
+    for. Every target is asked (read-only) before anything is deleted.
+    """
+    from txsink.errors import SinkOwnedError
+
+    here = str(store_dir)
+    meta = plugins.state_store(here).read_meta() if (store_dir / "meta.json").is_file() \
+        else None
+    # No state here: a state id no owner record holds, so every claimed target answers
+    # with its owner's location.
+    state_id = meta.state_id if meta is not None else "txsink-reset-check"
+    members = ([(f"target {m.name!r} ({m.backend.describe()})", m.backend, m.sink_id)
+                for m in backend.members.values()] if isinstance(backend, TargetGroup)
+               else [(backend.describe(), backend, cfg.sink.sink_id)])
+    for what, b, sink_id in members:
+        if type(b).reset_sink is Backend.reset_sink:
+            continue  # the reset itself says this target cannot delete its output
+        try:
+            b.check_claim(sink_id, state_id, here)
+        except SinkOwnedError as exc:
+            owner = exc.owner_state or ""
+            local = owner.removeprefix("file://")
+            if os.path.abspath(local) == os.path.abspath(here) or (
+                    "://" not in local and not Path(local, "meta.json").exists()):
+                continue  # this file's state, or a state that is gone
+            raise ConfigError(
+                f"{what} belongs to another query, whose txsink state {owner} still exists: "
+                f"txsink reset {file} would delete that query's output; "
+                "nothing deleted. Give this pipeline its own sink_id and output location",
+                field="sink.sink_id", sink_id=cfg.sink.sink_id) from None
+        except ConfigError as exc:
+            raise type(exc)(f"{what}: {exc}; nothing deleted", field=exc.field,
+                            sink_id=sink_id) from None
+
+
 def _refuse_reset_of_other_targets(meta: SinkMeta | None, cfg: PipelineConfig,
                                    file: str) -> None:
     """A group's reset is all-or-none over the targets its state recorded: with other
@@ -363,6 +405,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
         _refuse_reset_of_other_targets(store.read_meta(), cfg, args.file)
     backend = cfg.create_backend(plugins)
     try:
+        _refuse_reset_of_anothers_output(backend, cfg, store_dir, plugins, args.file)
         target = backend.describe()
         print(f"txsink reset deletes, for pipeline {cfg.name!r}:")
         print(f"  the output of sink {cfg.sink.sink_id!r}: {target}")

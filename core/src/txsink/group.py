@@ -17,15 +17,16 @@ committable per target.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from txsink.backend import Backend, CommitOutcome, Transaction
-from txsink.errors import ConfigError, PluginError, StateError
+from txsink.errors import ConfigError, PluginError, SinkOwnedError, StateError
 from txsink.model import Committable, TransactionContext
 from txsink.targets import (
     GROUP_BACKEND,
@@ -150,12 +151,39 @@ class TargetGroup(Backend):
         """Every target's claim, or none: each is checked (read-only) before any is made,
         so a target that belongs to another query leaves the others unclaimed."""
         self.check_claim(sink_id, state_id, state_location)
-        for m in self.members.values():
-            m.backend.claim_sink(m.sink_id, state_id, state_location)
+        # A backend that cannot check (no check_claim of its own) refuses only when it
+        # claims: it claims first, so with one such target nothing else is bound yet.
+        unchecked = [m for m in self.members.values()
+                     if type(m.backend).check_claim is Backend.check_claim]
+        for m in unchecked + [m for m in self.members.values() if m not in unchecked]:
+            with _naming(m):
+                m.backend.claim_sink(m.sink_id, state_id, state_location)
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        self._one_directory_each()
         for m in self.members.values():
-            m.backend.check_claim(m.sink_id, state_id, state_location)
+            with _naming(m):
+                m.backend.check_claim(m.sink_id, state_id, state_location)
+
+    def _one_directory_each(self) -> None:
+        """Two files targets in one directory, also through a link (the file's paths are
+        compared when it is loaded): the second claim would be refused after the first
+        was made. Said before any claim."""
+        import os
+
+        from txsink.files.backend import FilesBackend
+
+        seen: dict[str, str] = {}
+        for m in self.members.values():
+            if isinstance(m.backend, FilesBackend):
+                where = os.path.realpath(m.backend.base)
+                if where in seen:
+                    raise ConfigError(
+                        f"targets[{m.name}].options.path: targets {seen[where]!r} and "
+                        f"{m.name!r} both write to the directory {where}, which holds one "
+                        "target's files; give each target its own 'path'",
+                        field=f"targets[{m.name}].options.path", sink_id=m.sink_id)
+                seen[where] = m.name
 
     def reset_sink(self, sink_id: str) -> list[str]:
         """Every target's reset, or none: a target that cannot delete what it wrote is
@@ -313,6 +341,25 @@ class TargetGroup(Backend):
 
     def decode_payload(self, version: int, payload: Mapping[str, Any]) -> Mapping[str, Any]:
         return payload
+
+
+@contextlib.contextmanager
+def _naming(m: Member) -> Iterator[None]:
+    """A target's refusal (another owner, a server down) says which target it is, as
+    its preflight's does; the type stays, so a server down is still "server down"."""
+    try:
+        yield
+    except SinkOwnedError as exc:
+        raise SinkOwnedError(f"target {m.name!r} ({m.backend.describe()}): {exc}",
+                             field=_where(m, exc), sink_id=m.sink_id,
+                             owner_state=exc.owner_state) from None
+    except ConfigError as exc:
+        raise type(exc)(f"target {m.name!r} ({m.backend.describe()}): {exc}",
+                        field=_where(m, exc), sink_id=m.sink_id) from None
+
+
+def _where(m: Member, exc: ConfigError) -> str:
+    return f"targets[{m.name}].options" + (f".{exc.field}" if exc.field else "")
 
 
 def route(group: TargetGroup, batch: pa.RecordBatch, epoch: int) -> list[tuple[Member,

@@ -42,7 +42,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
-from txsink.errors import ParticipantLostError, SinkOwnedError, StateError
+from txsink.errors import ParticipantLostError, ServerUnavailableError, SinkOwnedError, StateError
 from txsink.model import Committable, TransactionContext, parse_participant
 from txsink.objectstore import S3Access, is_s3, split_uri
 
@@ -681,19 +681,30 @@ class TableBackend(Backend):
                 found = json.loads(f.read())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
             raise StateError(f"{self.name} backend: the owner file {path} is unreadable "
                              f"({exc}); delete it if its state is gone") from exc
+        except OSError as exc:
+            # Not the file's fault: deleting it (the advice above) would drop the claim.
+            said = str(exc)
+            for secret in self.s3_access().secrets() if self.on_s3() else ():
+                said = said.replace(secret, "***")
+            if "NETWORK_CONNECTION" in said or "curlCode" in said:
+                raise ServerUnavailableError(
+                    f"{self.name} backend: the store of {self.describe()} is down or "
+                    f"unreachable: reading the owner file {path}: {said}",
+                    field="endpoint_url") from None
+            raise StateError(f"{self.name} backend: cannot read the owner file {path} "
+                             f"({said}); it stays the sink's claim: fix the access to it, "
+                             "do not delete it") from None
         if not isinstance(found, dict):
             raise StateError(f"{self.name} backend: the owner file {path} is not a JSON "
                              "object; delete it if its state is gone")
         return found
 
-    def reset_sink(self, sink_id: str) -> list[str]:
-        raise NotImplementedError(
-            f"the {self.name} backend does not take committed epochs out of a table; to "
-            "start over, delete or truncate the table yourself, or give the pipeline a new "
-            "sink_id")
+    # reset_sink: Backend's default, which refuses (txsink does not take committed
+    # epochs out of a table). An override that only refused hid that from a group's
+    # reset, which checks for the default before it deletes any target's output.
 
 
 class ConflictError(StateError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -134,7 +135,30 @@ def parse_targets(
                               field=f"{prefix}[{spec.name}].name")
         seen.add(spec.name)
         specs.append(spec)
+    _one_directory_each(specs, prefix)
     return tuple(specs)
+
+
+def _one_directory_each(specs: Sequence[TargetSpec], prefix: str) -> None:
+    """Refuse two files targets in one directory (compared after resolving ``..``).
+
+    A files directory holds one sink id's output and every target has its own sink
+    id: the second target's claim would be refused after the first one's was made,
+    leaving that directory bound to a state the refused run never used.
+    """
+    seen: dict[str, str] = {}
+    for spec in specs:
+        path = str(spec.options.get("path") or "").removeprefix("file://")
+        if spec.backend != "files" or not path:
+            continue
+        where = os.path.normpath(os.path.abspath(path))
+        if where in seen:
+            raise ConfigError(
+                f"{prefix}[{spec.name}].options.path: targets {seen[where]!r} and "
+                f"{spec.name!r} both write to the directory {where}, which holds one "
+                "target's files; give each target its own 'path'",
+                field=f"{prefix}[{spec.name}].options.path")
+        seen[where] = spec.name
 
 
 def _parse_one(item: object, index: int, group_id: str, prefix: str, plugins: Plugins | None,

@@ -136,3 +136,24 @@ def test_a_kafka_target_of_another_query_leaves_the_files_target_unclaimed(
     finally:
         taking_over.close()
     assert (tmp_path / "out" / "_txsink" / "state.json").exists()
+
+
+def test_a_check_before_the_topics_exist_finds_no_owner_and_creates_nothing(
+        kafka_broker: Broker, options: dict[str, str], tmp_path: Path) -> None:
+    """A check (read-only) before the preflight that creates the claim and marker
+    topics: no claim topic is no claim, and no marker topic is no owner record of an
+    older release. The scan of the missing marker partition waited out "Unknown
+    partition" for unavailable.retry.s and raised the client's KafkaException."""
+    sink = f"early-{uuid.uuid4().hex[:8]}"
+    fresh = {**options, "claim.topic": f"c-{uuid.uuid4().hex[:8]}",
+             "marker.topic": f"m-{uuid.uuid4().hex[:8]}", "unavailable.retry.s": "2"}
+    items = [{"name": "files", "backend": "files", "options": {"path": str(tmp_path / "out")}},
+             {"name": "events", "backend": "kafka", "options": fresh}]
+    group = TargetGroup.from_specs(sink, parse_targets(items, sink))
+    try:
+        group.check_claim(sink, "state-new", "/new")
+    finally:
+        group.close()
+    topics = _topics(kafka_broker.bootstrap)
+    assert fresh["claim.topic"] not in topics and fresh["marker.topic"] not in topics
+    assert not (tmp_path / "out").exists()

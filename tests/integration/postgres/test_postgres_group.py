@@ -101,6 +101,18 @@ def test_a_postgres_target_of_another_query_leaves_the_files_target_unclaimed(
             owners = conn.execute(f"SELECT sink_id, state_id FROM {schema}.txsink_commits_sinks"
                                   ).fetchall()
         assert owners == [(f"{sink}--totals", "state-old")]
+        # The way out the refusal names, followed literally: its DELETE, then a claim.
+        assert str(info.value).startswith("target 'totals' ("), str(info.value)
+        statement = str(info.value).rsplit("gone for good, ", 1)[1]
+        assert statement.startswith("DELETE FROM "), statement
+        with pg_server.connect() as conn:
+            conn.execute(statement)
+        group.claim_sink(sink, "state-new", "/new")
+        with pg_server.connect() as conn:
+            owners = conn.execute(f"SELECT sink_id, state_id FROM {schema}.txsink_commits_sinks"
+                                  ).fetchall()
+        assert owners == [(f"{sink}--totals", "state-new")]
+        assert "state-new" in (tmp_path / "out" / "_txsink" / "state.json").read_text()
     finally:
         group.close()
         with pg_server.connect() as conn:

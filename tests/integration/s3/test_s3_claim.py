@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -133,5 +134,13 @@ def test_an_s3_target_of_another_query_leaves_the_files_target_unclaimed(
         assert info.value.owner_state == "s3://chk/old/txsink"
         assert not (tmp_path / "out" / "_txsink" / "state.json").exists()
         assert keys() == before
+        # The way out the refusal names, followed literally: delete that owner object.
+        named = re.search(r"delete the owner object s3://([^/]+)/(\S+) if", str(info.value))
+        assert named, str(info.value)
+        copy.client.delete_object(Bucket=named.group(1), Key=named.group(2))
+        group.claim_sink("g", "state-new", "s3://chk/new/txsink")
+        owner = copy.client.get_object(Bucket=named.group(1), Key=named.group(2))
+        assert json.loads(owner["Body"].read())["state_id"] == "state-new"
+        assert "state-new" in (tmp_path / "out" / "_txsink" / "state.json").read_text()
     finally:
         group.close()

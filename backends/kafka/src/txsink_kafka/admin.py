@@ -19,9 +19,10 @@ from txsink.errors import ConfigError, ServerUnavailableError, SinkOwnedError, T
 from txsink_kafka import config as cfg
 from txsink_kafka.claims import Claim, owner_key, owner_of
 from txsink_kafka.clients import SinkClients, check_hosts, read_range, watermarks
+from txsink_kafka.markers import Marker
 from txsink_kafka.naming import preflight_id
 from txsink_kafka.recovery import KafkaRecovery
-from txsink_kafka.retry import retry_transient
+from txsink_kafka.retry import BrokerReadTimeout, is_transient, retry_transient
 from txsink_kafka.txn_protocol import TxnProtocolError
 
 log = logging.getLogger(__name__)
@@ -273,7 +274,9 @@ class KafkaAdmin:
         """Every claim on ``sink_id``, in log order: the whole claim topic is read.
 
         A claim topic that is not there yet is created, unless ``create`` is false:
-        then it holds no claim."""
+        then it holds no claim. A broker that does not answer is "server down" (a
+        claim runs without a preflight in `txsink resolve`, `cut` and a first start),
+        not the client's error object, nor a topic to create."""
         from confluent_kafka import KafkaError, KafkaException
 
         d = self.shared.driver()
@@ -283,29 +286,41 @@ class KafkaAdmin:
         claims: list[Claim] = []
         with d.lock:
             try:
-                low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
-            except KafkaException:
-                if not create:
+                try:
+                    low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
+                except KafkaException:
                     # watermarks() fails at once on a topic the broker does not know;
-                    # anything else (a broker away past the bound) is raised as it came.
+                    # anything else (a broker away past the bound) is raised below.
                     md = d.uncommitted_offsets.list_topics(topic, timeout=timeout)
                     tmd = md.topics.get(topic)
-                    if tmd is None or (tmd.error is not None and tmd.error.code()
-                                       == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    if tmd is not None and (tmd.error is None or tmd.error.code()
+                                            != KafkaError.UNKNOWN_TOPIC_OR_PART):
+                        raise
+                    if not create:
                         return []
-                    raise
-                # Not there yet (a coordinator started without the preflight, as
-                # `txsink resolve` does): create it, once.
-                import confluent_kafka.admin as kadmin
+                    # Not there yet (a coordinator started without the preflight, as
+                    # `txsink resolve` does): create it, once.
+                    import confluent_kafka.admin as kadmin
 
-                conf: dict[str, Any] = {**self.config.connection()}
-                self.create_compacted(kadmin.AdminClient(conf), topic, "claim.topic",
-                                       sink_id)
-                low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
-            for msg in read_range(d.uncommitted, topic, 0, low, high, timeout):
-                claim = Claim.decode(msg.key(), msg.value(), msg.offset() or 0)
-                if claim is not None and claim.owner_key == key:
-                    claims.append(claim)
+                    conf: dict[str, Any] = {**self.config.connection()}
+                    self.create_compacted(kadmin.AdminClient(conf), topic, "claim.topic",
+                                          sink_id)
+                    low, high = watermarks(d.uncommitted_offsets, topic, 0, timeout)
+                for msg in read_range(d.uncommitted, topic, 0, low, high, timeout):
+                    claim = Claim.decode(msg.key(), msg.value(), msg.offset() or 0)
+                    if claim is not None and claim.owner_key == key:
+                        claims.append(claim)
+            except (KafkaException, BrokerReadTimeout) as exc:
+                if not is_transient(exc):
+                    raise
+                error = exc.args[0] if exc.args else None
+                describe = getattr(error, "str", None)
+                said = str(describe()) if callable(describe) else str(exc)
+                raise ServerUnavailableError(
+                    f"kafka sink: Kafka at {self.config.bootstrap!r} is down or unreachable "
+                    f"(option 'kafka.bootstrap.servers'): reading the claim topic "
+                    f"{topic!r} got no answer in {timeout:g}s: {self.shared.redact(said)}",
+                    field="kafka.bootstrap.servers", sink_id=sink_id) from None
         return claims
 
     def _refuse_claim(self, sink_id: str, owner_location: str, where: str) -> ConfigError:
@@ -327,8 +342,7 @@ class KafkaAdmin:
         if owner is None:
             # Sinks claimed by releases before the claim topic: their owner record in
             # the marker partition, if it is still in the scan window.
-            self.recovery.open_markers(sink_id)
-            legacy = self.recovery.scan_state(sink_id).owner
+            legacy = self._legacy_owner(sink_id)
             if legacy is not None and legacy.state_id != state_id and not self.config.takeover:
                 raise self._refuse_claim(sink_id, legacy.state_location,
                                          f"the owner record in {self.config.marker_topic!r}")
@@ -337,24 +351,27 @@ class KafkaAdmin:
                                      f"the claim topic {self.config.claim_topic!r}")
         return owner
 
+    def _legacy_owner(self, sink_id: str) -> Marker | None:
+        """The owner record an older release left in the sink's marker partition; none
+        where the marker topic does not exist yet (a check before the preflight that
+        creates it: the scan would wait out "Unknown partition" and raise it)."""
+        from confluent_kafka import KafkaError
+
+        topic = self.config.marker_topic
+        d = self.shared.driver()
+        with d.lock:
+            md = d.uncommitted_offsets.list_topics(topic, timeout=self.config.request_timeout_s)
+        tmd = md.topics.get(topic)
+        if tmd is None or (tmd.error is not None
+                           and tmd.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        self.recovery.open_markers(sink_id)
+        return self.recovery.scan_state(sink_id).owner
+
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         """:meth:`claim_sink`'s refusal from the claims as they are: nothing is written,
         and a claim topic not created yet holds no claim."""
-        from confluent_kafka import KafkaException
-
-        try:
-            claims = self._read_claims(sink_id, create=False)
-        except KafkaException as exc:
-            # The broker went away after the preflight: say so, not the library's object.
-            error = exc.args[0] if exc.args else None
-            describe = getattr(error, "str", None)
-            said = str(describe()) if callable(describe) else str(exc)
-            raise ServerUnavailableError(
-                f"kafka sink: Kafka at {self.config.bootstrap!r} stopped answering while the "
-                f"claims in {self.config.claim_topic!r} were read (option "
-                f"'kafka.bootstrap.servers'): {self.shared.redact(said)}",
-                field="kafka.bootstrap.servers", sink_id=sink_id) from None
-        self._check_owner(sink_id, state_id, claims)
+        self._check_owner(sink_id, state_id, self._read_claims(sink_id, create=False))
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         """Bind ``sink_id`` to one query's state in the claim topic, or refuse.

@@ -18,13 +18,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from txsink.errors import ConfigError, TxsinkError
+from txsink.errors import ConfigError, ServerUnavailableError, TxsinkError
 from txsink.model import Committable
 from txsink.redact import redact
 
 from txsink_kafka import config as cfg
 from txsink_kafka.markers import Marker
-from txsink_kafka.retry import BrokerReadTimeout, retry_transient
+from txsink_kafka.retry import BrokerReadTimeout, is_transient, retry_transient
 from txsink_kafka.txn_protocol import TxnCoordinatorClient, TxnProtocolError
 
 if TYPE_CHECKING:
@@ -147,8 +147,16 @@ class _ProcessClients:
                                              bound_s=config.retry_bound_s,
                                              redact=lambda t: redact(t, config.secrets))
                 except TxnProtocolError as exc:
-                    raise ConfigError(redact(str(exc), config.secrets),
-                                      field="kafka.bootstrap.servers") from None
+                    said = redact(str(exc), config.secrets)
+                    if is_transient(exc):
+                        # Retried for the whole bound: down or unreachable, not a wrong
+                        # setting (`txsink resolve` and a claim start here, no preflight).
+                        raise ServerUnavailableError(
+                            f"kafka sink: Kafka at {config.bootstrap!r} is down or "
+                            "unreachable (option 'kafka.bootstrap.servers'), retried for up "
+                            f"to {config.retry_bound_s:g}s (unavailable.retry.s): {said}",
+                            field="kafka.bootstrap.servers") from None
+                    raise ConfigError(said, field="kafka.bootstrap.servers") from None
                 self._at_exit()
                 self.drivers[key] = driver
             return driver

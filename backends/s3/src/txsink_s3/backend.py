@@ -20,6 +20,7 @@ Protocol mapping (docs/backends/s3.md):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -27,7 +28,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -511,6 +512,42 @@ class S3Backend(Backend):
         self._warn_lifecycle(sink_id)
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Record which txsink state owns ``sink_id`` (:meth:`_claim`); an endpoint that
+        is down is "server down", not the client's own exception."""
+        with self._claim_errors(sink_id):
+            self._claim(sink_id, state_id, state_location)
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """:meth:`claim_sink`'s refusal from the owner object as it is (a GET, no PUT)."""
+        with self._claim_errors(sink_id):
+            key = keys.owner_key(self.base(sink_id))
+            where = f"s3://{self.bucket}/{key}"
+            owner = self._read_owner(sink_id, key, where)
+            if owner is not None:
+                self._refuse_owner(owner, sink_id, state_id, state_location, where)
+
+    @contextlib.contextmanager
+    def _claim_errors(self, sink_id: str) -> Iterator[None]:
+        """The claim's requests run without a preflight (`txsink resolve`, `cut`, a first
+        start): their failures become what the preflight says, once retried."""
+        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+        where = f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
+        field = "endpoint_url" if self.endpoint_url else "region"
+        try:
+            yield
+        except (BotoCoreError, ClientError) as exc:
+            said = self._redact(str(exc))
+            if _transient(exc):
+                raise ServerUnavailableError(
+                    f"s3 backend: {where} is down or unreachable (retried for up to "
+                    f"{self.connect_retry_s:g}s, connect_retry_s): {said}", field=field,
+                    sink_id=sink_id) from None
+            raise ConfigError(f"s3 backend: cannot read or write the owner object of sink "
+                              f"{sink_id!r} in {where}: {said}", field="bucket",
+                              sink_id=sink_id) from None
+
+    def _claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         """Record which txsink state owns ``sink_id`` in ``_txsink/owner.json``.
 
         A second query with the same sink id (another checkpoint) would abort this
@@ -554,14 +591,6 @@ class S3Backend(Backend):
         raise ConfigError(f"sink id {sink_id!r}: the owner object {where} kept appearing "
                           "and disappearing; is something deleting it?", field="sink_id",
                           sink_id=sink_id)
-
-    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
-        """:meth:`claim_sink`'s refusal from the owner object as it is (a GET, no PUT)."""
-        key = keys.owner_key(self.base(sink_id))
-        where = f"s3://{self.bucket}/{key}"
-        owner = self._read_owner(sink_id, key, where)
-        if owner is not None:
-            self._refuse_owner(owner, sink_id, state_id, state_location, where)
 
     def _refuse_owner(self, owner: Mapping[str, Any], sink_id: str, state_id: str,
                       state_location: str, where: str) -> None:

@@ -154,6 +154,10 @@ class Coordinator(Sink):
                             query_id=None if deferred else query_id or None,
                             guarantee=self.guarantee.value,
                             targets=self.group.meta_targets() if self.group else {})
+            # A new state records the sink's destinations: refused by a target (another
+            # query's or another sink's output, a server down), it must not be kept, or
+            # the refusal's way out (another path) would then be refused as a move.
+            self.backend.check_claim(self.sink_id, meta.state_id, self.store.location)
             self.store.write_meta(self._lease, meta)
         elif meta.guarantee != self.guarantee.value:
             log.warning("sink=%s: delivery guarantee changes from %s to %s from now on; "

@@ -728,10 +728,27 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
         except SinkOwnedError as exc:
             if meta_before is None:
                 _forget_new_state(store)
-            resettable = type(backend).reset_sink is not Backend.reset_sink
-            raise _owned_hint(exc, cfg, backend.describe(),
+            from txsink.group import TargetGroup
+
+            # A group: the target that refused, and a reset only if every target has one.
+            backends = (list(m.backend for m in backend.members.values())
+                        if isinstance(backend, TargetGroup) else [backend])
+            resettable = all(type(b).reset_sink is not Backend.reset_sink for b in backends)
+            target = backend.describe()
+            if isinstance(backend, TargetGroup):
+                target = next((f"target {m.name!r}: {m.backend.describe()}"
+                               for m in backend.members.values() if m.sink_id == exc.sink_id),
+                              target)
+            raise _owned_hint(exc, cfg, target,
                               pipeline_file if resettable else None,
                               fresh=meta_before is None, here=store.location) from None
+        except BaseException:
+            # Any other refusal (a directory bound to another sink id, a server down):
+            # the state this check made would keep the refused destination as the
+            # sink's, and the way out the message gives would be refused as a move.
+            if meta_before is None:
+                _forget_new_state(store)
+            raise
         store.release(coordinator.lease)
     finally:
         backend.close()
@@ -740,8 +757,9 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
 def _forget_new_state(store: StateStore) -> None:
     """Remove the empty state this check created, so the next try sees the same thing."""
     root = Path(store.location)
-    if store.records() or not (root / "meta.json").is_file():
-        return
+    if store.records() or not any((root / name).is_file()
+                                  for name in ("meta.json", "lease.json")):
+        return  # not a state this check made
     shutil.rmtree(root, ignore_errors=True)
     with contextlib.suppress(OSError):  # the checkpoint dir, if nothing else is in it
         root.parent.rmdir()
@@ -762,9 +780,11 @@ def _owned_hint(exc: SinkOwnedError, cfg: PipelineConfig, target: str,
                    "give this pipeline a new sink_id and output location")
     elif gone:
         message = (f"sink {sink!r} ({target}) was written by an earlier run whose txsink "
-                   f"state {owner} no longer exists (its checkpoint was deleted). The "
-                   f"{cfg.sink.backend} backend cannot delete what it wrote: give this "
-                   f"pipeline a new sink_id to start over ({exc})")
+                   f"state {owner} no longer exists (its checkpoint was deleted). "
+                   f"`txsink reset` cannot delete what it wrote "
+                   f"({'a target of the group' if cfg.sink.targets else cfg.sink.backend} "
+                   f"keeps its output): give this pipeline a new sink_id to start over "
+                   f"({exc})")
     else:
         message = (f"sink {sink!r} ({target}) belongs to another query, whose txsink state "
                    f"is {owner}; a sink id belongs to one query: give this pipeline its own "
