@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.errors import ParticipantLostError, ServerUnavailableError, SinkOwnedError, StateError
 from txsink.model import Committable, TransactionContext, parse_participant
-from txsink.objectstore import S3Access, is_s3, split_uri
+from txsink.objectstore import S3Access, is_s3, split_uri, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -686,10 +686,8 @@ class TableBackend(Backend):
                              f"({exc}); delete it if its state is gone") from exc
         except OSError as exc:
             # Not the file's fault: deleting it (the advice above) would drop the claim.
-            said = str(exc)
-            for secret in self.s3_access().secrets() if self.on_s3() else ():
-                said = said.replace(secret, "***")
-            if "NETWORK_CONNECTION" in said or "curlCode" in said:
+            said = self.s3_access().hide_secrets(str(exc)) if self.on_s3() else str(exc)
+            if unreachable(said):
                 raise ServerUnavailableError(
                     f"{self.name} backend: the store of {self.describe()} is down or "
                     f"unreachable: reading the owner file {path}: {said}",

@@ -54,6 +54,11 @@ def split_uri(uri: str, *, owner: str, field: str) -> tuple[str, str]:
     return bucket, key
 
 
+def unreachable(text: str) -> bool:
+    """An Arrow S3 filesystem error that means no connection (not a refusal)."""
+    return "NETWORK_CONNECTION" in text or "curlCode" in text
+
+
 @dataclass(frozen=True)
 class S3Access:
     """How to reach an S3 location: endpoint, region, addressing and (optional) keys."""
@@ -113,6 +118,12 @@ class S3Access:
 
     def secrets(self) -> list[str]:
         return [s.reveal() for s in (self.secret_access_key, self.session_token) if s]
+
+    def hide_secrets(self, text: str) -> str:
+        """``text`` (an Arrow filesystem's error) with this access's keys masked."""
+        for secret in self.secrets():
+            text = text.replace(secret, "***")
+        return text
 
     def credentials_source(self) -> str:
         """Where the keys come from, for error messages (never the keys themselves)."""
@@ -175,10 +186,8 @@ class S3Access:
 
     def _explain(self, exc: OSError, where: str, owner: str, field: str, *,
                  writing: bool = False) -> ConfigError:
-        text = str(exc)
-        for secret in self.secrets():
-            text = text.replace(secret, "***")
-        if "NETWORK_CONNECTION" in text or "curlCode" in text:
+        text = self.hide_secrets(str(exc))
+        if unreachable(text):
             return ConfigError(f"{owner}: cannot reach {where}: {text} (option "
                                "'endpoint_url', or AWS_ENDPOINT_URL_S3/AWS_ENDPOINT_URL)",
                                field="endpoint_url")

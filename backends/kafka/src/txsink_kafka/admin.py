@@ -114,10 +114,7 @@ class KafkaAdmin:
                                        what=f"sink={sink_id}: preflight", bound_s=bound,
                                        redact=self.shared.redact)
         except KafkaException as exc:
-            # The library's words, not its error object (KafkaError{code=...,val=...}).
-            error = exc.args[0] if exc.args else None
-            describe = getattr(error, "str", None)
-            said = str(describe()) if callable(describe) else str(exc)
+            said = _library_words(exc)
             took = time.monotonic() - (deadline - bound)
             raise ServerUnavailableError(
                 f"kafka sink: Kafka at {self.config.bootstrap!r} is down or unreachable "
@@ -313,9 +310,7 @@ class KafkaAdmin:
             except (KafkaException, BrokerReadTimeout) as exc:
                 if not is_transient(exc):
                     raise
-                error = exc.args[0] if exc.args else None
-                describe = getattr(error, "str", None)
-                said = str(describe()) if callable(describe) else str(exc)
+                said = _library_words(exc)
                 raise ServerUnavailableError(
                     f"kafka sink: Kafka at {self.config.bootstrap!r} is down or unreachable "
                     f"(option 'kafka.bootstrap.servers'): reading the claim topic "
@@ -403,3 +398,10 @@ class KafkaAdmin:
         log.info("sink=%s: claimed for txsink state %s%s", sink_id, state_location,
                  " (takeover)" if takeover else "")
 
+
+def _library_words(exc: Exception) -> str:
+    """The client library's words for ``exc``, not its error object
+    (``KafkaError{code=...,val=...}``)."""
+    error = exc.args[0] if exc.args else None
+    describe = getattr(error, "str", None)
+    return str(describe()) if callable(describe) else str(exc)
