@@ -73,7 +73,8 @@ class IcebergBackend(TableBackend):
                  catalog_name: str = "txsink", create: bool = True,
                  s3: S3Access | None = None, catalog_type: str = "sql",
                  catalog_credential: str | None = None, catalog_token: str | None = None,
-                 catalog_warehouse: str | None = None) -> None:
+                 catalog_warehouse: str | None = None,
+                 catalog_oauth2_uri: str | None = None) -> None:
         self.table = table
         self.warehouse = warehouse
         self.catalog_uri = catalog_uri
@@ -82,6 +83,7 @@ class IcebergBackend(TableBackend):
         self.catalog_credential = catalog_credential
         self.catalog_token = catalog_token
         self.catalog_warehouse = catalog_warehouse
+        self.catalog_oauth2_uri = catalog_oauth2_uri
         self.create = create
         self.s3 = s3 if s3 is not None or not is_s3(warehouse) else S3Access()
         if catalog_type == "rest" and not catalog_uri:
@@ -112,9 +114,11 @@ class IcebergBackend(TableBackend):
         credential = opts.secret("catalog_credential")
         token = opts.secret("catalog_token")
         rest_warehouse = opts.optional("catalog_warehouse")
+        oauth2 = opts.optional("catalog_oauth2_uri")
         if kind != "rest":
             for key, given in (("catalog_credential", credential), ("catalog_token", token),
-                               ("catalog_warehouse", rest_warehouse)):
+                               ("catalog_warehouse", rest_warehouse),
+                               ("catalog_oauth2_uri", oauth2)):
                 if given is not None:
                     raise ConfigError(f"iceberg backend: option {key!r} is for a REST "
                                       "catalog; add catalog_type: rest, or drop it",
@@ -124,7 +128,7 @@ class IcebergBackend(TableBackend):
                    catalog_name=name, create=create, s3=s3, catalog_type=kind,
                    catalog_credential=credential.reveal() if credential else None,
                    catalog_token=token.reveal() if token else None,
-                   catalog_warehouse=rest_warehouse)
+                   catalog_warehouse=rest_warehouse, catalog_oauth2_uri=oauth2)
 
     @classmethod
     def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
@@ -209,6 +213,11 @@ class IcebergBackend(TableBackend):
         props = {"uri": str(self.catalog_uri), **self.file_io_properties()}
         if self.catalog_credential:
             props["credential"] = self.catalog_credential
+            # Where the client credentials are exchanged for a token: the catalog's own
+            # endpoint unless an identity provider is named (pyiceberg's guess of it is
+            # deprecated, and drops the slash).
+            props["oauth2-server-uri"] = (self.catalog_oauth2_uri or
+                                          f"{str(self.catalog_uri).rstrip('/')}/v1/oauth/tokens")
         if self.catalog_token:
             props["token"] = self.catalog_token
         if self.catalog_warehouse:
@@ -365,6 +374,9 @@ class IcebergBackend(TableBackend):
         except Exception:
             self._drop_catalog()
             raise
+
+    def close(self) -> None:
+        self._drop_catalog()
 
     def _drop_catalog(self) -> None:
         """Forget the catalog's connections after a catalog write failed in an unknown

@@ -99,6 +99,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    if proc.stdout is not None:
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
+
+
 class LocalRestCatalog:
     """One REST catalog server: its JDBC database and warehouse under ``workdir``."""
 
@@ -170,7 +176,10 @@ class LocalRestCatalog:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return
+        if proc.poll() is not None:
+            _close(proc)
             return
         proc.send_signal(signal.SIGTERM)
         try:
@@ -178,6 +187,7 @@ class LocalRestCatalog:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout_s)
+        _close(proc)
 
     def kill(self) -> None:
         """SIGKILL the server (its database stays)."""
@@ -185,6 +195,8 @@ class LocalRestCatalog:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(15)
+        if proc is not None:
+            _close(proc)
 
     def restart(self) -> None:
         self.stop()
