@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import pickle
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,7 +100,9 @@ def concurrent_commit(backend: Any, *, compact: bool) -> str:
         return "concurrent-append"
     from txsink_iceberg.backend import IcebergBackend
 
-    other = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri)._load()
+    assert isinstance(backend, IcebergBackend)
+    # Its own client: the same options (a REST catalog's too), no shared connection.
+    other = pickle.loads(pickle.dumps(backend))._load()
     schema = other.schema().as_arrow()
     if compact and len(list(other.scan().plan_files())) >= 2:
         other.overwrite(other.scan().to_arrow().cast(schema))

@@ -27,6 +27,8 @@ from txsink.writer import write_participant
 from txsink_iceberg.backend import IcebergBackend
 from txsink_iceberg.testing import LocalRestCatalog, RestCatalogUnavailable
 
+from tests.long_runs import iceberg_rest_run
+
 pytestmark = pytest.mark.integration
 
 SECRET = "s3cr3t-" + uuid.uuid4().hex[:8]
@@ -75,6 +77,7 @@ def ids(backend: IcebergBackend) -> list[int]:
         reader.close()
 
 
+@iceberg_rest_run
 class TestIcebergRestConformance(BackendConformance):
     backend_name = "iceberg"
     large_partition_bytes = 48 * 1024 * 1024
@@ -102,6 +105,7 @@ def pg_catalog() -> Iterator[str]:
         server.stop()
 
 
+@iceberg_rest_run
 class TestIcebergPostgresCatalogConformance(BackendConformance):
     """pyiceberg's SQL catalog on PostgreSQL (the catalog several machines share)."""
 
@@ -158,7 +162,8 @@ def test_rest_options_are_checked_before_anything_moves(rest: LocalRestCatalog) 
                                                  "table": "db.t"})
 
 
-@pytest.mark.parametrize("how", ["restart", "kill"])
+@pytest.mark.parametrize("how", [
+    pytest.param("restart", marks=iceberg_rest_run), "kill"])
 def test_rest_server_down_between_decision_and_commit(rest: LocalRestCatalog, tmp_path: Path,
                                                       how: str) -> None:
     """The catalog's server goes down after the epoch is decided: the commit fails
