@@ -42,6 +42,7 @@ from txsink.lakehouse import (
     marker_dirs,
     marker_json,
 )
+from txsink.model import Committable
 from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
 from txsink.options import Options
 
@@ -269,7 +270,33 @@ class IcebergBackend(TableBackend):
             raise ConfigError(f"iceberg backend: table {self.table} is partitioned; txsink "
                               "writes unpartitioned Iceberg tables only (for now)",
                               field="table")
+        if table is not None:
+            self.refuse_rolled_back(table, sink_id)
         self.data_root()
+
+    def refuse_rolled_back(self, table: Any, sink_id: str) -> None:
+        """Stop when the table's current snapshot was rolled back past epochs the sink
+        committed (``rollback_to_snapshot``, ``rollback_to_timestamp``,
+        ``set_current_snapshot``): their snapshots are off the branch, their rows gone
+        from what readers see, and a pipeline going on would leave that hole for good.
+        Told apart from snapshot expiry: the epoch's snapshot is still in the metadata."""
+        recorded = _recorded_epoch(table, sink_id)
+        if recorded < 0:
+            return
+        on_branch = _highest(table, sink_id)
+        if on_branch >= recorded or not _marked_anywhere(table, sink_id, recorded):
+            return
+        current = table.current_snapshot()
+        raise FatalCommitError(
+            f"iceberg backend: table {self.table} was rolled back past epochs of sink "
+            f"{sink_id!r}: it records epoch {recorded} (property {EPOCH_PROPERTY}{sink_id}) "
+            f"but its current snapshot "
+            f"{current.snapshot_id if current is not None else None} holds epochs up to "
+            f"{on_branch} only; the later epochs' snapshots are off the branch, their rows "
+            "gone from the table, so txsink cannot keep them exactly once. Set the current "
+            "snapshot back to the sink's newest (CALL system.set_current_snapshot) to go "
+            "on, or write with a new sink_id (and checkpoint) and replay what the rollback "
+            "took out")
 
     # -- markers --------------------------------------------------------------------------
 
@@ -389,6 +416,13 @@ class IcebergBackend(TableBackend):
         if engine is not None:
             with contextlib.suppress(Exception):
                 engine.dispose()
+
+    def check_prepared(self, committables: Sequence[Committable]) -> None:
+        table = self._load()
+        if table is not None:  # rolled back since the start, by another writer
+            for sink_id in sorted({c.sink_id for c in committables}):
+                self.refuse_rolled_back(table, sink_id)
+        super().check_prepared(committables)
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
         # The check pyiceberg's add_files makes at commit, made before the decision.
