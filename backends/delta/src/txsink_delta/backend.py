@@ -161,12 +161,13 @@ class DeltaBackend(TableBackend):
         constraints, column invariants, generated columns): txsink adds Spark's or its
         own Parquet files as they are, and a row breaking the rule would go in (delta-rs's
         own writer refuses it)."""
-        rules = sorted(k.removeprefix("delta.constraints.")
+        kinds = {"delta.invariants": "column invariant on",
+                 "delta.generationExpression": "generated column"}
+        rules = sorted("CHECK constraint " + k.removeprefix("delta.constraints.")
                        for k in table.metadata().configuration
                        if k.startswith("delta.constraints."))
-        rules += sorted(f"{f.name} ({key.removeprefix('delta.')})"
-                        for f in table.schema().fields for key in f.metadata
-                        if key in ("delta.invariants", "delta.generationExpression"))
+        rules += sorted(f"{kinds[key]} {f.name}" for f in table.schema().fields
+                        for key in f.metadata if key in kinds)
         if rules:
             raise ConfigError(
                 f"delta backend: table {self.path} has rules every written row must pass "
