@@ -197,9 +197,12 @@ def main(argv: list[str] | None = None) -> int:
             spark.sql(f"CREATE TABLE IF NOT EXISTS bench.db.ice_s{i} "
                       f"({', '.join(f'{f.name} {f.dataType.simpleString()}' for f in schema)})"
                       " USING iceberg")
-            run_stream(stream_source().writeStream.format("iceberg").outputMode("append")
-                       .option("checkpointLocation", str(work / f"chk-ice-{i}"))
-                       .toTable(f"bench.db.ice_s{i}"))
+            query = (stream_source().writeStream.format("iceberg").outputMode("append")
+                     .option("checkpointLocation", str(work / f"chk-ice-{i}"))
+                     .trigger(availableNow=True).toTable(f"bench.db.ice_s{i}"))
+            query.awaitTermination()
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
 
         ratios: dict[str, float] = {}
         ratios.update(compare("Delta append", {

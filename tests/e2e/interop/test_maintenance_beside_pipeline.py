@@ -65,11 +65,22 @@ def test_delta_optimize_vacuum_restore_beside_txsink(lake: Lake, tmp_path: Path)
     lake.sql(f"VACUUM {name} RETAIN 0 HOURS")  # between epochs: nothing prepared
     assert (table / "txsink" / "m--t" / "_owner.json").exists()
     rows += write_input(tmp_path / "in", 2, 3)
-    errors = _during(lambda: (lake.sql(f"OPTIMIZE {name}"), lake.sql(f"VACUUM {name}")),
-                     round_)
-    lake.outcomes.append(f"delta | OPTIMIZE, VACUUM (default retention) during commits | "
-                         f"maintain | exact ({len(errors)} maintenance conflicts retried)")
-    assert as_rows(lake.sql(f"SELECT * FROM {name}")) == delta_rs_rows(table) == sorted(rows)
+    other: list[tuple[int, int, int, int]] = []
+
+    def maintain_and_append() -> None:
+        lake.sql(f"OPTIMIZE {name}")
+        lake.sql(f"VACUUM {name}")
+        row = (-1 - len(other), 0, 0, 0)  # a second writer's row (negative ids)
+        lake.sql(f"INSERT INTO {name} VALUES ({row[0]}, 0, 0, timestamp_seconds(0))")
+        other.append(row)
+
+    errors = _during(maintain_and_append, round_)
+    lake.outcomes.append(f"delta | OPTIMIZE, VACUUM (default retention), another writer's "
+                         f"INSERT during commits | maintain | exact ({len(errors)} "
+                         "maintenance conflicts)")
+    assert as_rows(lake.sql(f"SELECT * FROM {name}")) == delta_rs_rows(table) == sorted(
+        rows + other)
+    rows += other
     lake.outcomes.append("delta | OPTIMIZE, VACUUM RETAIN 0 HOURS between epochs | maintain"
                          " | exact, claim kept")
 
