@@ -39,6 +39,8 @@ def test_a_crash_at_every_protocol_step_behind_a_rest_catalog(
     assert (report.lost, report.duplicated, report.leftovers) == (0, 0, 0)
     assert report.records > 0
     assert report.faults["server-kill"] + report.faults["server-restart"] == 1
+    lake_kinds = ("concurrent-append", "concurrent-compact", "commit-unknown")
+    assert {k: report.faults[k] for k in lake_kinds} == dict.fromkeys(lake_kinds, 1)
     assert report.orphans == 0
     assert report.entries == report.epochs == EPOCHS
 
