@@ -99,6 +99,9 @@ class Lake:
         self.catalog(name, {"type": "jdbc",
                             "uri": f"jdbc:sqlite:{warehouse}/txsink-catalog.db",
                             "jdbc.init-catalog-tables": "false",
+                            # Another writer's snapshots (txsink's) are seen at once,
+                            # not after the cached table expires (30 s).
+                            "cache-enabled": "false",
                             "warehouse": warehouse.as_uri()})
         return options, f"{name}.{table}"
 

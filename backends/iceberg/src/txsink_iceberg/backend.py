@@ -271,8 +271,20 @@ class IcebergBackend(TableBackend):
                               "writes unpartitioned Iceberg tables only (for now)",
                               field="table")
         if table is not None:
+            self.refuse_format(table)
             self.refuse_rolled_back(table, sink_id)
         self.data_root()
+
+    def refuse_format(self, table: Any) -> None:
+        """Refuse a table format version pyiceberg cannot commit to (format 3: "Cannot
+        write manifest for table version: 3", seen at the commit, after the decision)."""
+        version = int(table.metadata.format_version)
+        if version > 2:
+            raise ConfigError(
+                f"iceberg backend: table {self.table} is Iceberg format version {version}; "
+                "txsink commits through pyiceberg, which writes format 1 and 2 manifests "
+                "only. Create the table with 'format-version' = '2', or write it with "
+                "Iceberg's own Spark writer", field="table")
 
     def refuse_rolled_back(self, table: Any, sink_id: str) -> None:
         """Stop when the table's current snapshot was rolled back past epochs the sink
@@ -419,7 +431,8 @@ class IcebergBackend(TableBackend):
 
     def check_prepared(self, committables: Sequence[Committable]) -> None:
         table = self._load()
-        if table is not None:  # rolled back since the start, by another writer
+        if table is not None:  # rolled back or upgraded since the start, by another writer
+            self.refuse_format(table)
             for sink_id in sorted({c.sink_id for c in committables}):
                 self.refuse_rolled_back(table, sink_id)
         super().check_prepared(committables)
