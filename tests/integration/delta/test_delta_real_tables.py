@@ -80,6 +80,7 @@ REFUSED = [
 SUPPORTED = [
     ("appendOnly", []), ("changeDataFeed", []), ("deletionVectors", ["deletionVectors"]),
     ("timestampNtz", ["timestampNtz"]), ("v2Checkpoint", ["v2Checkpoint"]),
+    ("variantType", ["variantType"]),
     ("columnMapping", ["columnMapping"]),  # listed, with mode none: nothing mapped
 ]
 

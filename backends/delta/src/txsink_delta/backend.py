@@ -462,17 +462,21 @@ class DeltaBackend(TableBackend):
         want = {f["name"]: f["type"] for f in json.loads(schema.to_json())["fields"]}
         have = {f["name"]: f["type"] for f in json.loads(theirs.to_json())["fields"]}
         extra = sorted(set(have) - set(want))
-        missing = sorted(set(want) - set(have))
+        # A nullable column the files lack reads as null (how every reader takes a
+        # column added by ALTER TABLE to older files); a NOT NULL one cannot.
+        nullable = {f["name"] for f in json.loads(schema.to_json())["fields"] if f["nullable"]}
+        missing = sorted(set(want) - set(have) - nullable)
         changed = sorted(n for n in set(want) & set(have)
                          if _loose(want[n]) != _loose(have[n]))
         if extra or missing or changed:
             parts = ([f"not in the table: {', '.join(extra)}"] if extra else []) + (
-                [f"missing: {', '.join(missing)}"] if missing else []) + (
+                [f"missing, NOT NULL in the table: {', '.join(missing)}"]
+                if missing else []) + (
                 [f"of another type: {', '.join(changed)}"] if changed else [])
             return (extra or missing or changed)[0], "; ".join(parts)
         # Same types; nullability: a NOT NULL top-level column takes a nullable frame's
         # files whose statistics count no null; a nested NOT NULL cannot be checked.
-        nested = sorted(n for n in want if _stricter_inside(want[n], have[n]))
+        nested = sorted(n for n in want if n in have and _stricter_inside(want[n], have[n]))
         if nested:
             return nested[0], (f"with a NOT NULL field or element inside in the table, "
                                f"which the epoch's files may hold nulls in (txsink cannot "

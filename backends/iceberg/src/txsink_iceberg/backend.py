@@ -254,10 +254,8 @@ class IcebergBackend(TableBackend):
             raise ConfigError(f"iceberg backend: no table {self.table} in the catalog and "
                               "create=false; create it first, or drop create=false",
                               field="table")
-        if table is not None and table.spec().fields:
-            raise ConfigError(f"iceberg backend: table {self.table} is partitioned; txsink "
-                              "writes unpartitioned Iceberg tables only (for now)",
-                              field="table")
+        if table is not None:
+            self._refuse_unsupported(table)
         self.data_root()
         self.check_identity(sink_id, table)
 
@@ -479,9 +477,26 @@ class IcebergBackend(TableBackend):
                     later = True
             parent = snapshot.parent_snapshot_id
             older = table.snapshot_by_id(parent) if parent is not None else None
-            if older is None and (found is not None or not later
-                                  or _first_of_table(snapshot)):
-                return found
+            if older is None and (found is not None or _first_of_table(snapshot)):
+                return found  # found, or the whole ancestry read
+            if older is None and not later:
+                # Cut short by expiry with no marker of the sink on the branch (another
+                # writer's snapshots since, a compaction): that tells "never written"
+                # only when the sink never recorded an epoch this high (the property
+                # every commit sets), or the epoch's snapshot is off the branch (rolled
+                # back). Seen: after a compaction and an expiry the epoch was taken for
+                # never written, and the orphan scan offered its committed directories
+                # to be committed again.
+                recorded = _recorded_epoch(table, sink_id)
+                if recorded < epoch or _marked_anywhere(table, sink_id, epoch):
+                    return found
+                raise StateError(
+                    f"sink={sink_id} epoch={epoch}: table {self.table} records epochs of this "
+                    f"sink up to {recorded} (property {EPOCH_PROPERTY}{sink_id}), but no "
+                    "snapshot marks it any more (expired): txsink cannot tell whether that "
+                    "epoch is in the table, and does not add it a second time. Keep "
+                    "snapshots longer than the longest time a pipeline may be down with a "
+                    "decided epoch", sink_id=sink_id, epoch=epoch)
             snapshot = older
             if snapshot is None:
                 # Expired: the parent is gone, or (pyiceberg's expiry) no longer named.
@@ -513,6 +528,7 @@ class IcebergBackend(TableBackend):
             return  # an empty epoch into a table that does not exist yet
         try:
             self._check_uuid(sink_id, table)
+            self._refuse_unsupported(table, since=True)
         except ConfigError as exc:
             raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
         self.refuse_if_named(table, sink_id, epoch, participants)
@@ -572,16 +588,32 @@ class IcebergBackend(TableBackend):
         if table is not None:
             self._check_files(table, files)
 
+    def _refuse_unsupported(self, table: Any, *, since: bool = False) -> None:
+        """Refuse what txsink's commit cannot write into ``table``: partitions (its files
+        would carry no partition values) and format versions pyiceberg does not write
+        (seen: a version 3 table was accepted, and every commit failed after the
+        decision). ``since``: the table changed after the start (another writer)."""
+        now = " now" if since else ""
+        if table.spec().fields:
+            raise ConfigError(
+                f"iceberg backend: table {self.table} is partitioned{now} (by "
+                f"{', '.join(f.name for f in table.spec().fields)}); txsink writes "
+                "unpartitioned Iceberg tables only: nothing of the epoch is committed in "
+                "any target", field="table")
+        version = int(table.metadata.format_version)
+        if version > 2:
+            raise ConfigError(
+                f"iceberg backend: table {self.table} is{now} of format version {version}; "
+                "pyiceberg, which txsink commits with, writes versions 1 and 2 only "
+                "(row lineage and the other version 3 duties are not written): nothing "
+                "of the epoch is committed in any target. Give a table of format "
+                "version 2", field="table")
+
     def _check_files(self, table: Any, files: Sequence[DataFile]) -> None:
         # The check pyiceberg's add_files makes at commit, made before the decision.
         from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
 
-        if table.spec().fields:  # partitioned since the start, by another writer
-            raise ConfigError(
-                f"iceberg backend: table {self.table} is partitioned now (by "
-                f"{', '.join(f.name for f in table.spec().fields)}); txsink writes "
-                "unpartitioned Iceberg tables only: nothing of the epoch is committed in "
-                "any target", field="table")
+        self._refuse_unsupported(table, since=True)  # changed since the start
         theirs = self.read_schema(files[0].path)
         ids = {f.name: f.field_id for f in table.schema().fields}
         for f in theirs:
