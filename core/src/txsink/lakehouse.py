@@ -385,7 +385,8 @@ class TableBackend(Backend):
         state = dict(self.__dict__)
         state.pop("_fs_cache", None)
         state.pop("_mtimes", None)
-        state.pop("_file_target", None)
+        if "_file_target" in state:
+            state["_file_target"] = None
         return state
 
     # -- executor side --------------------------------------------------------------------

@@ -34,6 +34,7 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from txsink.backend import Transaction
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
     OWNER_FILE,
@@ -111,6 +112,10 @@ class IcebergBackend(TableBackend):
         #: The claims this instance made (:meth:`claim_sink`): a table it creates
         #: carries them.
         self._claims: dict[str, dict[str, Any]] = {}
+        #: Table uuids the catalog bound sink ids to, as read by this process.
+        self._bound: dict[str, str] = {}
+        #: The field ids and NOT NULL columns files are written with (:meth:`file_schema`).
+        self._file_target: pa.Schema | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> IcebergBackend:
@@ -563,9 +568,15 @@ class IcebergBackend(TableBackend):
 
     def _check_uuid(self, sink_id: str, table: Any) -> None:
         """The table is still the one the sink's claim bound (recreated meanwhile: its
-        uuid changed)."""
-        bound = self.bound_uuid(sink_id)
+        uuid changed). The binding is read once per process (it changes only by a
+        claim, or by hand to let another table in); the table's uuid each time."""
+        bound = self._bound.get(sink_id)
+        if bound is None:
+            bound = self.bound_uuid(sink_id)
+            if bound is not None:
+                self._bound[sink_id] = bound
         if bound is not None and bound != str(table.metadata.table_uuid):
+            self._bound.pop(sink_id, None)
             self.check_identity(sink_id, table)
 
     def check_prepared(self, committables: Sequence[Committable]) -> None:
@@ -681,6 +692,10 @@ class IcebergBackend(TableBackend):
 
     # -- field ids --------------------------------------------------------------------------
 
+    def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        self._file_target = None  # each participant takes the table's ids as they are now
+        return super().begin_transaction(ctx)
+
     def file_schema(self, schema: pa.Schema) -> pa.Schema:
         """``schema`` with the table's field ids (and its NOT NULL columns): readers find
         a column by id, and a file without ids is read by name, so after a column is
@@ -688,7 +703,7 @@ class IcebergBackend(TableBackend):
         the new column. A table not created yet gets the ids it will be created with
         (:meth:`_create` makes it from this schema: the same ids, which the check
         before the decision compares)."""
-        target = getattr(self, "_file_target", None)
+        target = self._file_target
         if target is None:
             table = self._load()
             target = (_ids_of_table(table.schema()) if table is not None
@@ -696,30 +711,43 @@ class IcebergBackend(TableBackend):
             self._file_target = target
         return _with_ids(schema, target)
 
+    def _write_with_ids(self, path: str) -> None:
+        """Write the Parquet file at ``path`` again with the table's field ids (and NOT
+        NULL columns), one row group at a time, as ``<name>.ids.parquet``, and delete it.
+        A crash in between leaves both in a participant nobody recorded: an orphan."""
+        fs, _ = self._fs()
+        schema = pq.read_schema(path, filesystem=fs)
+        want = self.file_schema(schema)
+        if schema.equals(want, check_metadata=True):
+            return
+        with fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source)
+            target = f"{path.removesuffix('.parquet')}.ids.parquet"
+            with fs.open_output_stream(target) as sink, pq.ParquetWriter(
+                    sink, want, compression="snappy", coerce_timestamps="us",
+                    allow_truncated_timestamps=False) as writer:
+                for i in range(parquet.num_row_groups):
+                    group = parquet.read_row_group(i)
+                    writer.write_table(pa.Table.from_batches(
+                        [self.fit_batch(b, want) for b in group.to_batches()], want),
+                        row_group_size=max(group.num_rows, 1))
+        fs.delete_file(path)
+
     def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
         """Spark's Parquet writer writes no Iceberg field ids: each of its files is written
         again here with the table's (a pass over the epoch's data on the driver), before
         the participant is recorded; see :meth:`file_schema` for why."""
+        self._file_target = None  # the table's ids now (a column may have been re-added)
         rel = f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}"
-        fs, _ = self._fs()
-        for f in self._describe_files(rel):
-            path = self.absolute(f.path)
-            schema = pq.read_schema(path, filesystem=fs)
-            want = self.file_schema(schema)
-            if schema.equals(want, check_metadata=True):
-                continue
-            with fs.open_input_file(path) as source:
-                parquet = pq.ParquetFile(source)
-                target = f"{path.removesuffix('.parquet')}.ids.parquet"
-                with fs.open_output_stream(target) as sink, pq.ParquetWriter(
-                        sink, want, compression="snappy", coerce_timestamps="us",
-                        allow_truncated_timestamps=False) as writer:
-                    for i in range(parquet.num_row_groups):
-                        group = parquet.read_row_group(i)
-                        writer.write_table(pa.Table.from_batches(
-                            [self.fit_batch(b, want) for b in group.to_batches()], want),
-                            row_group_size=max(group.num_rows, 1))
-            fs.delete_file(path)
+        paths = [self.absolute(f.path) for f in self._list_files(rel)
+                 if not any(part.startswith(("_", ".")) for part in
+                            f.path[len(rel) + 1:].split("/"))]
+        if paths:
+            # One file per Spark partition: pyarrow reads and writes outside the GIL.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 2, 8)) as pool:
+                list(pool.map(self._write_with_ids, paths))
         return super().committable_for_directory(ctx, dirname)
 
 
