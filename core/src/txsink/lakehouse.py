@@ -655,6 +655,12 @@ class TableBackend(Backend):
         return (self.table_epoch(sink_id, epoch) is not None
                 or epoch in self.empty_epochs(sink_id, only=epoch))
 
+    def committed_epochs_on_disk(self, sink_id: str) -> list[int]:
+        """Epochs of ``sink_id`` whose ``_committed.json`` names directories: a table held
+        them once (the cache is written after the table named them). Beside a table
+        that does not hold the sink at all, they tell that the table was replaced."""
+        return [epoch for epoch, _, marker in self._epochs(sink_id) if marker]
+
     def empty_epochs(self, sink_id: str, only: int | None = None) -> list[int]:
         """Epochs of ``sink_id`` committed without rows before the table existed (an
         empty ``_committed.json``: :meth:`epoch_committed`); ``only``: look at that one.

@@ -263,3 +263,38 @@ def test_a_nested_not_null_the_files_cannot_prove_is_refused_naming_it(
     with pytest.raises(ConfigError, match="NOT NULL field or element inside") as refused:
         backend.check_prepared(epoch)
     assert refused.value.field == "tags"
+
+
+def test_a_table_whose_log_was_deleted_is_not_made_again_empty(tmp_path: Path) -> None:
+    """The log is gone (deleted, or the table made again by another writer): txsink's
+    folder still says a table here held the sink's epochs. Refused at the start and at
+    the claim, naming the folder; moving it away (the remedy) starts the sink over."""
+    import shutil
+
+    from deltalake import write_deltalake
+    from txsink.coordinator import Coordinator
+    from txsink.plugins import build_plugins
+    from txsink.state import DirectoryStateStore
+
+    table = tmp_path / "t"
+    backend = DeltaBackend(str(table))
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
+                        plugins=build_plugins())
+    coord.start()
+    for e in range(2):
+        coord.commit_epoch(e, prepared(backend, e, [e]))
+    shutil.rmtree(table / "_delta_log")
+    with pytest.raises(ConfigError, match="its _delta_log is gone") as refused:
+        DeltaBackend(str(table)).preflight("orders")
+    assert "epochs 0 to 1" in str(refused.value)
+    write_deltalake(str(table), pa.table({"id": pa.array([99], pa.int64())}))  # replaced
+    with pytest.raises(ConfigError, match="does not know the sink"):
+        Coordinator(DeltaBackend(str(table)), DirectoryStateStore(tmp_path / "state"),
+                    "orders", plugins=build_plugins()).start()
+    folder = str(refused.value).split(" holds ", 1)[0].removeprefix("delta backend: ")
+    shutil.move(folder, tmp_path / "old-epochs")  # the remedy, literally
+    again = Coordinator(DeltaBackend(str(table)), DirectoryStateStore(tmp_path / "new"),
+                        "orders", plugins=build_plugins())
+    again.start()
+    again.commit_epoch(0, prepared(DeltaBackend(str(table)), 0, [5]))
+    assert sorted(read_table_ids(str(table))) == [5, 99]

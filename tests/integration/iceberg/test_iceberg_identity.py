@@ -302,4 +302,26 @@ def test_a_table_dropped_with_its_files_is_not_made_again_silently(tmp_path: Pat
     b._catalog().purge_table("db.t")
     with pytest.raises(ConfigError, match="not in the catalog any more") as refused:
         backend(tmp_path).preflight(SINK)
-    assert "remove that property" in str(refused.value)
+    message = str(refused.value)
+    # The way out, literally: the property removed, the old folder moved away.
+    removal = message.split("catalog.update_namespace_properties(", 1)[1].split("), and", 1)[0]
+    namespace, key = removal.split(", removals={")
+    b._catalog().update_namespace_properties(namespace.strip("'"), removals={key.strip("}'")})
+    folder = message.split("and move ", 1)[1].split(" away if it is still there", 1)[0]
+    Path(folder).rename(tmp_path / "old-sink-folder")
+    run(backend(tmp_path), tmp_path / "state", 1, [3])
+    assert rows(b) == [(3, "3")]
+
+
+def test_a_table_whose_catalog_entry_and_metadata_are_gone_is_not_made_again_empty(
+        tmp_path: Path) -> None:
+    import shutil
+
+    b = backend(tmp_path)
+    run(b, tmp_path / "state", 0, [1, 2])
+    location = b._load().location().removeprefix("file://")
+    os.unlink(tmp_path / "wh" / "txsink-catalog.db")
+    shutil.rmtree(f"{location}/metadata")
+    with pytest.raises(ConfigError, match="no metadata is left") as refused:
+        backend(tmp_path).preflight(SINK)
+    assert "epochs 0 to 0" in str(refused.value)

@@ -198,8 +198,37 @@ class DeltaBackend(TableBackend):
                                   "create=false; create it first, or drop create=false",
                                   field="path")
             self._refuse_foreign_directory()
+        else:
+            self._refuse_unsupported(table)
+        self._refuse_replaced(sink_id, table)
+
+    def _refuse_replaced(self, sink_id: str, table: Any) -> None:
+        """Refuse a table that does not hold the sink at all while txsink's folder says a
+        table here held epochs of it: the table's log was deleted (txsink would create a
+        new, empty table over it) or the table replaced by another. Its rows are not in
+        what readers see, and going on would hide that."""
+        if table is not None and table.transaction_version(sink_id) is not None:
             return
-        self._refuse_unsupported(table)
+        held = self.committed_epochs_on_disk(sink_id)
+        if not held:
+            return
+        what = ("there is no Delta table there any more (its _delta_log is gone)"
+                if table is None else "the Delta table there does not know the sink (no "
+                "txn action of it: the table was replaced)")
+        raise ConfigError(
+            f"delta backend: {self.uri(self._sink_folder(sink_id))} holds {len(held)} epoch(s) "
+            f"of sink {sink_id!r} that a table at {self.path} held (epochs {held[0]} to "
+            f"{held[-1]}), but {what}. Their rows are not in the table. Restore the table's "
+            "log; or, to start the sink over in this table without them, move that folder "
+            "away", field="path", sink_id=sink_id)
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        self._refuse_replaced(sink_id, self._table())
+        super().check_claim(sink_id, state_id, state_location)
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        self._refuse_replaced(sink_id, self._table())
+        super().claim_sink(sink_id, state_id, state_location)
 
     def _refuse_unsupported(self, table: Any, *, since: str = "") -> None:
         """Refuse what txsink's commits cannot write correctly into ``table``: protocol

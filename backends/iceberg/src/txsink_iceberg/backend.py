@@ -319,7 +319,19 @@ class IcebergBackend(TableBackend):
                     "Register it again, or give its new name as option 'table'; if it is "
                     "gone for good and a new table is to take the sink's output from now "
                     f"on, remove that property: catalog.update_namespace_properties("
-                    f"{namespace!r}, removals={{{key!r}}})", field="table")
+                    f"{namespace!r}, removals={{{key!r}}}), and move "
+                    f"{self.uri(self._sink_folder(sink_id))} away if it is still there",
+                    field="table")
+            held = self.committed_epochs_on_disk(sink_id)
+            if held:
+                raise ConfigError(
+                    f"iceberg backend: {self.catalog_description()} has no table "
+                    f"{self.table}, and no metadata is left at {self._location()}, but "
+                    f"{self.uri(self._sink_folder(sink_id))} holds {len(held)} epoch(s) of "
+                    f"sink {sink_id!r} (epochs {held[0]} to {held[-1]}) that a table there "
+                    "held: txsink creates no empty table over them. Restore the table (its "
+                    "metadata, then register it); or, to start the sink over without "
+                    "those rows, move that folder away", field="table")
             return
         uuid = str(table.metadata.table_uuid)
         if bound is not None and bound != uuid:
