@@ -223,11 +223,12 @@ class DeltaBackend(TableBackend):
             "away", field="path", sink_id=sink_id)
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
-        self._refuse_replaced(sink_id, self._table())
+        # The owner file first: a store that is down is named there at once.
         super().check_claim(sink_id, state_id, state_location)
+        self._refuse_replaced(sink_id, self._table())
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
-        self._refuse_replaced(sink_id, self._table())
+        self.check_claim(sink_id, state_id, state_location)  # refused: nothing recorded
         super().claim_sink(sink_id, state_id, state_location)
 
     def _refuse_unsupported(self, table: Any, *, since: str = "") -> None:
