@@ -193,3 +193,26 @@ def test_a_long_string_in_spark_s_files_is_found_by_a_filtered_read(
         spark.conf.unset("parquet.block.size")
     written = DeltaTable(str(tmp_path / "delta"))
     assert written.to_pyarrow_table(filters=[("s", ">", "y")]).column("id").to_pylist() == [399]
+
+
+def test_a_target_a_grouped_epoch_does_not_write_holds_the_epoch(spark: Any,
+                                                                  tmp_path: Path) -> None:
+    """``with group.epoch(spark) as tx``: only the Delta target is written; the Iceberg
+    target takes part without rows, before its table exists. Both hold the epoch, and
+    the cut passes it."""
+    from txsink.cut import consistent_cut
+    from txsink.group import TargetGroup
+    from txsink.plugins import get_plugins
+    from txsink.spark import targets
+    from txsink.targets import parse_targets
+
+    group = targets("grouped", lake(tmp_path), checkpoint_location=str(tmp_path / "chk"))
+    with group.epoch(spark) as tx:
+        tx.write(frame(spark, 0, 3), "delta")
+    iceberg = table(tmp_path, "iceberg")
+    assert isinstance(iceberg, IcebergBackend) and iceberg._load() is None
+    for kind in ("delta", "iceberg"):
+        assert table(tmp_path, kind).holds_epoch(target_sink_id("grouped", kind), 0), kind
+    tg = TargetGroup.from_specs("grouped", parse_targets(lake(tmp_path), "grouped"))
+    store = get_plugins().state_store(str(tmp_path / "chk" / "txsink"))
+    assert consistent_cut(tg, store, "grouped").cut == 0

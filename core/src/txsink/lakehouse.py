@@ -503,6 +503,11 @@ class TableBackend(Backend):
         Its parent is the last directory a new table's files may have made."""
         return self._fs()[1]
 
+    def durable_top(self) -> str:
+        """The highest directory :meth:`_make_durable` syncs: the table directory's parent
+        (its entry there is what a new table adds)."""
+        return os.path.dirname(self.table_dir().rstrip("/")) or "/"
+
     def _make_durable(self, rel_dir: str, files: Sequence[DataFile]) -> None:
         """Before a participant is prepared (recorded, then decided): its files and every
         directory entry leading to them are on disk, as the files backend's are. Spark's
@@ -515,7 +520,7 @@ class TableBackend(Backend):
         for f in files:
             fsync_path(self.absolute(f.path))
         deeper = {os.path.dirname(self.absolute(f.path)) for f in files}
-        top = os.path.dirname(self.table_dir().rstrip("/")) or "/"
+        top = self.durable_top()
         chain, here = [], self.absolute(rel_dir).rstrip("/")
         while len(here) > len(top) and here.startswith(top):
             chain.append(here)

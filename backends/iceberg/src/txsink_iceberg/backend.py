@@ -698,6 +698,11 @@ class IcebergBackend(TableBackend):
         self._bind(sink_id, table)
         return table
 
+    def durable_top(self) -> str:
+        # The namespace's directory is as new as the table's: up to the warehouse.
+        top = super().durable_top()
+        return self.warehouse if top.startswith(f"{self.warehouse}/") else top
+
     def table_dir(self) -> str:
         return self.data_root().removesuffix("/data") if self.s3 is not None else (
             self._fs()[1].removesuffix("/data"))
