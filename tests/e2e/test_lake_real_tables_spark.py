@@ -216,3 +216,30 @@ def test_a_target_a_grouped_epoch_does_not_write_holds_the_epoch(spark: Any,
     tg = TargetGroup.from_specs("grouped", parse_targets(lake(tmp_path), "grouped"))
     store = get_plugins().state_store(str(tmp_path / "chk" / "txsink"))
     assert consistent_cut(tg, store, "grouped").cut == 0
+
+
+def test_a_frame_given_the_table_s_field_ids_is_not_written_twice(spark: Any,
+                                                                  tmp_path: Path) -> None:
+    """``IcebergBackend.native_frame``: the table's field ids as Spark column metadata,
+    which Spark's Parquet writer writes; such files are recorded as Spark wrote them
+    (no second write on the driver). For the native path to call before its write."""
+    import pyarrow.parquet as pq
+    from txsink.model import TransactionContext
+    from txsink.spark.group import write_parquet
+    from txsink_iceberg.backend import FIELD_ID
+
+    backend = table(tmp_path, "iceberg")
+    assert isinstance(backend, IcebergBackend)
+    for epoch in (0, 1):  # before the table exists (its fresh ids), then with it
+        ctx = TransactionContext("hooked", epoch, 0, 0)
+        path, dirname = backend.native_staging(ctx)
+        write_parquet(backend.native_frame(frame(spark, epoch * 10, epoch * 10 + 3)), path,
+                      backend.native_write_options())
+        (committable,) = backend.committables_for_directory(ctx, dirname)
+        names = [f["path"] for f in committable.payload["files"]]
+        assert names and not any(n.endswith(".ids.parquet") for n in names)
+        assert {pq.read_schema(backend.absolute(n)).field("s").metadata[FIELD_ID]
+                for n in names} == {b"2"}
+        backend.check_prepared([committable])
+        assert backend.commit_all([committable])[0].value == "committed"
+    assert ids(backend) == [0, 1, 2, 10, 11, 12]

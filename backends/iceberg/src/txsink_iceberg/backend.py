@@ -735,8 +735,8 @@ class IcebergBackend(TableBackend):
         fs, _ = self._fs()
         schema = pq.read_schema(path, filesystem=fs)
         want = self.file_schema(schema)
-        if schema.equals(want, check_metadata=True):
-            return
+        if not _needs_rewrite(schema, want):
+            return  # Spark wrote the ids (native_frame), and no NOT NULL to enforce
         with fs.open_input_file(path) as source:
             parquet = pq.ParquetFile(source)
             target = f"{path.removesuffix('.parquet')}.ids.parquet"
@@ -749,6 +749,28 @@ class IcebergBackend(TableBackend):
                         [self.fit_batch(b, want) for b in group.to_batches()], want),
                         row_group_size=max(group.num_rows, 1))
         fs.delete_file(path)
+
+    def native_frame(self, df: Any) -> Any:
+        """``df`` with each top-level column carrying the table's field id as Spark's
+        ``parquet.field.id`` metadata, which Spark's Parquet writer writes into its files
+        (``spark.sql.parquet.fieldId.write.enabled``, on by default): files written from
+        it need no second write (:meth:`committable_for_directory` checks, and writes
+        again what still lacks an id: fields inside structs, lists and maps)."""
+        from pyspark.sql import functions as F
+
+        self._file_target = None
+        names = df.schema.fieldNames()
+        arrow = pa.schema([pa.field(n, pa.null()) for n in names])
+        target = {f.name: f for f in self.file_schema(arrow)}
+        columns = []
+        for name in names:
+            found = (target[name].metadata or {}).get(FIELD_ID)
+            column = F.col(f"`{name}`")
+            if found is not None:
+                metadata = {**df.schema[name].metadata, "parquet.field.id": int(found)}
+                column = column.alias(name, metadata=metadata)
+            columns.append(column)
+        return df.select(*columns)
 
     def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
         """Spark's Parquet writer writes no Iceberg field ids: each of its files is written
@@ -913,3 +935,26 @@ def _field_with_id(field: pa.Field[Any], target: pa.Field[Any] | None) -> pa.Fie
     if target.metadata and FIELD_ID in target.metadata:
         metadata[FIELD_ID] = target.metadata[FIELD_ID]
     return pa.field(field.name, kind, nullable=target.nullable, metadata=metadata)
+
+
+def _needs_rewrite(schema: pa.Schema, want: pa.Schema) -> bool:
+    """Whether a file of ``schema`` must be written again as ``want``: a field id missing
+    or another anywhere, or a column the table declares NOT NULL that the file allows
+    nulls in (the rewrite refuses a real null). A file stricter than the table is fine."""
+    def differs(have: pa.Field[Any], need: pa.Field[Any]) -> bool:
+        if (have.metadata or {}).get(FIELD_ID) != (need.metadata or {}).get(FIELD_ID):
+            return True
+        if have.nullable and not need.nullable:
+            return True
+        kind, other = have.type, need.type
+        if pa.types.is_struct(kind) and pa.types.is_struct(other):
+            return any(differs(kind.field(i), other.field(i)) for i in range(kind.num_fields))
+        if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
+                pa.types.is_list(other) or pa.types.is_large_list(other)):
+            return differs(kind.value_field, other.value_field)
+        if pa.types.is_map(kind) and pa.types.is_map(other):
+            return differs(kind.key_field, other.key_field) or differs(
+                kind.item_field, other.item_field)
+        return False
+
+    return any(differs(h, n) for h, n in zip(schema, want, strict=True))
