@@ -148,3 +148,4 @@ def test_an_empty_epoch_before_the_table_exists_on_s3(s3_server: S3Server, tmp_p
     assert backend.commit_all(empty) == [CommitOutcome.COMMITTED]
     backend.epoch_committed("orders", 0, empty)
     assert backend.holds_epoch("orders", 0) and backend.highest_epoch("orders") == 0
+    assert not backend.holds_epoch("orders", 1)  # no marker there: not held

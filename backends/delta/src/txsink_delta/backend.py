@@ -9,6 +9,12 @@ commit the log is read: an epoch it already names is not added again, so a commi
 whose outcome was unknown is finished, never doubled. delta-rs 1.6 accepts a second
 commit with the same ``txn`` version, so this check is txsink's own.
 
+txsink appends whole files and reads no row: a table whose protocol asks more of a
+writer (row tracking, identity columns, column mapping, ...), a partitioned table, one
+with rules on rows, a directory holding other files, and a table that lost its log
+are refused before any target prepares, and again before each decision (another
+writer may have changed the table meanwhile), naming what and why.
+
 A table on S3 (``s3://bucket/prefix``) is as safe: delta-rs writes each log entry with
 a create-only PUT (``If-None-Match: *``, its ``conditional_put=etag``), so of two
 writers of one log version exactly one wins, with no DynamoDB lock. The store must

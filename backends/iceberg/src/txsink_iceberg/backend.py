@@ -14,6 +14,14 @@ covers but no snapshot marks anymore cannot be told apart from one never written
 the backend stops and says so instead of adding it again (Delta's ``txn`` action
 plays this part there).
 
+Columns are found by field id and tables known by uuid: every file txsink adds carries
+the table's field ids (Spark's files on the native path are written again with them),
+the sink's claim is the table property ``txsink.owner.<sink id>`` (orphan-file removal
+deleted the claim file of earlier releases), and the namespace property
+``txsink.table.<table>.<sink id>`` binds the sink to the table's uuid, so a table
+dropped and made again, or a catalog entry lost over existing metadata, is refused
+before anything is written.
+
 The catalog is pyiceberg's SQL catalog: by default on a SQLite file in the warehouse
 (one machine); ``catalog_uri`` names a PostgreSQL database for shared use. A warehouse
 on S3 (``s3://bucket/prefix``) keeps data and metadata files there, written through
