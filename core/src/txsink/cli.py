@@ -32,9 +32,6 @@ from txsink.targets import GROUP_BACKEND, changed_targets
 if TYPE_CHECKING:
     from txsink.config import PipelineConfig
 
-if TYPE_CHECKING:
-    from txsink.config import PipelineConfig
-
 log = logging.getLogger(__name__)
 
 EXIT_ERROR = 1
@@ -43,7 +40,76 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
+#: The shell's status for a process ended by SIGPIPE (128 + 13): whoever read the output
+#: went away (``txsink status | head -2``).
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    watch = _StdoutWatch(sys.stdout)
+    sys.stdout = watch
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:  # argparse after --help or a usage error
+            with contextlib.suppress(BrokenPipeError):
+                sys.stdout.flush()
+            if not watch.broken:
+                raise
+            _stdout_to_devnull(watch)
+            return EXIT_BROKEN_PIPE
+        sys.stdout.flush()  # a reader gone before the last lines: found here, not at exit
+        return code
+    except BrokenPipeError:
+        if not watch.broken:
+            raise  # a socket's, not the reader's of our output: a real error
+        _stdout_to_devnull(watch)
+        return EXIT_BROKEN_PIPE
+    finally:
+        if sys.stdout is watch:
+            sys.stdout = watch.stream
+
+
+class _StdoutWatch:
+    """Standard output, remembering whether a write failed because its reader went away.
+
+    Python ignores SIGPIPE, so writing into a closed pipe raises BrokenPipeError; the
+    CLI then stops quietly, as a command killed by SIGPIPE would. A BrokenPipeError
+    from anything else (a server's socket) is not taken for it.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.stream.write(text))
+        except BrokenPipeError:
+            self.broken = True
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.broken = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _stdout_to_devnull(watch: _StdoutWatch) -> None:
+    """What is left in the buffer can never be read: drop it, so the interpreter's last
+    flush at exit does not print a traceback of its own."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, watch.stream.fileno())
+        os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
