@@ -655,11 +655,51 @@ def _when(ts: float | None) -> str:
         "%Y-%m-%d %H:%M:%S")
 
 
+def _epoch_status_line(r: EpochRecord) -> str:
+    """One epoch of ``txsink status``, each state as what it is: a reservation names its
+    writer and since when (it is no decision), a decision when it was made, a commit how
+    long it took. A group's rows are given per target: their sum counts each input row
+    once per target."""
+    group = any(c.target for c in r.committables)
+    rows = "" if group else f", {r.rows} row(s)"
+    head = f"  {r.epoch:>6}  {r.state.value:<9}  {len(r.committables)} participant(s)"
+    if r.state is EpochState.RESERVED:
+        what = f" for batch write {r.write}" if r.write is not None else ""
+        return (f"{head} prepared so far{rows}, reserved {_when(r.decided_at)} by "
+                f"{r.owner or '?'} ({_writer_words(r.owner)}){what}; not decided"
+                + _per_target(r.committables))
+    state = ("" if r.committed_at is not None
+             else ", not committed yet" if r.state is EpochState.DECIDED else "")
+    latency = ("" if r.committed_at is None
+               else f", commit {1000 * (r.committed_at - r.decided_at):.0f} ms")
+    return (f"{head}{rows}, decided {_when(r.decided_at)}{latency}{state}"
+            + _per_target(r.committables))
+
+
+def _writer_words(owner: str | None) -> str:
+    """Whether the writer that reserved an epoch still runs, as far as this host knows."""
+    from txsink.spark._proc import owner_alive
+
+    alive = owner_alive(owner) if owner else None
+    if alive is True:
+        return "running"
+    if alive is False:
+        return "gone: the next start aborts what it prepared"
+    return "whether it still runs is unknown from here"
+
+
 def _record_json(record: EpochRecord) -> dict[str, Any]:
+    reserved = record.state is EpochState.RESERVED
     data: dict[str, Any] = {
         "epoch": record.epoch, "state": record.state.value, "rows": record.rows,
         "participants": [c.participant for c in record.committables],
-        "decided_at": record.decided_at, "committed_at": record.committed_at}
+        "decided_at": None if reserved else record.decided_at,
+        "committed_at": record.committed_at}
+    if reserved:
+        data["reserved_at"] = record.decided_at
+        data["reserved_by"] = record.owner
+    if record.write is not None:
+        data["write"] = str(record.write)
     if any(c.target for c in record.committables):
         data["targets"] = {t: {"participants": [c.participant for c in cs],
                                "rows": sum(c.rows for c in cs)}
@@ -674,6 +714,15 @@ def _by_target(committables: Sequence[Committable]) -> dict[str, list[Committabl
     for c in committables:
         out.setdefault(c.target or "", []).append(c)
     return out
+
+
+def _rows(committables: Sequence[Committable]) -> str:
+    """``40 row(s)``, or for a group's participants the rows of each target
+    (``events 40, totals 7 row(s)``): a sum over targets counts a row once per target."""
+    if not any(c.target for c in committables):
+        return f"{sum(c.rows for c in committables)} row(s)"
+    return ", ".join(f"{t} {sum(c.rows for c in cs)}"
+                     for t, cs in sorted(_by_target(committables).items())) + " row(s)"
 
 
 def _per_target(committables: Sequence[Committable]) -> str:
@@ -850,12 +899,8 @@ def cmd_status(args: argparse.Namespace) -> int:
           "are committed)" if meta.committed_watermark >= 0 else "nothing committed yet")
     if records:
         print("epochs:")
-        for epoch, r in sorted(records.items()):
-            latency = ("" if r.committed_at is None
-                       else f", commit {1000 * (r.committed_at - r.decided_at):.0f} ms")
-            print(f"  {epoch:>6}  {r.state.value:<9}  {len(r.committables)} participant(s), "
-                  f"{r.rows} row(s), decided {_when(r.decided_at)}{latency}"
-                  + _per_target(r.committables))
+        for _, r in sorted(records.items()):
+            print(_epoch_status_line(r))
     salvaged = [(r, pair) for _, r in sorted(records.items()) for pair in r.salvaged]
     if salvaged:
         print("salvaged (the target aborted these decided participants on its own; their "
@@ -976,14 +1021,14 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
     parts = [f"aborted DECIDED epoch {record.epoch} of sink {sink!r} (--force):"]
     if committed:
         parts.append(
-            f"{len(committed)} participant(s) ({sum(c.rows for c in committed)} row(s)) were "
+            f"{len(committed)} participant(s) ({_rows(committed)}) were "
             "committed already and stay visible; when Spark replays the epoch, their "
             f"partitions ({', '.join(_where(c) for c in committed)}) are not "
             "written again;")
-    parts.append(f"{len(dropped)} participant(s), {sum(c.rows for c in dropped)} row(s) "
+    parts.append(f"{len(dropped)} participant(s), {_rows(dropped)} "
                  "dropped" + (";" if unknown else ""))
     if unknown:
-        parts.append(f"{len(unknown)} participant(s) ({sum(c.rows for c in unknown)} row(s)) "
+        parts.append(f"{len(unknown)} participant(s) ({_rows(unknown)}) "
                      f"rolled back where {backend.name} cannot tell whether they were "
                      "committed before (check the output)")
     print(" ".join(parts))
@@ -1075,7 +1120,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
             coordinator.start(recover=False)
             coordinator.commit_epoch(epoch, list(record.committables))
             print(f"committed epoch {epoch} of sink {meta.sink_id!r}: "
-                  f"{len(record.committables)} participant(s), {record.rows} row(s)")
+                  f"{len(record.committables)} participant(s), {_rows(record.committables)}")
             return 0
         # --abort
         if record is not None and record.state is EpochState.COMMITTED:
