@@ -287,6 +287,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{where}: environment variable {variable!r} {state} in this "
                           f"shell; export it before `txsink run` (Spark's executors need it "
                           f"too)", field=where)
+    cfg.check_settings()  # what `run` refuses in its preflight, no server needed
     if args.no_spark:
         print(f"ok (Spark checks skipped): {cfg.summary()}")
         return 0

@@ -52,16 +52,11 @@ def preflight(cfg: PipelineConfig, plugins: Plugins, connect_retry_s: float) -> 
         backend.preflight(cfg.sink.sink_id)
         return backend.describe()
     except ConfigError as exc:
-        if cfg.sink.targets:
-            where = f"sink.{exc.field}" if exc.field else "sink.targets"
-        else:
-            where = f"sink.options.{exc.field}" if exc.field else "sink"
         tried = (f". Before Spark starts a run waits {connect_retry_s:g}s for a server that "
                  "is down (`txsink run --connect-retry SECONDS`; the backend's option bounds "
                  "the wait of a running query)"
                  if quiet.retries or any(k in str(exc) for k in retry_keys) else "")
-        raise type(exc)(f"{where}: {exc}{tried}", field=where,
-                        sink_id=cfg.sink.sink_id) from None
+        raise cfg.sink_error(exc, tried) from None
     finally:
         for handler in handlers:
             handler.removeFilter(quiet)
