@@ -66,6 +66,7 @@ def run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: Pr
 
     started = time.monotonic()
     idle_polls = 0
+    bounded = False
     try:
         while True:
             report()
@@ -74,6 +75,7 @@ def run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: Pr
                 break
             if max_batches is not None and result.batches >= max_batches:
                 result.stopped_because = f"--max-batches {max_batches} reached"
+                bounded = True
                 break
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 result.stopped_because = f"--timeout {timeout_s:g}s reached"
@@ -109,6 +111,14 @@ def run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: Pr
     if error is not None:
         raise TxsinkError(f"the streaming query failed: {first_lines(str(error))}")
     report(final=True)
+    if bounded and max_batches is not None and result.batches > max_batches:
+        # Spark starts the next batch as soon as one ends (and several can end between
+        # two polls of a loaded machine): the bound stops the query, never a batch it
+        # already started. Said, so "3 reached" does not stand beside "epochs 0-5".
+        more = result.batches - max_batches
+        result.stopped_because += (
+            f"; {more} more batch{'es' if more > 1 else ''} had already started and "
+            "ran to the end before the query stopped")
     return result
 
 
