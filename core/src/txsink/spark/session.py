@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from txsink.config import PipelineConfig, duration_ms
 from txsink.spark.console import spark_output_to
@@ -26,13 +26,17 @@ def prepare_environment(master: str) -> None:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
-def build_session(cfg: PipelineConfig) -> SparkSession:
+def session_builder(cfg: PipelineConfig, *, master: str | None = None,
+                    app_name: str | None = None) -> Any:
+    """The builder of a pipeline's session, for ``run`` and ``validate`` alike: the file's
+    ``spark.conf`` whole (``spark.jars`` and ``spark.jars.packages`` too: a source from a
+    jar must be found by both), and what txsink adds to it. ``validate`` only names
+    another master (a local one: analysing needs no cluster) and app name."""
     from pyspark.sql import SparkSession
 
-    from txsink.spark import register
-
-    prepare_environment(cfg.spark.master)
-    builder = SparkSession.builder.master(cfg.spark.master).appName(cfg.spark.app_name)
+    master = master or cfg.spark.master
+    prepare_environment(master)
+    builder = SparkSession.builder.master(master).appName(app_name or cfg.spark.app_name)
     # Spark logs failures with JVM stack traces; `txsink run` reports them itself.
     builder = builder.config("spark.log.level", "ERROR")
     builder = builder.config("spark.ui.showConsoleProgress", "false")
@@ -42,7 +46,14 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
         builder = builder.config(key, value)
     if cfg.source.type == "files" and not cfg.source.schema:
         builder = builder.config("spark.sql.streaming.schemaInference", "true")
-    spark = builder.getOrCreate()
+    return builder
+
+
+def build_session(cfg: PipelineConfig) -> SparkSession:
+    """The session of ``txsink run``, with txsink's data source registered in it."""
+    from txsink.spark import register
+
+    spark: SparkSession = session_builder(cfg).getOrCreate()
     register(spark)
     return spark
 
@@ -73,20 +84,16 @@ def realtime_defaults(cfg: PipelineConfig) -> dict[str, str]:
 def check_pipeline(cfg: PipelineConfig, log_path: Path) -> list[str]:
     """What ``txsink validate`` asks Spark: build the source, analyse the transform.
 
-    Runs a local session (whatever ``spark.master`` says: no cluster is needed to
-    analyse) and no query. Returns the output columns.
+    The session is the one ``run`` builds (:func:`session_builder`: every ``spark.conf``
+    setting, so a source that comes from ``spark.jars`` is found), on a local master
+    whatever ``spark.master`` says (no cluster is needed to analyse), and no query runs.
+    Returns the output columns.
     """
-    from pyspark.sql import SparkSession
-
-    prepare_environment("local[1]")
     with spark_output_to(log_path):
-        builder = (SparkSession.builder.master("local[1]").appName(f"txsink-validate-{cfg.name}")
-                   .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR"))
-        for key, value in cfg.spark.conf.items():
-            if key.startswith("spark.sql."):
-                builder = builder.config(key, value)
-        if cfg.source.type == "files" and not cfg.source.schema:
-            builder = builder.config("spark.sql.streaming.schemaInference", "true")
+        builder = session_builder(cfg, master="local[1]",
+                                  app_name=f"txsink-validate-{cfg.name}")
+        if "spark.ui.enabled" not in cfg.spark.conf:
+            builder = builder.config("spark.ui.enabled", "false")
         spark = builder.getOrCreate()
         try:
             from txsink.spark.checks import frame_columns
