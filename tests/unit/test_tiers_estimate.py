@@ -81,3 +81,13 @@ def test_the_time_left_follows_the_pace_of_the_last_minutes(
     truth = 4 * STORED_E2E_S * load
     said = _seconds(reporter.lines[-1])
     assert 0.7 * truth <= said <= 1.3 * truth, (reporter.lines[-1], truth)
+
+
+def test_a_new_test_counts_as_its_tiers_tests_that_ran_not_the_skipped_ones() -> None:
+    """The default run skips most Spark tests, stored at about 0 s: their median made a
+    new e2e test count as 0 s ("tier e2e: 2 tests, about 0 s")."""
+    progress = tiers.Progress(_Config(_Reporter()))  # type: ignore[arg-type]
+    progress.stored = {**{f"tests/e2e/test_long.py::t{i}": 0.0 for i in range(9)},
+                       "tests/e2e/test_a.py::t": 20.0, "tests/e2e/test_b.py::t": 40.0}
+    progress.plan(["tests/e2e/test_new.py::t"])
+    assert progress.estimate == {"tests/e2e/test_new.py::t": 30.0}
