@@ -148,6 +148,7 @@ def test_a_reserved_epoch_of_a_live_writer_says_it_runs(
     epoch = writer.reserve_epoch()
     group.close()
     code, out, _ = _run(capsys, "status", str(f))
+    assert code == 0
     line = next(ln for ln in out.splitlines() if re.match(rf"\s+{epoch}\s+reserved\s", ln))
     assert f"by {writer.owner} (whether it still runs is unknown from here); not decided" \
         in line, line

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import pytest
+
 from tests import tiers
 
 UNIT = [f"tests/unit/test_u.py::t{i}" for i in range(600)]

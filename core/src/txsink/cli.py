@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -349,7 +349,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from txsink.spark.pipeline import DEFAULT_CONNECT_RETRY_S
 
         result = run_pipeline(cfg, max_batches=args.max_batches, until_idle=args.until_idle,
-                              timeout_s=args.timeout, pipeline_file=args.file,
+                              timeout_s=args.timeout, pipeline_file=args.file, out=_print_now,
                               log_path=Path(args.spark_log) if args.spark_log else None,
                               connect_retry_s=(DEFAULT_CONNECT_RETRY_S
                                                if args.connect_retry is None
@@ -361,20 +361,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_status
 
 
+def _print_now(line: str) -> None:
+    """A line of ``txsink run``, out at once also into a pipe (``| tee run.log``): a run's
+    lines come seconds or minutes apart, never worth a buffer's wait."""
+    print(line, flush=True)
+
+
 def _refuse_reset_under_a_holder(lease: dict[str, Any], sink_id: str,
                                  args: argparse.Namespace) -> None:
     """Never delete a sink's output under a query that may still write it.
 
     Only a released lease or a holder proven gone (its process ended on this host)
     lets ``reset`` go on by itself; a holder on another host, or one whose liveness
-    cannot be told, needs the operator's ``--force`` after checking it is stopped.
+    cannot be told, needs the operator's ``--force`` after checking it is stopped. A
+    ``txsink run`` holds the lease from before Spark starts: one still starting is
+    running too.
     """
-    from txsink.spark._proc import lease_holder
+    from txsink.spark._proc import lease_holder, owner_words
 
     holder = lease_holder(lease)
     if holder == "running":
-        raise StateError(f"sink {sink_id!r} is being written by a running query (lease owner "
-                         f"{lease['owner']}, on this host); stop it first; nothing deleted",
+        owner = str(lease["owner"])
+        who = (f"{owner_words(owner)} (starting Spark, or running its query)"
+               if ":run:" in owner else
+               f"{owner_words(owner)}, which is deleting it already" if ":reset:" in owner
+               else "a running query")
+        raise StateError(f"sink {sink_id!r} is being written by {who} (lease owner "
+                         f"{owner}, on this host); stop it first; nothing deleted",
                          sink_id=sink_id)
     if holder == "unknown" and not args.force:
         raise StateError(
@@ -387,6 +400,37 @@ def _refuse_reset_under_a_holder(lease: dict[str, Any], sink_id: str,
     if holder == "unknown":
         log.warning("reset: sink=%s: --force: deleting although the lease holder %s may "
                     "still run", sink_id, lease["owner"])
+
+
+@contextlib.contextmanager
+def _holding_for_reset(store: StateStore | None, sink_id: str,
+                       args: argparse.Namespace) -> Iterator[None]:
+    """Check the holder again right before deleting (a run may have started while the
+    question waited for an answer), then hold the lease while deleting: a ``txsink run``
+    starting meanwhile finds a live holder and refuses, instead of resuming a checkpoint
+    that is going away. Given back if the reset stops half-way."""
+    if store is None:
+        yield
+        return
+    from txsink.spark._proc import command_owner_token
+    from txsink.state import Lease
+
+    before = store.lease_info()
+    _refuse_reset_under_a_holder(before, sink_id, args)
+    owner = command_owner_token("reset")
+    lease = store.acquire(owner)
+    try:
+        if lease.generation != int(before.get("generation") or 0) + 1:
+            # Another owner took the lease between the look and the take: judged as a
+            # holder that has not released it.
+            fenced = [str(o) for o in store.lease_info().get("fenced", [])]
+            if fenced:
+                _refuse_reset_under_a_holder({"owner": fenced[-1]}, sink_id, args)
+        yield
+    except BaseException:
+        with contextlib.suppress(TxsinkError, OSError):
+            store.release(Lease(owner, lease.generation))
+        raise
 
 
 def _refuse_reset_of_anothers_output(backend: Backend, cfg: PipelineConfig, store_dir: Path,
@@ -466,6 +510,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     chk = Path(checkpoint.removeprefix("file://"))
     plugins = get_plugins()
     store_dir = chk / "txsink"
+    store = None
     if (store_dir / "meta.json").is_file():
         store = plugins.state_store(str(store_dir))
         _refuse_reset_under_a_holder(store.lease_info(), cfg.sink.sink_id, args)
@@ -485,18 +530,19 @@ def cmd_reset(args: argparse.Namespace) -> int:
             if answer.strip() != cfg.sink.sink_id:
                 print("nothing deleted")
                 return EXIT_ERROR
-        try:
-            removed = backend.reset_sink(cfg.sink.sink_id)
-        except NotImplementedError as exc:
-            raise ConfigError(f"sink.backend: {exc}; nothing deleted",
-                              field="sink.backend") from None
+        with _holding_for_reset(store, cfg.sink.sink_id, args):
+            try:
+                removed = backend.reset_sink(cfg.sink.sink_id)
+            except NotImplementedError as exc:
+                raise ConfigError(f"sink.backend: {exc}; nothing deleted",
+                                  field="sink.backend") from None
+            for line in removed:
+                print(f"deleted {line}")
+            if chk.exists():
+                shutil.rmtree(chk)  # the lease this reset holds goes with it
+                print(f"deleted checkpoint {chk}")
     finally:
         backend.close()
-    for line in removed:
-        print(f"deleted {line}")
-    if chk.exists():
-        shutil.rmtree(chk)
-        print(f"deleted checkpoint {chk}")
     print(f"sink {cfg.sink.sink_id!r} starts over at the next `txsink run {args.file}`")
     return 0
 
@@ -956,20 +1002,34 @@ def _read_lease(store: StateStore) -> dict[str, Any] | None:
 
 
 def _lease_words(lease: dict[str, Any]) -> str:
-    """Whether a query holds the sink, in words: released, held by a live run, or stale."""
-    who = f"{lease.get('owner')}, generation {lease.get('generation')}"
+    """Whether a query holds the sink, in words: released, held by a live run (or a
+    ``txsink run`` still starting Spark, or a ``reset`` deleting), or stale."""
+    from txsink.spark._proc import owner_words
+
+    owner = str(lease.get("owner"))
+    who = f"{owner}, generation {lease.get('generation')}"
+    since = _when(lease.get("acquired_at"))
     if not lease["held"]:
         return (f"released at {_when(lease.get('released_at'))} (the last run ended; {who}); "
                 "no query writes this sink now")
     if lease.get("holder_running") is True:
-        return (f"held by a running query since {_when(lease.get('acquired_at'))} ({who}); "
+        if ":run:" in owner:
+            return (f"held since {since} by {owner_words(owner)}, which is starting Spark "
+                    f"or running its query ({who}); stop it (Ctrl-C) before `txsink reset` "
+                    "or `resolve`")
+        if ":reset:" in owner:
+            return (f"held since {since} by {owner_words(owner)}, which is deleting this "
+                    f"pipeline's output and checkpoint ({who})")
+        return (f"held by a running query since {since} ({who}); "
                 "stop it before `txsink resolve`")
     if lease.get("holder_running") is False:
-        return (f"held since {_when(lease.get('acquired_at'))} by a driver that is gone "
-                f"({who}): it stopped without releasing it (crash or kill); the next run "
-                "takes it over")
-    return (f"held since {_when(lease.get('acquired_at'))} ({who}); whether that query still "
-            "runs is unknown from here")
+        what = (f"by {owner_words(owner)}, which ended" if ":run:" in owner or
+                ":reset:" in owner else "by a driver that is gone")
+        return (f"held since {since} {what} ({who}): it stopped without releasing it (crash "
+                "or kill, also while Spark was starting); nothing of it runs, and the next "
+                "run, reset or resolve takes it over")
+    return (f"held since {since} ({who}); whether that query still runs is unknown from "
+            "here")
 
 
 def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
@@ -1074,11 +1134,30 @@ def _epoch_number(text: str) -> int:
     return value
 
 
+def _refuse_resolve_under_a_holder(store: StateStore, sink_id: str) -> None:
+    """``resolve`` takes the lease over: never from a query that runs on this host (a
+    ``txsink run`` still starting Spark included), which it would fail mid-epoch."""
+    from txsink.spark._proc import lease_holder, owner_words
+
+    lease = store.lease_info()
+    if lease_holder(lease) != "running":
+        return
+    owner = str(lease["owner"])
+    what = ("starting Spark, or running its query" if ":run:" in owner else
+            "deleting this pipeline's output and checkpoint" if ":reset:" in owner else
+            "running")
+    raise StateError(
+        f"sink {sink_id!r} is held by {owner_words(owner)}, {what} (lease owner {owner}); "
+        "resolve would take the lease over and fail it: stop it first (Ctrl-C); nothing "
+        "was done", sink_id=sink_id)
+
+
 def cmd_resolve(args: argparse.Namespace) -> int:
     plugins = get_plugins()
     store = open_state(args.checkpoint, plugins)
     meta = store.read_meta()
     assert meta is not None
+    _refuse_resolve_under_a_holder(store, meta.sink_id)
     epoch: int = args.epoch
     backend = _backend_for(store, plugins, _parse_options(args.option))
     coordinator_owner = ""

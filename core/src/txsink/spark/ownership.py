@@ -19,9 +19,9 @@ from txsink.backend import Backend
 from txsink.config import PipelineConfig
 from txsink.errors import ConfigError, SinkOwnedError, TxsinkError
 from txsink.plugins import Plugins
-from txsink.spark._proc import OWNER_ENV
+from txsink.spark._proc import owner_alive, owner_words
 from txsink.spark.console import CLIENT_LOGGERS
-from txsink.state import StateStore, new_owner_token
+from txsink.state import Lease, StateStore, new_owner_token
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -109,34 +109,32 @@ class _QuietRetries(logging.Filter):
 
 
 def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
-                    pipeline_file: str) -> None:
+                    pipeline_file: str, *, hold_as: str | None = None) -> Lease | None:
     """Bind the sink to this checkpoint's state before Spark starts, or say why not.
 
     The same check runs again inside Spark; here a refusal is one line with the
-    way out that applies instead of a traceback from a Python worker.
+    way out that applies instead of a traceback from a Python worker. With ``hold_as``
+    (the run's own lease owner, which its query's coordinators use too) the lease taken
+    here is kept and returned: from here on the run holds the checkpoint, so ``status``
+    shows it running and ``reset`` and ``resolve`` refuse while Spark starts. Without,
+    it is given back.
     """
     from txsink.coordinator import Coordinator
-    from txsink.spark._proc import owner_alive
 
     holder = store.lease_info()
-    if holder.get("owner") and holder.get("released_at") is None and owner_alive(
-            str(holder["owner"])):
-        owner = str(holder["owner"])
-        remote_pid = owner.split(":connect:", 1)[1].split(":")[0] if ":connect:" in owner \
-            else None
-        who = (f"the `txsink run --remote` client pid {remote_pid} on this host, whose "
-               "query runs on its Spark Connect server" if remote_pid else "a running query")
+    owner = str(holder.get("owner") or "")
+    if owner and holder.get("released_at") is None and owner_alive(owner):
         raise ConfigError(
             f"checkpoint {cfg.checkpoint} is in use by another run: sink "
-            f"{cfg.sink.sink_id!r} is being written by {who} (lease owner {owner}); stop "
-            "it (Ctrl-C) before starting another run on this checkpoint",
-            field="checkpoint", sink_id=cfg.sink.sink_id)
+            f"{cfg.sink.sink_id!r} is being written by {holder_words(owner)} "
+            f"(lease owner {owner}); stop it (Ctrl-C) before starting another run on this "
+            "checkpoint", field="checkpoint", sink_id=cfg.sink.sink_id)
     meta_before = store.read_meta()
     backend = cfg.create_backend(plugins)
     try:
         coordinator = Coordinator(backend, store, cfg.sink.sink_id,
                                   backend_options=cfg.sink.options, plugins=plugins,
-                                  owner=new_owner_token(), scan_orphans=False)
+                                  owner=hold_as or new_owner_token(), scan_orphans=False)
         try:
             coordinator.start(recover=False)
         except SinkOwnedError as exc:
@@ -163,9 +161,37 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
             if meta_before is None:
                 _forget_new_state(store)
             raise
-        store.release(coordinator.lease)
+        if hold_as is None:
+            store.release(coordinator.lease)
+            return None
+        _refuse_beside_a_reset(cfg, store, coordinator.lease)
+        return coordinator.lease
     finally:
         backend.close()
+
+
+def holder_words(owner: str) -> str:
+    """A live lease holder, for a refusal: a ``txsink run`` may still be starting Spark."""
+    words = owner_words(owner)
+    if ":run:" in owner:
+        return f"{words} (starting Spark, or running its query)"
+    if ":reset:" in owner:
+        return f"{words}, which is deleting this pipeline's output and checkpoint"
+    return "a running query" if words in ("a Spark driver", "a coordinator") else words
+
+
+def _refuse_beside_a_reset(cfg: PipelineConfig, store: StateStore, lease: Lease) -> None:
+    """A ``txsink reset`` that took the lease between this run's look and its own take is
+    deleting the output and checkpoint under it: give the lease back and stop, before
+    anything is read from a state that is going away."""
+    fenced = [str(o) for o in store.lease_info().get("fenced", [])]
+    if fenced and ":reset:" in fenced[-1] and owner_alive(fenced[-1]):
+        with contextlib.suppress(TxsinkError, OSError):
+            store.release(lease)
+        raise ConfigError(
+            f"checkpoint {cfg.checkpoint}: {owner_words(fenced[-1])} is deleting this "
+            "pipeline's output and checkpoint; nothing was started. Run again once it "
+            "ended", field="checkpoint", sink_id=cfg.sink.sink_id)
 
 
 def _forget_new_state(store: StateStore) -> None:
@@ -207,11 +233,10 @@ def _owned_hint(exc: SinkOwnedError, cfg: PipelineConfig, target: str,
 
 
 def jvm_owner(spark: SparkSession) -> str | None:
-    """The lease owner token the sink's code in this session's JVM uses."""
+    """The owner token the sink's code in this session's driver JVM derives when its
+    environment names none (a JVM this process launched before the run set one)."""
     from txsink.spark._proc import jvm_owner_token
 
-    if os.environ.get(OWNER_ENV):
-        return os.environ[OWNER_ENV]
     proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
     return jvm_owner_token(proc.pid) if proc is not None else None
 

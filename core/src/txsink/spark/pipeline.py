@@ -23,15 +23,17 @@ through the server.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from txsink.config import PipelineConfig
 from txsink.errors import ConfigError, TxsinkError
 from txsink.plugins import get_plugins
-from txsink.spark._proc import OWNER_ENV
+from txsink.spark._proc import OWNER_ENV, command_owner_token
 from txsink.spark.connect import (
     IN_USE_WORDS,
     LEASE_OWNER_OPTION,
@@ -101,102 +103,109 @@ def run_pipeline(
     target = preflight(cfg, plugins, connect_retry_s)
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
     log_path = log_path or default_log_path(cfg.checkpoint, cfg.name)
+    # The run's lease owner: this process (a Connect client's token under --remote). The
+    # run holds the lease from its ownership check on, while Spark starts too, and its
+    # query's coordinators take the same owner (the data source option under --remote,
+    # TXSINK_OWNER, which the driver JVM and its Python workers inherit, otherwise).
+    owner = os.environ.get(OWNER_ENV) or (
+        remote_owner_token() if remote is not None else command_owner_token("run"))
     remote_spark = None
     if remote is not None:
         # The server first: taking the lease fences whatever query holds it.
         with spark_output_to(log_path):
             remote_spark = connect_remote(cfg, remote, connect_retry_s, out)
-    try:
-        check_ownership(cfg, plugins, store, pipeline_file or cfg.path or "PIPELINE_FILE")
-    except BaseException:
-        if remote_spark is not None:
-            quietly(remote_spark.stop, interrupted=True)
-        raise
-    for line in cfg.header_lines():
-        out(line)
-    out(f"delivery: {cfg.sink.guarantee.reader_note()}")
-    for line in resume_notes(cfg, store):
-        out(line)
-    if remote is None:
-        out(f"spark log: {log_path}")
-        logs = f"Spark's log: {log_path}"
-    else:
-        out(f"spark: Spark Connect server {remote} (the query runs there: Spark's own log is "
-            f"the server's; this client's log: {log_path})")
-        if cfg.spark.master != "local[*]":
-            out(f"spark.master {cfg.spark.master} is not used: the Connect server runs the "
-                "query on its own master")
-        logs = f"Spark's log is the Connect server's at {remote}; this client's: {log_path}"
-    result = RunResult()
-    committed_before = {e for e, state in store.states().items()
-                        if state is EpochState.COMMITTED}
-    with interrupts_as_exceptions(), spark_output_to(log_path):
-        spark = None
-        owner = None
-        extra: dict[str, str] = {}
-        #: The Connect server stopped answering: whether it still runs the query is
-        #: unknown here.
-        lost = False
+    with _owner_for_the_query(owner if remote is None else None):
         try:
+            check_ownership(cfg, plugins, store, pipeline_file or cfg.path or "PIPELINE_FILE",
+                            hold_as=owner)
+        except BaseException:
+            if remote_spark is not None:
+                quietly(remote_spark.stop, interrupted=True)
+            raise
+        #: A Connect server that stopped answering may still run the query: then the
+        #: lease stays held (`txsink status` shows it as unknown), the next run takes it
+        #: over. (In classic Spark the driver JVM ends with spark.stop(): its query too.)
+        keep_lease = False
+        jvm: str | None = None
+        try:
+            for line in cfg.header_lines():
+                out(line)
+            out(f"delivery: {cfg.sink.guarantee.reader_note()}")
+            for line in resume_notes(cfg, store):
+                out(line)
             if remote is None:
-                # Silent, this took long enough on a small machine to look hung.
-                out(f"starting Spark ({cfg.spark.master}); the query starts once it is up")
-                started = time.monotonic()
-                spark = build_session(cfg)
-                out(f"Spark started in {time.monotonic() - started:.0f}s")
-                take_back_sigint()
-                owner = jvm_owner(spark)
+                out(f"spark log: {log_path}")
+                logs = f"Spark's log: {log_path}"
             else:
-                spark = remote_spark
-                assert spark is not None
-                # No driver JVM here to name: the lease owner is this run, handed to the
-                # data source in the server.
-                owner = os.environ.get(OWNER_ENV) or remote_owner_token()
-                extra[LEASE_OWNER_OPTION] = owner
-            frame = pipeline_frame(spark, cfg, extra)
-            if cfg.mode == "batch":
-                result = run_batch(frame, cfg, store, out, extra)
-            else:
-                result = run_stream(frame, cfg, store, out, max_batches=max_batches,
-                                    until_idle=until_idle, timeout_s=timeout_s, poll_s=poll_s,
-                                    extra_options=extra)
-        except KeyboardInterrupt as exc:  # while Spark started, or a batch write ran
-            result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-            result.stopped_because = f"interrupted by {signal.Signals(result.signal).name}"
-            if remote is not None and spark is not None:
-                # The server goes on with a batch write this client stopped waiting for.
-                lost = not quietly(spark.interruptAll, interrupted=True)
-            committed_into(result, store, committed_before)
-        except TxsinkError as exc:
-            raise _with_hints(exc, cfg, logs) from None
-        except Exception as exc:
-            if remote is None or not is_connect_error(exc):
-                raise
-            lost = True  # whether a query of this run goes on there is not known here
-            if not server_gone(exc):
-                # The server answered, with an error of the query (e.g. its checkpoint is
-                # in use by another query there): say that, not that the server is gone.
-                text = first_lines(str(exc))
-                in_use = any(w in str(exc) for w in IN_USE_WORDS)
-                raise _with_hints(TxsinkError(
-                    f"the Spark Connect server at {remote} refused the query: "
-                    + (f"checkpoint {cfg.checkpoint} is in use by another query there ("
-                       f"{text})" if in_use else text)), cfg, logs) from None
-            # The server went away (killed, restarted) or lost the session: one line, not
-            # the client's stack of gRPC retries.
-            raise _with_hints(TxsinkError(
-                f"the Spark Connect server at {remote} failed or stopped answering: "
-                f"{first_lines(str(exc))}"), cfg, logs) from None
+                out(f"spark: Spark Connect server {remote} (the query runs there: Spark's own "
+                    f"log is the server's; this client's log: {log_path})")
+                if cfg.spark.master != "local[*]":
+                    out(f"spark.master {cfg.spark.master} is not used: the Connect server runs "
+                        "the query on its own master")
+                logs = (f"Spark's log is the Connect server's at {remote}; this client's: "
+                        f"{log_path}")
+            result = RunResult()
+            committed_before = {e for e, state in store.states().items()
+                                if state is EpochState.COMMITTED}
+            with interrupts_as_exceptions(), spark_output_to(log_path):
+                spark = None
+                extra: dict[str, str] = {}
+                #: The Connect server stopped answering: whether it still runs the query
+                #: is unknown here.
+                lost = False
+                try:
+                    if remote is None:
+                        # Silent, this took long enough on a small machine to look hung.
+                        out(f"starting Spark ({cfg.spark.master}); the query starts once it "
+                            "is up")
+                        started = time.monotonic()
+                        spark = build_session(cfg)
+                        out(f"Spark started in {time.monotonic() - started:.0f}s")
+                        take_back_sigint()
+                        # A driver JVM this process launched before (another run, a test)
+                        # kept the owner it was started with: its coordinators take the
+                        # lease over under that one, given up at the end too.
+                        jvm = jvm_owner(spark)
+                    else:
+                        spark = remote_spark
+                        assert spark is not None
+                        # No driver JVM here: the data source in the server is handed it.
+                        extra[LEASE_OWNER_OPTION] = owner
+                    frame = pipeline_frame(spark, cfg, extra)
+                    if cfg.mode == "batch":
+                        result = run_batch(frame, cfg, store, out, extra)
+                    else:
+                        result = run_stream(frame, cfg, store, out, max_batches=max_batches,
+                                            until_idle=until_idle, timeout_s=timeout_s,
+                                            poll_s=poll_s, extra_options=extra)
+                except KeyboardInterrupt as exc:  # while Spark started, or a batch write ran
+                    result.signal = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+                    result.stopped_because = (
+                        f"interrupted by {signal.Signals(result.signal).name}")
+                    if remote is not None and spark is not None:
+                        # The server goes on with a batch write this client stopped
+                        # waiting for.
+                        lost = not quietly(spark.interruptAll, interrupted=True)
+                    committed_into(result, store, committed_before)
+                except TxsinkError as exc:
+                    raise _with_hints(exc, cfg, logs) from None
+                except Exception as exc:
+                    if remote is None or not is_connect_error(exc):
+                        raise
+                    lost = True  # whether a query of this run goes on there is not known
+                    raise _connect_failure(exc, cfg, remote, logs) from None
+                finally:
+                    if spark is not None and result.signal is not None and remote is None:
+                        stop_within(spark.stop, spark, "stopping Spark", out)
+                    elif spark is not None:
+                        quietly(spark.stop,
+                                interrupted=result.signal is not None or remote is not None)
+                    keep_lease = remote is not None and (lost or not result.query_stopped)
         finally:
-            if spark is not None and result.signal is not None and remote is None:
-                stop_within(spark.stop, spark, "stopping Spark", out)
-            elif spark is not None:
-                quietly(spark.stop, interrupted=result.signal is not None or remote is not None)
-            # A Connect server that stopped answering may still run the query: the lease
-            # stays held (`txsink status` shows it as unknown), the next run takes it over.
-            # (In classic Spark the driver JVM ends with spark.stop(): its query too.)
-            if owner is not None and (remote is None or (not lost and result.query_stopped)):
+            if not keep_lease:
                 release_lease(store, owner)
+                if jvm is not None and jvm != owner:
+                    release_lease(store, jvm)
     span = (f"epochs {result.first_epoch}-{result.last_epoch}" if result.epochs > 1 else
             f"epoch {result.first_epoch}" if result.epochs else "no epoch")
     if result.rows_by_target:
@@ -214,6 +223,45 @@ def run_pipeline(
         for line in preview_files(cfg.sink.options.get("path", "")):
             out(line)
     return result
+
+
+@contextlib.contextmanager
+def _owner_for_the_query(owner: str | None) -> Iterator[None]:
+    """``TXSINK_OWNER`` set to the run's lease owner while it runs (a classic session's
+    driver JVM, its Python workers and the native path's coordinator here take it), so
+    the lease the run took before Spark started is its query's own: no gap between the
+    two in which another command could take the checkpoint."""
+    if owner is None or os.environ.get(OWNER_ENV) == owner:
+        yield
+        return
+    before = os.environ.get(OWNER_ENV)
+    os.environ[OWNER_ENV] = owner
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(OWNER_ENV, None)
+        else:
+            os.environ[OWNER_ENV] = before
+
+
+def _connect_failure(exc: Exception, cfg: PipelineConfig, remote: str,
+                     logs: str) -> TxsinkError:
+    """An error of the Spark Connect client in one line: the query's error the server
+    answered with, or the server gone (killed, restarted, the session lost)."""
+    if not server_gone(exc):
+        # The server answered, with an error of the query (e.g. its checkpoint is in use
+        # by another query there): say that, not that the server is gone.
+        text = first_lines(str(exc))
+        in_use = any(w in str(exc) for w in IN_USE_WORDS)
+        return _with_hints(TxsinkError(
+            f"the Spark Connect server at {remote} refused the query: "
+            + (f"checkpoint {cfg.checkpoint} is in use by another query there ({text})"
+               if in_use else text)), cfg, logs)
+    # Not the client's stack of gRPC retries.
+    return _with_hints(TxsinkError(
+        f"the Spark Connect server at {remote} failed or stopped answering: "
+        f"{first_lines(str(exc))}"), cfg, logs)
 
 
 def _with_hints(exc: TxsinkError, cfg: PipelineConfig, logs: str) -> TxsinkError:
