@@ -91,7 +91,7 @@ def test_while_spark_starts_the_run_holds_the_checkpoint(
     code, out, err = seen["reset"]
     assert code == 1 and out == "", out
     assert (f"is being written by {me} (starting Spark, or running its query) (lease owner "
-            f"{token}, on this host); stop it first; nothing deleted") in err, err
+            f"{token}); stop it first; nothing deleted") in err, err
     assert _output(tmp_path) == written  # nothing deleted
     assert (tmp_path / "chk" / "txsink" / "meta.json").is_file()
     assert (tmp_path / "chk" / "offsets" / "4").is_file()
@@ -221,3 +221,39 @@ def test_reset_holds_the_checkpoint_while_it_deletes(
     assert (f"is being written by `txsink reset` pid {os.getpid()} on this host, which is "
             "deleting this pipeline's output and checkpoint") in seen["run"], seen["run"]
     assert not _output(tmp_path) and not (tmp_path / "chk").exists()
+
+
+def test_reset_looks_at_the_holder_again_after_its_question(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run started while `txsink reset` waited for its answer is refused by the reset,
+    which deletes nothing (before: it was looked at once, before the question)."""
+    import builtins
+
+    f = _stopped_at_epoch_5(tmp_path)
+    written = _output(tmp_path)
+    store = DirectoryStateStore(tmp_path / "chk" / "txsink")
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        from txsink import procfs
+
+        info = procfs.stat(sleeper.pid)
+        assert info is not None
+        run = f"{os.uname().nodename}:run:{sleeper.pid}:{info[2]}"
+
+        def answer(prompt: str) -> str:
+            store.acquire(run)  # a `txsink run` starts while the operator types
+            return SINK
+
+        monkeypatch.setattr(builtins, "input", answer)
+        monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+        code, _, err = _cli(capsys, "reset", str(f))
+        assert code == 1
+        assert (f"is being written by `txsink run` pid {sleeper.pid} on this host (starting "
+                "Spark, or running its query)") in err, err
+        assert _output(tmp_path) == written
+        assert (tmp_path / "chk" / "txsink" / "meta.json").is_file()
+        assert store.lease_info()["owner"] == run  # the run keeps its lease
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -385,10 +385,9 @@ def _refuse_reset_under_a_holder(lease: dict[str, Any], sink_id: str,
         who = (f"{owner_words(owner)} (starting Spark, or running its query)"
                if ":run:" in owner else
                f"{owner_words(owner)}, which is deleting it already" if ":reset:" in owner
-               else "a running query")
+               else "a running query on this host")
         raise StateError(f"sink {sink_id!r} is being written by {who} (lease owner "
-                         f"{owner}, on this host); stop it first; nothing deleted",
-                         sink_id=sink_id)
+                         f"{owner}); stop it first; nothing deleted", sink_id=sink_id)
     if holder == "unknown" and not args.force:
         raise StateError(
             f"sink {sink_id!r} is held by {lease['owner']} (generation "
