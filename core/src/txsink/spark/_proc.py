@@ -89,7 +89,8 @@ def owner_words(owner: str) -> str:
         return f"`txsink {kind}` pid {pid} on {where}"
     host, sep, rest = owner.partition(":connect:")
     if sep:
-        return (f"the `txsink run --remote` client pid {rest.split(':')[0]} on host {host}, "
+        where = "this host" if host == socket.gethostname() else f"host {host}"
+        return (f"the `txsink run --remote` client pid {rest.split(':')[0]} on {where}, "
                 "whose query runs on its Spark Connect server")
     if ":jvm" in owner:
         return "a Spark driver"
