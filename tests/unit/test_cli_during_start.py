@@ -257,3 +257,69 @@ def test_reset_looks_at_the_holder_again_after_its_question(
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_reset_that_stops_half_way_gives_the_lease_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A target that cannot delete its output refuses after the reset took the lease:
+    the lease is released (status does not read it as a crashed holder), and the next
+    run goes on."""
+    from txsink.files.backend import FilesBackend
+
+    f = _stopped_at_epoch_5(tmp_path)
+    written = _output(tmp_path)
+
+    def cannot(self: FilesBackend, sink_id: str) -> list[str]:
+        raise NotImplementedError("this target keeps its output")
+
+    monkeypatch.setattr(FilesBackend, "reset_sink", cannot)
+    code, _, err = _cli(capsys, "reset", str(f), "--yes")
+    assert code == 1 and "this target keeps its output; nothing deleted" in err, err
+    assert _output(tmp_path) == written
+    lease = DirectoryStateStore(tmp_path / "chk" / "txsink").lease_info()
+    assert lease["owner"] == _proc.command_owner_token("reset")
+    assert lease.get("released_at") is not None
+    code, out, _ = _cli(capsys, "status", str(f))
+    assert "lease: released at " in out, out
+    store = DirectoryStateStore(tmp_path / "chk" / "txsink")
+    taken = check_ownership(load_pipeline(f), get_plugins(), store, str(f),
+                            hold_as=f"{os.uname().nodename}:run:1:1")
+    assert taken is not None
+
+
+def test_a_reset_that_takes_the_lease_between_a_runs_look_and_take_stops_the_run(
+        tmp_path: Path) -> None:
+    """The narrow race: the run looked (free), a reset took the lease, the run took it
+    over from the reset. The run sees whom it took it from and stops, starting nothing."""
+    from txsink import procfs
+    from txsink.errors import ConfigError
+
+    f = _stopped_at_epoch_5(tmp_path)
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        info = procfs.stat(sleeper.pid)
+        assert info is not None
+        resetting = f"{os.uname().nodename}:reset:{sleeper.pid}:{info[2]}"
+
+        class Racing(DirectoryStateStore):
+            looks = 0
+
+            def lease_info(self) -> dict[str, Any]:
+                seen = super().lease_info()
+                Racing.looks += 1
+                if Racing.looks == 1:  # right after the run's look
+                    DirectoryStateStore(self.root).acquire(resetting)
+                return seen
+
+        store = Racing(tmp_path / "chk" / "txsink")
+        run = f"{os.uname().nodename}:run:1:1"
+        with pytest.raises(ConfigError, match=rf"`txsink reset` pid {sleeper.pid} on this "
+                           "host is deleting this pipeline's output and checkpoint; nothing "
+                           "was started"):
+            check_ownership(load_pipeline(f), get_plugins(), store, str(f), hold_as=run)
+        lease = DirectoryStateStore(tmp_path / "chk" / "txsink").lease_info()
+        assert lease["owner"] == run and lease.get("released_at") is not None
+    finally:
+        sleeper.kill()
+        sleeper.wait()

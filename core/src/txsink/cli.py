@@ -427,8 +427,9 @@ def _holding_for_reset(store: StateStore | None, sink_id: str,
                 _refuse_reset_under_a_holder({"owner": fenced[-1]}, sink_id, args)
         yield
     except BaseException:
-        with contextlib.suppress(TxsinkError, OSError):
-            store.release(Lease(owner, lease.generation))
+        if Path(store.location, "lease.json").is_file():  # not half deleted already
+            with contextlib.suppress(TxsinkError, OSError):
+                store.release(Lease(owner, lease.generation))
         raise
 
 

@@ -164,7 +164,7 @@ def check_ownership(cfg: PipelineConfig, plugins: Plugins, store: StateStore,
         if hold_as is None:
             store.release(coordinator.lease)
             return None
-        _refuse_beside_a_reset(cfg, store, coordinator.lease)
+        _refuse_beside_a_reset(cfg, store, coordinator.lease, owner)
         return coordinator.lease
     finally:
         backend.close()
@@ -180,12 +180,15 @@ def holder_words(owner: str) -> str:
     return "a running query" if words in ("a Spark driver", "a coordinator") else words
 
 
-def _refuse_beside_a_reset(cfg: PipelineConfig, store: StateStore, lease: Lease) -> None:
-    """A ``txsink reset`` that took the lease between this run's look and its own take is
-    deleting the output and checkpoint under it: give the lease back and stop, before
-    anything is read from a state that is going away."""
+def _refuse_beside_a_reset(cfg: PipelineConfig, store: StateStore, lease: Lease,
+                          looked_at: str) -> None:
+    """A ``txsink reset`` that took the lease between this run's look (``looked_at``
+    held it then) and its own take is deleting the output and checkpoint under it: give
+    the lease back and stop, before anything is read from a state that is going away.
+    (A reset that held the lease at the look and released it has stopped.)"""
     fenced = [str(o) for o in store.lease_info().get("fenced", [])]
-    if fenced and ":reset:" in fenced[-1] and owner_alive(fenced[-1]):
+    if (fenced and fenced[-1] != looked_at and ":reset:" in fenced[-1]
+            and owner_alive(fenced[-1])):
         with contextlib.suppress(TxsinkError, OSError):
             store.release(lease)
         raise ConfigError(
