@@ -492,11 +492,6 @@ class TableBackend(Backend):
     def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:
         self._delete_dir(f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}")
 
-    def native_frame(self, df: Any) -> Any:
-        """The Spark frame ``df`` as Spark's Parquet writer should write it into this table
-        on the native path (Iceberg: field ids as column metadata). Default: as it is."""
-        return df
-
     def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
         """The committable of a participant whose Parquet files another writer (Spark's
         own, in the native data path) put into ``epoch_folder(...)/dirname``."""
