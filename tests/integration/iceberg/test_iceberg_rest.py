@@ -32,11 +32,6 @@ from tests.long_runs import iceberg_rest_run
 pytestmark = pytest.mark.integration
 
 SECRET = "s3cr3t-" + uuid.uuid4().hex[:8]
-#: Waiting for issue 39's table identity (branch lake): a table is identified by its
-#: uuid, so a dropped and recreated table or a lost catalog is refused.
-NEEDS_TABLE_UUID = ("needs issue 39's table-uuid identity in the Iceberg backend (a "
-                    "dropped and recreated table / a lost catalog refused, not written as "
-                    "a new table): not merged into this branch yet")
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +189,6 @@ def test_rest_server_down_between_decision_and_commit(rest: LocalRestCatalog, tm
     assert again.table_epoch("s", 1) is not None
 
 
-@pytest.mark.skip(reason=NEEDS_TABLE_UUID)
 @pytest.mark.parametrize("how", ["drop-and-recreate", "catalog-lost"])
 def test_a_recreated_table_or_a_lost_catalog_is_refused(rest: LocalRestCatalog,
                                                         tmp_path: Path, how: str) -> None:

@@ -102,19 +102,3 @@ def test_a_rollback_past_committed_epochs_stops_the_pipeline_naming_it(
         EpochOutcome.COMMITTED)
     assert sorted(read_table_ids(backend)) == [0, 1, 10, 11, 20, 21, 30, 31]
 
-
-def test_a_format_3_table_is_refused_before_anything_is_decided(
-        backend: IcebergBackend) -> None:
-    """pyiceberg cannot write format 3 manifests: into a table Spark created with
-    'format-version' = '3' the commit failed after the decision ("Cannot write manifest
-    for table version: 3", tests/e2e/interop), the epoch stuck DECIDED. Refused at the
-    start and before the decision now, naming the format version. (pyiceberg cannot make
-    a format 3 table either: the table's metadata says 3 here.)"""
-    from types import SimpleNamespace
-
-    table = SimpleNamespace(metadata=SimpleNamespace(format_version=3))
-    with pytest.raises(ConfigError, match="format version 3") as refused:
-        backend.refuse_format(table)
-    assert refused.value.field == "table"
-    backend.refuse_format(backend._load() or SimpleNamespace(
-        metadata=SimpleNamespace(format_version=2)))
