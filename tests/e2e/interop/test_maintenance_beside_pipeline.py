@@ -11,6 +11,7 @@ naming it, and writes nothing."""
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -113,8 +114,10 @@ def test_iceberg_rewrite_expire_orphans_rollback_beside_txsink(lake: Lake, tmp_p
         if orphans:
             # Iceberg refuses an interval under 24 hours ("may corrupt the table if other
             # operations are happening"): its own guard for a running writer.
+            day_ago = (datetime.datetime.now(datetime.timezone.utc)
+                       - datetime.timedelta(days=1, minutes=1)).strftime("%Y-%m-%d %H:%M:%S")
             lake.sql(f"CALL {catalog}.system.remove_orphan_files(table => '{ident}', "
-                     "older_than => current_timestamp() - INTERVAL 1 DAY)")
+                     f"older_than => TIMESTAMP '{day_ago}')")
 
     round_()
     first = pyiceberg_rows(opts)
