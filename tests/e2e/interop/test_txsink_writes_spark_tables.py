@@ -87,7 +87,7 @@ ICEBERG = [
 def _create_with_builder(lake: Lake, table: str, path: Path, extra: str) -> None:
     session = lake.spark._jsparkSession
     delta = lake.spark._jvm.io.delta.tables.DeltaTable
-    builder = delta.create(session).tableName(table).location(str(path))
+    builder = delta.create(session).tableName(table.split(".", 1)[1]).location(str(path))
     for name, kind in (("id", "BIGINT"), ("key", "INT"), ("amount", "BIGINT"),
                        ("at", "TIMESTAMP")):
         builder = builder.addColumn(name, kind)
