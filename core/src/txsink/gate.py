@@ -175,7 +175,8 @@ class Gate:
 
     # -- identity: batch writes -------------------------------------------------------------
 
-    def start_batch(self, holder_alive: Callable[[str], bool | None] | None = None) -> None:
+    def start_batch(self, holder_alive: Callable[[str], bool | None] | None = None, *,
+                    write: WriteId | None = None, query_id: str | None = None) -> None:
         """A batch write's run: refused on a state a stream writes through (before the
         lease, which would fence the stream's driver), then recovery.
 
@@ -183,13 +184,15 @@ class Gate:
         (True, False, None: cannot tell). Given, a write from another driver than a
         stream's that writes the state through ``foreachBatch`` grouped writes (and so
         takes no stream binding) is refused too while that stream runs: taking the lease
-        would stop it (:meth:`_refuse_beside_running_stream`)."""
+        would stop it (:meth:`_refuse_beside_running_stream`). ``write`` and ``query_id``:
+        this write's identity and driving stream, when known: the stream's own writes,
+        from a driver that took its place, are never refused."""
         if holder_alive is not None:
-            self._refuse_beside_running_stream(holder_alive)
+            self._refuse_beside_running_stream(holder_alive, write, query_id)
         self.coordinator.start(recover=True, batch=True)
 
-    def _refuse_beside_running_stream(self, holder_alive: Callable[[str], bool | None]
-                                      ) -> None:
+    def _refuse_beside_running_stream(self, holder_alive: Callable[[str], bool | None],
+                                      write: WriteId | None, query_id: str | None) -> None:
         c = self.coordinator
         info = c.store.lease_info()
         holder = str(info.get("owner") or "")
@@ -204,6 +207,12 @@ class Gate:
         if newest is None:
             return  # the holder writes no stream's batches (two batch jobs at once)
         assert newest.write is not None
+        if (write is not None and write.app_id == newest.write.app_id) or (
+                query_id is not None and query_id == newest.write.query_id):
+            # The stream's own writes, from a driver that took its place (a restart on
+            # another host): it takes the lease, as any newer run of a query does. A
+            # replaced checkpoint with the same app id is refused by the version check.
+            return
         age = time.time() - (newest.committed_at or newest.decided_at)
         if alive is None and age > STREAM_QUIET_S:
             log.warning("sink=%s: the lease is held by %s, which wrote batches of the "
@@ -247,7 +256,12 @@ class Gate:
         source learns it only from its tasks: its skip is confirmed at commit,
         :meth:`committed_before`)."""
         c = self.coordinator
-        self.start_batch(holder_alive)
+        if write is not None and query_known:
+            # Another writer's versions of this app id: refused before the lease is
+            # taken (which would stop that writer) and before anything is written.
+            c.check_write_query(dataclasses.replace(write, query_id=query_id))
+        self.start_batch(holder_alive, write=write,
+                         query_id=query_id if query_known else None)
         if write is not None:
             self._refuse_behind_targets(write)
         if write is not None and c.committed_write(write) is not None:
