@@ -116,6 +116,28 @@ class Backend(abc.ABC):
         makes them durable and records what a commit checks (names, sizes)."""
         raise NotImplementedError(f"backend {self.name!r} has no native data path")
 
+    def committables_for_directory(self, ctx: TransactionContext,
+                                   dirname: str) -> list[Committable]:
+        """The participants Spark's own writer prepared for ``ctx`` (the native data path):
+        what :meth:`committable_for_directory` returns, for a backend whose every file
+        Spark wrote is a participant of its own (S3: one pending multipart upload per
+        task, named like the task's participant of txsink's own writer). Empty when the
+        tasks wrote no rows. Default: ``[committable_for_directory(ctx, dirname)]``."""
+        return [self.committable_for_directory(ctx, dirname)]
+
+    def native_session_conf(self, spark: Any) -> dict[str, str]:
+        """Spark SQL settings the native data path sets on the session ``spark`` around
+        this target's write, and restores afterwards (S3: the commit protocol that leaves
+        Spark's uploads pending). Checks the session first and raises
+        :class:`~txsink.errors.ConfigError`, before anything is written, when it cannot
+        write the target (a jar or a filesystem missing). Default: none."""
+        return {}
+
+    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:  # noqa: B027
+        """Delete what Spark's writer staged for participant ``ctx`` in ``dirname`` before
+        it became a participant (the write failed, or the gate refused what it found):
+        no committable names it yet. Default: nothing to delete."""
+
     @classmethod
     def check_guarantee(cls, guarantee: DeliveryGuarantee) -> None:
         """Raise :class:`~txsink.errors.ConfigError` if ``guarantee`` is not offered."""
@@ -351,9 +373,21 @@ class Backend(abc.ABC):
         Asked by ``txsink resolve --abort --force`` before it gives up a decided epoch:
         a participant already committed stays visible whatever txsink does, so the
         resolve keeps it (and a replay of the epoch does not write its partition again)
-        and says so. None when the system cannot tell. Default: None.
+        and says so. None when the system cannot tell (a participant committed in part
+        answers None too). Default: None.
         """
         return None
+
+    def take_back(self, committable: Committable) -> bool:
+        """Roll back a decided participant that ``is_committed`` did not show committed,
+        for ``txsink resolve --abort --force``; True if nothing of it stays visible.
+
+        A commit stopped part way may have made some of a participant visible (a native
+        participant's files, published one by one): a backend that can undo that does
+        it here. Never called for a participant an epoch still commits. Default:
+        :meth:`abort`, then whether the target now shows nothing of it."""
+        self.abort(committable)
+        return self.is_committed(committable) is False
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every prepared (not committed, not aborted) participant of ``sink_id``.
