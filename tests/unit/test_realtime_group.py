@@ -529,3 +529,27 @@ def test_a_group_targets_identity_refusals_name_the_target() -> None:
                                   {"in": "id-2"}, None, field="x") is None
     assert start_identity_refusal("g--events", {SP("in", 0): StoredPosition(NOTHING, "id-1")},
                                   {"topic": "out"}, {"in": "id-2"}, None, field="x") is None
+
+
+@pytest.mark.parametrize(("target", "option", "value"), [
+    (PG, "progress_table", "public.other_progress"),
+    (KAFKA, "progress.topic", "other-progress"),
+])
+def test_a_target_given_another_progress_store_on_its_checkpoint_is_refused(
+        target: dict[str, Any], option: str, value: str) -> None:
+    """The same table or topic with another progress table or topic: its positions are
+    in the old one, so under the new one every replayed record would be written again
+    (a sink id's progress store is part of where it writes)."""
+    name = target["name"]
+    before = realtime_specs("g", parse_pipeline(group(target)).sink.targets)
+    moved = other(target, options={**target["options"], option: value})
+    after = realtime_specs("g", parse_pipeline(group(moved)).sink.targets)
+    record = read_members(members_record("g", {name: target["backend"]}, before))
+    refusal, _ = start_refusal("g", {name: target["backend"]}, after, {name: {}}, record,
+                               StartPoint(False, False), prefix="sink.targets")
+    assert refusal is not None
+    assert refusal.field == f"sink.targets[{name}].options.{option}"
+    assert "positions are in the old progress store" in str(refusal)
+    same = start_refusal("g", {name: target["backend"]}, before, {name: {}}, record,
+                         StartPoint(False, False), prefix="sink.targets")
+    assert same == (None, [])

@@ -151,8 +151,8 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
     def destination(self) -> dict[str, str]:
         # The topic, not the bootstrap servers: another list of brokers of the same
         # cluster is a legitimate change (as the micro-batch target's destination). The
-        # positions themselves live on the cluster they belong to (its progress topic).
-        return {"topic": self.topic}
+        # progress topic too: under another one the target's positions are gone.
+        return {"topic": self.topic, "progress.topic": self.progress_topic}
 
     def place(self) -> str:
         return f"kafka topic {self.topic}"

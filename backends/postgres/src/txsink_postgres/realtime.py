@@ -115,8 +115,10 @@ class PostgresRealtimeSpec(RealtimeTargetSpec):
     def destination(self) -> dict[str, str]:
         # The database and the table, not host or port: a failover promotes a standby
         # under another address (as the micro-batch target's destination). The database
-        # is the server's own name for it once prepare() connected.
-        return {"database": self._database(), "table": str(self.table)}
+        # is the server's own name for it once prepare() connected. The progress table
+        # too: under another one the target's positions are gone.
+        return {"database": self._database(), "table": str(self.table),
+                "progress_table": str(self.progress)}
 
     def place(self) -> str:
         return f"postgres database {self._database()} table {self.table}"

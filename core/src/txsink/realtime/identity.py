@@ -29,6 +29,9 @@ from txsink.targets import SEPARATOR, moved_target
 _MOVED_WHY = ("A real-time sink's stored positions belong to the place its rows went: in "
               "a new place they would skip every record the old place holds, and the new "
               "place would never receive them. ")
+_PROGRESS_WHY = ("The target's positions are in the old progress store: under the new "
+                 "one it holds none, and every record Spark replays would be written "
+                 "again. ")
 _MOVED_REMEDY = ("Put {option} back as it was, or write the new place under another "
                  "sink_id; nothing was written")
 
@@ -75,6 +78,8 @@ def moved_refusal(sink_id: str, stored: Mapping[str, str], now: Mapping[str, str
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     if not changed:
         return None
+    if all(k.startswith("progress") for k in changed):
+        why = _PROGRESS_WHY  # the place is the same; its positions are elsewhere
     return moved_target({"destination": before}, sink_id, after, sink_id, field=field,
                         recorder=recorder, why=why or _MOVED_WHY,
                         remedy=(remedy or _MOVED_REMEDY).format(option=changed[0]))

@@ -367,8 +367,19 @@ class PositionWriter:
             session.target.abort()
         finally:
             session.target.close()
+        known = session.stored
         session.target, session.stored = self._claim(source)
         session.kept = False
+        if session.stored < known:
+            # Positions only move forward, unless deleted (txsink reset, by hand) while
+            # this session was idle: the run that kept it is the one being reset. Going
+            # on would write into the new start what the reset meant to keep out.
+            session.target.close()
+            raise FencedError(
+                f"source partition {source}: the target held offset {known} when this "
+                f"session was kept and holds {session.stored} now: its positions were "
+                "deleted (txsink reset) while it was idle; this writer stops without "
+                "writing")
         keep = [i for i, o in enumerate(session.pending_offsets) if o > session.stored]
         self.stats.skipped += len(session.pending) - len(keep)
         session.pending = [session.pending[i] for i in keep]
