@@ -206,3 +206,33 @@ def test_the_start_over_runbook_with_txsink_reset_lands_every_row_once(
     again.close()
     assert ids(pg_server, table_name) == [*range(10), 99]
     assert again.stats.skipped == 1
+
+
+def test_delete_positions_from_python_for_a_group_and_one_source_topic(
+        pg_server: PgServer, table_name: str) -> None:
+    """``txsink.spark.realtime.delete_positions`` (docs/realtime.md, for Python users):
+    every target of a group, only the source topic named."""
+    import txsink.spark as ts
+    from txsink.realtime import GroupWriter
+    from txsink.spark.realtime import delete_positions
+
+    other = f"public.o_{uuid.uuid4().hex[:8]}"
+    with pg_server.connect() as conn:
+        conn.execute(f"CREATE TABLE {other} (LIKE {table_name})")
+    secret = {"password": pg_server.password} if pg_server.password else {}
+    group = ts.targets(f"rtg-{uuid.uuid4().hex[:6]}", [
+        ts.target("a", "postgres", dsn=pg_server.dsn, table=table_name, **secret),
+        ts.target("b", "postgres", dsn=pg_server.dsn, table=other, **secret)],
+        realtime=True)
+    specs = {n: spec(pg_server, t, f"{group.sink_id}--{n}")
+             for n, t in (("a", table_name), ("b", other))}
+    w = GroupWriter(dict(specs), commit_interval_s=0.0)
+    w.add(SourcePartition("orders", 0), 5, {"a": row(1), "b": row(1)})
+    w.add(SourcePartition("audit", 0), 2, {"a": row(2), "b": row(2)})
+    w.close()
+    lines = delete_positions(targets=group, source_topics=["orders"])
+    assert sorted(lines) == [
+        "target a: orders-0: offset 5 (row deleted from public.txsink_progress)",
+        "target b: orders-0: offset 5 (row deleted from public.txsink_progress)"]
+    for target in specs.values():
+        assert target.stored_positions() == {SourcePartition("audit", 0): 2}
