@@ -396,7 +396,6 @@ class Reads(SourceTopics):
     (Reads("b:9092", assign=["out"]), True),  # assign naming it
     (Reads("b:9092", subscribe=["in"]), False),
     (Reads("other:9092", subscribe=["out"]), False),  # another cluster
-    (Reads("other:9092", subscribe=["out"], cluster="c-1"), False),
 ])
 def test_a_kafka_target_knows_when_it_would_feed_the_topic_the_query_reads(
         source: Reads, loops: bool) -> None:

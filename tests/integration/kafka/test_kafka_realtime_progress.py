@@ -366,3 +366,18 @@ def test_the_start_over_runbook_with_txsink_reset_lands_every_record_once(
     assert values(kafka_broker, topic) == list(range(10))
     assert main(["status", str(file)]) == 0
     assert f"{SRC}: offset 9" in capsys.readouterr().out
+
+
+def test_a_target_feeds_a_source_of_its_cluster_under_other_broker_names(
+        kafka_broker: Broker, topic: str) -> None:
+    """Bootstrap lists that share no broker name may still reach one cluster: the
+    feedback check then compares cluster ids (the source's, as Spark's client reads it)."""
+    from tests.unit.test_realtime_group import Reads
+
+    spec = make_spec(kafka_broker, topic, progress())
+    cluster = spec.cluster_id()
+    assert cluster
+    assert spec.feeds(Reads("broker-b.example:9092", subscribe=[topic], cluster=cluster))
+    assert not spec.feeds(Reads("broker-b.example:9092", subscribe=[topic],
+                                cluster="another-cluster"))
+    assert not spec.feeds(Reads("broker-b.example:9092", subscribe=[topic]))  # unknown
