@@ -124,7 +124,7 @@ def status(cfg: PipelineConfig, as_json: bool, plugins: Plugins) -> int:
                           "targets" if cfg.sink.targets else "target":
                               report if cfg.sink.targets else report[""],
                           "recorded_targets": None if members is None
-                          else sorted(members["targets"])}, indent=1))
+                          else sorted(n for n in members["targets"] if n)}, indent=1))
         return 0
     what = (f"a group of {len(specs)} targets, each exactly once by its own stored positions"
             if cfg.sink.targets else "exactly once by stored source positions")
