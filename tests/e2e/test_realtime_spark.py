@@ -500,7 +500,7 @@ def test_a_kafka_target_writing_a_topic_the_query_reads_is_refused_in_every_form
     with pytest.raises(ConfigError) as info:
         start()
     field = "options.topic" if shape == "single" else "targets[echo].options.topic"
-    assert info.value.field == field and "which the query reads" in str(info.value)
+    assert info.value.field == field and "the topic the query reads" in str(info.value)
     assert "without end" in str(info.value) and "\n" not in str(info.value)
     assert spark.streams.active == [] and not (tmp_path / "chk").exists()
     from confluent_kafka.admin import AdminClient

@@ -746,8 +746,8 @@ def _check_no_feedback(source: SourceTopics, plan: _Plan, sink_id: str) -> None:
     for name, spec in plan.built.items():
         if spec.feeds(source):
             where = f"{options_field(plan.prefix, name)}.topic"
-            raise ConfigError(f"{where}: the target writes {spec.place()}, which the query "
-                              f"reads ({source.describe()}): every record it writes would "
+            raise ConfigError(f"{where}: the target writes {spec.place()}, the topic the "
+                              f"query reads ({source.describe()}): every record it writes would "
                               "be read again and written again, without end; write another "
                               "topic, or read without it", field=where, sink_id=sink_id)
 
