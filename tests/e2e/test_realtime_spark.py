@@ -655,3 +655,49 @@ def test_renamed_position_columns_status_while_held_and_a_reused_sink_id(
             f"{other_db!r}") in str(info.value)
     assert spark.streams.active == []
     assert table_ids(pg, copy) == [] and table_ids(pg, table, other_dsn) == []
+
+
+@long_run
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_source_topic_deleted_under_a_running_query_stops_it_and_the_restart_is_refused(
+        spark: Any, bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path,
+        fail_on_data_loss: str) -> None:
+    """docs/realtime.md: a query running while its topic is deleted fails on its own
+    (Spark's Kafka source, whatever ``failOnDataLoss`` says); the restart on the topic
+    recreated under the same name is refused before anything moves."""
+    from txsink.spark.realtime import start_realtime
+
+    src = f"rt-src-{uuid.uuid4().hex[:6]}"
+    kt.create_topic(bootstrap, src, partitions=2)
+    table = pg_table(pg)
+
+    def start() -> Any:
+        df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", src).option("startingOffsets", "earliest")
+              .option("failOnDataLoss", fail_on_data_loss).load()
+              .selectExpr("CAST(CAST(value AS STRING) AS BIGINT) AS id",
+                          "CAST(key AS STRING) AS k", "topic", "partition", "offset"))
+        return start_realtime(df, sink_id=f"rt-del-{fail_on_data_loss}", backend="postgres",
+                              options={"dsn": pg.dsn, "password": pg.password,
+                                       "table": table},
+                              checkpoint_location=str(tmp_path / "chk"))
+
+    produce(bootstrap, src, range(20))
+    query = start()
+    try:
+        wait_for("first rows", lambda: len(table_ids(pg, table)), 20)
+        recreate(bootstrap, src)
+        produce(bootstrap, src, range(100, 110))
+        deadline = time.monotonic() + 120
+        while query.isActive:
+            assert time.monotonic() < deadline, "the query went on reading a deleted topic"
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    # Measured (PySpark 4.3, connector 4.2.0): UnknownTopicOrPartitionException while the
+    # topic is gone, OffsetOutOfRangeException once it is back with fewer records.
+    error = str(query.exception())
+    assert "UnknownTopicOrPartition" in error or "OffsetOutOfRange" in error, error
+    with pytest.raises(ConfigError, match=f"source topic {src!r} is not the topic whose"):
+        start()
+    assert table_ids(pg, table) == list(range(20))
