@@ -281,7 +281,8 @@ def test_explode_with_kept_producers_keeps_each_records_rows_together_once(
         spec.claims_file = str(claims)
         spec.prepare()
         return (df.writeStream.outputMode("update")
-                .foreach(rt.RealtimeForeachWriter(spec, rt.POSITION_COLUMNS, 0.1, "many"))
+                .foreach(rt.RealtimeForeachWriter([("", spec, None)], rt.POSITION_COLUMNS,
+                                                  0.1, "many", spec.sink_id))
                 .option("checkpointLocation", str(tmp_path / chk))
                 .trigger(realTime="1 second").start())
 
