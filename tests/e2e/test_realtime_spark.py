@@ -332,11 +332,14 @@ def test_a_source_other_than_kafka_is_refused(spark: Any, tmp_path: Path) -> Non
 
 
 def topic_id(bootstrap: str, topic: str) -> str:
+    """The topic's id as Kafka's Java client spells it (URL-safe base64; librdkafka
+    writes standard base64), which is how the driver records it."""
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    return str(admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id)
+    text = str(admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id)
+    return text.rstrip("=").replace("+", "-").replace("/", "_")
 
 
 def recreate(bootstrap: str, topic: str, partitions: int = 2) -> None:

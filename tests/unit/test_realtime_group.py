@@ -552,3 +552,18 @@ def test_a_target_given_another_progress_store_on_its_checkpoint_is_refused(
     same = start_refusal("g", {name: target["backend"]}, before, {name: {}}, record,
                          StartPoint(False, False), prefix="sink.targets")
     assert same == (None, [])
+
+
+def test_one_topic_id_in_either_base64_alphabet_is_one_id() -> None:
+    """Kafka's Java client (the driver) writes topic ids in URL-safe base64, librdkafka
+    in standard base64: a position recorded in one spelling is the same topic in the
+    other, and a different id is still different."""
+    from txsink.realtime import StoredPosition
+    from txsink.realtime.identity import claim_refusal, same_topic_id
+
+    assert same_topic_id("7nBAHv_FT1miS5e2zkE20A", "7nBAHv/FT1miS5e2zkE20A")
+    assert same_topic_id("a-b_c", "a+b/c==")
+    assert not same_topic_id("7nBAHv_FT1miS5e2zkE20A", "7nBAHv_FT1miS5e2zkE20B")
+    stored = StoredPosition(9, "7nBAHv_FT1miS5e2zkE20A", {"topic": "out"})
+    assert claim_refusal("s", {"topic": "out"}, SP("in", 0, "7nBAHv/FT1miS5e2zkE20A"),
+                         stored) is None

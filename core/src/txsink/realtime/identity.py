@@ -45,6 +45,15 @@ def _resetting(topic: str) -> str:
             "nothing was written")
 
 
+def same_topic_id(first: str, second: str) -> bool:
+    """Whether two spellings of a Kafka topic id are one id: Kafka's Java client writes
+    them in URL-safe base64 (``-``, ``_``), librdkafka in standard base64 (``+``, ``/``)."""
+    def canonical(text: str) -> str:
+        return text.strip().rstrip("=").replace("+", "-").replace("/", "_")
+
+    return canonical(first) == canonical(second)
+
+
 def topic_refusal(sink_id: str, source: SourcePartition, stored: StoredPosition,
                   now_id: str, *, field: str = "source") -> ConfigError:
     """The refusal for a position counted in another topic than the one read now."""
@@ -104,7 +113,8 @@ def claim_refusal(sink_id: str, destination: Mapping[str, str] | None,
         if refusal is not None:
             return refusal
     if (source.topic_id is not None and stored.topic_id is not None
-            and stored.topic_id != source.topic_id and stored.offset != NOTHING):
+            and not same_topic_id(stored.topic_id, source.topic_id)
+            and stored.offset != NOTHING):
         return topic_refusal(sink_id, source, stored, source.topic_id)
     return None
 
@@ -132,7 +142,7 @@ def start_identity_refusal(sink_id: str, stored: Mapping[SourcePartition, Stored
         if now_id is None or position.offset == NOTHING:
             continue  # not read by this query, or nothing counted yet
         if position.topic_id is not None:
-            if position.topic_id != now_id:
+            if not same_topic_id(position.topic_id, now_id):
                 return topic_refusal(sink_id, source, position, now_id)
             continue
         if ends is None:
@@ -145,5 +155,5 @@ def start_identity_refusal(sink_id: str, stored: Mapping[SourcePartition, Stored
     return None
 
 
-__all__ = ["beyond_end_refusal", "claim_refusal", "moved_refusal", "start_identity_refusal",
-           "topic_refusal"]
+__all__ = ["beyond_end_refusal", "claim_refusal", "moved_refusal", "same_topic_id",
+           "start_identity_refusal", "topic_refusal"]
