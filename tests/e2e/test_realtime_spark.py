@@ -512,6 +512,54 @@ def test_a_kafka_target_writing_a_topic_the_query_reads_is_refused_in_every_form
         timeout=10).topics
 
 
+@pytest.mark.parametrize("how", ["subscribe", "subscribePattern", "assign",
+                                 "subscribe-through-an-alias"])
+@pytest.mark.parametrize("shape", ["single", "group", "native-group"])
+def test_a_micro_batch_kafka_target_writing_a_topic_the_query_reads_is_refused(
+        spark: Any, bootstrap: str, tmp_path: Path, how: str, shape: str) -> None:
+    """The same loop in micro-batches (issue 39 item 17 on the other paths): a stream
+    whose Kafka target writes a topic its Kafka source reads (any of the source's three
+    forms, through any name of the broker) fed itself without end. Refused by the gate
+    before the query starts: the data source (a single sink, a group) and the native
+    path (a group with a Parquet files target beside the Kafka one)."""
+    import txsink.spark as ts
+    from txsink.spark.group import TargetSet
+    from txsink.targets import TargetSpec
+
+    tag = uuid.uuid4().hex[:6]
+    src, out = f"mb-loop-{tag}-in", f"mb-loop-{tag}-out"
+    kt.create_topic(bootstrap, src)
+    kt.create_topic(bootstrap, out)
+    reader = spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+    if how == "subscribe":
+        reader = reader.option("subscribe", f"{src},{out}")
+    elif how == "subscribe-through-an-alias":
+        reader = reader.option("kafka.bootstrap.servers",
+                               bootstrap.replace("127.0.0.1", "localhost")).option(
+                                   "subscribe", out)
+    elif how == "subscribePattern":
+        reader = reader.option("subscribePattern", f"mb-loop-{tag}-.*")
+    else:
+        reader = reader.option("assign", json.dumps({out: [0]}))
+    df = reader.load().selectExpr("key", "value")
+    options = {"topic": out, "kafka.bootstrap.servers": bootstrap}
+    if shape == "single":
+        sink = TargetSet(f"mb-{tag}", [TargetSpec(f"mb-{tag}", "kafka", options)],
+                         checkpoint_location=str(tmp_path / "chk"), single=True)
+        field = "sink.options.topic"
+    else:
+        items = [ts.target("echo", "kafka", **options)]
+        if shape == "native-group":
+            items.append(ts.target("copy", "files", path=str(tmp_path / "copy")))
+        sink = ts.targets(f"mb-{tag}", items, checkpoint_location=str(tmp_path / "chk"))
+        field = "targets[echo].options.topic"
+    with pytest.raises(ConfigError) as info:
+        sink.write_stream(df)
+    assert info.value.field == field and "a topic the query reads" in str(info.value)
+    assert "without end" in str(info.value) and "\n" not in str(info.value)
+    assert spark.streams.active == [] and not (tmp_path / "chk").exists()
+
+
 def test_kafka_headers_of_another_type_are_refused_before_the_query_starts(
         spark: Any, bootstrap: str, tmp_path: Path) -> None:
     from txsink.spark.realtime import start_realtime

@@ -49,11 +49,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome, record_prepared
 from txsink.coordinator.identity import STREAM, kept
-from txsink.errors import StateError
+from txsink.errors import ConfigError, StateError
 from txsink.group import TargetGroup, write_group
 from txsink.model import Committable
+from txsink.realtime.source import SourceTopics
 from txsink.state import EpochRecord, EpochState, WriteId
 
 log = logging.getLogger(__name__)
@@ -364,4 +366,23 @@ class Gate:
         return record
 
 
-__all__ = ["DRIVER_ATTEMPT", "Gate", "Opened"]
+def refuse_feedback(backend: Backend, sink_id: str, source: SourceTopics, *,
+                    field: str = "sink") -> None:
+    """Identity of the source: refuse a stream whose target writes a topic the stream
+    reads (``subscribe``, a ``subscribePattern`` matching it, an ``assign`` naming it, on
+    the same brokers): every record it writes would be read and written again, without
+    end. Real-time Mode makes the same judgement (``RealtimeTargetSpec.feeds``)."""
+    feeding = (backend.feeding(source) if isinstance(backend, TargetGroup)
+               else [sink_id] if backend.feeds(source) else [])
+    if not feeding:
+        return
+    where = (f"targets[{feeding[0]}].options.topic" if isinstance(backend, TargetGroup)
+             else f"{field}.options.topic")
+    raise ConfigError(
+        f"{where}: sink {sink_id!r} writes a topic the query reads ({source.describe()}): "
+        "every record it writes would be read again and written again, without end. "
+        "Nothing was written. Write another topic, or read without it", field=where,
+        sink_id=sink_id)
+
+
+__all__ = ["DRIVER_ATTEMPT", "Gate", "Opened", "refuse_feedback"]
