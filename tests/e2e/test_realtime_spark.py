@@ -555,7 +555,7 @@ def test_a_micro_batch_kafka_target_writing_a_topic_the_query_reads_is_refused(
         field = "targets[echo].options.topic"
     with pytest.raises(ConfigError) as info:
         sink.write_stream(df)
-    assert info.value.field == field and "a topic the query reads" in str(info.value)
+    assert info.value.field == field and "the topic the query reads" in str(info.value)
     assert "without end" in str(info.value) and "\n" not in str(info.value)
     assert spark.streams.active == [] and not (tmp_path / "chk").exists()
 

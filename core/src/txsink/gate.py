@@ -36,9 +36,11 @@ non-local ``fs.defaultFS``) are refused, never committed in part.
 participant (:meth:`Gate.with_empty_participants`), so every target records every epoch
 and the consistent cut passes it.
 
-Real-time Mode has no epochs: its targets keep source positions. Its identity checks
-(the target a sink id writes, the source topic's identity) are the ones
-:mod:`txsink.targets` and the backends provide to every path.
+Real-time Mode has no epochs: its targets keep source positions in the transactions
+that write the rows. Its adapter asks the gate for identity all the same: whether the
+stored positions are this run's (:func:`position_refusal`: the source topic by its id,
+the destination by the check micro-batch sinks use), and, for every stream path,
+whether a target writes a topic the stream reads (:func:`feedback_refusal`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from txsink.backend import Backend
@@ -55,6 +57,7 @@ from txsink.coordinator.identity import STREAM, kept
 from txsink.errors import ConfigError, StateError
 from txsink.group import TargetGroup, write_group
 from txsink.model import Committable
+from txsink.realtime.positions import SourcePartition, StoredPosition
 from txsink.realtime.source import SourceTopics
 from txsink.state import EpochRecord, EpochState, WriteId
 
@@ -366,23 +369,52 @@ class Gate:
         return record
 
 
+def feedback_refusal(source: SourceTopics, feeding: Sequence[tuple[str, str]], *,
+                     sink_id: str) -> ConfigError | None:
+    """Identity of the source, for every stream path (micro-batch and Real-time Mode):
+    the refusal of a target that writes a topic the stream reads (``subscribe``, a
+    ``subscribePattern`` matching it, an ``assign`` naming it, on the same brokers):
+    every record it writes would be read and written again, without end. ``feeding``:
+    (option field, place) of each such target, as its path judged it (``Backend.feeds``,
+    ``RealtimeTargetSpec.feeds``); ``None`` when there is none."""
+    if not feeding:
+        return None
+    where, place = feeding[0]
+    return ConfigError(
+        f"{where}: the target writes {place}, the topic the query reads "
+        f"({source.describe()}): every record it writes would be read again and written "
+        "again, without end; nothing was written. Write another topic, or read without it",
+        field=where, sink_id=sink_id)
+
+
 def refuse_feedback(backend: Backend, sink_id: str, source: SourceTopics, *,
                     field: str = "sink") -> None:
-    """Identity of the source: refuse a stream whose target writes a topic the stream
-    reads (``subscribe``, a ``subscribePattern`` matching it, an ``assign`` naming it, on
-    the same brokers): every record it writes would be read and written again, without
-    end. Real-time Mode makes the same judgement (``RealtimeTargetSpec.feeds``)."""
-    feeding = (backend.feeding(source) if isinstance(backend, TargetGroup)
-               else [sink_id] if backend.feeds(source) else [])
-    if not feeding:
-        return
-    where = (f"targets[{feeding[0]}].options.topic" if isinstance(backend, TargetGroup)
-             else f"{field}.options.topic")
-    raise ConfigError(
-        f"{where}: sink {sink_id!r} writes a topic the query reads ({source.describe()}): "
-        "every record it writes would be read again and written again, without end. "
-        "Nothing was written. Write another topic, or read without it", field=where,
-        sink_id=sink_id)
+    """:func:`feedback_refusal` for a micro-batch sink (one backend or a group)."""
+    if isinstance(backend, TargetGroup):
+        feeding = [(f"targets[{m.name}].options.topic", m.backend.describe())
+                   for m in backend.members.values() if m.backend.feeds(source)]
+    else:
+        feeding = ([(f"{field}.options.topic", backend.describe())]
+                   if backend.feeds(source) else [])
+    refusal = feedback_refusal(source, feeding, sink_id=sink_id)
+    if refusal is not None:
+        raise refusal
 
 
-__all__ = ["DRIVER_ATTEMPT", "Gate", "Opened", "refuse_feedback"]
+def position_refusal(sink_id: str, stored: Mapping[SourcePartition, StoredPosition],
+                     destination: Mapping[str, str], topic_ids: Mapping[str, str],
+                     ends: Callable[[str], Mapping[int, int]] | None, *,
+                     field: str) -> ConfigError | None:
+    """Identity in Real-time Mode, asked on the driver before any data moves: whether
+    the positions a real-time target stored are this run's (the same source topic, by
+    its id; the same destination, by :func:`txsink.targets.moved_target`, the check of
+    every micro-batch path). Each task's claim asks the same of the position it reads
+    (:func:`txsink.realtime.identity.claim_refusal`)."""
+    from txsink.realtime.identity import start_identity_refusal
+
+    return start_identity_refusal(sink_id, stored, destination, topic_ids, ends,
+                                  field=field)
+
+
+__all__ = ["DRIVER_ATTEMPT", "Gate", "Opened", "feedback_refusal", "position_refusal",
+           "refuse_feedback"]
