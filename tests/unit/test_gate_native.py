@@ -223,6 +223,37 @@ def test_a_backfill_from_another_driver_beside_a_grouped_stream_is_refused(
     assert ids(tmp_path / "a") == sorted([*expected(2), *range(50 * ROWS, 51 * ROWS)])
 
 
+def test_a_grouped_stream_restarted_on_another_host_is_not_refused_as_a_backfill(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream's driver died and the same query was started again at once on another
+    host (a new pod or container: another host name). Its first grouped write was refused
+    for ten minutes as "a batch write from this driver would ... stop that stream",
+    naming the dead driver as the stream's; so was the stream beside a notebook that had
+    run a backfill and was still open (the lease's holder, alive on this host). A write
+    the same streaming query drives is that stream: it takes the lease over."""
+    group = pair(tmp_path)
+    monkeypatch.setenv("TXSINK_OWNER", "driver-pod-a:jvm4242:1234567")
+    grouped(group, 0, "query-1")
+    monkeypatch.setenv("TXSINK_OWNER", "driver-pod-b:jvm77:7654321")  # restarted elsewhere
+    grouped(group, 1, "query-1")
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(2)
+    # The stream stopped (its pod is known gone); a notebook on this host ran a backfill
+    # and is still open when the stream starts again.
+    real = spark_group.owner_alive
+    monkeypatch.setattr(spark_group, "owner_alive",
+                        lambda o: False if o.startswith("driver-pod") else real(o))
+    monkeypatch.setenv("TXSINK_OWNER", _live_owner())
+    df = FakeFrame(rows_of(50))
+    with group.epoch(df.sparkSession) as tx:  # type: ignore[arg-type]
+        for name in group.names:
+            tx.write(df, name)  # type: ignore[arg-type]
+    monkeypatch.setattr(spark_group, "owner_alive", real)
+    monkeypatch.setenv("TXSINK_OWNER", "driver-pod-c:jvm78:7654399")
+    grouped(group, 2, "query-1")
+    want = sorted([*expected(3), *range(50 * ROWS, 51 * ROWS)])
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == want
+
+
 # -- the empty epoch ------------------------------------------------------------------------
 
 def test_an_epoch_without_rows_is_a_normal_epoch(tmp_path: Path) -> None:

@@ -175,7 +175,8 @@ class Gate:
 
     # -- identity: batch writes -------------------------------------------------------------
 
-    def start_batch(self, holder_alive: Callable[[str], bool | None] | None = None) -> None:
+    def start_batch(self, holder_alive: Callable[[str], bool | None] | None = None, *,
+                    query_id: str | None = None) -> None:
         """A batch write's run: refused on a state a stream writes through (before the
         lease, which would fence the stream's driver), then recovery.
 
@@ -183,13 +184,16 @@ class Gate:
         (True, False, None: cannot tell). Given, a write from another driver than a
         stream's that writes the state through ``foreachBatch`` grouped writes (and so
         takes no stream binding) is refused too while that stream runs: taking the lease
-        would stop it (:meth:`_refuse_beside_running_stream`)."""
+        would stop it (:meth:`_refuse_beside_running_stream`). ``query_id``: the
+        streaming query known to drive this write; that stream's own writes are never
+        refused (it was started again, on another host or beside whoever holds the
+        lease)."""
         if holder_alive is not None:
-            self._refuse_beside_running_stream(holder_alive)
+            self._refuse_beside_running_stream(holder_alive, query_id)
         self.coordinator.start(recover=True, batch=True)
 
-    def _refuse_beside_running_stream(self, holder_alive: Callable[[str], bool | None]
-                                      ) -> None:
+    def _refuse_beside_running_stream(self, holder_alive: Callable[[str], bool | None],
+                                      query_id: str | None = None) -> None:
         c = self.coordinator
         info = c.store.lease_info()
         holder = str(info.get("owner") or "")
@@ -204,6 +208,16 @@ class Gate:
         if newest is None:
             return  # the holder writes no stream's batches (two batch jobs at once)
         assert newest.write is not None
+        if query_id is not None and newest.write.query_id == query_id:
+            # This write is that stream's: started again (its driver died, possibly on
+            # another host) while the lease still names the old driver, or a batch job
+            # that ran while it was stopped. It takes the lease over; a run of it still
+            # going elsewhere is fenced at its next step (two runs of one query).
+            if alive:
+                log.warning("sink=%s: the streaming query %s runs again from the driver "
+                            "%s; the lease holder %s still runs and is fenced at its next "
+                            "write", self.sink_id, query_id, c.owner, holder)
+            return
         age = time.time() - (newest.committed_at or newest.decided_at)
         if alive is None and age > STREAM_QUIET_S:
             log.warning("sink=%s: the lease is held by %s, which wrote batches of the "
@@ -247,7 +261,7 @@ class Gate:
         source learns it only from its tasks: its skip is confirmed at commit,
         :meth:`committed_before`)."""
         c = self.coordinator
-        self.start_batch(holder_alive)
+        self.start_batch(holder_alive, query_id=query_id if query_known else None)
         if write is not None:
             self._refuse_behind_targets(write)
         if write is not None and c.committed_write(write) is not None:
