@@ -102,12 +102,13 @@ class Gate:
 
         ``legacy_app_id``: the app id under which an earlier release wrote this stream's
         batches as versioned batch writes (reserved epochs, version = batch id); a batch
-        whose version it committed is a replay of it.
+        whose version it committed is a replay of it. Versions no stream drove (batch
+        jobs' ``version=N``, a backfill) are no stream's batches: the stream goes on.
         """
         c = self.coordinator
         self.start_stream(query_id)
         epoch = c.stream_epoch(batch_id)
-        if legacy_app_id is not None:
+        if legacy_app_id is not None and c.write_query(legacy_app_id) is not None:
             write = WriteId(legacy_app_id, batch_id, query_id)
             if c.committed_write(write) is not None:
                 c.check_write_query(write)  # another query's versions: refused
