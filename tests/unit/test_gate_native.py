@@ -163,6 +163,24 @@ def test_grouped_writes_on_a_restored_state_are_refused_not_written_twice(
     assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(3)
 
 
+def test_grouped_writes_on_a_state_restored_from_before_their_first_version_are_refused(
+        tmp_path: Path) -> None:
+    """Item 2 again, with the copy of the state taken before the app id's first version
+    (after an unversioned backfill): the refusal asked for the app id's history, found
+    none, and Spark's replays of batches 0 and 1 were written a second time."""
+    group = pair(tmp_path, checkpoint=True)
+    group.write(FakeFrame(rows_of(100)))  # type: ignore[arg-type]
+    shutil.copytree(tmp_path / "chk", tmp_path / "backup")
+    for b in range(2):
+        grouped(group, b, "query-1")
+    shutil.rmtree(tmp_path / "chk")
+    shutil.copytree(tmp_path / "backup", tmp_path / "chk")
+    with pytest.raises(StateError, match="restored from an older copy"):
+        grouped(group, 0, "query-1")  # Spark's replay
+    want = sorted([*range(100 * ROWS, 101 * ROWS), *expected(2)])
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == want
+
+
 def test_an_earlier_releases_native_stream_goes_on_without_writing_a_batch_twice(
         tmp_path: Path) -> None:
     """States of the release before the gate: its native stream wrote each batch as a

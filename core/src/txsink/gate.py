@@ -280,9 +280,15 @@ class Gate:
         be taken for a new write and its rows written twice: refused. (A micro-batch of
         a stream is recognised by its epoch number instead: :meth:`open_stream_batch`.)"""
         c = self.coordinator
-        if c.epochs.committed_version(write.app_id) < 0:
-            return  # this writer has no history in this state: nothing to replay
-        known, held = c.epochs.used_in_state(), c.epochs.held_by_targets()
+        known = c.epochs.used_in_state()
+        if known < 0:
+            # A state that used no epoch yet: a new query's (on a sink id its old owner
+            # released, whose epochs the targets hold); its writes are above them. A
+            # state that used some and knows fewer than the targets hold is older than
+            # them, whether or not it saw this app id (a copy taken before its first
+            # version knows none of them).
+            return
+        held = c.epochs.held_by_targets()
         if held <= known:
             return
         raise StateError(
