@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from txsink import cli, procfs
 from txsink.cut import consistent_cut
-from txsink.errors import CheckpointChangedError, StateError
+from txsink.errors import CheckpointChangedError, FencedError, StateError
 from txsink.faults import NATIVE_MID_PUBLISH, InjectedFault
 from txsink.files import backend as files_backend
 from txsink.files.backend import FilesBackend
@@ -144,6 +144,30 @@ def test_a_native_stream_restored_from_an_older_checkpoint_skips_what_the_target
         stream_batch(group, b, "query-1")
     for t in group.names if kind == "group" else ["a"]:
         assert ids(tmp_path / t) == expected(6), t
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_restored_checkpoint_of_a_group_whose_table_got_no_row_yet_skips_the_replays(
+        tmp_path: Path, kind: str) -> None:
+    """Held: a table target whose ``where`` matched nothing yet (no table, no log entry
+    for its empty epochs) still answers for them, so Spark's replays after a checkpoint
+    restored from an older copy are skipped in every target, not refused as a state
+    older than part of the group."""
+    table = ({"path": str(tmp_path / "d")} if kind == "delta"
+             else {"warehouse": str(tmp_path / "wh"), "table": "db.t"})
+    group = targets(SINK, [target("a", "files", path=str(tmp_path / "a")),
+                           target("d", kind, where="id < 0", **table)],
+                    checkpoint_location=str(tmp_path / "chk"))
+    stream_batch(group, 0, "query-1")
+    shutil.copytree(tmp_path / "chk", tmp_path / "backup")
+    for b in (1, 2):
+        stream_batch(group, b, "query-1")
+    shutil.rmtree(tmp_path / "chk")
+    shutil.copytree(tmp_path / "backup", tmp_path / "chk")
+    for b in (1, 2, 3):  # Spark replays 1 and 2, then goes on
+        stream_batch(group, b, "query-1")
+    assert ids(tmp_path / "a") == expected(4)
+    assert staged(tmp_path / "a") == []
 
 
 def test_grouped_writes_on_a_restored_state_are_refused_not_written_twice(
@@ -335,6 +359,44 @@ def test_a_grouped_stream_restarted_on_another_host_is_not_refused_as_a_backfill
     grouped(group, 2, "query-1")
     want = sorted([*expected(3), *range(50 * ROWS, 51 * ROWS)])
     assert ids(tmp_path / "a") == ids(tmp_path / "b") == want
+
+
+@pytest.mark.parametrize("skew_s", [-3600.0, 3600.0], ids=["behind", "ahead"])
+def test_a_backfill_beside_a_stream_on_another_host_with_a_skewed_clock_loses_no_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skew_s: float) -> None:
+    """Held: the ten-minute rule compares this host's clock with the stream's host's.
+    Behind it (the stream's last batch looks in the future) the backfill is refused; ahead
+    (it looks an hour old) the stream is taken for stopped, with a WARNING, and the
+    backfill writes; the stream's driver, fenced, stops at its next batch, which its
+    restart writes. Either way every row is written once."""
+    import time as real_time
+
+    from txsink import gate as gate_module
+
+    group = pair(tmp_path)
+    monkeypatch.setenv("TXSINK_OWNER", "driver-pod-a:jvm4242:1234567")
+    grouped(group, 0, "query-1")
+    monkeypatch.setenv("TXSINK_OWNER", _live_owner())  # a backfill on this host
+    clock = type("Clock", (), {"time": staticmethod(lambda: real_time.time() + skew_s)})
+    monkeypatch.setattr(gate_module, "time", clock)
+    df = FakeFrame(rows_of(50))
+    backfill = sorted(range(50 * ROWS, 51 * ROWS))
+    if skew_s < 0:
+        with pytest.raises(StateError, match="stop that stream"), \
+                group.epoch(df.sparkSession) as tx:  # type: ignore[arg-type]
+            tx.write(df, "a")  # type: ignore[arg-type]
+        backfill = []
+    else:
+        with group.epoch(df.sparkSession) as tx:  # type: ignore[arg-type]
+            for name in group.names:
+                tx.write(df, name)  # type: ignore[arg-type]
+    monkeypatch.setenv("TXSINK_OWNER", "driver-pod-a:jvm4242:1234567")
+    if skew_s > 0:
+        with pytest.raises(FencedError, match="taken over by a newer run"):
+            grouped(group, 1, "query-1")
+        monkeypatch.setenv("TXSINK_OWNER", "driver-pod-b:jvm77:7654321")  # restarted
+    grouped(group, 1, "query-1")
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == sorted([*expected(2), *backfill])
 
 
 # -- the empty epoch ------------------------------------------------------------------------
