@@ -480,10 +480,16 @@ class FilesBackend(Backend):
                 raise ConfigError(f"files backend: directory {self.base} belongs to sink "
                                   f"{owner!r}, not {sink_id!r}; nothing deleted", field="path",
                                   sink_id=sink_id)
-        finals = sorted(p for p in self.base.glob(f"part-*.{self.ext}") if p.is_file())
-        for path in finals:
-            path.unlink()
-        removed = [f"{len(finals)} file(s) part-*.{self.ext} in {self.base}"]
+        removed = []
+        # The files of every format: ``format`` may change between runs (to Parquet, for
+        # Spark's own writer), and files left in the other one were read again after a
+        # reset, beside the same rows written anew.
+        for ext in [self.ext, *(e for e in _EXT.values() if e != self.ext)]:
+            finals = sorted(p for p in self.base.glob(f"part-*.{ext}") if p.is_file())
+            for path in finals:
+                path.unlink()
+            if finals or ext == self.ext:
+                removed.append(f"{len(finals)} file(s) part-*.{ext} in {self.base}")
         if self._meta.exists():
             shutil.rmtree(self._meta)
             removed.append(f"{self._meta} (pending files and the owner record)")
