@@ -548,6 +548,42 @@ def test_a_forced_resolve_of_a_half_published_epoch_takes_its_files_back(
     assert ids(tmp_path / "a") == expected(2)
 
 
+def test_a_forced_resolve_of_a_group_epoch_keeps_the_table_and_takes_the_files_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Held: a group's epoch committed in its Delta target and half published in its
+    Parquet files target, given up by ``resolve --abort --force``: the table's rows stay
+    (said so), the published files are taken back, and Spark's replay writes the files
+    target only. Every row once in both."""
+    from deltalake import DeltaTable
+
+    group = targets(SINK, [target("d", "delta", path=str(tmp_path / "d")),
+                           target("a", "files", path=str(tmp_path / "a"))],
+                    state_location=str(tmp_path / "state"))
+
+    def table() -> list[int]:
+        return sorted(DeltaTable(str(tmp_path / "d")).to_pyarrow_table().column("id")
+                      .to_pylist())
+
+    monkeypatch.setenv("TXSINK_OWNER", "run-1")
+    stream_batch(group, 0, "query-1")
+    monkeypatch.setenv("TXSINK_FAULTS", f"{NATIVE_MID_PUBLISH}@1:raise")
+    with pytest.raises(InjectedFault):
+        stream_batch(group, 1, "query-1")
+    monkeypatch.delenv("TXSINK_FAULTS")
+    assert table() == expected(2) and len(ids(tmp_path / "a")) > ROWS
+    assert cli.main(["resolve", str(tmp_path / "state"), "--epoch", "1", "--abort",
+                     "--force"]) == 0
+    said = capsys.readouterr().out
+    assert f"({ROWS} row(s)) were committed already and stay visible" in said, said
+    assert f"{ROWS} row(s) dropped" in said, said
+    assert ids(tmp_path / "a") == expected(1)
+    monkeypatch.setenv("TXSINK_OWNER", "run-2")  # the query started again
+    for b in (1, 2):  # Spark replays batch 1, then goes on
+        stream_batch(group, b, "query-1")
+    assert ids(tmp_path / "a") == table() == expected(3)
+
+
 def test_a_participant_whose_files_are_all_published_is_committed(tmp_path: Path) -> None:
     """Item 6: ``is_committed`` answered False while the staging directory was still
     there, so a forced resolve took visible rows for dropped."""
