@@ -523,6 +523,32 @@ def test_staged_files_the_driver_cannot_link_are_refused_at_prepare(
     assert ids(tmp_path / "a") == expected(1)
 
 
+def test_a_staged_file_the_driver_cannot_link_is_refused_whichever_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 5, with only some of the executors' files out of the driver's reach (executors
+    as different users, or an NFS mount squashing some hosts' root): the link was tried on
+    the first staged file only; the epoch was decided, its commit stopped at the second
+    file, and every restart stopped there again, with the first file published."""
+    link = os.link
+    group = single(tmp_path)
+    stream_batch(group, 0, "query-1")
+
+    def second_protected(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if "staging" in str(src) and str(src).endswith(".parquet") and "part-00001" in str(src):
+            raise OSError(errno.EPERM, "Operation not permitted")
+        link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(files_backend.os, "link", second_protected)
+    with pytest.raises(StateError, match="protected_hardlinks"):
+        stream_batch(group, 1, "query-1")
+    store = DirectoryStateStore(tmp_path / "state")
+    assert store.states() == {0: EpochState.COMMITTED}
+    assert ids(tmp_path / "a") == expected(1) and staged(tmp_path / "a") == []
+    monkeypatch.setattr(files_backend.os, "link", link)
+    stream_batch(group, 1, "query-1")  # the batch again, once the files can be linked
+    assert ids(tmp_path / "a") == expected(2)
+
+
 # -- a forced resolve of a half-published epoch ----------------------------------------------
 
 def test_a_forced_resolve_of_a_half_published_epoch_takes_its_files_back(

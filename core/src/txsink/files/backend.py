@@ -642,14 +642,15 @@ class FilesBackend(Backend):
                 "sink took over and cleaned up this run's unrecorded files; nothing of "
                 "them is committed. Two runs of one query must never write at once",
                 sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant) from None
-        if files:
-            self._check_linkable(ctx, staged / files[0]["name"])
+        for f in files:  # each: tasks on other hosts may have written as other users
+            self._check_linkable(ctx, staged / f["name"])
         return self._staged_committable(ctx, dirname, files)
 
     def _check_linkable(self, ctx: TransactionContext, staged: Path) -> None:
         """The commit publishes a staged file by linking it to its final name: find out
         now, before the epoch is decided, whether this process may (a decided epoch
-        whose files cannot be linked could never commit)."""
+        whose files cannot be linked could never commit). Asked of every file: one
+        that may be linked says nothing of the others."""
         probe = self.base / f".txsink-link-{uuid.uuid4().hex[:12]}"
         try:
             os.link(staged, probe)
