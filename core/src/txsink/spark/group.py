@@ -121,17 +121,15 @@ def checked_shape(df: DataFrame, specs: Sequence[TargetSpec], group_id: str, *,
 
 def takes_native(spec: TargetSpec, df: DataFrame | None = None) -> bool:
     """Whether Spark's own Parquet writer writes ``spec``'s files (the native data path:
-    a table format, or the files backend writing Parquet). Under Spark Connect (``df``
-    a Connect frame) only a table takes it: files targets keep txsink's data source,
-    as before the native path existed for them."""
+    a table format, or the files backend writing Parquet). Not under Spark Connect
+    (``df`` a Connect frame): there a ``foreachBatch`` function cannot read its stream's
+    query id (no SparkContext), which the data source's tasks report, and the Connect
+    client refuses the writer's ``errorifexists`` (every batch of a table target
+    failed)."""
     cls = get_plugins().backend_class(spec.backend)
     if not cls.native_parquet_for(spec.options):
         return False
-    if df is not None and type(df).__module__.startswith("pyspark.sql.connect"):
-        from txsink.lakehouse import TableBackend
-
-        return issubclass(cls, TableBackend)
-    return True
+    return df is None or not type(df).__module__.startswith("pyspark.sql.connect")
 
 
 class TargetSet:
