@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import socket
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -218,36 +221,47 @@ class _ConnectSession:
                            "supported in Spark Connect")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "under Spark Connect a foreachBatch function cannot learn its stream's query id, and "
-    "txsink.spark.epoch has no way to be told it (the data source has "
-    "txnStreamCheckpoint): a versioned grouped write whose stream checkpoint was replaced "
-    "is skipped as committed. Fix: an epoch(..., stream_checkpoint=) option read like "
-    "txnStreamCheckpoint, and a versioned grouped write in a Connect foreachBatch worker "
-    "without it refused"))
 def test_grouped_writes_under_spark_connect_after_a_replaced_stream_checkpoint_are_refused(
-        tmp_path: Path) -> None:
-    """Seen on a Spark Connect server: a user's ``foreachBatch`` writing
-    ``epoch(..., version=batch_id)`` into a Delta group whose checkpoint_location is the
-    group's own (as docs/multi-target.md shows it), the stream's checkpoint replaced and
-    the source moved on: the new query's batches 0-2 were skipped with a WARNING and
-    their rows never written."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on a Spark Connect server (found by the attack pass): a user's
+    ``foreachBatch`` writing ``epoch(..., version=batch_id)`` into a group whose
+    checkpoint_location is the group's own (as docs/multi-target.md shows it), the
+    stream's checkpoint replaced and the source moved on: the new query's batches 0-2
+    were skipped with a WARNING and their rows never written. Connect gives the function
+    no query id: without ``stream_checkpoint`` a versioned write there is refused; with
+    it, the replaced checkpoint is."""
+    from txsink.errors import ConfigError
+    from txsink.spark import queries
+
     group = targets(SINK, [target("a", "files", path=str(tmp_path / "a")),
                            target("b", "files", path=str(tmp_path / "b"))],
                     checkpoint_location=str(tmp_path / "group-chk"))
+    stream_chk = tmp_path / "stream-chk"
+    stream_chk.mkdir()
 
-    def connect_batch(batch: int, version: int) -> None:
+    def stream_query(query: str) -> None:  # what Spark writes into a new checkpoint
+        (stream_chk / "metadata").write_text(json.dumps({"id": query}) + "\n")
+
+    def connect_batch(batch: int, version: int, checkpoint: str | None) -> None:
         df = FakeFrame(rows_of(version))
         df.sparkSession = _ConnectSession()  # type: ignore[assignment]
-        with group.epoch(df.sparkSession, version=batch) as tx:  # type: ignore[arg-type]
+        with group.epoch(df.sparkSession, version=batch,  # type: ignore[arg-type]
+                         stream_checkpoint=checkpoint) as tx:
             for name in group.names:
                 tx.write(df, name)  # type: ignore[arg-type]
 
+    monkeypatch.setitem(sys.modules, queries.CONNECT_FOREACH_BATCH, types.ModuleType("w"))
+    with pytest.raises(ConfigError, match="stream_checkpoint"):
+        connect_batch(0, 0, None)
+    assert ids(tmp_path / "a") == []
+    stream_query("query-1")
     for b in range(3):
-        connect_batch(b, b)
+        connect_batch(b, b, str(stream_chk))
+    connect_batch(2, 2, str(stream_chk))  # Spark's replay of the last batch: skipped
+    stream_query("query-2")  # the stream's checkpoint deleted; a new query wrote it again
     with pytest.raises(CheckpointChangedError):
-        connect_batch(0, 10)  # the new query's batch 0: other rows
-    assert ids(tmp_path / "a") == expected(3)
+        connect_batch(0, 10, str(stream_chk))  # the new query's batch 0: other rows
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(3)
 
 
 def test_an_earlier_releases_native_stream_goes_on_without_writing_a_batch_twice(
@@ -434,18 +448,14 @@ def _data_source_write(options: dict[str, str], version: int, query: str) -> Non
     writer.commit([message])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the data source plans a foreachBatch write (and takes the lease) before its tasks "
-    "report the stream that drives it, so the refusal cannot tell the stream's own "
-    "restart from another driver's write. Fix: read the driving stream at planning "
-    "from txnStreamCheckpoint (an option today read only at commit) and exempt that "
-    "stream's writes; say in docs/concepts.md that a foreachBatch stream restarted on "
-    "another host needs it, or waits ten minutes"))
 def test_a_data_source_foreach_batch_stream_restarted_on_another_host_is_not_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule of the test above on the data source's path: a ``foreachBatch`` stream
     writing ``txnAppId`` + ``txnVersion=batch_id``, its driver restarted on another
-    host, is refused for ten minutes as a batch write beside itself."""
+    host, was refused for ten minutes as a batch write beside itself (found by the attack
+    pass). The planner does not know the stream yet; a write under the app id of the
+    stream's own writes takes its place (another stream's, under that app id, is refused
+    by the version check at commit)."""
     options = {"backend": "files", "sink_id": SINK, "path": str(tmp_path / "a"),
                "checkpointLocation": str(tmp_path / "writes-chk"), "txnAppId": "orders"}
     monkeypatch.setenv("TXSINK_OWNER", "driver-pod-a:jvm4242:1234567")
