@@ -28,7 +28,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -45,7 +45,7 @@ from txsink.model import Committable, DeliveryGuarantee, TransactionContext, val
 from txsink.options import Options, Secret
 from txsink.redact import redact
 
-from txsink_s3 import keys
+from txsink_s3 import keys, native
 from txsink_s3.conditional import error_code, probe_conditional_put, status
 from txsink_s3.formats import Encoder, PartBuffer, make_encoder
 
@@ -62,6 +62,8 @@ MAX_PART_SIZE = 5 * 1024 * MIB
 MAX_PARTS = 10_000
 DEFAULT_PART_SIZE = 16 * MIB
 FORMATS = ("parquet", "jsonl", "csv")
+#: Option ``writer``: txsink's Python writer, or Spark's own Parquet writer (native path).
+WRITERS = ("txsink", "spark")
 COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "none")
 #: CompleteMultipartUpload requests one commit_all keeps in flight (option
 #: ``commit_concurrency``): each waits on the server, not on this process.
@@ -198,6 +200,8 @@ class S3Backend(Backend):
     #: at_least_once / none complete the upload in the task (the default finish_in_task).
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
     payload_version: ClassVar[int] = 1
+    #: ``writer: spark`` takes Spark's own Parquet writer (:meth:`native_parquet_for`).
+    native_parquet: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -223,8 +227,12 @@ class S3Backend(Backend):
         connect_retry_s: float = 30.0,
         commit_concurrency: int = DEFAULT_COMMIT_CONCURRENCY,
         manifest_retention_epochs: int = DEFAULT_MANIFEST_RETENTION,
+        writer: str = "txsink",
     ) -> None:
         self.bucket = bucket
+        #: Who writes the objects: txsink's Python writer, or Spark's own Parquet writer
+        #: (the native data path, :mod:`txsink_s3.native`).
+        self.writer = writer
         self.commit_concurrency = commit_concurrency
         self.manifest_retention_epochs = manifest_retention_epochs
         self.connect_retry_s = connect_retry_s
@@ -332,6 +340,9 @@ class S3Backend(Backend):
                                       minimum=1, maximum=MAX_COMMIT_CONCURRENCY)
         manifest_retention = opts.int("manifest_retention_epochs", DEFAULT_MANIFEST_RETENTION,
                                       minimum=0)
+        writer = opts.choice("writer", WRITERS, "txsink")
+        if writer == "spark":
+            native.check_options(prefix, fmt)
         opts.check_unknown()
         return cls(bucket=bucket, prefix=prefix, fmt=fmt, part_size=part_size,
                    row_group_bytes=row_group, compression=compression, dictionary=dictionary,
@@ -340,12 +351,38 @@ class S3Backend(Backend):
                    secret_access_key=secret, session_token=token, max_attempts=max_attempts,
                    connect_timeout=connect_timeout, read_timeout=read_timeout,
                    connect_retry_s=connect_retry_s, commit_concurrency=commit_concurrency,
-                   manifest_retention_epochs=manifest_retention)
+                   manifest_retention_epochs=manifest_retention, writer=writer)
 
     def describe(self) -> str:
         where = f" endpoint={self.endpoint_url}" if self.endpoint_url else ""
+        writer = " writer=spark" if self.writer == "spark" else ""
         return (f"s3://{self.bucket}/{self.prefix} format={self.format} "
-                f"part_size={self.part_size}{where}")
+                f"part_size={self.part_size}{writer}{where}")
+
+    # -- the native data path: Spark's own Parquet writer (txsink_s3.native) ----------
+
+    @classmethod
+    def native_parquet_for(cls, options: Mapping[str, str]) -> bool:
+        """``writer: spark``: Spark's Parquet writer prepares the participants."""
+        return str(options.get("writer") or "txsink").strip() == "spark"
+
+    def native_staging(self, ctx: TransactionContext) -> tuple[str, str]:
+        return native.staging(self, ctx)
+
+    def native_write_options(self) -> dict[str, str]:
+        return native.write_options(self)
+
+    def native_session_conf(self, spark: Any) -> dict[str, str]:
+        return native.session_conf(self, spark)
+
+    def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
+        """One participant per upload here: see :meth:`committables_for_directory`."""
+        raise NotImplementedError("s3 backend: Spark's writer prepares one participant per "
+                                  "task; ask committables_for_directory")
+
+    def committables_for_directory(self, ctx: TransactionContext,
+                                   dirname: str) -> list[Committable]:
+        return native.participants(self, ctx, dirname)
 
     def secret_values(self) -> list[str]:
         return [s.reveal() for s in (self.secret_access_key, self.session_token) if s]
@@ -398,6 +435,7 @@ class S3Backend(Backend):
         state.setdefault("commit_concurrency", DEFAULT_COMMIT_CONCURRENCY)
         state.setdefault("_conditional_complete", True)
         state.setdefault("manifest_retention_epochs", DEFAULT_MANIFEST_RETENTION)
+        state.setdefault("writer", "txsink")
         self.__dict__.update(state)
 
     def _retrying(self, what: str, action: Callable[[], _T]) -> _T:
@@ -807,6 +845,11 @@ class S3Backend(Backend):
         etag = str(head.get("ETag", "")).strip('"')
         if p.get("etag") and etag == p["etag"]:
             return True
+        if p.get("token") is None:
+            # An upload Spark's writer made (no token in its metadata) whose ETag is no
+            # plain MD5 (SSE-KMS): the participant's own key, size and part count.
+            return bool(head.get("ContentLength") == p.get("size")
+                        and etag.endswith(f"-{len(p.get('parts') or [])}"))
         metadata = {k.lower(): v for k, v in head.get("Metadata", {}).items()}
         return bool(metadata.get(META_TOKEN) == p.get("token")
                     and head.get("ContentLength") == p.get("size"))
@@ -1000,6 +1043,22 @@ class S3Backend(Backend):
             lambda: self.client.list_objects_v2(
                 Bucket=self.bucket, Prefix=f"{base}/epoch={epoch}/", MaxKeys=1
             ).get("KeyCount", 0)))
+
+    def abort_orphans(self, sink_id: str, protected: Collection[str],
+                      up_to_epoch: int | None = None) -> list[Committable]:
+        """The uploads no decision holds (:meth:`list_prepared`); with ``writer: spark``
+        also what native writes of those epochs left behind besides their uploads."""
+        aborted = super().abort_orphans(sink_id, protected, up_to_epoch)
+        if self.writer == "spark":
+            from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+            try:
+                native.leftovers(self, sink_id, up_to_epoch)
+            except (BotoCoreError, ClientError) as exc:
+                log.warning("sink=%s: deleting what native writes left behind failed (%s); "
+                            "the next orphan scan tries again", sink_id,
+                            self._redact(str(exc)))
+        return aborted
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every multipart upload under the sink's prefix whose key txsink made.

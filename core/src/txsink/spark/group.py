@@ -566,18 +566,21 @@ class GroupEpoch:
             spark = df.sparkSession
             # Microsecond timestamps, as txsink's own writer and Iceberg readers take
             # them; Spark writes INT96 by default.
-            key = "spark.sql.parquet.outputTimestampType"
-            before = spark.conf.get(key, None)
-            spark.conf.set(key, "TIMESTAMP_MICROS")
+            settings = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+                        **backend.native_session_conf(spark)}
+            before = {key: spark.conf.get(key, None) for key in settings}
+            for key, setting in settings.items():
+                spark.conf.set(key, setting)
             try:
                 (df.write.mode("errorifexists").options(**backend.native_write_options())
                  .parquet(path))
             finally:
-                if before is None:
-                    spark.conf.unset(key)
-                else:
-                    spark.conf.set(key, before)
-            prepared = [backend.committable_for_directory(ctx, dirname)]
+                for key, was in before.items():
+                    if was is None:
+                        spark.conf.unset(key)
+                    else:
+                        spark.conf.set(key, was)
+            prepared = backend.committables_for_directory(ctx, dirname)
             committable = (prepared if self.group.single
                            else group._tag(spec.name, prepared))
             FaultInjector.from_env().hit(NATIVE_BEFORE_RECORD, self.epoch)
@@ -587,11 +590,12 @@ class GroupEpoch:
                 record_prepared(self._store, self.owner, self.epoch, committable,
                                 query or None)
             except BaseException:
-                backend.abort(committable[0])
+                for c in committable:
+                    backend.abort(c)
                 raise
             log.info("sink=%s epoch=%d target=%s: Spark's Parquet writer prepared %d "
-                     "file(s), %d row(s)", self.group.sink_id, self.epoch, spec.name,
-                     len(committable[0].payload["files"]), committable[0].rows)
+                     "participant(s), %d row(s)", self.group.sink_id, self.epoch, spec.name,
+                     len(committable), sum(c.rows for c in committable))
         finally:
             part.close()
 
