@@ -48,6 +48,7 @@ from txsink.redact import redact
 from txsink_s3 import keys, native
 from txsink_s3.conditional import error_code, probe_conditional_put, status
 from txsink_s3.formats import Encoder, PartBuffer, make_encoder
+from txsink_s3.session import shared_botocore_session
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -407,6 +408,7 @@ class S3Backend(Backend):
         from botocore.config import Config  # type: ignore[import-untyped,unused-ignore]
 
         session = boto3.session.Session(
+            botocore_session=shared_botocore_session(),
             profile_name=self.profile,
             aws_access_key_id=self.access_key_id,
             aws_secret_access_key=(self.secret_access_key.reveal()

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from txsink.errors import ConfigError, StateError
+from txsink.faults import S3_NATIVE_AFTER_WRITE, FaultInjector
 from txsink.model import Committable, TransactionContext, parse_participant
 
 from txsink_s3 import keys
@@ -204,6 +205,7 @@ def participants(backend: S3Backend, ctx: TransactionContext,
 
     from txsink_s3.conditional import error_code, status
 
+    FaultInjector.from_env().hit(S3_NATIVE_AFTER_WRITE, ctx.epoch)
     if not _DIRNAME.match(dirname):
         raise StateError(f"s3 backend: {ctx.describe()}: {dirname!r} is not a job name of "
                          "the native path", sink_id=ctx.sink_id, epoch=ctx.epoch)
