@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -80,6 +81,24 @@ MANIFEST_VERSION = 1
 #: Object metadata keys (boto3 returns user metadata keys in lower case).
 META_PARTICIPANT = "txsink-participant"
 META_TOKEN = "txsink-token"
+
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def commit_pool() -> ThreadPoolExecutor:
+    """The threads every S3 backend of this process completes uploads on (at most
+    :data:`MAX_COMMIT_CONCURRENCY`; each ``commit_all`` uses ``commit_concurrency`` of
+    them). A forked child makes its own: the parent's threads are not there."""
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max_workers=MAX_COMMIT_CONCURRENCY,
+                                       thread_name_prefix="txsink-s3-commit")
+            _pool_pid = os.getpid()
+        return _pool
+
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
@@ -947,10 +966,18 @@ class S3Backend(Backend):
         if len(committables) <= 1 or self.commit_concurrency <= 1:
             return [self._commit_caught(c) for c in committables]
         self.client  # noqa: B018 - created here, not raced for by the pool's threads
-        workers = min(self.commit_concurrency, len(committables))
-        with ThreadPoolExecutor(max_workers=workers,
-                                thread_name_prefix="txsink-s3-commit") as pool:
-            return list(pool.map(self._commit_caught, committables))
+        lanes = min(self.commit_concurrency, len(committables))
+        results: list[CommitOutcome | Exception | None] = [None] * len(committables)
+
+        def lane(first: int) -> None:
+            for i in range(first, len(committables), lanes):
+                results[i] = self._commit_caught(committables[i])
+
+        # Lanes on the process's shared pool: starting a dozen threads per epoch cost
+        # tens of milliseconds on busy cores, more than the completions they wait for.
+        for future in [commit_pool().submit(lane, n) for n in range(lanes)]:
+            future.result()
+        return [r if r is not None else RuntimeError("not committed") for r in results]
 
     def _abort_upload(self, bucket: str, key: str, upload_id: str, who: str) -> None:
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
