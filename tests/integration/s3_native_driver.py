@@ -22,7 +22,6 @@ are noted), ``group`` (write the target inside a group with a second one, under 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -32,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 #: Spark tasks per epoch: the stand-in writes one file per task, the last one without
 #: rows (Spark writes a file with only the schema for an empty first task; here the last).
@@ -58,7 +56,8 @@ def tasks_of(version: int, partitions: int = TASKS - 1) -> list[pa.Table]:
 
 
 class SparkWriterStandIn:
-    """What ``df.write.options(**native_write_options).parquet(path)`` leaves in S3.
+    """What ``df.write.options(**native_write_options).parquet(path)`` leaves in S3
+    (:func:`txsink_s3.testing.spark_native_job`).
 
     ``task_faults``: task number -> kind, for this write: ``task-dies-before-prepare``
     (the attempt started its upload and died; a retry writes the task),
@@ -66,6 +65,9 @@ class SparkWriterStandIn:
     commit; a retry writes it), ``speculative-twin`` (a second attempt uploads too and
     loses the commit race). Only the winning attempts are in the job document.
     """
+
+    KINDS = {"task-dies-before-prepare": "started", "task-dies-after-prepare": "died",
+             "speculative-twin": "twin"}
 
     def __init__(self, options: Mapping[str, str], *, run: int = 0,
                  task_faults: Mapping[int, str] | None = None,
@@ -76,50 +78,19 @@ class SparkWriterStandIn:
         self.run = run
         self.task_faults = dict(task_faults or {})
         self.note = note or (lambda kind, task: None)
-        self.attempts = 0
-
-    def _attempt_id(self) -> int:
-        self.attempts += 1
-        return self.run * 10_000 + self.attempts  # unique per run, as Spark's ids
+        self.writes = 0
 
     def write(self, tasks: list[pa.Table], path: str) -> None:
         """``tasks``: each Spark task's rows, in task order."""
-        client, bucket = self.backend.client, self.backend.bucket
-        where = path.removeprefix(f"s3a://{bucket}/")
-        base, _, rest = where.partition("/_txsink/native/")
-        folder, _, job = rest.rpartition("/")
-        assert folder.startswith("epoch="), path
-        files: list[dict[str, Any]] = []
-        for task, part in enumerate(tasks):
-            fault = self.task_faults.get(task)
-            if fault in ("task-dies-before-prepare", "task-dies-after-prepare"):
-                self._upload(base, folder, task, part, finish=fault.endswith("after-prepare"))
-                self.note(fault, task)
-            won = self._upload(base, folder, task, part, finish=True)
-            if fault == "speculative-twin":
-                self._upload(base, folder, task, part, finish=True)
-                self.note(fault, task)
-            files.append(won)
-        doc = {"format": "txsink-s3-native-job", "version": 1, "job": job, "dir": folder,
-               "tasks": len(tasks), "files": files}
-        client.put_object(Bucket=bucket, Key=f"{where}/job.json",
-                          Body=json.dumps(doc).encode())
+        from txsink_s3.testing import spark_native_job
 
-    def _upload(self, base: str, folder: str, task: int, part: pa.Table, *,
-                finish: bool) -> dict[str, Any]:
-        client, bucket = self.backend.client, self.backend.bucket
-        attempt = self._attempt_id()
-        key = f"{base}/{folder}/part-{task:05d}-a{attempt}.parquet"
-        buf = io.BytesIO()
-        pq.write_table(part, buf)
-        upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-        etags = []
-        if finish:
-            etags.append(client.upload_part(Bucket=bucket, Key=key, UploadId=upload,
-                                            PartNumber=1, Body=buf.getvalue())["ETag"])
-        return {"partition": task, "attempt": attempt, "rows": part.num_rows,
-                "bucket": bucket, "key": key, "upload_id": upload,
-                "size": len(buf.getvalue()), "etags": etags}
+        # Attempt ids unique per run, as Spark's are per application.
+        first = self.run * 100_000 + self.writes * 100 + 1
+        self.writes += 1
+        spark_native_job(self.backend, path, tasks, first_attempt=first,
+                         dead={t: self.KINDS[k] for t, k in self.task_faults.items()})
+        for task, kind in self.task_faults.items():
+            self.note(kind, task)
 
 
 class _Conf:

@@ -276,6 +276,8 @@ class S3Backend(Backend):
         self._s3: Any = None
         #: Cleared for a server that refuses If-None-Match on CompleteMultipartUpload.
         self._conditional_complete = True
+        #: Whether an orphan scan looked for what native writes leave besides uploads.
+        self._native_swept = False
 
     # -- configuration ------------------------------------------------------------------
 
@@ -457,6 +459,7 @@ class S3Backend(Backend):
         state.setdefault("_conditional_complete", True)
         state.setdefault("manifest_retention_epochs", DEFAULT_MANIFEST_RETENTION)
         state.setdefault("writer", "txsink")
+        state.setdefault("_native_swept", False)
         self.__dict__.update(state)
 
     def _retrying(self, what: str, action: Callable[[], _T]) -> _T:
@@ -1076,9 +1079,13 @@ class S3Backend(Backend):
     def abort_orphans(self, sink_id: str, protected: Collection[str],
                       up_to_epoch: int | None = None) -> list[Committable]:
         """The uploads no decision holds (:meth:`list_prepared`); with ``writer: spark``
-        also what native writes of those epochs left behind besides their uploads."""
+        also what native writes of those epochs left behind besides their uploads. A
+        native write that stopped early always leaves uploads too (Spark writes at least
+        one file per job), so that is looked for at a backend's first scan (a start) and
+        after a scan that found orphans, not after every commit."""
         aborted = super().abort_orphans(sink_id, protected, up_to_epoch)
-        if self.writer == "spark":
+        if self.writer == "spark" and (aborted or not self._native_swept):
+            self._native_swept = True
             from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
 
             try:
