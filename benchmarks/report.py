@@ -214,11 +214,11 @@ def miss_notes(goals: list[Target], results: dict[str, list[Writer]],
         notes.append(
             "* Kafka exactly-once open cost: an exactly-once participant's transaction stays "
             "open after `pre_commit` until the driver ends it with `EndTxn`, and librdkafka "
-            "can neither begin another transaction on that producer nor initialise it twice "
-            "(and initialising the id early would abort the prepared transaction), so every "
-            "participant pays a new producer, `init_transactions` and its begin marker "
-            "(see docs/backends/kafka.md). An at-least-once worker keeps its producer "
-            "between tasks instead: its rows in the table above.")
+            "can neither begin another transaction on that producer nor initialise it twice, "
+            "so every participant needs a new producer with `init_transactions` done. A "
+            "worker opens it between tasks (`producer.init.ahead`), but only for the sink "
+            "and partition it just wrote: a task Spark hands to a worker without one opens "
+            "its producer itself (see docs/backends/kafka.md).")
     if any(m.startswith("s3: commit p50 per epoch") for m in missed):
         notes.append(
             "* S3 at 128 participants: each participant is one `CompleteMultipartUpload`; the "

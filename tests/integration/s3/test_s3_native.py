@@ -207,3 +207,26 @@ def test_participants_sort_by_task_and_empty_jobs_record_none(s3_server: S3Serve
     assert backend.committables_for_directory(ctx, dirname) == []
     assert s3_server.uploads(f"{prefix}/") == [] and s3_server.keys(f"{prefix}/{SINK}/epoch")\
         == []
+
+
+def test_the_jar_is_built_and_found_as_the_docs_say() -> None:
+    """docs/backends/s3.md: ``python -m txsink_s3.jvm build``, then ``... path`` names
+    the jar to put on Spark's class path (it holds the protocol class)."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    if shutil.which("javac") is None or shutil.which("mvn") is None:
+        pytest.skip("building txsink-s3's jar needs a JDK and Maven")
+    built = subprocess.run([sys.executable, "-m", "txsink_s3.jvm", "build"],
+                           capture_output=True, text=True, timeout=1800, check=False)
+    assert built.returncode == 0, built.stderr
+    found = subprocess.run([sys.executable, "-m", "txsink_s3.jvm", "path"],
+                           capture_output=True, text=True, timeout=60, check=True)
+    jar = Path(found.stdout.strip())
+    assert jar == Path(built.stdout.strip()) and jar.is_file()
+    from txsink_s3.jvm import PROTOCOL_CLASS
+
+    with zipfile.ZipFile(jar) as z:
+        assert PROTOCOL_CLASS.replace(".", "/") + ".class" in z.namelist()
