@@ -245,8 +245,14 @@ def _drop_producer(holder: _WriterProducer) -> None:
     holder.txn = None
 
 
-def close_kept_producers() -> None:
-    """Close the producers this process kept between tasks."""
+def close_kept_producers(wait_s: float = 10.0) -> None:
+    """Close the producers this process kept between tasks, and those being opened ahead
+    of need (waited for, at most ``wait_s``, so none is left behind connected)."""
+    with _PRODUCERS_LOCK:
+        warming = list(_WARMING.values())
+    deadline = time.monotonic() + wait_s
+    for event in warming:
+        event.wait(max(0.0, deadline - time.monotonic()))
     with _PRODUCERS_LOCK:
         holders = list(_PRODUCERS.values())
         _PRODUCERS.clear()
