@@ -215,17 +215,25 @@ def test_an_epoch_without_rows_and_a_retried_task(spark: Any, s3: LocalSeaweedFS
 
 
 @long_run
-def test_a_prefix_with_spaces_hashes_and_unicode(spark: Any, s3: LocalSeaweedFS,
+def test_odd_prefixes_and_small_files_asked_for(spark: Any, s3: LocalSeaweedFS,
                                                  tmp_path: Path) -> None:
     from txsink.spark import target, targets
 
-    prefix = "odd dir/#1/ünï"
+    """Also a prefix holding the words of the protocol's own layout, and a session asking
+    for small files (``maxRecordsPerFile``): the keys are still the tasks' own, one file
+    per task."""
     want = make_input(tmp_path / "in", files=1, rows_per_file=150)
-    group = targets("native-odd", [target("s3", "s3", **options(s3, prefix))],
-                    checkpoint_location=str(tmp_path / "chk"))
-    group.write(spark.read.schema(SCHEMA).json(str(tmp_path / "in")).repartition(2))
-    data = check_exact(s3, prefix, "native-odd--s3", want)
-    assert data and all(k.startswith(f"{prefix}/native-odd--s3/epoch=0/") for k in data)
+    spark.conf.set("spark.sql.files.maxRecordsPerFile", "10")
+    try:
+        for n, prefix in enumerate(("odd dir/#1/ünï", "odd/_txsink/native/epoch=7/x")):
+            group = targets(f"native-odd{n}", [target("s3", "s3", **options(s3, prefix))],
+                            checkpoint_location=str(tmp_path / f"chk{n}"))
+            group.write(spark.read.schema(SCHEMA).json(str(tmp_path / "in")).repartition(2))
+            data = check_exact(s3, prefix, f"native-odd{n}--s3", want)
+            assert len(data) == 2, data
+            assert all(k.startswith(f"{prefix}/native-odd{n}--s3/epoch=0/") for k in data)
+    finally:
+        spark.conf.unset("spark.sql.files.maxRecordsPerFile")
 
 
 def drive(spec: dict[str, Any], faults: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -250,7 +258,8 @@ def test_refused_before_anything_is_written(s3: LocalSeaweedFS,
                                             tmp_path: Path) -> None:
     """Without txsink-s3's jar, with S3A's magic committer off for the bucket, and with
     Spark's s3a:// pointed at another store than the target's endpoint: a ConfigError
-    naming the option and the way out, and no object, upload or job in either store."""
+    naming the option and the way out, before the sink is claimed: no object (not even
+    the owner record), upload or job in either store, no epoch in the state."""
     other = LocalSeaweedFS()
     other.start()
     try:
@@ -275,9 +284,10 @@ def test_refused_before_anything_is_written(s3: LocalSeaweedFS,
             assert len(said) == 1, done.stdout[-4000:]
             assert said[0]["field"] == field and words in said[0]["message"], said
             assert s3.secret_key not in done.stdout
-            assert [k for k in listing(s3, f"refused-{n}") if "/_txsink/owner" not in k] == []
+            assert listing(s3, f"refused-{n}") == []  # not even the owner record
             assert uploads(s3, f"refused-{n}") == []
             assert listing(other, f"refused-{n}") == [] and uploads(other, f"refused-{n}") == []
+            assert not (tmp_path / f"chk-{n}" / "txsink").exists()
     finally:
         other.cleanup()
 

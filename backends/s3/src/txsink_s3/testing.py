@@ -256,7 +256,7 @@ def spark_native_job(backend: Any, path: str, tasks: list[Any], *, first_attempt
 
     client, bucket = backend.client, backend.bucket
     where = path.removeprefix(f"s3a://{bucket}/")
-    base, _, rest = where.partition("/_txsink/native/")
+    base, _, rest = where.rpartition("/_txsink/native/")
     folder, _, job = rest.rpartition("/")
     attempts = iter(range(first_attempt, first_attempt + 10 * len(tasks) + 10))
 

@@ -62,7 +62,8 @@ public class NativeCommitProtocol extends SQLHadoopMapReduceCommitProtocol {
 
     /** (sink folder, relative folder of the epoch, job name) from the output path. */
     private String[] layout() {
-        int at = outputPath.indexOf(NATIVE_DIR);
+        // The last one: the prefix may hold the same words.
+        int at = outputPath.lastIndexOf(NATIVE_DIR);
         String rest = at < 0 ? "" : outputPath.substring(at + NATIVE_DIR.length());
         int slash = rest.lastIndexOf('/');
         if (at < 0 || slash <= 0 || !rest.startsWith("epoch=")) {
