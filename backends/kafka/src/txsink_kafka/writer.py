@@ -875,6 +875,8 @@ class KafkaWriter:
             "prepared_at": round(time.time(), 3),
             "open_ms": round(txn.open_ms, 1),
             "open_wait_ms": round(txn.open_wait_ms, 1),
+            # Begun on a producer opened ahead of need (producer.init.ahead).
+            "reused_producer": txn.reused,
         }
         committable = Committable.for_context(NAME, txn.ctx, payload, rows=txn.rows,
                                               payload_version=PAYLOAD_VERSION)

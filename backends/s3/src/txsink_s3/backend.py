@@ -48,6 +48,7 @@ from txsink.redact import redact
 
 from txsink_s3 import keys, native
 from txsink_s3.conditional import error_code, probe_conditional_put, status
+from txsink_s3.fast_complete import FastCompleter
 from txsink_s3.formats import Encoder, PartBuffer, make_encoder
 from txsink_s3.session import shared_botocore_session
 
@@ -274,6 +275,9 @@ class S3Backend(Backend):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._s3: Any = None
+        self._session: Any = None
+        #: False: not looked at yet; None: commits go through boto3 only.
+        self._fast: FastCompleter | bool | None = False
         #: Cleared for a server that refuses If-None-Match on CompleteMultipartUpload.
         self._conditional_complete = True
         #: Whether an orphan scan looked for what native writes leave besides uploads.
@@ -423,12 +427,23 @@ class S3Backend(Backend):
                                          {"max_attempts": self.max_attempts})
         return self._s3
 
+    @property
+    def fast(self) -> FastCompleter | None:
+        """The lean path of commits (:mod:`txsink_s3.fast_complete`), where it applies."""
+        if self._fast is False:
+            client = self.client
+            self._fast = FastCompleter.for_backend(
+                self.endpoint_url, self.addressing_style, client, self._session,
+                pool_size=max(10, self.commit_concurrency),
+                connect_timeout=self.connect_timeout, read_timeout=self.read_timeout)
+        return self._fast if isinstance(self._fast, FastCompleter) else None
+
     def _make_client(self, connect_timeout: float, read_timeout: float,
                      retries: dict[str, int]) -> Any:
         import boto3  # type: ignore[import-untyped,unused-ignore]
         from botocore.config import Config  # type: ignore[import-untyped,unused-ignore]
 
-        session = boto3.session.Session(
+        session = self._session = boto3.session.Session(
             botocore_session=shared_botocore_session(),
             profile_name=self.profile,
             aws_access_key_id=self.access_key_id,
@@ -450,7 +465,8 @@ class S3Backend(Backend):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_s3"] = None
+        state["_s3"] = state["_session"] = None
+        state["_fast"] = False
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -460,6 +476,8 @@ class S3Backend(Backend):
         state.setdefault("manifest_retention_epochs", DEFAULT_MANIFEST_RETENTION)
         state.setdefault("writer", "txsink")
         state.setdefault("_native_swept", False)
+        state.setdefault("_session", None)
+        state.setdefault("_fast", False)
         self.__dict__.update(state)
 
     def _retrying(self, what: str, action: Callable[[], _T]) -> _T:
@@ -488,6 +506,9 @@ class S3Backend(Backend):
 
     def close(self) -> None:
         client, self._s3 = self._s3, None
+        fast, self._fast = self._fast, False
+        if isinstance(fast, FastCompleter):
+            fast.close()
         if client is not None:
             client.close()
 
@@ -892,6 +913,10 @@ class S3Backend(Backend):
         c = committable
         p = c.payload
         if p.get("empty"):
+            return CommitOutcome.COMMITTED
+        fast = self.fast
+        if fast is not None and fast.complete(p, only_if_absent=self._conditional_complete):
+            log.debug("%s: committed s3://%s/%s", c.describe(), p["bucket"], p["key"])
             return CommitOutcome.COMMITTED
         try:
             self._complete(c, only_if_absent=self._conditional_complete)
