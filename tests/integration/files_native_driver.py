@@ -50,14 +50,19 @@ class _Conf:
 
 
 class _Context:
-    def getLocalProperty(self, key: str) -> None:
-        return None
+    """The local properties Spark sets on a stream's thread (query id, batch id)."""
+
+    def __init__(self, properties: dict[str, str] | None = None) -> None:
+        self.properties = dict(properties or {})
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return self.properties.get(key)
 
 
 class _Session:
-    def __init__(self) -> None:
+    def __init__(self, properties: dict[str, str] | None = None) -> None:
         self.conf = _Conf()
-        self.sparkContext = _Context()
+        self.sparkContext = _Context(properties)
 
 
 class _Writer:
@@ -88,14 +93,27 @@ class _Writer:
 
 
 class FakeFrame:
-    """What ``GroupEpoch.write`` uses of a DataFrame."""
+    """What ``GroupEpoch.write`` uses of a DataFrame. ``query_id``: the frame is a
+    micro-batch of that streaming query (``foreachBatch`` runs on the stream's thread,
+    where Spark sets the query id as a local property)."""
 
-    def __init__(self, table: pa.Table) -> None:
+    def __init__(self, table: pa.Table, *, query_id: str | None = None) -> None:
         from pyspark.sql.types import LongType, StructField, StructType
 
         self.table = table
-        self.sparkSession = _Session()
+        self.sparkSession = _Session(
+            {"sql.streaming.queryId": query_id} if query_id is not None else None)
         self.schema = StructType([StructField(n, LongType()) for n in table.column_names])
+
+    def where(self, condition: str) -> FakeFrame:
+        """Only the conditions the tests use: ``id < N``."""
+        import pyarrow.compute as pc
+
+        column, op, value = condition.split()
+        assert op == "<", condition
+        frame = FakeFrame(self.table.filter(pc.less(self.table[column], int(value))))
+        frame.sparkSession = self.sparkSession
+        return frame
 
     @property
     def write(self) -> _Writer:

@@ -1,8 +1,7 @@
 """Which pipelines take the files backend's native data path (no Spark needed to say).
 
 Parquet with ``exactly_once``, as a single sink or a group's target, takes Spark's own
-writer; JSON lines, the weaker guarantees, Spark Connect and a stream whose state a
-stream already wrote through the data source keep txsink's data source.
+writer; JSON lines, the weaker guarantees and Spark Connect keep txsink's data source.
 """
 
 from __future__ import annotations
@@ -55,17 +54,18 @@ def test_spark_connect_keeps_the_data_source(tmp_path: Path) -> None:
                            stream=False) is None
 
 
-def test_a_stream_on_a_state_the_data_sources_stream_wrote_keeps_it(tmp_path: Path) -> None:
-    """Its epochs carry no batch ids: on the native path a replayed batch would be
-    taken for a new write. A batch write may take the native path: the state refuses it
-    beside a stream either way, loudly."""
+def test_a_stream_on_a_state_the_data_sources_stream_wrote_takes_the_native_path(
+        tmp_path: Path) -> None:
+    """Both paths number a micro-batch alike (the state's ``stream_from`` + batch id, bound
+    to the query id: :mod:`txsink.gate`), so the native path continues that stream's
+    epochs; tests/unit/test_gate_native.py checks its replays."""
     cfg = pipeline(tmp_path)
     store = DirectoryStateStore(tmp_path / "chk" / "txsink")
     coordinator = Coordinator(FilesBackend(str(tmp_path / "out")), store, "p1")
     coordinator.start(stream=True, query_id="q1")  # as the data source's stream does
     meta = store.read_meta()
     assert meta is not None and meta.stream_from == 0
-    assert _native_targets(cfg, {}, stream=True) is None
+    assert _native_targets(cfg, {}, stream=True) is not None
     assert _native_targets(cfg, {}, stream=False) is not None
 
 

@@ -133,6 +133,11 @@ class Backend(abc.ABC):
         write the target (a jar or a filesystem missing). Default: none."""
         return {}
 
+    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:  # noqa: B027
+        """Delete what Spark's writer staged for participant ``ctx`` in ``dirname`` before
+        it became a participant (the write failed, or the gate refused what it found):
+        no committable names it yet. Default: nothing to delete."""
+
     @classmethod
     def check_guarantee(cls, guarantee: DeliveryGuarantee) -> None:
         """Raise :class:`~txsink.errors.ConfigError` if ``guarantee`` is not offered."""
@@ -368,9 +373,21 @@ class Backend(abc.ABC):
         Asked by ``txsink resolve --abort --force`` before it gives up a decided epoch:
         a participant already committed stays visible whatever txsink does, so the
         resolve keeps it (and a replay of the epoch does not write its partition again)
-        and says so. None when the system cannot tell. Default: None.
+        and says so. None when the system cannot tell (a participant committed in part
+        answers None too). Default: None.
         """
         return None
+
+    def take_back(self, committable: Committable) -> bool:
+        """Roll back a decided participant that ``is_committed`` did not show committed,
+        for ``txsink resolve --abort --force``; True if nothing of it stays visible.
+
+        A commit stopped part way may have made some of a participant visible (a native
+        participant's files, published one by one): a backend that can undo that does
+        it here. Never called for a participant an epoch still commits. Default:
+        :meth:`abort`, then whether the target now shows nothing of it."""
+        self.abort(committable)
+        return self.is_committed(committable) is False
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every prepared (not committed, not aborted) participant of ``sink_id``.

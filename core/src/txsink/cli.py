@@ -879,8 +879,9 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
         if state:
             committed.append(c)
             continue
-        backend.abort(c)
-        (dropped if state is False else unknown).append(c)
+        # Undone where the target can (a native participant published in part is
+        # unpublished); what it cannot undo is said to be unknown, never "dropped".
+        (dropped if backend.take_back(c) else unknown).append(c)
     if committed:
         meta = store.read_meta()
         assert meta is not None

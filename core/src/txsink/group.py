@@ -317,6 +317,9 @@ class TargetGroup(Backend):
     def is_committed(self, committable: Committable) -> bool | None:
         return self.member(committable.target).backend.is_committed(committable)
 
+    def take_back(self, committable: Committable) -> bool:
+        return self.member(committable.target).backend.take_back(committable)
+
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         out: list[Committable] = []
         for m in self.members.values():

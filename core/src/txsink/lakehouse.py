@@ -392,6 +392,9 @@ class TableBackend(Backend):
         dirname = new_participant_dir(ctx.participant)
         return self.spark_path(f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}"), dirname
 
+    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:
+        self._delete_dir(f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}")
+
     def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
         """The committable of a participant whose Parquet files another writer (Spark's
         own, in the native data path) put into ``epoch_folder(...)/dirname``."""

@@ -49,7 +49,7 @@ def spark_write(backend: S3Backend, s3_server: S3Server, prefix: str, epoch: int
     assert path.startswith(f"s3a://{backend.bucket}/{prefix}/{SINK}/_txsink/native/"
                            f"epoch={epoch}/")
     SparkWriterStandIn(s3_server.options(prefix, writer="spark"), run=run,
-                       task_faults=faults).write(tasks_of(version), path)
+                       task_faults=dict(faults or {})).write(tasks_of(version), path)
     return ctx, dirname
 
 
@@ -230,3 +230,19 @@ def test_the_jar_is_built_and_found_as_the_docs_say() -> None:
 
     with zipfile.ZipFile(jar) as z:
         assert PROTOCOL_CLASS.replace(".", "/") + ".class" in z.namelist()
+
+
+def test_a_write_the_gate_refuses_is_undone_at_once(s3_server: S3Server, prefix: str) -> None:
+    """``discard_staging`` (a failed write, or rows the gate refused): every upload of the
+    epoch's folder aborted (winners and lost attempts), the job document gone; another
+    epoch's uploads untouched."""
+    backend = make(s3_server, prefix)
+    keep_ctx, keep_dir = spark_write(backend, s3_server, prefix, 1)
+    ctx, dirname = spark_write(backend, s3_server, prefix, 2, faults={
+        0: "task-dies-after-prepare", 1: "speculative-twin"}, run=1)
+    backend.discard_staging(ctx, dirname)
+    left = s3_server.uploads(f"{prefix}/")
+    assert left and all("/epoch=1/" in u["Key"] for u in left)
+    assert not [k for k in s3_server.keys(f"{prefix}/") if f"/epoch=2/{dirname}" in k
+                or dirname in k]
+    assert len(backend.committables_for_directory(keep_ctx, keep_dir)) == TASKS - 1

@@ -335,3 +335,41 @@ def _epoch_of(relative: str) -> int | None:
     m = _DIRNAME.match(name)
     ctx = parse_participant(m["participant"]) if m else None
     return ctx.epoch if ctx is not None else None
+
+
+def discard(backend: S3Backend, ctx: TransactionContext, dirname: str) -> None:
+    """Undo a native write of ``ctx``'s epoch that never became participants: its job
+    document (if Spark's job got that far) and its magic directory deleted, and every
+    upload pending in the epoch's folder aborted (a target is written once per epoch, so
+    they are this write's: its tasks' winners and the attempts that lost)."""
+    from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+    if not _DIRNAME.match(dirname):
+        return
+    base = backend.base(ctx.sink_id)
+    client, bucket = backend.client, backend.bucket
+    try:
+        aborted = 0
+        pages = client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=bucket, Prefix=f"{base}/epoch={ctx.epoch}/")
+        for page in pages:
+            for upload in page.get("Uploads", []) or []:
+                found = keys.parse_data_key(base, ctx.sink_id, str(upload["Key"]))
+                if found is not None and found.epoch == ctx.epoch:
+                    backend._abort_upload(bucket, str(upload["Key"]), str(upload["UploadId"]),
+                                          ctx.describe())
+                    aborted += 1
+        doomed = [str(o["Key"]) for prefix in (f"{job_dir(base, ctx.epoch, dirname)}/",
+                                               f"{base}/__magic_job-{dirname}/")
+                  for page in client.get_paginator("list_objects_v2").paginate(
+                      Bucket=bucket, Prefix=prefix)
+                  for o in page.get("Contents", []) or []]
+        for i in range(0, len(doomed), 1000):
+            client.delete_objects(Bucket=bucket, Delete={
+                "Objects": [{"Key": k} for k in doomed[i:i + 1000]], "Quiet": True})
+    except (BotoCoreError, ClientError) as exc:
+        log.warning("%s: undoing the native write failed (%s); the next orphan scan "
+                    "aborts what it left", ctx.describe(), backend._redact(str(exc)))
+        return
+    log.info("%s: the native write was undone: %d upload(s) aborted, %d object(s) "
+             "deleted", ctx.describe(), aborted, len(doomed))

@@ -93,6 +93,10 @@ class Decision:
         self._refuse_stranger(epoch, record, committables)
         write: WriteId | None = None
         reserved = record is not None and record.state is EpochState.RESERVED
+        #: A micro-batch reserved by its stream (the native path), not a batch write.
+        stream_batch = reserved and record is not None and record.origin == STREAM
+        origin, query = ((STREAM, record.query_id) if stream_batch and record is not None
+                         else self._origin(reserved=reserved))
         if record is not None and record.state is EpochState.RESERVED:
             if record.owner != sink.owner:
                 self.abort_all(epoch, committables, "aborted", raise_errors=False)
@@ -150,7 +154,8 @@ class Decision:
                         sink.sink_id, epoch, "the epoch" if write is None else f"write {write}",
                         kept_words(kept), len(committables))
         elif sink.backend.holds_epoch(sink.sink_id, epoch):
-            return self._held_by_target(epoch, committables, reserved=reserved)
+            return self._held_by_target(epoch, committables, reserved=reserved and
+                                        not stream_batch)
 
         self._check_secrets(epoch, committables)
         try:
@@ -163,7 +168,6 @@ class Decision:
             raise
         sink.plugins.epoch_prepared(sink.sink_id, epoch, committables)
         sink.faults.hit(BEFORE_DECIDE, epoch)
-        origin, query = self._origin(reserved=reserved)
         record = EpochRecord(epoch, EpochState.DECIDED, tuple(committables), time.time(),
                              write=write, origin=origin, query_id=query)
         sink.store.put(lease, record)  # the commit point of the epoch
@@ -315,6 +319,9 @@ class Decision:
             "participant(s) (%d row(s)) instead of writing the epoch twice", sink.sink_id,
             epoch, sink.backend.describe(), sink.store.location, len(committables), rows)
         self.abort_all(epoch, committables, "replayed")
+        record = sink.store.get(epoch)
+        if record is not None and record.state is EpochState.RESERVED:
+            self.epochs.give_up([epoch])  # a stream's reservation of its replayed batch
         return EpochOutcome.REPLAYED
 
     def abort_epoch(self, epoch: int, messages: Sequence[Committable | None]) -> None:

@@ -38,6 +38,7 @@ import concurrent.futures
 import contextlib
 import datetime
 import decimal
+import errno
 import json
 import logging
 import os
@@ -413,6 +414,8 @@ class FilesBackend(Backend):
     def _mark_epochs(self, epochs: set[int]) -> bool:
         """Create the epoch markers of ``epochs``; True if one was new (its directory
         then needs an fsync). The first call records the epoch markers start at."""
+        if not epochs:
+            return False  # every participant was empty: epoch_committed marks the epoch
         if not self._epochs.is_dir():
             self._epochs.mkdir(exist_ok=True)
             _fsync_path(self._meta, directory=True)
@@ -604,6 +607,11 @@ class FilesBackend(Backend):
         # (HDFS, say) for Spark, where this backend's directory is local or mounted.
         return f"file://{self._staging / dirname}", dirname
 
+    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:
+        self._safe(dirname, ctx.participant)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self._staging / dirname)
+
     def native_write_options(self) -> dict[str, str]:
         opts = {"compression": self.compression}
         if self.dictionary == "none":
@@ -628,7 +636,34 @@ class FilesBackend(Backend):
                 "sink took over and cleaned up this run's unrecorded files; nothing of "
                 "them is committed. Two runs of one query must never write at once",
                 sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant) from None
+        if files:
+            self._check_linkable(ctx, staged / files[0]["name"])
         return self._staged_committable(ctx, dirname, files)
+
+    def _check_linkable(self, ctx: TransactionContext, staged: Path) -> None:
+        """The commit publishes a staged file by linking it to its final name: find out
+        now, before the epoch is decided, whether this process may (a decided epoch
+        whose files cannot be linked could never commit)."""
+        probe = self.base / f".txsink-link-{uuid.uuid4().hex[:12]}"
+        try:
+            os.link(staged, probe)
+        except OSError as exc:
+            why = {errno.EXDEV: f"{self._staging} is on another mount than {self.base}",
+                   errno.EPERM: "the executors that wrote them run as another user, and "
+                                "the kernel's fs.protected_hardlinks lets only a file's "
+                                "owner link it",
+                   errno.EACCES: f"{self.base} is not writable by the driver"}.get(
+                exc.errno or 0, exc.strerror or str(exc))
+            raise StateError(
+                f"files backend: {ctx.describe()}: the driver cannot link the files Spark's "
+                f"executors staged in {staged.parent} to their final names in {self.base} "
+                f"({why}), so this epoch could never be committed; nothing of it was "
+                "decided and its staged files are deleted. Run the executors as the "
+                "driver's user (or the driver as root), keep the whole path on one file "
+                "system, or write this target with txsink's own writer (format jsonl)",
+                sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant) from None
+        with contextlib.suppress(FileNotFoundError):
+            probe.unlink()
 
     def _staged_committable(self, ctx: TransactionContext, dirname: str,
                             files: Sequence[Mapping[str, Any]]) -> Committable:
@@ -857,14 +892,50 @@ class FilesBackend(Backend):
     def is_committed(self, committable: Committable) -> bool | None:
         if "staged" in committable.payload:
             # Many files: a commit stopped mid-way published some of them, and whether
-            # the participant's rows are visible is then neither yes nor no.
-            _, files = self._staged(committable)
-            published = [os.path.isfile(dst) for _, _, dst in files]
+            # the participant's rows are visible is then neither yes nor no. Every file
+            # under its final name is committed, whether or not the staging directory
+            # was dropped yet.
+            published = [self._published(src, size, dst)
+                         for src, size, dst in self._staged(committable)[1]]
             if all(published):
-                return not any(os.path.exists(src) for src, _, _ in files)
+                return True
             return False if not any(published) else None
         paths = self._paths(committable)
         return paths is None or (paths[1].exists() and not paths[0].exists())
+
+    @staticmethod
+    def _published(src: str, size: int, dst: str) -> bool:
+        """Whether staged file ``src`` (``size`` bytes when prepared) is under its final
+        name ``dst``: the same file, or (its staging name dropped) one of its size."""
+        try:
+            st = os.stat(dst)
+        except FileNotFoundError:
+            return False
+        try:
+            return os.path.samefile(src, dst)
+        except FileNotFoundError:
+            return st.st_size == size
+
+    def take_back(self, committable: Committable) -> bool:
+        """A native participant published in part (a commit stopped between its files'
+        links) is unpublished: each final name that is still a link to one of its staged
+        files is removed, made durable, then the staging directory goes. A final name
+        whose staged file is gone cannot be told from other output and stays (False)."""
+        if "staged" not in committable.payload:
+            return super().take_back(committable)
+        undone = True
+        removed = False
+        for src, _, dst in self._staged(committable)[1]:
+            try:
+                if os.path.samefile(src, dst):
+                    os.unlink(dst)
+                    removed = True
+            except FileNotFoundError:
+                undone = undone and not os.path.exists(dst)
+        if removed:
+            _fsync_path(self.base, directory=True)
+        self.abort(committable)
+        return undone
 
     def abort(self, committable: Committable) -> None:
         if "staged" in committable.payload:

@@ -7,7 +7,10 @@ generated in ``DataSource.__init__`` therefore differs between the planner and t
 committer of the same query (checked with PySpark 4.3). What all of them share is
 the driver JVM they descend from, so the owner token names that JVM (pid plus start
 time, which pid reuse cannot repeat): stable across the processes of one query run,
-different for the next run.
+different for the next run. The driver's own Python process (where ``foreachBatch``
+functions and the native path's driver side run) is the JVM's parent, not its child:
+there the token names the JVM of its active SparkContext, so it holds the same lease as
+the workers of the same driver.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def owner_token() -> str:
         return explicit
     jvm = driver_jvm()
     if jvm is None:
+        token = _context_jvm_token()
+        if token is not None:
+            return token
         global _process_token
         if _process_token is None:
             _process_token = new_owner_token()
@@ -45,6 +51,20 @@ def owner_token() -> str:
 
 #: Fallback when no JVM ancestor is found: one token per process.
 _process_token: str | None = None
+
+
+def _context_jvm_token() -> str | None:
+    """The token of the JVM this process started for its active SparkContext (a classic
+    driver process), if any; None under Spark Connect or without Spark."""
+    import sys
+
+    context_module = sys.modules.get("pyspark.core.context") or sys.modules.get(
+        "pyspark.context")
+    context = getattr(getattr(context_module, "SparkContext", None),
+                      "_active_spark_context", None)
+    proc = getattr(getattr(context, "_gateway", None), "proc", None)
+    pid = getattr(proc, "pid", None)
+    return jvm_owner_token(pid) if isinstance(pid, int) else None
 
 
 def jvm_owner_token(pid: int) -> str | None:

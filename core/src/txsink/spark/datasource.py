@@ -33,9 +33,7 @@ exactly once.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,10 +50,17 @@ from txsink import faults as fault_points
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome, record_prepared
 from txsink.errors import CheckpointChangedError, ConfigError, StateError
+from txsink.gate import Gate
 from txsink.group import TargetGroup, with_epoch, write_group
 from txsink.model import Committable, DeliveryGuarantee, TransactionContext, validate_sink_id
 from txsink.plugins import get_plugins
-from txsink.spark._proc import owner_token
+from txsink.spark._proc import owner_alive, owner_token
+from txsink.spark.queries import (
+    BATCH_ID_PROPERTY,
+    QUERY_ID_PROPERTY,
+    _local_path,
+    checkpoint_query_id,
+)
 from txsink.state import StateStore, WriteId
 from txsink.targets import (
     GROUP_BACKEND,
@@ -81,13 +86,6 @@ except ImportError:  # pragma: no cover - PySpark 4.0
 log = logging.getLogger(__name__)
 
 FORMAT = "txsink"
-#: Task local property Spark's micro-batch engine sets to the batch id.
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
-#: Task local property Spark's stream execution sets to the query's id, which lives in
-#: the query's checkpoint (whatever its scheme): a deleted or replaced checkpoint gives
-#: a new one. Also set for the jobs of ``foreachBatch``, so it names the stream that
-#: drives a batch write.
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Options that belong to txsink itself; every other option goes to the backend.
 #: (``queryname`` is added by Spark's ``DataStreamWriter.queryName``.)
 RESERVED_OPTIONS = frozenset({"backend", "sink_id", "checkpointlocation", "state_location",
@@ -232,26 +230,6 @@ class SinkSettings:
                              "write. Nothing of this write is committed",
                              sink_id=self.sink_id)
         return query
-
-
-def _local_path(location: str) -> str | None:
-    """A local or ``file://`` location as a path; None for other schemes."""
-    if location.startswith("file://"):
-        return location[len("file://"):]
-    return None if "://" in location else location
-
-
-def checkpoint_query_id(checkpoint: str) -> str | None:
-    """Spark's query id from ``<checkpoint>/metadata`` (local or ``file://`` paths)."""
-    path = _local_path(checkpoint) if checkpoint else None
-    if not path:
-        return None
-    try:
-        with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
-            value = json.loads(f.readline()).get("id")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return str(value) if value else None
 
 
 def _write_id(opts: Mapping[str, str], sink_id: str) -> WriteId | None:
@@ -449,11 +427,15 @@ class _Finisher:
             # The lease fences: once a newer run of the query started, this run's
             # coordinator gets FencedError here instead of taking the sink back.
             coordinator = self.settings.coordinator(backend, self.owner)
+            gate = Gate(coordinator)
             if action == "commit":
                 # Normally the planner already recovered; doing it again is cheap and
                 # keeps the output right even if the planner hook never ran.
                 try:
-                    coordinator.start(recover=False, query_id=query_id, stream=stream)
+                    if stream:
+                        gate.start_stream(query_id, recover=False)
+                    else:
+                        coordinator.start(recover=False, query_id=query_id)
                 except CheckpointChangedError:
                     _discard(backend, epoch, committables)
                     raise
@@ -462,8 +444,7 @@ class _Finisher:
                 if recover_below:
                     coordinator.recover(up_to_epoch=epoch - 1)
                 guarantee = self.settings.guarantee
-                outcome = (coordinator.commit_epoch(epoch, committables,
-                                                    write_query=write_query)
+                outcome = (gate.decide(epoch, committables, write_query=write_query)
                            if guarantee.transactional
                            else coordinator.record_epoch(epoch, committables, guarantee,
                                                          write_query=write_query))
@@ -531,11 +512,11 @@ class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
         backend = self.settings.create_backend()
         try:
             backend.preflight(self.settings.sink_id)
-            coordinator = self.settings.coordinator(backend, self.owner)
+            gate = Gate(self.settings.coordinator(backend, self.owner))
             # No task of this run writes yet: every prepared participant that no
             # decided epoch holds is a leftover (crashed run, failed attempt).
-            coordinator.start(recover=True, query_id=self.settings.query_id(), stream=True)
-            self.epoch_offset = coordinator.stream_epoch(0)
+            gate.start_stream(self.settings.query_id())
+            self.epoch_offset = gate.coordinator.stream_epoch(0)
         finally:
             backend.close()
 
@@ -574,21 +555,15 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
         backend = settings.create_backend()
         try:
             backend.preflight(settings.sink_id)
-            coordinator = settings.coordinator(backend, owner)
-            coordinator.start(recover=True, batch=True)
-            done = (coordinator.committed_write(settings.write)
-                    if settings.write is not None else None)
-            if done is not None:
-                self.skip = True
-                log.warning("sink=%s: batch write %s is already committed (txnVersion %d "
-                            "of txnAppId %r is committed); skipping it, nothing is written",
-                            settings.sink_id, settings.write, done,
-                            settings.write.app_id if settings.write else "")
-                return
-            self.epoch = coordinator.reserve_epoch(settings.write)
+            # The stream driving this write (foreachBatch) is known from its tasks only:
+            # a skip is confirmed at commit (Gate.committed_before).
+            opened = Gate(settings.coordinator(backend, owner)).open_write(
+                settings.write, None, query_known=False, holder_alive=owner_alive)
         finally:
             backend.close()
-        log.info("sink=%s epoch=%d: batch write planned", settings.sink_id, self.epoch)
+        self.skip, self.epoch = opened.skip is not None, opened.epoch
+        if not self.skip:
+            log.info("sink=%s epoch=%d: batch write planned", settings.sink_id, self.epoch)
 
     def write(self, iterator: Iterator[Any]) -> TxsinkCommitMessage:
         if self.skip:
@@ -606,8 +581,8 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
                 # (this stream, or no stream for both).
                 backend = self.settings.create_backend()
                 try:
-                    self.settings.coordinator(backend, self.owner).check_write_query(
-                        dataclasses.replace(self.settings.write, query_id=query))
+                    Gate(self.settings.coordinator(backend, self.owner)).committed_before(
+                        self.settings.write, query)
                 finally:
                     backend.close()
             return

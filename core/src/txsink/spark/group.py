@@ -31,15 +31,17 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator, record_prepared
-from txsink.errors import ConfigError, StateError
+from txsink.errors import ConfigError
 from txsink.faults import NATIVE_BEFORE_RECORD, FaultInjector
-from txsink.group import TargetGroup, write_group
+from txsink.gate import Gate
+from txsink.group import TargetGroup
 from txsink.lakehouse import TableBackend
 from txsink.model import (
     SALVAGE_ATTEMPT_BASE,
@@ -48,7 +50,8 @@ from txsink.model import (
     validate_sink_id,
 )
 from txsink.plugins import get_plugins
-from txsink.spark._proc import owner_token
+from txsink.spark._proc import owner_alive, owner_token
+from txsink.spark.queries import driving_query
 from txsink.state import EpochState, StateStore, WriteId
 from txsink.targets import (
     GROUP_BACKEND,
@@ -66,10 +69,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
-
-#: The attempt number of the empty participants the driver prepares itself.
-DRIVER_ATTEMPT = 999_999_999
-
 
 def target(name: str, backend: str, *, select: str | Sequence[str] | None = None,
            where: str | None = None, epoch_column: str | None = None,
@@ -233,10 +232,12 @@ class TargetSet:
         return any(takes_native(s, df) for s in self.specs)
 
     def native_stream(self, df: DataFrame | None = None) -> bool:
-        """Whether a stream of this group takes the native data path: a native target,
-        and a state that no stream wrote through txsink's data source (that stream's
-        epochs carry no batch ids, so a replayed batch would be written again)."""
-        return self.native(df) and not streamed_by_data_source(self.state(), self.sink_id)
+        """Whether a stream of this group takes the native data path (a native target).
+
+        Either path numbers a micro-batch as the data source does (the state's
+        ``stream_from`` + batch id, bound to the query's id: :mod:`txsink.gate`), so a
+        state one path streamed through is continued by the other."""
+        return self.native(df)
 
     def check_native_filesystems(self, df: DataFrame) -> None:
         """Refuse, before the first batch, a table whose files Spark's own writer would
@@ -341,13 +342,21 @@ class TargetSet:
         if meta is not None and meta.sink_id == self.sink_id and meta.stream_from is not None:
             raise beside_stream(self.sink_id, state, meta.stream_from)
 
-    def write_epoch(self, df: DataFrame, version: int | None) -> None:
-        """Every target of one epoch, each by its own Spark job (the native data path)."""
+    def write_epoch(self, df: DataFrame, version: int | None = None, *,
+                    batch_id: int | None = None) -> None:
+        """Every target of one epoch, each by its own Spark job (the native data path).
+
+        ``batch_id``: the epoch is micro-batch ``batch_id`` of the stream whose
+        ``foreachBatch`` runs this (the stream's identity: :meth:`Gate.open_stream_batch`);
+        else a batch write, with identity ``version`` if given."""
         many = len(self.specs) > 1
         if many:
             df = df.persist()
         try:
-            with self.epoch(df.sparkSession, version=version) as tx:
+            tx = (GroupEpoch(df.sparkSession, self, version=None, app_id=None,
+                             stream_batch=batch_id) if batch_id is not None
+                  else self.epoch(df.sparkSession, version=version))
+            with tx:
                 for s in self.specs:
                     tx.write(df, s.name)
         finally:
@@ -449,10 +458,17 @@ def epoch(spark: SparkSession, group: TargetSet | str, *, version: int | None = 
 
 
 class GroupEpoch:
-    """One reserved epoch of a group: writes prepare, the block's end decides."""
+    """One epoch of a group: writes prepare, the block's end decides.
+
+    The adapter of grouped writes and of Spark's own writer (the native path) to the
+    gate (:mod:`txsink.gate`): it opens the epoch (a batch write's reservation, or a
+    stream's micro-batch), records what each target's job prepared, and has the gate
+    decide. ``stream_batch``: the block writes micro-batch ``stream_batch`` of the
+    streaming query that runs it (``foreachBatch`` of :meth:`TargetSet.write_stream`).
+    """
 
     def __init__(self, spark: SparkSession, group: TargetSet, *, version: int | None,
-                 app_id: str | None) -> None:
+                 app_id: str | None, stream_batch: int | None = None) -> None:
         if version is not None and (not isinstance(version, int) or version < 0):
             raise ConfigError(f"txsink.spark.epoch: version must be a whole number >= 0 (e.g. "
                               f"the foreachBatch batch id), got {version!r}", field="version")
@@ -460,40 +476,51 @@ class GroupEpoch:
         self.group = group
         self.write_id = (None if version is None
                          else WriteId(app_id or group.sink_id, version))
+        self.stream_batch = stream_batch
         self.epoch = -1
         self.skipped = False
         self.owner = owner_token()
         self.written: dict[str, int] = {}
         self._store: StateStore | None = None
+        #: The streaming query that drives this block, and whether that is known.
+        self._query: str | None = None
+        self._query_known = False
 
     # -- the block ------------------------------------------------------------------------
 
-    def _coordinator(self, backend: Backend) -> Coordinator:
+    def _gate(self, backend: Backend) -> Gate:
         if self._store is None:
             self._store = get_plugins().state_store(self.group.state())
         # A single sink's options go into the state (secret-free), as its data source
         # records them: `txsink status` / `resolve` and the destination check read them.
         options = dict(self.group.specs[0].options) if self.group.single else None
-        return Coordinator(backend, self._store, self.group.sink_id, owner=self.owner,
-                           backend_options=options)
+        return Gate(Coordinator(backend, self._store, self.group.sink_id, owner=self.owner,
+                                backend_options=options))
 
     def __enter__(self) -> GroupEpoch:
         self.group.check_state()  # before preflight claims a new target's output
+        self._query, self._query_known = driving_query(self.spark,
+                                                       self.group.checkpoint_location)
         backend = self.group.backend()
         try:
             backend.preflight(self.group.sink_id)
-            coordinator = self._coordinator(backend)
-            coordinator.start(recover=True, batch=True)
-            if self.write_id is not None and coordinator.committed_write(self.write_id) \
-                    is not None:
-                self.skipped = True
-                log.warning("sink=%s: grouped write %s is already committed; its writes "
-                            "are skipped, nothing is written", self.group.sink_id,
-                            self.write_id)
-                return self
-            self.epoch = coordinator.reserve_epoch(self.write_id)
+            gate = self._gate(backend)
+            if self.stream_batch is not None:
+                opened = gate.open_stream_batch(self.stream_batch, self._query, self.owner,
+                                                legacy_app_id=self.group.sink_id)
+            else:
+                opened = gate.open_write(self.write_id, self._query,
+                                         query_known=self._query_known,
+                                         holder_alive=owner_alive)
         finally:
             backend.close()
+        self.epoch, self.skipped = opened.epoch, opened.skip is not None
+        if opened.skip is not None:
+            what = (f"micro-batch {self.stream_batch} (epoch {opened.epoch}) of the query "
+                    f"{self._query or '(id unknown)'}" if self.stream_batch is not None
+                    else f"grouped write {self.write_id}")
+            log.warning("sink=%s: %s is %s; its writes are skipped, nothing is written",
+                        self.group.sink_id, what, opened.skip)
         return self
 
     def write(self, df: DataFrame, target: str | None = None, *,
@@ -519,6 +546,11 @@ class GroupEpoch:
         opts.pop("checkpointLocation", None)
         if self.write_id is not None:
             opts.update(txnAppId=self.write_id.app_id, txnVersion=str(self.write_id.version))
+        if self.skipped and (self.write_id is None or self._query_known):
+            return  # a replay: nothing of it is written, its identity was checked
+        # Skipped as committed, under Spark Connect (no driving query known here): the
+        # write's tasks report the stream they run for, which the commit checks against
+        # the one that wrote the version.
         df.write.format("txsink").mode("append").options(**opts).save()
         self.written[spec.name] = 1
 
@@ -528,31 +560,28 @@ class GroupEpoch:
             return
         backend = self.group.backend()
         try:
-            coordinator = self._coordinator(backend)
-            record = coordinator.store.get(self.epoch)
+            gate = self._gate(backend)
+            record = gate.coordinator.store.get(self.epoch)
             prepared: list[Committable] = list(record.committables) if (
                 record is not None and record.state is EpochState.RESERVED) else []
             if exc_type is not None:
-                coordinator.abort_epoch(self.epoch, prepared)
+                gate.coordinator.abort_epoch(self.epoch, prepared)
                 log.warning("sink=%s epoch=%d: the grouped write failed (%s); every target's "
                             "participants were rolled back", self.group.sink_id, self.epoch,
                             exc_type.__name__)
                 return
-            if record is None or record.state is not EpochState.RESERVED:
-                raise StateError(
-                    f"sink={self.group.sink_id} epoch={self.epoch}: the epoch's reservation "
-                    "is gone (a newer run took it over?); nothing of it is committed",
-                    sink_id=self.group.sink_id, epoch=self.epoch)
-            prepared += self._empty_participants(backend, prepared)
+            record = gate.reserved(self.epoch)
             query = record.write.query_id if record.write is not None else None
-            coordinator.commit_epoch(self.epoch, prepared, write_query=query)
+            gate.decide(self.epoch, gate.with_empty_participants(self.epoch, prepared),
+                        write_query=query)
         finally:
             backend.close()
 
     def _write_native(self, df: DataFrame, spec: TargetSpec) -> None:
         """Spark's own Parquet writer puts the target's files of this epoch into a
         directory no reader lists (the table's directory; the files backend's staging
-        area); the driver records them as one participant of the reserved epoch."""
+        area); the gate checks them against what Spark's tasks reported writing, and
+        records them as one participant of the reserved epoch."""
         if self.skipped:
             return
         if self.group.single:
@@ -572,32 +601,25 @@ class GroupEpoch:
                 from pyspark.sql import functions as F
 
                 df = df.withColumn(spec.epoch_column, F.lit(self.epoch).cast("long"))
-            spark = df.sparkSession
-            # Microsecond timestamps, as txsink's own writer and Iceberg readers take
-            # them; Spark writes INT96 by default.
-            settings = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-                        **backend.native_session_conf(spark)}
-            before = {key: spark.conf.get(key, None) for key in settings}
-            for key, setting in settings.items():
-                spark.conf.set(key, setting)
+            prepared: list[Committable] = []
             try:
-                (df.write.mode("errorifexists").options(**backend.native_write_options())
-                 .parquet(path))
-            finally:
-                for key, was in before.items():
-                    if was is None:
-                        spark.conf.unset(key)
-                    else:
-                        spark.conf.set(key, was)
-            prepared = backend.committables_for_directory(ctx, dirname)
+                reported = write_parquet(df, path, backend.native_write_options(),
+                                         backend.native_session_conf(df.sparkSession))
+                prepared = backend.committables_for_directory(ctx, dirname)
+                assert self._store is not None
+                Gate(Coordinator(part, self._store, self.group.sink_id, owner=self.owner)
+                     ).check_reported(self.epoch, prepared, reported, where=path)
+            except BaseException:
+                for c in prepared:
+                    backend.abort(c)
+                backend.discard_staging(ctx, dirname)
+                raise
             committable = (prepared if self.group.single
                            else group._tag(spec.name, prepared))
             FaultInjector.from_env().hit(NATIVE_BEFORE_RECORD, self.epoch)
-            query = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
             try:
-                assert self._store is not None
                 record_prepared(self._store, self.owner, self.epoch, committable,
-                                query or None)
+                                self._query)
             except BaseException:
                 for c in committable:
                     backend.abort(c)
@@ -608,29 +630,60 @@ class GroupEpoch:
         finally:
             part.close()
 
-    def _empty_participants(self, backend: Backend,
-                            prepared: Sequence[Committable]) -> list[Committable]:
-        """A target this block did not write still takes part (no rows), so every target
-        records every epoch of the group: what the consistent cut reads."""
-        if not isinstance(backend, TargetGroup):
-            return []  # a single sink: its epoch_committed marks an epoch without files
-        missing = [n for n in backend.members if n not in {c.target for c in prepared}]
-        if not missing:
-            return []
-        part = TargetGroup(backend.group_id, [backend.members[n] for n in missing])
-        # An attempt number of the driver's own: no Spark task attempt of this run uses it.
-        return write_group(part, self.epoch, 0, DRIVER_ATTEMPT, [])
+
+def write_parquet(df: DataFrame, path: str, options: Mapping[str, str],
+                  session_conf: Mapping[str, str] | None = None) -> int | None:
+    """Spark's own Parquet writer: ``df`` into ``path``, a new directory, with the
+    session settings ``session_conf`` (restored after). Returns the rows Spark's tasks
+    reported writing (an :class:`~pyspark.sql.Observation` of the write), None where
+    this Spark cannot observe a write.
+
+    Microsecond timestamps, as txsink's own writer and Iceberg readers take them (Spark
+    writes INT96 by default)."""
+    from pyspark.sql import functions as F
+
+    spark = df.sparkSession
+    settings = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+                **(session_conf or {})}
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, setting in settings.items():
+        spark.conf.set(key, setting)
+    try:
+        observation: Any = None
+        try:
+            from pyspark.sql import Observation
+
+            observation = Observation(f"txsink-{uuid.uuid4().hex}")
+            observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
+        except Exception:  # a Spark that cannot observe this frame: nothing to compare
+            observation, observed = None, df
+        observed.write.mode("errorifexists").options(**options).parquet(path)
+    finally:
+        for key, was in before.items():
+            if was is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, was)
+    if observation is None:
+        return None
+    try:
+        return int(observation.get["rows"])
+    except Exception:  # pragma: no cover - the write ran; only its count is missing
+        log.warning("Spark did not report the rows it wrote into %s; they are not "
+                    "compared with the files found", path)
+        return None
 
 
 class _NativeBatch:
-    """The ``foreachBatch`` function of a group with table targets: one grouped epoch per
-    micro-batch, ``version`` = the batch id (a replayed batch is a no-op)."""
+    """The ``foreachBatch`` function of a native stream: one grouped epoch per
+    micro-batch, numbered and checked as the data source's stream numbers its batches (a
+    replayed batch writes nothing; a replaced checkpoint is refused)."""
 
     def __init__(self, group: TargetSet) -> None:
         self.group = group
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        self.group.write_epoch(df, batch_id)
+        self.group.write_epoch(df, batch_id=batch_id)
 
 
 __all__ = ["GROUP_BACKEND", "GroupEpoch", "TargetSet", "epoch", "shape", "target", "targets"]

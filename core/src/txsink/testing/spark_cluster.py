@@ -150,7 +150,8 @@ class SparkStandaloneCluster:
     def __init__(self, workers: int = 2, *, cores: int = 1, memory: str = "1g",
                  python: str | None = None, directory: str | os.PathLike[str] | None = None,
                  daemon_memory: str = "256m", env: Mapping[str, str] | None = None,
-                 worker_hosts: Sequence[str] | None = None) -> None:
+                 worker_hosts: Sequence[str] | None = None,
+                 node_local: Sequence[str | os.PathLike[str]] = ()) -> None:
         self.workers_count = workers
         self.cores = cores
         self.memory = memory
@@ -163,6 +164,9 @@ class SparkStandaloneCluster:
         if len(self.worker_hosts) != workers or not all(
                 h.startswith("127.") for h in self.worker_hosts):
             raise ValueError("worker_hosts needs one loopback address (127.x.y.z) per worker")
+        #: Directories each worker sees as its own (an empty file system of its own
+        #: there, as on separate machines): a node-local path on a cluster.
+        self.node_local = [str(Path(d).absolute()) for d in node_local]
         self.master_port = free_port()
         self.master_ui_port = free_port()
         self.master: _Daemon | None = None
@@ -208,8 +212,18 @@ class SparkStandaloneCluster:
     def _spawn(self, daemon: _Daemon) -> None:
         daemon.log_file = open(daemon.log_path, "ab")  # noqa: SIM115 - closed in _reap
         spark_class = spark_home() / "bin" / "spark-class"
+        command = [str(spark_class), *daemon.args]
+        if self.node_local and daemon.name.startswith("worker"):
+            # A mount namespace of its own with an empty tmpfs on each node-local
+            # directory: what its executors write there, the driver never sees.
+            mounts = " && ".join(f'mkdir -p "${i + 1}" && mount -t tmpfs txsink-node "${i + 1}"'
+                                 for i in range(len(self.node_local)))
+            n = len(self.node_local)
+            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                       f'{mounts} && shift {n} && exec "$@"', "sh", *self.node_local,
+                       *command]
         daemon.process = subprocess.Popen(
-            [str(spark_class), *daemon.args], env=self._env(daemon.host), cwd=self.directory,
+            command, env=self._env(daemon.host), cwd=self.directory,
             stdout=daemon.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.debug("started spark %s (pid %d)", daemon.name, daemon.process.pid)

@@ -1,0 +1,348 @@
+"""The native path goes through the gate (:mod:`txsink.gate`) like every other path.
+
+Spark's own Parquet writer is played by :mod:`tests.integration.files_native_driver`'s
+stand-in (files written into the staging directory as Spark leaves them; the query id
+a stream's thread carries); everything else is the real code: ``TargetSet.write_stream``'s
+``foreachBatch`` function, ``txsink.spark.epoch`` in a ``foreachBatch``, the files
+backend on disk, the CLI. Issue 39's items 1-7 on this path, each found by a review
+and failing before its fix. The oracle: every row exactly once in every target, or a
+refusal that names the cause and wrote nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from txsink import cli, procfs
+from txsink.cut import consistent_cut
+from txsink.errors import CheckpointChangedError, StateError
+from txsink.faults import NATIVE_MID_PUBLISH, InjectedFault
+from txsink.files import backend as files_backend
+from txsink.files.backend import FilesBackend
+from txsink.spark import group as spark_group
+from txsink.spark import target, targets
+from txsink.spark.group import TargetSet, _NativeBatch
+from txsink.state import DirectoryStateStore, EpochState
+from txsink.targets import TargetSpec, target_sink_id
+
+from tests.integration.files_native_driver import ROWS, FakeFrame, rows_of
+
+SINK = "gate"
+
+
+def single(tmp_path: Path, *, checkpoint: bool = False) -> TargetSet:
+    where = ({"checkpoint_location": str(tmp_path / "chk")} if checkpoint
+             else {"state_location": str(tmp_path / "state")})
+    return TargetSet(SINK, [TargetSpec(SINK, "files", {"path": str(tmp_path / "a")})],
+                     single=True, **where)
+
+
+def pair(tmp_path: Path, *, checkpoint: bool = False, where: str | None = None) -> TargetSet:
+    loc = ({"checkpoint_location": str(tmp_path / "chk")} if checkpoint
+           else {"state_location": str(tmp_path / "state")})
+    b: dict[str, Any] = {"where": where} if where else {}
+    return targets(SINK, [target("a", "files", path=str(tmp_path / "a")),
+                          target("b", "files", path=str(tmp_path / "b"), **b)], **loc)
+
+
+def stream_batch(group: TargetSet, batch: int, query: str, version: int | None = None) -> None:
+    """One micro-batch of ``TargetSet.write_stream``'s native ``foreachBatch``."""
+    rows = rows_of(batch if version is None else version)
+    _NativeBatch(group)(FakeFrame(rows, query_id=query), batch)  # type: ignore[arg-type]
+
+
+def grouped(group: TargetSet, batch: int, query: str, version: int | None = None) -> None:
+    """A user's ``foreachBatch``: ``with txsink.spark.epoch(..., version=batch_id)``."""
+    df = FakeFrame(rows_of(batch if version is None else version), query_id=query)
+    with group.epoch(df.sparkSession, version=batch) as tx:  # type: ignore[arg-type]
+        for name in group.names:
+            tx.write(df, name)  # type: ignore[arg-type]
+
+
+def ids(path: Path) -> list[int]:
+    if not path.exists():
+        return []
+    table = ds.dataset(str(path), format="parquet").to_table()  # skips _txsink
+    if table.num_rows == 0:
+        return []
+    out = table.column("id").to_pylist()
+    assert table.column("value").to_pylist() == [i * 7 for i in out]
+    return sorted(out)
+
+
+def expected(batches: int) -> list[int]:
+    return list(range(batches * ROWS))
+
+
+def staged(path: Path) -> list[str]:
+    return sorted(os.listdir(path / "_txsink" / "staging")) if (
+        path / "_txsink" / "staging").exists() else []
+
+
+def checksum(values: list[int]) -> str:
+    return hashlib.sha256(repr(values).encode()).hexdigest()
+
+
+# -- identity -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["single", "group"])
+def test_a_native_stream_on_a_replaced_checkpoint_is_refused_not_skipped(
+        tmp_path: Path, kind: str) -> None:
+    """Item 1 (``write_stream`` with a separate state_location): the new query numbers
+    its batches from 0 again; they were taken for replays and skipped with a WARNING."""
+    group = single(tmp_path) if kind == "single" else pair(tmp_path)
+    for b in range(3):
+        stream_batch(group, b, "query-1")
+    with pytest.raises(CheckpointChangedError, match="deleted or replaced"):
+        stream_batch(group, 0, "query-2", version=10)
+    for t in group.names if kind == "group" else ["a"]:
+        assert ids(tmp_path / t) == expected(3), t
+        assert staged(tmp_path / t) == []
+    stream_batch(group, 3, "query-1")  # the right checkpoint goes on
+    assert ids(tmp_path / "a") == expected(4)
+
+
+@pytest.mark.parametrize("kind", ["single", "group"])
+def test_grouped_writes_of_a_replaced_checkpoint_are_refused_not_skipped(
+        tmp_path: Path, kind: str) -> None:
+    """Item 1 (all-native ``epoch(..., version=batch_id)`` in ``foreachBatch``): the data
+    source's write checked the stream's query; with only native targets nothing did."""
+    group = single(tmp_path) if kind == "single" else pair(tmp_path)
+    for b in range(3):
+        grouped(group, b, "query-1")
+    grouped(group, 2, "query-1")  # Spark's replay of the last batch: skipped
+    with pytest.raises(CheckpointChangedError, match="query-1"):
+        grouped(group, 0, "query-2", version=10)
+    assert ids(tmp_path / "a") == expected(3)
+
+
+@pytest.mark.parametrize("kind", ["single", "group"])
+def test_a_native_stream_restored_from_an_older_checkpoint_skips_what_the_targets_hold(
+        tmp_path: Path, kind: str) -> None:
+    """Item 2: with the state inside the checkpoint, a restored copy knows fewer epochs
+    than the targets; Spark's replays of them were written again as new epochs."""
+    group = single(tmp_path, checkpoint=True) if kind == "single" else pair(
+        tmp_path, checkpoint=True)
+    for b in range(3):
+        stream_batch(group, b, "query-1")
+    shutil.copytree(tmp_path / "chk", tmp_path / "backup")
+    for b in (3, 4):
+        stream_batch(group, b, "query-1")
+    shutil.rmtree(tmp_path / "chk")
+    shutil.copytree(tmp_path / "backup", tmp_path / "chk")
+    for b in (3, 4, 5):  # Spark replays 3 and 4, then goes on
+        stream_batch(group, b, "query-1")
+    for t in group.names if kind == "group" else ["a"]:
+        assert ids(tmp_path / t) == expected(6), t
+
+
+def test_grouped_writes_on_a_restored_state_are_refused_not_written_twice(
+        tmp_path: Path) -> None:
+    """Item 2 on the grouped-writes path: a user's ``epoch(..., version=batch_id)`` keeps
+    its versions in the state; restored from an older copy, the replayed versions were
+    taken for new writes. The targets hold more epochs than the state knows: refused."""
+    group = pair(tmp_path, checkpoint=True)
+    for b in range(2):
+        grouped(group, b, "query-1")
+    shutil.copytree(tmp_path / "chk", tmp_path / "backup")
+    grouped(group, 2, "query-1")
+    shutil.rmtree(tmp_path / "chk")
+    shutil.copytree(tmp_path / "backup", tmp_path / "chk")
+    with pytest.raises(StateError, match="restored from an older copy"):
+        grouped(group, 2, "query-1")  # Spark's replay
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(3)
+
+
+def test_an_earlier_releases_native_stream_goes_on_without_writing_a_batch_twice(
+        tmp_path: Path) -> None:
+    """States of the release before the gate: its native stream wrote each batch as a
+    versioned grouped write (version = batch id). A replay of one of those is skipped,
+    the next batch is written; another query is refused."""
+    group = pair(tmp_path)
+    for b in range(3):
+        grouped(group, b, "query-1")  # what that release's foreachBatch function did
+    stream_batch(group, 2, "query-1")  # replayed after the upgrade
+    stream_batch(group, 3, "query-1")
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(4)
+    with pytest.raises(CheckpointChangedError):
+        stream_batch(group, 1, "query-2", version=9)
+    assert ids(tmp_path / "a") == expected(4)
+
+
+def test_a_native_stream_then_a_batch_write_is_refused(tmp_path: Path) -> None:
+    """A native stream binds the state as the data source's does: a batch write would
+    take the number of one of its next batches."""
+    group = pair(tmp_path)
+    stream_batch(group, 0, "query-1")
+    with pytest.raises(StateError, match="a streaming query writes through"):
+        group.write(FakeFrame(rows_of(7)))  # type: ignore[arg-type]
+    assert ids(tmp_path / "b") == expected(1)
+
+
+def _live_owner() -> str:
+    """An owner token of this (running) process, as a driver JVM's token reads."""
+    started = procfs.stat(os.getpid())
+    assert started is not None
+    return f"{socket.gethostname()}:jvm{os.getpid()}:{started[2]}"
+
+
+def test_a_backfill_from_another_driver_beside_a_grouped_stream_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 7: it took the lease, and the stream died with ``FencedError ... stop the
+    older one``, naming the stream's driver as the one to stop. The backfill is refused
+    now, naming the stream and its driver; the stream goes on."""
+    group = pair(tmp_path)
+    stream_owner = _live_owner()
+    monkeypatch.setenv("TXSINK_OWNER", stream_owner)
+    grouped(group, 0, "query-1")
+    monkeypatch.setenv("TXSINK_OWNER", f"{socket.gethostname()}:jvm1:1")  # another driver
+    backfill = FakeFrame(rows_of(50))
+    with pytest.raises(StateError, match=f"query-1 .*{stream_owner}.*stop that stream"), \
+            group.epoch(backfill.sparkSession) as tx:  # type: ignore[arg-type]
+        tx.write(backfill, "a")  # type: ignore[arg-type]
+    monkeypatch.setenv("TXSINK_OWNER", stream_owner)
+    grouped(group, 1, "query-1")
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(2)
+    # Once the stream's driver is gone, the backfill takes the lease over and writes.
+    monkeypatch.setenv("TXSINK_OWNER", f"{socket.gethostname()}:jvm1:1")
+    monkeypatch.setattr(spark_group, "owner_alive", lambda owner: False)
+    df = FakeFrame(rows_of(50))
+    with group.epoch(df.sparkSession) as tx:  # type: ignore[arg-type]
+        for name in group.names:
+            tx.write(df, name)  # type: ignore[arg-type]
+    assert ids(tmp_path / "a") == sorted([*expected(2), *range(50 * ROWS, 51 * ROWS)])
+
+
+# -- the empty epoch ------------------------------------------------------------------------
+
+def test_an_epoch_without_rows_is_a_normal_epoch(tmp_path: Path) -> None:
+    """Item 3: a files target without rows failed after the decision (``min() arg is an
+    empty sequence``) and stayed DECIDED at every restart."""
+    group = single(tmp_path)
+    empty = FakeFrame(rows_of(0).slice(0, 0), query_id="query-1")
+    _NativeBatch(group)(empty, 0)  # type: ignore[arg-type]
+    stream_batch(group, 1, "query-1")
+    store = DirectoryStateStore(tmp_path / "state")
+    assert store.states() == {0: EpochState.COMMITTED, 1: EpochState.COMMITTED}
+    backend = FilesBackend(str(tmp_path / "a"))
+    assert backend.holds_epoch(SINK, 0) and backend.holds_epoch(SINK, 1)
+    assert ids(tmp_path / "a") == list(range(ROWS, 2 * ROWS))
+
+
+def test_a_target_whose_where_matches_nothing_takes_part_with_no_rows(
+        tmp_path: Path) -> None:
+    """Item 3 in a group: one target's ``where`` matches nothing in a batch."""
+    group = pair(tmp_path, where="id < 0")
+    for b in range(2):
+        stream_batch(group, b, "query-1")
+    assert ids(tmp_path / "a") == expected(2) and ids(tmp_path / "b") == []
+    store = DirectoryStateStore(tmp_path / "state")
+    assert set(store.states().values()) == {EpochState.COMMITTED}
+    for t in ("a", "b"):
+        assert FilesBackend(str(tmp_path / t)).holds_epoch(target_sink_id(SINK, t), 1), t
+    assert consistent_cut(group.backend(), store, SINK).cut == 1
+
+
+# -- completeness ---------------------------------------------------------------------------
+
+def test_files_written_where_the_driver_does_not_look_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 4: the driver committed whatever it found in the staging directory (a
+    node-local path on a cluster, a non-local fs.defaultFS): part or none of the rows,
+    without an error. Spark's tasks report the rows they wrote; the gate compares."""
+    real = spark_group.write_parquet
+
+    def half_elsewhere(df: Any, path: str, options: Any, conf: Any = None) -> int | None:
+        real(df, path, options, conf)
+        # Two of the tasks ran on executors whose files the driver cannot see.
+        out = Path(path.removeprefix("file://"))
+        for name in sorted(n for n in os.listdir(out) if n.startswith("part-"))[:2]:
+            os.unlink(out / name)
+        return int(df.table.num_rows)
+
+    group = pair(tmp_path)
+    monkeypatch.setattr(spark_group, "write_parquet", half_elsewhere)
+    with pytest.raises(StateError, match=f"reported writing {ROWS} row"):
+        stream_batch(group, 0, "query-1")
+    assert DirectoryStateStore(tmp_path / "state").states() == {}
+    assert ids(tmp_path / "a") == [] and staged(tmp_path / "a") == []
+    monkeypatch.setattr(spark_group, "write_parquet", real)
+    stream_batch(group, 0, "query-1")  # Spark retries the batch: written once
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(1)
+
+
+def test_staged_files_the_driver_cannot_link_are_refused_at_prepare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 5: ``fs.protected_hardlinks`` with executors running as another user (or
+    another mount) was found out only after the decision, and the epoch could never
+    commit. The link is tried when the files are recorded, before any decision."""
+    link = os.link
+
+    def protected(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if "staging" in str(src):  # the executors' files; the driver's own it may link
+            raise OSError(errno.EPERM, "Operation not permitted")
+        link(src, dst, *args, **kwargs)
+
+    group = single(tmp_path)
+    monkeypatch.setattr(files_backend.os, "link", protected)
+    with pytest.raises(StateError, match="protected_hardlinks"):
+        stream_batch(group, 0, "query-1")
+    store = DirectoryStateStore(tmp_path / "state")
+    assert store.states() == {} and staged(tmp_path / "a") == []
+    monkeypatch.setattr(files_backend.os, "link", link)
+    stream_batch(group, 0, "query-1")
+    assert ids(tmp_path / "a") == expected(1)
+
+
+# -- a forced resolve of a half-published epoch ----------------------------------------------
+
+def test_a_forced_resolve_of_a_half_published_epoch_takes_its_files_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 6: it said the rows were "rolled back" while a published file stayed
+    visible, and the replay wrote those rows twice."""
+    group = single(tmp_path)
+    monkeypatch.setenv("TXSINK_OWNER", "run-1")
+    stream_batch(group, 0, "query-1")
+    monkeypatch.setenv("TXSINK_FAULTS", f"{NATIVE_MID_PUBLISH}@1:raise")
+    with pytest.raises(InjectedFault):
+        stream_batch(group, 1, "query-1")
+    monkeypatch.delenv("TXSINK_FAULTS")
+    assert len(ids(tmp_path / "a")) > ROWS  # one file of epoch 1 is out
+    assert cli.main(["resolve", str(tmp_path / "state"), "--epoch", "1", "--abort",
+                     "--force"]) == 0
+    said = capsys.readouterr().out
+    assert "stay visible" not in said and f"{ROWS} row(s) dropped" in said, said
+    assert ids(tmp_path / "a") == expected(1)
+    monkeypatch.setenv("TXSINK_OWNER", "run-2")  # the query started again
+    stream_batch(group, 1, "query-1")  # Spark replays the batch
+    assert ids(tmp_path / "a") == expected(2)
+
+
+def test_a_participant_whose_files_are_all_published_is_committed(tmp_path: Path) -> None:
+    """Item 6: ``is_committed`` answered False while the staging directory was still
+    there, so a forced resolve took visible rows for dropped."""
+    backend = FilesBackend(str(tmp_path / "a"))
+    backend.preflight(SINK)
+    from txsink.model import TransactionContext
+
+    ctx = TransactionContext(SINK, 0, 0, 1)
+    path, dirname = backend.native_staging(ctx)
+    out = Path(path.removeprefix("file://"))
+    out.mkdir()
+    for n in range(3):
+        pq.write_table(pa.table({"id": [n]}), out / f"part-{n:05d}.parquet")
+    c = backend.committable_for_directory(ctx, dirname)
+    for f in c.payload["files"]:
+        os.link(out / f["name"], backend.base / f["final"])
+    assert backend.is_committed(c) is True
