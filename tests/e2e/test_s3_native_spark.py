@@ -99,10 +99,17 @@ def uploads(s3: LocalSeaweedFS, prefix: str) -> list[str]:
     return sorted(u["Key"] for page in pages for u in page.get("Uploads", []) or [])
 
 
+def bookkeeping(prefix: str, key: str) -> bool:
+    """Whether ``key`` under ``prefix`` is txsink's or S3A's, not data (the prefix itself
+    may hold such words)."""
+    relative = "/" + key[len(prefix) + 1:]
+    return "/_txsink/" in relative or "/__magic" in relative
+
+
 def rows(s3: LocalSeaweedFS, prefix: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for key in listing(s3, prefix):
-        if "/_txsink/" in key or "/__magic" in key:
+        if bookkeeping(prefix, key):
             continue
         body = s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
         out += pq.read_table(io.BytesIO(body)).to_pylist()
@@ -116,11 +123,11 @@ def check_exact(s3: LocalSeaweedFS, prefix: str, sink: str, want: Any) -> list[s
     assert uploads(s3, prefix) == []
     keys = listing(s3, prefix)
     base = f"{prefix}/{sink}"
-    data = [k for k in keys if "/_txsink/" not in k]
+    data = [k for k in keys if not bookkeeping(prefix, k)]
     assert all(k.startswith(f"{base}/epoch=") for k in data), data
-    bookkeeping = {k.removeprefix(f"{base}/_txsink/").split("/")[0]
-                   for k in keys if "/_txsink/" in k}
-    assert bookkeeping <= {"owner.json", "manifests"}, bookkeeping
+    kept = {k.removeprefix(f"{base}/_txsink/").split("/")[0]
+            for k in keys if bookkeeping(prefix, k)}
+    assert kept <= {"owner.json", "manifests"}, kept
     return data
 
 
@@ -187,7 +194,7 @@ def test_an_epoch_without_rows_and_a_retried_task(spark: Any, s3: LocalSeaweedFS
                     checkpoint_location=str(tmp_path / "chk"))
     empty = spark.range(0).selectExpr("id", "CAST(id AS INT) AS key", "id AS amount")
     group.write(empty)
-    assert [k for k in listing(s3, "retry") if "/_txsink/" not in k] == []
+    assert [k for k in listing(s3, "retry") if not bookkeeping("retry", k)] == []
     assert uploads(s3, "retry") == []
     manifest = json.loads(s3.client().get_object(
         Bucket=BUCKET, Key="retry/native-retry--s3/_txsink/manifests/"
@@ -217,11 +224,11 @@ def test_an_epoch_without_rows_and_a_retried_task(spark: Any, s3: LocalSeaweedFS
 @long_run
 def test_odd_prefixes_and_small_files_asked_for(spark: Any, s3: LocalSeaweedFS,
                                                  tmp_path: Path) -> None:
-    from txsink.spark import target, targets
-
     """Also a prefix holding the words of the protocol's own layout, and a session asking
     for small files (``maxRecordsPerFile``): the keys are still the tasks' own, one file
     per task."""
+    from txsink.spark import target, targets
+
     want = make_input(tmp_path / "in", files=1, rows_per_file=150)
     spark.conf.set("spark.sql.files.maxRecordsPerFile", "10")
     try:
