@@ -4,7 +4,8 @@
     python -m tests.e2e.s3_native_spark_driver SPEC_JSON
 
 SPEC: ``input_dir``, ``checkpoint``, ``sink_id``, ``options`` (the S3 target's),
-``conf`` (Spark settings: the s3a and txsink-s3 jars, the endpoint). One batch per input
+``conf`` (Spark settings: the s3a and txsink-s3 jars, the endpoint), ``sql_conf`` (set
+on the session once it runs). One batch per input
 file (``availableNow``), repartitioned into two tasks. ``TXSINK_FAULTS`` kills the whole
 process group (driver, JVM, Python workers) at its point. With ``"batch": N`` it
 batch-writes N rows instead, and a refusal (:class:`~txsink.errors.ConfigError`) is
@@ -35,6 +36,8 @@ def main(spec: dict[str, object]) -> None:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     register(spark)
+    for key, value in dict(spec.get("sql_conf") or {}).items():  # type: ignore[call-overload]
+        spark.conf.set(key, value)
     group = targets(str(spec["sink_id"]),
                     [target("s3", "s3", **dict(spec["options"]))],  # type: ignore[call-overload]
                     checkpoint_location=str(spec["checkpoint"]))

@@ -318,3 +318,27 @@ def test_driver_killed_at_the_native_steps_then_each_row_once(
     done = drive(spec)
     assert done.returncode == 0 and "TXSINK-DRIVER-DONE" in done.stdout, done.stdout[-4000:]
     check_exact(s3, "crash", "native-crash--s3", want)
+
+
+@long_run
+def test_s3a_tracking_pending_uploads_as_objects_leaves_nothing_behind(
+        s3: LocalSeaweedFS, jars: tuple[list[str], str], tmp_path: Path) -> None:
+    """S3A's default keeps a task's pending uploads as ``.pending`` objects in the job's
+    magic directory until task commit (txsink's docs advise memory instead). The
+    protocol asks the filesystem instance which it does, whatever the job's settings
+    say (a job asking for memory on an instance tracking in S3 found no upload and would
+    have committed nothing): the rows are there once, the directory is gone."""
+    conf = spark_conf(s3, jars)
+    conf["spark.hadoop.fs.s3a.committer.magic.track.commits.in.memory.enabled"] = "false"
+    key = "fs.s3a.committer.magic.track.commits.in.memory.enabled"
+    for n, sql_conf in enumerate(({}, {key: "true"})):  # the second: the job says memory
+        done = drive({"sink_id": f"native-tracked{n}", "batch": 500, "conf": conf,
+                      "sql_conf": sql_conf, "checkpoint": str(tmp_path / f"chk{n}"),
+                      "options": options(s3, f"tracked{n}")})
+        assert done.returncode == 0 and "TXSINK-REFUSED" not in done.stdout, \
+            done.stdout[-4000:]
+        assert sorted(r["id"] for r in rows(s3, f"tracked{n}")) == list(range(500))
+        assert uploads(s3, f"tracked{n}") == []
+        left = [k for k in listing(s3, f"tracked{n}") if "/__magic" in k
+                or "/_txsink/native/" in k]
+        assert left == [], left

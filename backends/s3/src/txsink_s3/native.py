@@ -251,7 +251,17 @@ def participants(backend: S3Backend, ctx: TransactionContext,
     for c in empty:
         backend.abort(c)
     try:
-        backend.client.delete_object(Bucket=backend.bucket, Key=key)
+        # Read once: the document, and S3A's magic directory of the job (what a bucket
+        # whose S3A tracks pending uploads as objects leaves: directory markers, failed
+        # attempts' .pending files) are of no more use.
+        magic = [str(o["Key"]) for page in backend.client.get_paginator(
+            "list_objects_v2").paginate(Bucket=backend.bucket,
+                                        Prefix=f"{base}/__magic_job-{dirname}/")
+                 for o in page.get("Contents", []) or []]
+        doomed = [key, *magic]
+        for i in range(0, len(doomed), 1000):  # DeleteObjects takes 1,000 keys at most
+            backend.client.delete_objects(Bucket=backend.bucket, Delete={
+                "Objects": [{"Key": k} for k in doomed[i:i + 1000]], "Quiet": True})
     except Exception:
         log.debug("%s: could not delete %s (the orphan scan does)", ctx.describe(), where,
                   exc_info=True)
