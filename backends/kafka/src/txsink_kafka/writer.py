@@ -131,6 +131,10 @@ class KafkaTransaction(Transaction):
         self.ranges: dict[tuple[str, int], list[int]] = {}
         #: The cluster's finalized transaction.version when the participant opened.
         self.broker_transaction_version = -1
+        #: Seconds spent handing rows to librdkafka (write) and flushing (pre_commit):
+        #: with open_wait_ms and began/prepared_at, where a participant's time goes.
+        self.write_s = 0.0
+        self.flush_s = 0.0
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
@@ -720,6 +724,13 @@ class KafkaWriter:
     def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
         assert isinstance(txn, KafkaTransaction)
         self._opened(txn)
+        started = time.perf_counter()
+        try:
+            self._write(txn, batch)
+        finally:
+            txn.write_s += time.perf_counter() - started
+
+    def _write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         assert txn.producer is not None
         if txn.errors:
             raise self._delivery_error(txn)
@@ -851,7 +862,9 @@ class KafkaWriter:
         self._opened(txn)
         assert txn.producer is not None
         producer = txn.producer
+        flushing = time.perf_counter()
         self._flush(txn)
+        txn.flush_s = time.perf_counter() - flushing
         identity = txn.capture.identity
         if identity is None:
             raise TxsinkError(
@@ -875,6 +888,8 @@ class KafkaWriter:
             "prepared_at": round(time.time(), 3),
             "open_ms": round(txn.open_ms, 1),
             "open_wait_ms": round(txn.open_wait_ms, 1),
+            "write_ms": round(txn.write_s * 1000, 1),
+            "flush_ms": round(txn.flush_s * 1000, 1),
             # Begun on a producer opened ahead of need (producer.init.ahead).
             "reused_producer": txn.reused,
         }
