@@ -550,10 +550,15 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         "(`COPY`, prepared transactions for exactly-once).",
         "* S3 (SeaweedFS): the same four columns as snappy Parquet. Spark's writer through "
         "hadoop-aws `s3a://` with Spark's default commit protocol (FileOutputCommitter, "
-        "rename by copy); txsink with multipart uploads completed at commit.",
+        "rename by copy); txsink with multipart uploads completed at commit, through its "
+        "data source (its Python writer) and on the native path (`writer: spark`: Spark's "
+        "own Parquet writer through `s3a://`, each task's file a multipart upload S3A's "
+        "magic committer leaves pending, one sink and one epoch per write).",
         "* files: the same four columns as snappy Parquet into a local directory; the "
         "no-op writer is a Python Arrow data source that reads every batch and writes "
-        "nothing (`files_bench._DrainWriter`), the floor of any Python sink.",
+        "nothing (`files_bench._DrainWriter`), the floor of any Python sink; txsink "
+        "through its data source and on the native path (Spark's own Parquet writer "
+        "stages the files, txsink links them at commit).",
         "* The output of every writer is checked after the rounds (record counts in Kafka "
         "and PostgreSQL, Parquet objects/files present for S3 and files).",
         "",
