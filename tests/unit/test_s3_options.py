@@ -113,3 +113,30 @@ def test_writer_spark_takes_the_native_path_for_parquet_only() -> None:
         with pytest.raises(ConfigError, match=words) as info:
             S3Backend.from_options({"bucket": "abc", "writer": "spark", **options})
         assert info.value.field == field
+
+
+def test_writer_spark_is_kept_for_exactly_once_and_a_jvm(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """As docs/backends/s3.md says: a pipeline file's S3 sink with ``writer: spark`` takes
+    Spark's writer for exactly-once; at-least-once and Spark Connect keep txsink's."""
+    from txsink.config import parse_pipeline
+    from txsink.spark.frames import native_targets
+    from txsink.spark.group import takes_native
+    from txsink.targets import TargetSpec
+
+    def pipeline(**sink: object) -> object:
+        return parse_pipeline({
+            "name": "p", "source": {"type": "rate"}, "checkpoint": str(tmp_path / "chk"),
+            "sink": {"backend": "s3", "sink_id": "p1",
+                     "options": {"bucket": "abc", "writer": "spark"}, **sink}})
+
+    native = native_targets(pipeline(), {}, stream=False)  # type: ignore[arg-type]
+    assert native is not None and native.single
+    assert native_targets(pipeline(guarantee="at_least_once"), {},  # type: ignore[arg-type]
+                           stream=False) is None
+    spec = TargetSpec("p1", "s3", {"bucket": "abc", "writer": "spark"})
+
+    class ConnectFrame:
+        pass
+
+    ConnectFrame.__module__ = "pyspark.sql.connect.dataframe"
+    assert takes_native(spec) and not takes_native(spec, ConnectFrame())  # type: ignore[arg-type]

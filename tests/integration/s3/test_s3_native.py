@@ -246,3 +246,41 @@ def test_a_write_the_gate_refuses_is_undone_at_once(s3_server: S3Server, prefix:
     assert not [k for k in s3_server.keys(f"{prefix}/") if f"/epoch=2/{dirname}" in k
                 or dirname in k]
     assert len(backend.committables_for_directory(keep_ctx, keep_dir)) == TASKS - 1
+
+
+def test_a_second_query_on_the_same_sink_is_refused_before_spark_writes(
+        s3_server: S3Server, prefix: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two queries (two states) with one sink id on the native path: the second is
+    refused by the target's owner record before its Spark job runs; the first's objects
+    stay as they were and nothing is left pending."""
+    from txsink.errors import SinkOwnedError
+    from txsink.spark.group import TargetSet
+    from txsink.targets import TargetSpec
+
+    from tests.integration.s3_native_driver import FakeFrame
+    from tests.integration.s3_native_driver import SparkWriterStandIn as Writer
+
+    monkeypatch.setattr(native, "session_conf", lambda backend, spark: {
+        "spark.sql.sources.commitProtocolClass": "stand-in"})
+    opts = s3_server.options(prefix, writer="spark")
+
+    def query(state: str) -> TargetSet:
+        return TargetSet(SINK, [TargetSpec(SINK, "s3", opts)], state_location=state,
+                         single=True)
+
+    query(str(tmp_path / "a")).write_epoch(FakeFrame(tasks_of(0), Writer(opts)), 0)
+    before = data_keys(s3_server, prefix)
+    assert len(before) == TASKS - 1
+    spark_wrote: list[str] = []
+
+    class Watched(Writer):
+        def write(self, tasks: list, path: str) -> None:  # type: ignore[type-arg]
+            spark_wrote.append(path)
+            super().write(tasks, path)
+
+    with pytest.raises(SinkOwnedError, match="two queries must not share a sink id"):
+        query(str(tmp_path / "b")).write_epoch(FakeFrame(tasks_of(1), Watched(opts)), 0)
+    assert spark_wrote == []
+    assert data_keys(s3_server, prefix) == before
+    assert s3_server.uploads(f"{prefix}/") == []
