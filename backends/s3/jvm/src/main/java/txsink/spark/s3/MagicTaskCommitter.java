@@ -4,12 +4,12 @@ import java.io.IOException;
 import java.util.ArrayList;
 import java.util.List;
 
-import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.s3a.commit.CommitConstants;
 import org.apache.hadoop.fs.s3a.commit.files.PendingSet;
 import org.apache.hadoop.fs.s3a.commit.files.SinglePendingCommit;
 import org.apache.hadoop.fs.s3a.commit.files.UploadEtag;
+import org.apache.hadoop.fs.s3a.commit.impl.CommitContext;
 import org.apache.hadoop.fs.s3a.commit.magic.MagicS3GuardCommitter;
 import org.apache.hadoop.mapreduce.JobContext;
 import org.apache.hadoop.mapreduce.JobStatus;
@@ -91,8 +91,7 @@ public final class MagicTaskCommitter extends MagicS3GuardCommitter {
     }
 
     private void abortPendingUploads(TaskAttemptContext context, List<SinglePendingCommit> commits) {
-        try (org.apache.hadoop.fs.s3a.commit.impl.CommitContext commitContext =
-                 initiateTaskOperation(context)) {
+        try (CommitContext commitContext = initiateTaskOperation(context)) {
             for (SinglePendingCommit c : commits) {
                 commitContext.abortSingleCommit(c);
             }
@@ -140,9 +139,5 @@ public final class MagicTaskCommitter extends MagicS3GuardCommitter {
             }
         }
         return false;
-    }
-
-    static FileSystem fsOf(Path path, TaskAttemptContext context) throws IOException {
-        return path.getFileSystem(context.getConfiguration());
     }
 }
