@@ -576,17 +576,62 @@ def test_a_kept_producer_whose_id_was_taken_over_is_replaced(
     assert backend.list_prepared(sink_id) == []
 
 
-def test_exactly_once_never_keeps_a_producer(backend: KafkaBackend, sink_id: str) -> None:
+def test_exactly_once_never_reuses_a_prepared_producer_and_opens_the_next_ahead(
+        backend: KafkaBackend, sink_id: str, topic: str,
+        broker_caps: kt.BrokerCapabilities) -> None:
     """A prepared producer's transaction is ended by the driver, after which librdkafka
-    refuses to begin on it: exactly_once opens a producer per participant."""
+    refuses to begin on it: each exactly_once participant needs a producer with
+    ``init_transactions`` done. The writer process initialises it between tasks, on a
+    slot with no open transaction, so the next participant only begins and writes its
+    marker; every row once, each participant on its own producer epoch."""
     kb.close_kept_producers()
-    before = kb.PRODUCER_COUNTS["init_transactions"]
-    for epoch in range(2):
+    before = dict(kb.PRODUCER_COUNTS)
+    done = []
+    for epoch in range(3):
         c = prepare(backend, sink_id, epoch, 0, range(epoch * 10, epoch * 10 + 10))
         assert backend.commit(c) is CommitOutcome.COMMITTED
         _until_ended(backend, str(c.payload["transactional_id"]))
-    assert kb.PRODUCER_COUNTS["init_transactions"] - before == 2
-    assert not kwriter._PRODUCERS
+        done.append(c)
+    deadline = time.monotonic() + 30  # the one ahead of a next task that never comes
+    while kwriter._WARMING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    counts = {k: kb.PRODUCER_COUNTS[k] - before.get(k, 0)
+              for k in ("init_transactions", "warmed", "reused")}
+    # One producer opened by the first task, one ahead of each later task (and of the
+    # task after the last): three inits, the later two participants on warmed ones.
+    assert counts == {"init_transactions": 4, "warmed": 3, "reused": 2}, counts
+    identities = [(c.payload["transactional_id"], c.payload["producer_id"],
+                   c.payload["producer_epoch"]) for c in done]
+    assert len(set(identities)) == 3  # never a prepared producer again
+    assert all(float(c.payload["open_ms"]) >= 0 for c in done)
+    assert committed_keys(broker_caps, backend.config.bootstrap, topic) == list(range(30))
+    assert backend.list_prepared(sink_id) == []
+    assert broker_open_participants(backend, sink_id) == set()
+    # The producer kept for the next participant holds no transaction; closing it is all.
+    assert len(kwriter._PRODUCERS) == 1
+    kb.close_kept_producers()
+
+
+def test_exactly_once_without_opening_ahead_opens_each_producer_in_the_task(
+        kafka_broker: Broker, topic: str, sink_id: str) -> None:
+    """``producer.init.ahead=false``: no producer is initialised between tasks."""
+    b = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+        "producer.init.ahead": "false"})
+    assert isinstance(b, KafkaBackend)
+    b.preflight(sink_id)
+    try:
+        kb.close_kept_producers()
+        before = dict(kb.PRODUCER_COUNTS)
+        for epoch in range(2):
+            c = prepare(b, sink_id, epoch, 0, range(epoch * 10, epoch * 10 + 10))
+            assert b.commit(c) is CommitOutcome.COMMITTED
+        assert kb.PRODUCER_COUNTS["init_transactions"] - before.get("init_transactions", 0) \
+            == 2
+        assert kb.PRODUCER_COUNTS["warmed"] == before.get("warmed", 0)
+        assert not kwriter._PRODUCERS and not kwriter._WARMING
+    finally:
+        b.close()
 
 
 @pytest.mark.parametrize("policy", ["delete", "compact,delete"])
@@ -679,11 +724,14 @@ def test_a_committed_participant_whose_markers_were_compacted_away_stays_committ
         tid, identity, (_, mpart, moffset) = b.payload(first)
         epoch = 1
         deadline = time.monotonic() + 180
-        # Later epochs reuse the slot; the cleaner (every log.cleaner.backoff.ms, 15 s by
-        # default) then keeps only the newest marker of the key.
+        # Later epochs reuse the slot (every other one: the producer initialised ahead
+        # of each next participant takes the other slot while this one is prepared);
+        # the cleaner (every log.cleaner.backoff.ms, 15 s by default) then keeps only
+        # the newest marker of the key.
+        reused = 0
         while True:
             c = prepare(b, sink_id, epoch, 0, range(10 * epoch, 10 * epoch + 10))
-            assert c.payload["transactional_id"] == tid
+            reused += c.payload["transactional_id"] == tid
             assert coord.commit_epoch(epoch, [c]) is EpochOutcome.COMMITTED
             epoch += 1
             gone = b.committer.marker_status(first) == kb.MarkerStatus.MISSING
@@ -692,6 +740,7 @@ def test_a_committed_participant_whose_markers_were_compacted_away_stays_committ
                 break
             assert time.monotonic() < deadline, "the log cleaner never compacted the markers"
             time.sleep(1.0)
+        assert reused
         assert b.commit(first) is CommitOutcome.ALREADY_COMMITTED
         assert b.is_committed(first) is True
         assert keys(bootstrap, out) == list(range(10 * epoch))
