@@ -1,0 +1,115 @@
+"""The model-based test of the native path (see :mod:`tests.operations_native`): a few
+hundred sequences in the default run, thousands in ``tox -e operations-long``; and the
+counterexamples it found, as regression tests. Each drives the model's own steps, strict
+(a known failure fails instead of being discarded)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from txsink.faults import AFTER_DECIDE
+
+from tests.operations_native import NativeModel, settings_for
+
+TestNative = NativeModel.TestCase
+TestNative.settings = settings(**settings_for(300))
+
+
+class _Draw:
+    """The draws of one recorded step, in order (hypothesis's ``data`` stand-in)."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        return self.values.pop(0)
+
+
+@pytest.fixture
+def native() -> Iterator[NativeModel]:
+    model = NativeModel()
+    model.strict = True
+    yield model
+    model.teardown()
+
+
+_REPLANNED = ("gate and every target's epoch markers: a replay is recognised by its batch "
+              "number alone; a batch Spark planned anew after a checkpoint restored from an "
+              "older copy (other records under a number the targets, or a state kept beside, "
+              "hold) is skipped as a replay and its new records are lost (KNOWN 'replanned')")
+
+
+@pytest.mark.parametrize(("path", "inside"), [
+    pytest.param("native", True, marks=pytest.mark.xfail(strict=True, reason=_REPLANNED)),
+    pytest.param("native", False, marks=pytest.mark.xfail(strict=True, reason=_REPLANNED)),
+    pytest.param("grouped", False, marks=pytest.mark.xfail(strict=True, reason=_REPLANNED)),
+    # Grouped writes with version=batch_id on a state that went back with the checkpoint:
+    # refused (the targets hold more epochs than the state knows), the newest checkpoint
+    # is put back, and the stream goes on.
+    ("grouped", True)])
+def test_a_batch_spark_plans_anew_after_a_restored_checkpoint_is_not_skipped(
+        native: NativeModel, path: str, inside: bool) -> None:
+    """Found by the model: batch 0 commits (record 0); a copy of the checkpoint is taken;
+    batch 1 commits (record 1); the copy is restored. Spark's restored offset log ends at
+    batch 0, committed, so it plans batch 1 anew, over records 1-2; txsink takes it for
+    a replay of the batch 1 the state (kept beside) or the targets (the state inside went
+    back with the copy) hold, skips it, and record 2 is lost without an error. Spark's
+    planning: MicroBatchExecution.populateStartOffsets re-runs only the last batch of
+    the offset log the commit log lacks; later ones are constructed from the source's
+    latest offsets."""
+    native.choose("files group", path, inside)
+    native.stream(n=1, grow=1, kill=None, misplace=False)
+    native.copy_checkpoint()
+    native.stream(n=1, grow=1, kill=None, misplace=False)
+    native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
+
+
+@pytest.mark.xfail(strict=True, reason=_REPLANNED)
+def test_a_batch_spark_plans_anew_on_the_data_source_is_not_skipped(
+        native: NativeModel) -> None:
+    """The same on txsink's data source (files targets streamed through it)."""
+    native.choose("files", "native", False)
+    native.path = "datasource"
+    native.stream(n=1, grow=1, kill=None, misplace=False)
+    native.copy_checkpoint()
+    native.stream(n=1, grow=1, kill=None, misplace=False)
+    native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
+
+
+_CATALOG = ("iceberg backend (issue 39 item 11): with its SQLite catalog file lost, the next "
+            "start creates a new empty table at the old location and commits go on; the "
+            "committed rows vanish for readers (KNOWN 'catalog-lost')")
+
+
+@pytest.mark.xfail(strict=True, reason=_CATALOG)
+@pytest.mark.parametrize("kind", ["iceberg", "iceberg group"])
+def test_a_lost_iceberg_catalog_stops_the_stream_until_the_table_is_registered_again(
+        native: NativeModel, kind: str) -> None:
+    """Found by the model: batch 0 commits into the Iceberg table; the catalog's SQLite
+    file is deleted; the next batch commits into a new, empty table at the same place,
+    and record 0 is gone for readers. The oracle: a refusal naming the lost catalog
+    entry (the model then registers the table again, as the refusal says), and every
+    record once."""
+    native.choose(kind, "native", False)
+    native.stream(n=1, grow=1, kill=None, misplace=False)
+    native.maintain("lose the catalog")
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+@pytest.mark.parametrize("op", ["compact", "vacuum", "expire"])
+@pytest.mark.parametrize("in_doubt", [False, True], ids=["at rest", "an epoch decided"])
+def test_table_maintenance_between_batches_leaves_every_record_once(
+        native: NativeModel, kind: str, op: str, in_doubt: bool) -> None:
+    """The model's maintenance between batches, one by one: compaction by another writer,
+    vacuum / orphan-file removal, log cleanup / snapshot expiry; at rest, or while an
+    epoch is decided and not committed (its driver was killed right after the
+    decision): the next start finishes it, or stops naming the way out."""
+    native.choose(kind, "native", True)
+    native.stream(n=2, grow=1, kill=None, misplace=False)
+    if in_doubt:
+        assert native.batch("native", grow=1, kill=AFTER_DECIDE) == "killed"
+    native.maintain(op)
+    native.stream(n=2, grow=2, kill=None, misplace=False)
