@@ -12,13 +12,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from txsink.state import DirectoryStateStore, EpochState
 
-from tests.e2e.spark_harness import kill_group, leftover_files, read_files_output
+from tests.e2e.spark_harness import (
+    SCHEMA,
+    kill_group,
+    leftover_files,
+    local_spark,
+    make_input,
+    read_files_output,
+    summarize,
+)
+from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -94,3 +107,69 @@ def test_empty_batches_commit_and_a_stream_that_ends_releases_its_lease(
     assert state["in_doubt"] == [], state
     assert [e["state"] for e in state["epochs"]] == ["committed"] * 3, state["epochs"]
     assert state["lease"]["held"] is False, state["lease"]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    yield from local_spark("txsink-gate-native")
+
+
+def test_a_stateful_querys_no_data_batch_is_a_normal_epoch(spark: Any, tmp_path: Path) -> None:
+    """Item 3: an aggregation with a watermark runs a batch without input rows (to move
+    the watermark and emit what it closed); on Spark's own writer that epoch has no
+    file with rows, and it failed after the decision."""
+    from pyspark.sql import functions as F
+    from txsink.spark.group import TargetSet
+    from txsink.targets import TargetSpec
+
+    make_input(tmp_path / "in", files=2, rows_per_file=50)
+    src = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+           .json(str(tmp_path / "in")).withColumn("at", F.timestamp_seconds("id"))
+           .withWatermark("at", "1 second")
+           .groupBy(F.window("at", "10 seconds")).agg(F.count("*").alias("n"))
+           .select(F.col("window.start").cast("long").alias("start"), "n"))
+    sink = TargetSet("stateful", [TargetSpec("stateful", "files", {"path": str(tmp_path / "out")})],
+                     checkpoint_location=str(tmp_path / "chk"), single=True)
+    query = sink.write_stream(src).outputMode("append").trigger(availableNow=True).start()
+    assert query.awaitTermination(180), "the stream did not finish"
+    assert query.exception() is None, query.exception()
+    store = DirectoryStateStore(tmp_path / "chk" / "txsink")
+    states = store.states()
+    assert states and set(states.values()) == {EpochState.COMMITTED}, states
+    rows = read_files_output(tmp_path / "out")
+    assert sum(r["n"] for r in rows) <= 100 and len({r["start"] for r in rows}) == len(rows)
+
+
+@long_run
+def test_a_native_stream_on_a_replaced_checkpoint_is_refused_on_spark(
+        spark: Any, tmp_path: Path) -> None:
+    """Item 1 on Spark itself: ``write_stream`` with a separate ``state_location``, the
+    checkpoint deleted. Spark's query id reaches the ``foreachBatch`` function as a
+    local property; the new query's first batch is refused, nothing is written."""
+    from pyspark.sql import functions as F
+    from txsink.spark import target, targets
+
+    want = make_input(tmp_path / "in", files=2, rows_per_file=100)
+    group = targets("replaced", [target("a", "files", path=str(tmp_path / "a")),
+                                 target("b", "files", path=str(tmp_path / "b"))],
+                    checkpoint_location=str(tmp_path / "chk"),
+                    state_location=str(tmp_path / "state"))
+
+    def run() -> Any:
+        src = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+               .json(str(tmp_path / "in")).withColumn("at", F.timestamp_seconds("id")))
+        query = group.write_stream(src).trigger(availableNow=True).start()
+        try:
+            finished = query.awaitTermination(180)
+        except Exception:  # a failed query raises here: it finished, with its error
+            finished = True
+        assert finished, "the stream did not finish"
+        return query.exception()
+
+    assert run() is None
+    shutil.rmtree(tmp_path / "chk")
+    failure = run()
+    assert failure is not None and "deleted or replaced" in str(failure), failure
+    for t in ("a", "b"):
+        assert summarize(read_files_output(tmp_path / t)) == want, t
+        assert leftover_files(tmp_path / t) == []
