@@ -115,11 +115,21 @@ KNOWN: dict[str, str] = {
                      "again (issue 39 item 11; the Iceberg backend)",
 }
 
-#: Which target kinds a sequence may draw (``TXSINK_OPERATIONS_NATIVE_KINDS``, comma-
-#: separated, narrows it): files targets most often, tables for a share.
+#: The target kinds a sequence draws from (a kind named twice is drawn twice as often).
+#: The default run draws files targets mostly: a table costs 3-10 times a files target per
+#: step. ``TXSINK_OPERATIONS_NATIVE_KINDS`` (comma-separated) sets another mix:
+#: ``tox -e operations-long`` draws every kind alike.
 KINDS_ENV = "TXSINK_OPERATIONS_NATIVE_KINDS"
-KINDS = ("files", "files group", "files group", "delta", "delta group", "iceberg",
-         "iceberg group")
+ALL_KINDS = ("files", "files group", "delta", "delta group", "iceberg", "iceberg group")
+DEFAULT_KINDS = ("files",) * 4 + ("files group",) * 6 + ("delta", "iceberg")
+
+
+def kinds() -> list[str]:
+    raw = os.environ.get(KINDS_ENV)
+    chosen = DEFAULT_KINDS if not raw else tuple(k.strip() for k in raw.split(","))
+    unknown = sorted(set(chosen) - set(ALL_KINDS))
+    assert not unknown, f"{KINDS_ENV}: unknown kind(s) {unknown}; known: {ALL_KINDS}"
+    return list(chosen)
 
 
 def known_issues() -> set[str]:
@@ -209,7 +219,8 @@ class SparkWriter:
     def __init__(self) -> None:
         self.misplace = False
 
-    def __call__(self, df: Frame, path: str, options: Any) -> int | None:
+    def __call__(self, df: Frame, path: str, options: Any, session_conf: Any = None
+                 ) -> int | None:
         out = Path(path.removeprefix("file://"))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.mkdir()  # errorifexists
@@ -311,8 +322,7 @@ class NativeModel(RuleBasedStateMachine):
 
     # -- set-up -------------------------------------------------------------------------------
 
-    @initialize(kind=st.sampled_from([k for k in KINDS if k in os.environ.get(
-                    KINDS_ENV, ",".join(KINDS)).split(",")]),
+    @initialize(kind=st.sampled_from(kinds()),
                 path=st.sampled_from(["native", "native", "grouped"]),
                 state_inside=st.booleans())
     def choose(self, kind: str, path: str, state_inside: bool) -> None:
@@ -635,7 +645,7 @@ class NativeModel(RuleBasedStateMachine):
                 records: dict[int, EpochState]) -> None:
         """A refusal: loud, and nothing of the refused write is visible or decided
         (recovery of earlier decisions may have finished meanwhile)."""
-        text = re.sub(r"sink=\S+ (epoch=\d+ )?|\S*/\S*", "", str(exc))
+        text = re.sub(r"sink=\S+ (epoch=\d+:? )?|\S*/\S*|\d+ row\(s\)", "", str(exc))
         FIRED[f"native: loud {type(exc).__name__}: {' '.join(text.split()[:7])}"] += 1
         assert not self.decided_now(records), f"refused ({exc}) after a decision"
         for name, had in self.snapshot().items():
@@ -871,9 +881,11 @@ class NativeModel(RuleBasedStateMachine):
         return next((n for n, (b, _) in self.targets.items() if b != "files"), None)
 
     @precondition(lambda self: self.table is not None)
-    @rule(op=st.sampled_from(["compact", "vacuum", "expire", "lose the catalog"]))
-    def maintain(self, op: str) -> None:
-        """Another writer or an operator works on the table between batches."""
+    @rule(op=st.sampled_from(["compact", "vacuum", "expire", "lose the catalog"]),
+          then=st.booleans())
+    def maintain(self, op: str, then: bool = True) -> None:
+        """Another writer or an operator works on the table between batches (``then``:
+        the stream's next batch runs right after; else whatever the next step does)."""
         name = self.table
         assert name is not None
         backend, base = self.targets[name][0], self.location(name)
@@ -887,7 +899,8 @@ class NativeModel(RuleBasedStateMachine):
         self.events.add(f"{backend} {op}")
         if op != "lose the catalog":
             assert self.snapshot()[name] == before, f"{backend} {op} changed the rows readers see"
-        self.go_on(f"{backend} {op}")
+        if then:
+            self.go_on(f"{backend} {op}")
 
     def has_state(self) -> bool:
         return (self.state_dir() / "meta.json").is_file()
@@ -989,9 +1002,18 @@ def _exit_unless_killed(self: GroupEpoch, exc_type: type[BaseException] | None,
 _REAL_EXIT: Callable[..., None] = GroupEpoch.__exit__
 
 
+#: Sequences of this machine (else ``TXSINK_OPERATIONS_EXAMPLES``): its steps run whole
+#: batches into real files and tables, so the long run takes fewer of them.
+EXAMPLES_ENV = "TXSINK_OPERATIONS_NATIVE_EXAMPLES"
+
+
 def settings_for(default: int) -> dict[str, Any]:
-    """Hypothesis settings: ``default`` sequences (or ``TXSINK_OPERATIONS_EXAMPLES``) of
-    up to 12 steps (a step runs batches end to end, recovery included)."""
+    """Hypothesis settings: ``default`` sequences (or ``TXSINK_OPERATIONS_NATIVE_EXAMPLES``,
+    ``TXSINK_OPERATIONS_EXAMPLES``) of up to 10 steps (a step runs batches end to end,
+    recovery included)."""
     from tests.operations_model import settings_for as base
 
-    return {**base(default), "stateful_step_count": 12}
+    out = {**base(default), "stateful_step_count": 10}
+    if os.environ.get(EXAMPLES_ENV):
+        out["max_examples"] = int(os.environ[EXAMPLES_ENV])
+    return out

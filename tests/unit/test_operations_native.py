@@ -98,6 +98,22 @@ def test_a_lost_iceberg_catalog_stops_the_stream_until_the_table_is_registered_a
     native.maintain("lose the catalog")
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "iceberg backend (issue 39 item 11): orphan-file removal deletes the sink's ownership "
+    "file (no table metadata names it), so a query on a new checkpoint, its state gone with "
+    "it, writes the source into the table again (KNOWN 'owner-removed')"))
+def test_a_new_checkpoint_after_orphan_file_removal_is_refused(native: NativeModel) -> None:
+    """Found by the model: two batches into an Iceberg table, the state inside the
+    checkpoint; orphan-file removal (every file under the table that its metadata does
+    not name); the checkpoint is deleted and the query starts on a new one from the
+    earliest records. Nothing refuses the new state: records 0-1 land twice. The
+    oracle: refused naming the table's owner (the model puts the old checkpoint back)."""
+    native.choose("iceberg", "native", True)
+    native.stream(n=2, grow=1, kill=None, misplace=False)
+    native.maintain("vacuum", then=False)
+    native.replace_checkpoint(earliest=True)
+
+
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 @pytest.mark.parametrize("op", ["compact", "vacuum", "expire"])
 @pytest.mark.parametrize("in_doubt", [False, True], ids=["at rest", "an epoch decided"])
