@@ -12,7 +12,7 @@ import pytest
 from hypothesis import settings
 from txsink.faults import AFTER_DECIDE
 
-from tests.operations_native import NativeModel, settings_for
+from tests.operations_native import BACKFILL_BASE, Frame, NativeModel, settings_for
 
 TestNative = NativeModel.TestCase
 TestNative.settings = settings(**settings_for(300))
@@ -129,3 +129,28 @@ def test_table_maintenance_between_batches_leaves_every_record_once(
         assert native.batch("native", grow=1, kill=AFTER_DECIDE) == "killed"
     native.maintain(op)
     native.stream(n=2, grow=2, kill=None, misplace=False)
+
+
+@pytest.mark.parametrize("path", ["native", "datasource"])
+@pytest.mark.parametrize("first", ["grouped", "backfill"])
+def test_a_stream_whose_state_went_back_to_before_its_binding_writes_nothing_twice(
+        native: NativeModel, path: str, first: str) -> None:
+    """Found by the model: a batch write first (a grouped write of batch 0, or a
+    backfill), a copy of the checkpoint (the state inside), then the stream's first batch
+    binds the state (its micro-batch b is epoch stream_from + b) and commits record 0;
+    the copy is restored. The restored state knows the batch write's epoch and no stream:
+    the stream bound it again above every epoch the targets hold, so Spark's next batch
+    (record 0 again, with record 1) became a new epoch and record 0 was written twice.
+    The targets hold epochs the state does not know: refused, like a versioned write on
+    such a state (the model puts the newest checkpoint back and the stream goes on)."""
+    native.choose("files group", path, True)
+    if first == "grouped":
+        native.other_path("grouped", grow=0)
+    else:  # TargetSet.write of other records, before the stream's first batch
+        ids = [BACKFILL_BASE + 1, BACKFILL_BASE + 2]
+        assert native.group is not None
+        native.group.write(Frame(ids, None))  # type: ignore[arg-type]
+        native.deliver(ids)
+    native.copy_checkpoint()
+    native.restart()
+    native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
