@@ -3,51 +3,57 @@
 :mod:`tests.operations_entry_points` drives the data source and grouped writes into
 the in-memory target. This machine drives the native path (issue 39) the way Spark and
 operators meet it: ``TargetSet.write_stream``'s ``foreachBatch`` function
-(:class:`~txsink.spark.group._NativeBatch`), a user's ``foreachBatch`` with
-``txsink.spark.epoch(..., version=batch_id)``, and, for files targets, txsink's data
-source continuing the same state (Spark Connect streams files targets through it),
-into real targets on local disk: the files backend, and a Delta or an Iceberg table
-(deltalake and pyiceberg, no server). Spark's part is played in-process:
+(:class:`~txsink.spark.group._NativeBatch`) or a user's ``foreachBatch`` with
+``txsink.spark.epoch(..., version=batch_id)``, into real targets on local disk: the
+files backend, a Delta or an Iceberg table (deltalake and pyiceberg, no server), or a
+group of a files target with another files target (with a ``where``) or a table. For
+files targets txsink's data source streams the same state too (Spark Connect streams
+files targets through it), as the sequence's path or for one batch. Spark's part is
+played in-process:
 
 * **the source** is one replayable log (a Kafka partition); a record's id is its
   offset. Between batches records arrive (none, too: an empty batch);
 * **Spark's checkpoint** is a directory (its ``metadata`` holds the query id, as Spark
   writes it) with an offset log and a commit log kept beside it. A batch is planned as
-  Spark's ``MicroBatchExecution`` does: the last batch of the offset log that the commit
-  log lacks is run again with the same offsets; otherwise a new batch is planned from
-  the last batch's end to the source's end. So after a checkpoint restored from an
-  older copy, Spark runs the copy's last logged batch again with its rows, and plans
-  the batches after it anew, with other rows than the batches of those numbers the
-  targets hold;
+  Spark's ``MicroBatchExecution.populateStartOffsets`` does: the last batch of the
+  offset log that the commit log lacks is run again with the same offsets; otherwise a
+  new batch is planned from the last batch's end to the source's end. So after a
+  checkpoint restored from an older copy, Spark runs the copy's last logged batch
+  again with its records, and plans the batches after it anew, over other records
+  than the batches of those numbers the targets hold;
 * **Spark's writer** (``txsink.spark.group.write_parquet``) writes one Parquet file per
   task (an empty one for a task without rows), ``_SUCCESS`` and ``.crc`` files, and
   reports the rows its tasks wrote; on request, a task's file lands where the driver
   does not look (a node-local path on a cluster);
 * **a driver killed** at a protocol point (the coordinator's, and the native path's:
-  files staged but not recorded, a commit between two files' links) runs no cleanup.
+  files staged but not recorded, a commit between two files' links) runs no cleanup;
+  which drivers still run is what the model knows (``owner_alive``).
 
-Operations: micro-batches (Spark's retries and replays included) on the sequence's
-path, one batch on another path, a backfill beside the stream (the same driver or
-another), the driver restarted, the checkpoint replaced (a new query id; the state
-goes with it when it lives inside), a copy of the checkpoint taken and restored (the
-state inside goes back with it), ``txsink resolve`` by hand; for tables, another
-writer's compaction (Delta ``optimize.compact``, an Iceberg rewrite of the table's
-rows), vacuum / orphan-file removal (Delta ``vacuum``; for Iceberg, which pyiceberg
-0.12 has no procedure for, every file under the table that no metadata names is
-deleted, as Iceberg's ``remove_orphan_files`` does), expiry (Delta log cleanup,
+Operations: micro-batches (Spark's replays included) on the sequence's path, one batch
+on another path, a backfill beside the stream (the same driver or another), the driver
+restarted, the checkpoint replaced (a new query id, from the earliest or the latest
+records; the state goes with it when it lives inside), a copy of the checkpoint taken
+and restored (the state inside goes back with it), ``txsink resolve`` by hand; for
+tables, another writer's compaction (Delta ``optimize.compact``, an Iceberg rewrite of
+the table's rows), vacuum / orphan-file removal (Delta ``vacuum``; for Iceberg, which
+pyiceberg 0.12 has no procedure for, every file under the table that no metadata names
+is deleted, as Iceberg's ``remove_orphan_files`` does), expiry (Delta log cleanup,
 Iceberg ``expire_snapshots``) and the loss of Iceberg's SQLite catalog file.
 
-The oracle after every step: no record twice in any target, and no record visible that
-no decision holds; after every batch Spark commits, each target holds exactly the
-records of every batch Spark committed or txsink decided (a ``where`` applied), once.
-A refused operation raised a :class:`~txsink.errors.TxsinkError` and wrote nothing of
-its own; the model then follows the way out the error names (the checkpoint put back,
-the newest state, ``txsink resolve``, Spark's retry) and the stream must go on. Never a
-third outcome, never a wedge. No power loss is modelled (fsync is a no-op here).
+The oracle after every step: no record twice in any target, no record visible that no
+batch Spark committed and no decision holds, and (files targets) an epoch number holds
+one batch's records for ever; after every batch Spark commits, each target holds
+exactly the records of every batch Spark committed or txsink decided (a ``where``
+applied), once. A refused operation raised a :class:`~txsink.errors.TxsinkError` and
+wrote nothing of its own; the model then follows the way out the error names (the
+checkpoint put back, ``txsink resolve --abort --force`` for a participant whose data
+maintenance deleted, the table registered again, Spark's retry) and the stream must
+go on: never a third outcome, never a wedge. No power loss is modelled (fsync is a
+no-op here, and the targets live in memory when the machine has a tmpfs).
 
-Table targets cost more per step than files (Delta about 3x, Iceberg about 5x): the
-default run draws them for a share of its sequences, ``tox -e operations-long`` for
-more (``TXSINK_OPERATIONS_TABLES``).
+A table costs 3-10 times a files target per step: the default run draws a table for
+one sequence in six, ``tox -e operations-long`` every kind alike
+(``TXSINK_OPERATIONS_NATIVE_KINDS``).
 """
 
 from __future__ import annotations
@@ -323,9 +329,11 @@ class NativeModel(RuleBasedStateMachine):
     # -- set-up -------------------------------------------------------------------------------
 
     @initialize(kind=st.sampled_from(kinds()),
-                path=st.sampled_from(["native", "native", "grouped"]),
+                path=st.sampled_from(["native", "native", "grouped", "datasource"]),
                 state_inside=st.booleans())
     def choose(self, kind: str, path: str, state_inside: bool) -> None:
+        if path == "datasource" and kind not in ("files", "files group"):
+            path = "native"  # tables take Spark's own writer on every Spark
         self.kind, self.path, self.state_inside = kind, path, state_inside
         if kind == "files":
             self.targets = {SINK: ("files", None)}
