@@ -116,6 +116,12 @@ class Backend(abc.ABC):
         makes them durable and records what a commit checks (names, sizes)."""
         raise NotImplementedError(f"backend {self.name!r} has no native data path")
 
+    def native_frame(self, df: Any) -> Any:
+        """The Spark frame ``df`` as Spark's Parquet writer should write it for this target
+        on the native path (Iceberg: each column's field id as column metadata, which
+        Spark writes into its files). Default: as it is."""
+        return df
+
     def committables_for_directory(self, ctx: TransactionContext,
                                    dirname: str) -> list[Committable]:
         """The participants Spark's own writer prepared for ``ctx`` (the native data path):
@@ -174,6 +180,12 @@ class Backend(abc.ABC):
         the user set win over these. Default: none.
         """
         return {}
+
+    def check_settings(self, sink_id: str) -> None:  # noqa: B027 - optional hook
+        """Checks of the options that need no server but more than parsing them: a
+        client library's own check of the settings it is handed (librdkafka's of
+        ``kafka.*``). ``txsink validate`` runs them; call them from :meth:`preflight`
+        too, so ``validate`` and ``run`` refuse the same options with the same line."""
 
     def preflight(self, sink_id: str) -> None:  # noqa: B027 - optional hook
         """Driver-side checks that need I/O, run before any data is written."""
