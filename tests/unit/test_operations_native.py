@@ -79,35 +79,27 @@ def test_a_batch_spark_plans_anew_on_the_data_source_is_not_skipped(
     native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
 
 
-_CATALOG = ("iceberg backend (issue 39 item 11): with its SQLite catalog file lost, the next "
-            "start creates a new empty table at the old location and commits go on; the "
-            "committed rows vanish for readers (KNOWN 'catalog-lost')")
-
-
-@pytest.mark.xfail(strict=True, reason=_CATALOG)
 @pytest.mark.parametrize("kind", ["iceberg", "iceberg group"])
 def test_a_lost_iceberg_catalog_stops_the_stream_until_the_table_is_registered_again(
         native: NativeModel, kind: str) -> None:
-    """Found by the model: batch 0 commits into the Iceberg table; the catalog's SQLite
-    file is deleted; the next batch commits into a new, empty table at the same place,
-    and record 0 is gone for readers. The oracle: a refusal naming the lost catalog
-    entry (the model then registers the table again, as the refusal says), and every
-    record once."""
+    """Found by the model (issue 39 item 11, fixed in the Iceberg backend since): batch 0
+    commits into the Iceberg table; the catalog's SQLite file is deleted; the next batch
+    committed into a new, empty table at the same place, and record 0 was gone for
+    readers. Now the start is refused naming the lost catalog entry; the model registers
+    the table again, as the refusal says, and every record is there once."""
     native.choose(kind, "native", False)
     native.stream(n=1, grow=1, kill=None, misplace=False)
     native.maintain("lose the catalog")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "iceberg backend (issue 39 item 11): orphan-file removal deletes the sink's ownership "
-    "file (no table metadata names it), so a query on a new checkpoint, its state gone with "
-    "it, writes the source into the table again (KNOWN 'owner-removed')"))
 def test_a_new_checkpoint_after_orphan_file_removal_is_refused(native: NativeModel) -> None:
-    """Found by the model: two batches into an Iceberg table, the state inside the
-    checkpoint; orphan-file removal (every file under the table that its metadata does
-    not name); the checkpoint is deleted and the query starts on a new one from the
-    earliest records. Nothing refuses the new state: records 0-1 land twice. The
-    oracle: refused naming the table's owner (the model puts the old checkpoint back)."""
+    """Found by the model (issue 39 item 11, fixed in the Iceberg backend since): two
+    batches into an Iceberg table, the state inside the checkpoint; orphan-file removal
+    (every file under the table that its metadata does not name) deleted the sink's
+    ownership file; the checkpoint is deleted and the query starts on a new one from the
+    earliest records: nothing refused the new state, and records 0-1 landed twice. Now
+    the claim outlives maintenance: refused naming the table's owner, and the model
+    puts the old checkpoint back."""
     native.choose("iceberg", "native", True)
     native.stream(n=2, grow=1, kill=None, misplace=False)
     native.maintain("vacuum", then=False)
