@@ -3,12 +3,16 @@
 Real-time Mode has no epochs: each target stores, in the same transaction as the rows,
 the highest source offset it holds per source partition, and a replay skips what it
 holds (``docs/realtime.md``). This machine drives the Spark adapter's writer
-(:class:`~txsink.spark.realtime.RealtimeForeachWriter`, pickled to its tasks as Spark
-ships it; one writer per task and batch, sessions kept between the batches of one
-run) and the checks a group's start makes (:func:`txsink.realtime.group.start_refusal`
-with the checkpoint's record of the group's targets), into the in-memory real-time
-target :mod:`txsink.testing.realtime_memory`, which keeps PostgreSQL's protocol (a
-progress row with a generation) without a server. Spark's part is played here:
+(:class:`~txsink.spark.realtime.RealtimeForeachWriter`, with the source topics' ids,
+pickled to its tasks as Spark ships it; one writer per task and batch, sessions kept
+between the batches of one run) and the checks a start makes before any data moves, as
+the adapter makes them for a single sink and a group alike (each target's stored
+positions judged by :func:`txsink.gate.position_refusal` against the topic's id and
+the destination, then :func:`txsink.realtime.group.start_refusal` against the
+checkpoint's record of the targets), into the in-memory real-time target
+:mod:`txsink.testing.realtime_memory`, which keeps PostgreSQL's protocol (a progress
+row with a generation from a sequence, the topic id and the destination) without a
+server. Spark's part is played here:
 
 * **the source** is a Kafka topic of one or two partitions; a record's value is a
   number unique across the model's life, its position (topic, partition, offset). The
@@ -26,24 +30,22 @@ progress row with a generation) without a server. Spark's part is played here:
   commit later.
 
 Operations: batches (a writer committing after every record, or only at the end of its
-task), the driver killed mid-batch and the query run again, a zombie task going on, the
-checkpoint deleted (a "reset" checkpoint, from earliest or latest), a start-over as
-docs/operations.md says it (targets emptied, positions deleted, checkpoint deleted),
-one target's positions deleted in a group, the source topic recreated; each on one
-sink or a group of two targets (one with a ``where``).
+task), the driver killed mid-batch and the query run again, a zombie task going on (by
+itself, or while the next run's batch is under way), the checkpoint deleted (from
+earliest or latest), a start-over as docs/realtime.md says it (``txsink reset``: every
+target's positions deleted and the checkpoint; then the targets emptied; then a run
+from the earliest records), one target's positions deleted in a group (its rows
+emptied too, or kept), the source topic deleted and recreated; each on one sink or a
+group of two targets (one with a ``where``).
 
 The oracle, after every step: no record twice in any target, and nothing there that no
 task read; after every batch Spark commits, each target holds every record the
 committed batches read (its ``where`` applied) since the last start-over. A refused
 start raised a :class:`~txsink.errors.TxsinkError` before any data moved; the model
-follows its way out (a new checkpoint from earliest; positions of a recreated topic
-deleted) and the query must go on.
-
-Topic identity: positions are keyed by topic name and partition today, so after the
-source topic is recreated its new records are skipped as replayed (issue 39 item 15).
-The model holds the property as the issue states it (the new records land once, or
-the start is refused naming the topic) and the failure is a known one (``KNOWN``)
-until the branch that keys positions by topic id is merged.
+follows its way out (a new checkpoint from earliest; the recreated topic's positions
+deleted, ``txsink reset --source-topic``) and the query must go on. Records a target
+lost with its rows that the source no longer retains (a recreated topic's old ones)
+are not expected back. Failures still open are in ``KNOWN``.
 """
 
 from __future__ import annotations
@@ -65,11 +67,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pyspark.sql import Row
 from txsink.errors import FencedError, TxsinkError
+from txsink.gate import position_refusal
 from txsink.realtime import SESSIONS
 from txsink.realtime.group import (
     MEMBERS_FILE,
     StartPoint,
     members_record,
+    options_field,
     read_members,
     start_refusal,
 )
@@ -86,16 +90,14 @@ TOPIC = "orders"
 WHERE = "value % 2 = 0"
 KNOWN_ENV = "TXSINK_OPERATIONS_KNOWN"
 KNOWN: dict[str, str] = {
-    "topic-recreated": "the source topic deleted and recreated: its offsets start at 0 "
-                       "again, the positions (keyed by topic name) are those of the old "
-                       "topic, and every new record up to them is skipped as replayed, "
-                       "without an error (issue 39 item 15; txsink.realtime)",
-    "zombie-after-start-over": "a start-over as documented (targets emptied, positions "
-                               "deleted, checkpoint deleted) while a task of the dead driver "
-                               "still runs: the task claims its source partition after the "
-                               "start-over (fencing the new run) and stores its old batch's "
-                               "position; the new run's records below it are skipped (issue "
-                               "39 item 19; txsink.realtime and the targets' fencing)",
+    "zombie-after-start-over": "a start-over as docs/realtime.md says it (txsink reset, "
+                               "the targets emptied, a run from the earliest records) while "
+                               "a task of the dead driver that had not claimed its source "
+                               "partition yet still runs: nothing fenced it, so it claims "
+                               "after the reset (fencing the new run) and stores its old "
+                               "batch's position; the new run's records below it are "
+                               "skipped, lost (issue 39 item 19; txsink.realtime: the docs "
+                               "say the reset fences every task of the old run)",
     "positions-deleted-rows-kept": "one target of a group loses its positions, its rows "
                                    "kept: the start is refused and names the way out "
                                    "docs/realtime.md gives (a new checkpoint from "
@@ -172,6 +174,8 @@ class RealtimeModel(RuleBasedStateMachine):
         #: Run once inside the next batch, after its first record (another process).
         self.interleave: Any = None
         self.zombie_outlived_start_over = False
+        #: Per target: records it lost with its rows that the source no longer retains.
+        self.unretained: dict[str, set[int]] = {}
 
     @initialize(kind=st.sampled_from(["single", "group"]), partitions=st.integers(1, 2))
     def choose(self, kind: str, partitions: int) -> None:
@@ -228,22 +232,41 @@ class RealtimeModel(RuleBasedStateMachine):
         if self.spark.committed is None and not self.spark.start:
             self.spark.start = {p: 0 if self.spark.earliest else len(self.log[p])
                                 for p in self.log}
-        if self.kind == "group":
-            specs = self.specs()
-            positions = {n: s.stored_positions() for n, s in specs.items()}
-            members = self.chk / MEMBERS_FILE
-            recorded = read_members(members.read_text() if members.exists() else None)
-            start = StartPoint(fresh=self.spark.committed is None,
-                               earliest=self.spark.earliest)
-            backends = {n: "memory" for n in specs}
-            refusal, _ = start_refusal(SINK, backends, specs, positions, recorded, start)
+        # What the Spark adapter checks before the query starts (spark/realtime.py's
+        # _start_plan; a single sink is a group of one target named ""): each target's
+        # stored positions judged against the source topic's id and the destination, then
+        # what a run may start with against the checkpoint's record of the targets.
+        specs = self.specs()
+        topic_ids = {TOPIC: self.topic_id}
+        positions = {}
+        for name, spec in specs.items():
+            spec.prepare()
+            stored = spec.stored()
+            refusal = position_refusal(spec.sink_id, stored, spec.destination(), topic_ids,
+                                       self.ends, field=options_field("targets", name))
             if refusal is not None:
-                FIRED["realtime: loud start refused"] += 1
-                self.last_error = refusal
-                return False
-            members.write_text(members_record(SINK, backends, specs))
+                return self.refused(refusal)
+            positions[name] = {s: p.offset for s, p in stored.items()}
+        members = self.chk / MEMBERS_FILE
+        recorded = read_members(members.read_text() if members.exists() else None)
+        start = StartPoint(fresh=self.spark.committed is None, earliest=self.spark.earliest)
+        backends = {n: "memory" for n in specs}
+        group_refusal, _ = start_refusal(SINK, backends, specs, positions, recorded, start)
+        if group_refusal is not None:
+            return self.refused(group_refusal)
+        members.write_text(members_record(SINK, backends, specs))
         self.started = True
         return True
+
+    def refused(self, exc: TxsinkError) -> bool:
+        FIRED[f"realtime: loud start refused: {' '.join(str(exc).split()[:5])}"] += 1
+        self.last_error = exc
+        return False
+
+    def ends(self, topic: str) -> dict[int, int]:
+        """The source topic's end offset per partition (Kafka's ListOffsets)."""
+        assert topic == TOPIC
+        return {p: len(records) for p, records in self.log.items()}
 
     def offsets(self) -> dict[int, int]:
         return self.spark.committed if self.spark.committed is not None else self.spark.start
@@ -251,7 +274,8 @@ class RealtimeModel(RuleBasedStateMachine):
     def writer(self, interval: float) -> RealtimeForeachWriter:
         routes = {n: (f"{ROUTE_PREFIX}{n}" if w else None) for n, w in self.targets.items()}
         writer = RealtimeForeachWriter([(n, s, routes[n]) for n, s in self.specs().items()],
-                                       POSITION_COLUMNS, interval, "one", SINK, run=self.run)
+                                       POSITION_COLUMNS, interval, "one", SINK, run=self.run,
+                                       topic_ids={TOPIC: self.topic_id})
         return pickle.loads(pickle.dumps(writer))  # shipped to the tasks
 
     def row(self, partition: int, offset: int) -> Row:
@@ -316,10 +340,8 @@ class RealtimeModel(RuleBasedStateMachine):
         for n in self.targets:
             have = collections.Counter(self.visible(n))
             missing = sorted(self.wants(n, self.expected) - set(have))
+            missing = sorted(set(missing) - self.unretained.get(n, set()))
             if missing:
-                if "topic recreated" in self.events:
-                    self.known("topic-recreated", f"after {what}: target {n or SINK} lacks "
-                               f"records {missing} of the recreated topic")
                 if "zombie after start-over" in self.events:
                     self.known("zombie-after-start-over", f"after {what}: target "
                                f"{n or SINK} lacks records {missing}")
@@ -359,8 +381,12 @@ class RealtimeModel(RuleBasedStateMachine):
         FIRED["realtime: remedy followed"] += 1
         topic = re.search(r"source_topics=\[\'([^']+)\'\]", text)
         if topic is not None:
+            # `txsink reset PIPELINE_FILE --source-topic T` (from Python, delete_positions),
+            # then a start on a new checkpoint, as the refusal says.
             for spec in self.specs().values():
-                spec.system.delete_positions(spec.sink_id, topic[1])
+                spec.delete_positions([topic[1]])
+            self.new_checkpoint(earliest=True)
+            FIRED["realtime: positions of the recreated topic deleted"] += 1
             return
         if "startingOffsets" in text and "earliest" in text:
             self.new_checkpoint(earliest=True)
@@ -436,21 +462,23 @@ class RealtimeModel(RuleBasedStateMachine):
 
     @rule(zombie_meanwhile=st.booleans())
     def start_over(self, zombie_meanwhile: bool) -> None:
-        """docs/operations.md: empty the targets, delete their positions, delete the
-        checkpoint; the query starts from the earliest records (while a task of the
-        dead driver, if there is one, may go on)."""
+        """docs/realtime.md's start-over, literally: ``txsink reset`` (every target's
+        positions deleted, fencing first, and the checkpoint), then the targets emptied,
+        then a run from the earliest records; a task of the dead driver, if there is one,
+        may go on meanwhile."""
         FIRED["realtime: start over"] += 1
         self.zombie_outlived_start_over = self.zombie is not None
         if self.zombie is not None and zombie_meanwhile:
             FIRED["realtime: zombie task goes on during a start-over's batch"] += 1
             task, self.zombie = self.zombie, None
             self.interleave = lambda: self.zombie_ends(task, 3)
+        for spec in self.specs().values():
+            spec.delete_positions()
+        self.new_checkpoint(earliest=True)
         system = realtime_memory.realtime_system(self.system)
         for n in self.targets:
             system.truncate(f"table-{n or SINK}")
-            system.delete_positions(self.sink_id(n))
-        self.new_checkpoint(earliest=True)
-        self.expected, self.read = set(), set()
+        self.expected, self.read, self.unretained = set(), set(), {}
         try:
             self.go_on("a start-over")
         finally:
@@ -463,9 +491,13 @@ class RealtimeModel(RuleBasedStateMachine):
         FIRED["realtime: one target's positions deleted" + (", rows too" if emptied else "")
               ] += 1
         system = realtime_memory.realtime_system(self.system)
-        system.delete_positions(self.sink_id(name))
+        self.spec(name).delete_positions()
         if emptied:
             system.truncate(f"table-{name}")
+            # What the source no longer holds (a recreated topic's old records) cannot
+            # come back into the emptied target (docs/realtime.md says so).
+            retained = {v for records in self.log.values() for v in records}
+            self.unretained[name] = self.wants(name, self.expected) - retained
         else:
             self.events.add(f"positions of {name} deleted, rows kept")
         self.started = False  # the operator stopped the query first
@@ -476,7 +508,6 @@ class RealtimeModel(RuleBasedStateMachine):
         """The source topic is deleted and created again: offsets from 0, a new topic id;
         Spark's checkpoint holds the old topic's offsets."""
         FIRED["realtime: source topic recreated"] += 1
-        self.events.add("topic recreated")
         self.topic_id = uuid.uuid4().hex[:8]
         self.log = {p: [] for p in range(self.partitions)}
         self.started = False

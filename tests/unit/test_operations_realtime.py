@@ -23,38 +23,36 @@ def rt() -> Iterator[RealtimeModel]:
     model.teardown()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "txsink.realtime (issue 39 item 15, the realtime branch): positions are keyed by topic "
-    "name and partition, so a recreated topic's records are skipped as replayed "
-    "(KNOWN 'topic-recreated')"))
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_a_recreated_source_topics_records_land_once_or_the_start_is_refused(
         rt: RealtimeModel, kind: str) -> None:
-    """Found by the model: records at offsets 0-1 written; the source topic is deleted and
-    created again (offsets from 0, a new topic id); Spark refuses its checkpoint (the
-    offsets went backwards) and the query starts on a new one from the earliest offsets.
-    The target's positions, of the old topic, skip the new records: lost, silently. The
-    oracle: every new record once, or a start refused naming the topic (the model then
-    deletes that topic's positions, as the refusal says)."""
+    """Found by the model (issue 39 item 15, fixed since by keying positions by topic
+    id): records at offsets 0-1 written; the source topic is deleted and created again
+    (offsets from 0, a new topic id); Spark refuses its checkpoint (the offsets went
+    backwards) and the query starts on a new one from the earliest offsets. The target's
+    positions, of the old topic, skipped the new records: lost, silently. Now the start
+    is refused naming the topic; the model deletes that topic's positions and starts on a
+    new checkpoint, as the refusal says, and every new record lands once."""
     rt.choose(kind, 1)
     rt.batch_runs(grow=2, per_record=True, kill=None)
     rt.topic_recreated()
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "txsink.realtime and the real-time targets' fencing (issue 39 item 19): a start-over "
-    "deletes positions, but a task of the dead driver can still claim its source partition "
-    "afterwards and store its old batch's position over the new run's "
+    "txsink.realtime (issue 39 item 19): txsink reset fences the sessions that hold a "
+    "position, not a task of the dead driver that has not claimed yet; it claims after the "
+    "reset and stores its old batch's position over the new run's "
     "(KNOWN 'zombie-after-start-over')"))
 def test_a_zombie_task_during_a_start_over_is_fenced(rt: RealtimeModel) -> None:
     """Found by the model (a group, one source partition): a batch's driver is killed
     while one task has not read its first record yet (it starts at offset 2; the targets
-    hold offsets 0-1); the operator starts over as docs/operations.md says (targets
-    emptied, positions deleted, checkpoint deleted) and the query runs from the earliest
-    offset. While the new run is under way (it committed offset 0), the dead driver's
-    task goes on: it claims the source partition (fencing the new run), writes its
-    record at offset 2 and stores position 2. The new run fails, runs again, finds
-    position 2 and skips offset 1: lost."""
+    hold offsets 0-1); the operator starts over as docs/realtime.md says (``txsink
+    reset``, which deletes the positions and the checkpoint, then the targets emptied, then
+    a run from the earliest offsets: "a task of a dead driver that still writes is fenced
+    by the reset"). While the new run is under way (it committed offset 0), the dead
+    driver's task goes on: nothing fenced it (it held no session), so it claims the source
+    partition (fencing the new run), writes its record at offset 2 and stores position 2.
+    The new run fails, runs again, finds position 2 and skips offset 1: lost."""
     rt.choose("group", 1)
     rt.start_over(zombie_meanwhile=False)
     rt.start_over(zombie_meanwhile=False)

@@ -3,13 +3,15 @@
 It stands for :mod:`txsink_postgres.realtime`, step for step, without a server, so that
 the engine side of Real-time Mode (:mod:`txsink.realtime`, the Spark adapter's writer)
 can be driven through thousands of sequences by a model: a progress row per (sink id,
-source topic, source partition) holding the highest offset and a ``generation``; a
-claim inserts the row (offset -1, generation 1) or bumps its generation and reads the
-offset; every transaction first checks that the row is there with its own generation
-(PostgreSQL: ``SELECT ... FOR UPDATE``), else it is fenced and nothing of it becomes
-visible; a commit moves the offset only forward and makes the rows visible together
-with it. A deleted progress row (an operator's ``DELETE FROM txsink_progress``) is
-made again by the next claim, at generation 1, as PostgreSQL's upsert does.
+source topic, source partition) holding the highest offset, the source topic's id and
+the destination it was counted in, and a ``generation``. A claim inserts the row
+(offset -1) or takes a new generation for it, from one sequence (never from the row: a
+deleted row made again never hands out a generation a zombie session holds), and reads
+the position; every transaction first checks that the row is there with its own
+generation (PostgreSQL: ``SELECT ... FOR UPDATE``), else it is fenced and nothing of it
+becomes visible; a commit moves the offset only forward, records the topic id and the
+destination, and makes the rows visible together with it. ``delete_positions`` is the
+operator's ``DELETE FROM txsink_progress`` (``txsink reset``).
 
 What it does not stand for: the server's own failure modes (connections lost, a
 commit whose outcome is unknown), the COPY of real column types, and the Kafka target
@@ -25,13 +27,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txsink.errors import FencedError, TxsinkError
-from txsink.realtime import NOTHING, PositionTarget, RealtimeTargetSpec, SourcePartition
+from txsink.realtime import (
+    NOTHING,
+    PositionTarget,
+    RealtimeTargetSpec,
+    SourcePartition,
+    StoredPosition,
+)
 
 
 @dataclass
 class ProgressRow:
     offset: int
     generation: int
+    topic_id: str | None = None
+    destination: dict[str, str] | None = None
+
+    def position(self) -> StoredPosition:
+        return StoredPosition(self.offset, self.topic_id, self.destination)
 
 
 @dataclass
@@ -42,19 +55,18 @@ class RealtimeSystem:
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: (sink id, source topic, source partition) -> progress row.
     progress: dict[tuple[str, str, int], ProgressRow] = field(default_factory=dict)
+    #: The generation sequence (PostgreSQL: ``<progress table>_generation``).
+    generations: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def next_generation(self) -> int:
+        with self.lock:
+            self.generations += 1
+            return self.generations
 
     def rows(self, table: str) -> list[dict[str, Any]]:
         with self.lock:
             return list(self.tables.get(table, ()))
-
-    def delete_positions(self, sink_id: str, topic: str | None = None) -> int:
-        """``DELETE FROM txsink_progress WHERE sink_id = ... [AND source_topic = ...]``."""
-        with self.lock:
-            gone = [k for k in self.progress if k[0] == sink_id and topic in (None, k[1])]
-            for k in gone:
-                del self.progress[k]
-            return len(gone)
 
     def truncate(self, table: str) -> None:
         """``TRUNCATE`` (an operator empties the target for a start-over)."""
@@ -90,10 +102,23 @@ class MemoryRealtimeSpec(RealtimeTargetSpec):
     def describe(self) -> str:
         return f"memory table {self.table} in {self.system_name}"
 
-    def stored_positions(self) -> dict[SourcePartition, int]:
+    def stored(self) -> dict[SourcePartition, StoredPosition]:
         with self.system.lock:
-            return {SourcePartition(t, p): row.offset
+            return {SourcePartition(t, p): row.position()
                     for (s, t, p), row in self.system.progress.items() if s == self.sink_id}
+
+    def delete_positions(self, topics: Sequence[str] | None = None) -> list[str]:
+        """Delete this sink id's progress rows (of ``topics`` only, if given): a session
+        that held one is fenced at its next transaction."""
+        system = self.system
+        with system.lock:
+            gone = sorted(k for k in system.progress
+                          if k[0] == self.sink_id and (topics is None or k[1] in topics))
+            lines = [f"{SourcePartition(t, p)}: offset {system.progress[(s, t, p)].offset}"
+                     for s, t, p in gone]
+            for k in gone:
+                del system.progress[k]
+        return lines
 
 
 class MemoryPositionTarget(PositionTarget):
@@ -108,16 +133,21 @@ class MemoryPositionTarget(PositionTarget):
         self.generation = -1
         self.pending: list[dict[str, Any]] = []
 
-    def claim(self) -> int:
+    def identity(self) -> tuple[str, Mapping[str, str]]:
+        return self.spec.sink_id, self.spec.destination()
+
+    def claim(self) -> StoredPosition:
         system = self.spec.system
         with system.lock:
+            generation = system.next_generation()
             row = system.progress.get(self.key)
             if row is None:
-                row = system.progress[self.key] = ProgressRow(NOTHING, 1)
+                row = system.progress[self.key] = ProgressRow(
+                    NOTHING, generation, self.source.topic_id, self.spec.destination())
             else:
-                row.generation += 1
-            self.generation = row.generation
-            return row.offset
+                row.generation = generation
+            self.generation = generation
+            return row.position()
 
     def _check(self) -> ProgressRow:
         row = self.spec.system.progress.get(self.key)
@@ -146,6 +176,8 @@ class MemoryPositionTarget(PositionTarget):
                                   "of this transaction was committed", sink_id=self.spec.sink_id)
             system.tables.setdefault(self.spec.table, []).extend(self.pending)
             row.offset = offset
+            row.topic_id = self.source.topic_id or row.topic_id
+            row.destination = self.spec.destination()
             self.pending = []
 
     def abort(self) -> None:
