@@ -146,3 +146,18 @@ def test_a_stream_whose_state_went_back_to_before_its_binding_writes_nothing_twi
     native.copy_checkpoint()
     native.restart()
     native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_refused_first_batch_of_a_replaced_checkpoint_leaves_the_state_as_it_was(
+        native: NativeModel, inside: bool) -> None:
+    """Found by the 2,000-sequence run: a grouped write of batch 0 (``version=0``) by
+    query q-0; the checkpoint is replaced (query q-1) and the stream goes on through
+    ``write_stream``. Its batch 0 is refused (q-0 wrote version 0:
+    ``CheckpointChangedError``, restore the checkpoint), but the refused start had bound
+    the state to q-1 first; so the way out, q-0's checkpoint put back, was refused too
+    ("the state belongs to the Spark query q-1"): nothing could go on. A refused batch
+    binds nothing."""
+    native.choose("files", "native", inside)
+    native.other_path("grouped", grow=0)
+    native.replace_checkpoint(earliest=False)
