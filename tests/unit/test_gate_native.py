@@ -262,8 +262,8 @@ def test_files_written_where_the_driver_does_not_look_are_refused(
     without an error. Spark's tasks report the rows they wrote; the gate compares."""
     real = spark_group.write_parquet
 
-    def half_elsewhere(df: Any, path: str, options: Any) -> int | None:
-        real(df, path, options)
+    def half_elsewhere(df: Any, path: str, options: Any, conf: Any = None) -> int | None:
+        real(df, path, options, conf)
         # Two of the tasks ran on executors whose files the driver cannot see.
         out = Path(path.removeprefix("file://"))
         for name in sorted(n for n in os.listdir(out) if n.startswith("part-"))[:2]:

@@ -116,6 +116,23 @@ class Backend(abc.ABC):
         makes them durable and records what a commit checks (names, sizes)."""
         raise NotImplementedError(f"backend {self.name!r} has no native data path")
 
+    def committables_for_directory(self, ctx: TransactionContext,
+                                   dirname: str) -> list[Committable]:
+        """The participants Spark's own writer prepared for ``ctx`` (the native data path):
+        what :meth:`committable_for_directory` returns, for a backend whose every file
+        Spark wrote is a participant of its own (S3: one pending multipart upload per
+        task, named like the task's participant of txsink's own writer). Empty when the
+        tasks wrote no rows. Default: ``[committable_for_directory(ctx, dirname)]``."""
+        return [self.committable_for_directory(ctx, dirname)]
+
+    def native_session_conf(self, spark: Any) -> dict[str, str]:
+        """Spark SQL settings the native data path sets on the session ``spark`` around
+        this target's write, and restores afterwards (S3: the commit protocol that leaves
+        Spark's uploads pending). Checks the session first and raises
+        :class:`~txsink.errors.ConfigError`, before anything is written, when it cannot
+        write the target (a jar or a filesystem missing). Default: none."""
+        return {}
+
     def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:  # noqa: B027
         """Delete what Spark's writer staged for participant ``ctx`` in ``dirname`` before
         it became a participant (the write failed, or the gate refused what it found):

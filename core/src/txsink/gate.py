@@ -290,19 +290,21 @@ class Gate:
 
     # -- completeness -------------------------------------------------------------------------
 
-    def check_reported(self, epoch: int, committable: Committable, reported_rows: int | None,
-                       *, where: str) -> None:
-        """Refuse a participant whose files hold other rows than Spark's tasks reported
+    def check_reported(self, epoch: int, committables: Sequence[Committable],
+                       reported_rows: int | None, *, where: str) -> None:
+        """Refuse participants whose files hold other rows than Spark's tasks reported
         writing (``reported_rows``; None: not known, nothing to compare).
 
-        ``where``: the directory as Spark was given it. Raised before the participant is
-        recorded: its files are deleted, nothing of the epoch is decided."""
-        if reported_rows is None or reported_rows == committable.rows:
+        ``committables``: what the driver found for one target's write. ``where``: the
+        directory as Spark was given it. Raised before they are recorded: their files
+        are deleted, nothing of the epoch is decided."""
+        found = sum(c.rows for c in committables)
+        if reported_rows is None or reported_rows == found:
             return
-        files = len(committable.payload.get("files") or ())
+        files = sum(len(c.payload.get("files") or ()) or 1 for c in committables)
         raise StateError(
             f"sink={self.sink_id} epoch={epoch}: Spark's tasks reported writing "
-            f"{reported_rows} row(s) into {where}, but the driver finds {committable.rows} "
+            f"{reported_rows} row(s) into {where}, but the driver finds {found} "
             f"row(s) there in {files} file(s): the executors' files are not where the "
             "driver looks. Seen with a node-local path on a cluster (give every node the "
             "same shared path), and with a path Spark resolved on another file system than "

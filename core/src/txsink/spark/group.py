@@ -592,13 +592,17 @@ class GroupEpoch:
                 from pyspark.sql import functions as F
 
                 df = df.withColumn(spec.epoch_column, F.lit(self.epoch).cast("long"))
+            prepared: list[Committable] = []
             try:
-                reported = write_parquet(df, path, backend.native_write_options())
-                prepared = [backend.committable_for_directory(ctx, dirname)]
+                reported = write_parquet(df, path, backend.native_write_options(),
+                                         backend.native_session_conf(df.sparkSession))
+                prepared = backend.committables_for_directory(ctx, dirname)
                 assert self._store is not None
                 Gate(Coordinator(part, self._store, self.group.sink_id, owner=self.owner)
-                     ).check_reported(self.epoch, prepared[0], reported, where=path)
+                     ).check_reported(self.epoch, prepared, reported, where=path)
             except BaseException:
+                for c in prepared:
+                    backend.abort(c)
                 backend.discard_staging(ctx, dirname)
                 raise
             committable = (prepared if self.group.single
@@ -608,28 +612,33 @@ class GroupEpoch:
                 record_prepared(self._store, self.owner, self.epoch, committable,
                                 self._query)
             except BaseException:
-                backend.abort(committable[0])
+                for c in committable:
+                    backend.abort(c)
                 raise
             log.info("sink=%s epoch=%d target=%s: Spark's Parquet writer prepared %d "
-                     "file(s), %d row(s)", self.group.sink_id, self.epoch, spec.name,
-                     len(committable[0].payload["files"]), committable[0].rows)
+                     "participant(s), %d row(s)", self.group.sink_id, self.epoch, spec.name,
+                     len(committable), sum(c.rows for c in committable))
         finally:
             part.close()
 
 
-def write_parquet(df: DataFrame, path: str, options: Mapping[str, str]) -> int | None:
-    """Spark's own Parquet writer: ``df`` into ``path``, a new directory. Returns the rows
-    Spark's tasks reported writing (an :class:`~pyspark.sql.Observation` of the write),
-    None where this Spark cannot observe a write.
+def write_parquet(df: DataFrame, path: str, options: Mapping[str, str],
+                  session_conf: Mapping[str, str] | None = None) -> int | None:
+    """Spark's own Parquet writer: ``df`` into ``path``, a new directory, with the
+    session settings ``session_conf`` (restored after). Returns the rows Spark's tasks
+    reported writing (an :class:`~pyspark.sql.Observation` of the write), None where
+    this Spark cannot observe a write.
 
     Microsecond timestamps, as txsink's own writer and Iceberg readers take them (Spark
     writes INT96 by default)."""
     from pyspark.sql import functions as F
 
     spark = df.sparkSession
-    key = "spark.sql.parquet.outputTimestampType"
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, "TIMESTAMP_MICROS")
+    settings = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+                **(session_conf or {})}
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, setting in settings.items():
+        spark.conf.set(key, setting)
     try:
         observation: Any = None
         try:
@@ -641,10 +650,11 @@ def write_parquet(df: DataFrame, path: str, options: Mapping[str, str]) -> int |
             observation, observed = None, df
         observed.write.mode("errorifexists").options(**options).parquet(path)
     finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
+        for key, was in before.items():
+            if was is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, was)
     if observation is None:
         return None
     try:
