@@ -181,6 +181,7 @@ def test_the_example_pipeline_file_runs_in_real_time_mode_and_resumes_exactly_on
     assert ids == list(range(150))
 
 
+@pytest.mark.promise("realtime-replay-skipped", "realtime")
 def test_kills_and_restarts_lose_and_duplicate_nothing_in_kafka_and_postgres(
         kafka: tuple[str, Any], pg: pgtesting.LocalPostgres, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -273,6 +274,8 @@ def test_kafka_to_postgres_exactly_once_across_a_checkpoint_reset(
     assert progress == [(0, half), (1, half)]
 
 
+@pytest.mark.promise("realtime-position-columns-required", "realtime")
+@pytest.mark.promise("realtime-unsound-plan-refused", "realtime")
 @pytest.mark.parametrize(("build", "reason"), [
     (lambda df: df.groupBy("key").count(), "an aggregation"),
     (lambda df: df.join(df.select("key"), "key"), "a join"),
@@ -308,6 +311,7 @@ def test_unsound_pipelines_are_refused_before_anything_runs(
         timeout=10).topics  # nothing was created: refused before any data moved
 
 
+@pytest.mark.promise("realtime-non-kafka-source-refused", "realtime")
 def test_a_source_other_than_kafka_is_refused(spark: Any, tmp_path: Path) -> None:
     from txsink.spark.realtime import start_realtime
 
@@ -317,3 +321,25 @@ def test_a_source_other_than_kafka_is_refused(spark: Any, tmp_path: Path) -> Non
         start_realtime(df, sink_id="refused", backend="kafka", options={
             "topic": "x", "kafka.bootstrap.servers": "127.0.0.1:1"},
             checkpoint_location=str(tmp_path / "chk"))
+
+
+@pytest.mark.promise("realtime-unfinished-offsets-file-removed", "realtime")
+def test_an_unfinished_first_offsets_entry_is_removed_and_a_finished_one_kept(
+        spark: Any, tmp_path: Path) -> None:
+    """A driver killed while the first real-time batch's offsets were written leaves
+    ``offsets/.0.<uuid>.tmp``, on which Spark refuses every later start: removed when
+    the offset log has no finished entry; with one, nothing is touched."""
+    from txsink.spark.realtime import clear_unfinished_first_batch
+
+    df = spark.range(1)
+    offsets = tmp_path / "chk" / "offsets"
+    offsets.mkdir(parents=True)
+    unfinished = offsets / f".0.{uuid.uuid4()}.tmp"
+    unfinished.write_text("v1\n")
+    assert clear_unfinished_first_batch(df, str(tmp_path / "chk")) == [unfinished.name]
+    assert list(offsets.iterdir()) == []
+    (offsets / "0").write_text("v1\n")
+    again = offsets / f".1.{uuid.uuid4()}.tmp"
+    again.write_text("v1\n")
+    assert clear_unfinished_first_batch(df, str(tmp_path / "chk")) == []
+    assert sorted(p.name for p in offsets.iterdir()) == sorted(["0", again.name])

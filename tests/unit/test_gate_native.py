@@ -95,6 +95,7 @@ def checksum(values: list[int]) -> str:
 
 # -- identity -------------------------------------------------------------------------------
 
+@pytest.mark.promise("checkpoint-replaced-refused", "native")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_a_native_stream_on_a_replaced_checkpoint_is_refused_not_skipped(
         tmp_path: Path, kind: str) -> None:
@@ -112,6 +113,7 @@ def test_a_native_stream_on_a_replaced_checkpoint_is_refused_not_skipped(
     assert ids(tmp_path / "a") == expected(4)
 
 
+@pytest.mark.promise("versioned-checkpoint-replaced-refused", "native")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_grouped_writes_of_a_replaced_checkpoint_are_refused_not_skipped(
         tmp_path: Path, kind: str) -> None:
@@ -126,6 +128,7 @@ def test_grouped_writes_of_a_replaced_checkpoint_are_refused_not_skipped(
     assert ids(tmp_path / "a") == expected(3)
 
 
+@pytest.mark.promise("restored-state-replay-aborted", "native")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_a_native_stream_restored_from_an_older_checkpoint_skips_what_the_targets_hold(
         tmp_path: Path, kind: str) -> None:
@@ -146,6 +149,7 @@ def test_a_native_stream_restored_from_an_older_checkpoint_skips_what_the_target
         assert ids(tmp_path / t) == expected(6), t
 
 
+@pytest.mark.promise("restored-state-versioned-write-refused", "native")
 def test_grouped_writes_on_a_restored_state_are_refused_not_written_twice(
         tmp_path: Path) -> None:
     """Item 2 on the grouped-writes path: a user's ``epoch(..., version=batch_id)`` keeps
@@ -179,6 +183,7 @@ def test_an_earlier_releases_native_stream_goes_on_without_writing_a_batch_twice
     assert ids(tmp_path / "a") == expected(4)
 
 
+@pytest.mark.promise("batch-into-stream-refused", "native")
 def test_a_native_stream_then_a_batch_write_is_refused(tmp_path: Path) -> None:
     """A native stream binds the state as the data source's does: a batch write would
     take the number of one of its next batches."""
@@ -196,6 +201,7 @@ def _live_owner() -> str:
     return f"{socket.gethostname()}:jvm{os.getpid()}:{started[2]}"
 
 
+@pytest.mark.promise("backfill-beside-grouped-stream-refused", "native")
 def test_a_backfill_from_another_driver_beside_a_grouped_stream_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 7: it took the lease, and the stream died with ``FencedError ... stop the
@@ -225,6 +231,7 @@ def test_a_backfill_from_another_driver_beside_a_grouped_stream_is_refused(
 
 # -- the empty epoch ------------------------------------------------------------------------
 
+@pytest.mark.promise("native-empty-epoch-normal", "native")
 def test_an_epoch_without_rows_is_a_normal_epoch(tmp_path: Path) -> None:
     """Item 3: a files target without rows failed after the decision (``min() arg is an
     empty sequence``) and stayed DECIDED at every restart."""
@@ -239,6 +246,7 @@ def test_an_epoch_without_rows_is_a_normal_epoch(tmp_path: Path) -> None:
     assert ids(tmp_path / "a") == list(range(ROWS, 2 * ROWS))
 
 
+@pytest.mark.promise("grouped-unwritten-target-empty", "native")
 def test_a_target_whose_where_matches_nothing_takes_part_with_no_rows(
         tmp_path: Path) -> None:
     """Item 3 in a group: one target's ``where`` matches nothing in a batch."""
@@ -255,6 +263,7 @@ def test_a_target_whose_where_matches_nothing_takes_part_with_no_rows(
 
 # -- completeness ---------------------------------------------------------------------------
 
+@pytest.mark.promise("native-completeness-checked", "native")
 def test_files_written_where_the_driver_does_not_look_are_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 4: the driver committed whatever it found in the staging directory (a
@@ -281,6 +290,7 @@ def test_files_written_where_the_driver_does_not_look_are_refused(
     assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(1)
 
 
+@pytest.mark.promise("native-hardlink-probed-at-prepare", "native")
 def test_staged_files_the_driver_cannot_link_are_refused_at_prepare(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 5: ``fs.protected_hardlinks`` with executors running as another user (or
@@ -306,6 +316,7 @@ def test_staged_files_the_driver_cannot_link_are_refused_at_prepare(
 
 # -- a forced resolve of a half-published epoch ----------------------------------------------
 
+@pytest.mark.promise("native-forced-abort-unpublishes", "native")
 def test_a_forced_resolve_of_a_half_published_epoch_takes_its_files_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -329,6 +340,7 @@ def test_a_forced_resolve_of_a_half_published_epoch_takes_its_files_back(
     assert ids(tmp_path / "a") == expected(2)
 
 
+@pytest.mark.promise("native-forced-abort-unpublishes", "native")
 def test_a_participant_whose_files_are_all_published_is_committed(tmp_path: Path) -> None:
     """Item 6: ``is_committed`` answered False while the staging directory was still
     there, so a forced resolve took visible rows for dropped."""

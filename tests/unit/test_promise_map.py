@@ -5,7 +5,7 @@ what they can rely on: an input refused, a run stopped, a write aborted or skipp
 something that never happens to their rows. Each one carries an id right after it, on
 the same line (an HTML comment: readers see nothing)::
 
-    ... is refused before anything is written. <!-- promise: batch-into-stream paths=datasource,grouped -->
+    ... is refused. <!-- promise: batch-into-stream-refused paths=datasource,grouped -->
 
 and each test that proves it on a path carries the marker
 ``@pytest.mark.promise("batch-into-stream", "grouped")`` (one id, one or more paths;
@@ -428,46 +428,53 @@ def _where_it_runs(nodeid: str, marks: _Marks, all_runs: list[Run]) -> tuple[str
     return tuple(out)
 
 
+def _read_file(path: Path, gates: dict[str, str], all_runs: list[Run],
+               problems: list[str]) -> list[Binding]:
+    """The promise markers of one test file's tests."""
+    doc = path.relative_to(ROOT).as_posix()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    consts = _constants(tree, gates)
+    out: list[Binding] = []
+    module = _Marks()
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "pytestmark"):
+            module = _marks([node.value], consts, gates, problems, doc)
+
+    def emit(found: _Marks, nodeid: str, marks: _Marks) -> None:
+        for ident, paths, _line in found.promises:
+            out.append(Binding(ident, paths, nodeid, _line,
+                               _where_it_runs(nodeid, marks, all_runs), marks.xfail))
+
+    def visit(fn: ast.FunctionDef | ast.AsyncFunctionDef, prefix: str, above: _Marks) -> None:
+        own = _marks(list(fn.decorator_list), consts, gates, problems, doc)
+        emit(own, f"{doc}::{prefix}{fn.name}", above + own)
+        for label, exprs in _params(list(fn.decorator_list)):
+            case = _marks(exprs, consts, gates, problems, doc)
+            emit(case, f"{doc}::{prefix}{fn.name}[{label}]", above + own + case)
+
+    emit(module, doc, module)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.name.startswith("test"):
+            visit(node, "", module)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            # a class marker covers its tests, inherited ones too (a conformance kit)
+            cls = _marks(list(node.decorator_list), consts, gates, problems, doc)
+            emit(cls, f"{doc}::{node.name}", module + cls)
+            for method in node.body:
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                        method.name.startswith("test"):
+                    visit(method, f"{node.name}::", module + cls)
+    return out
+
+
 def read_tests(problems: list[str]) -> list[Binding]:
     gates = _long_run_gates()
     all_runs = runs()
     out: list[Binding] = []
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        doc = path.relative_to(ROOT).as_posix()
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        consts = _constants(tree, gates)
-        module = _Marks()
-        for node in tree.body:
-            if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id == "pytestmark"):
-                module = _marks([node.value], consts, gates, problems, doc)
-
-        def emit(found: _Marks, nodeid: str, marks: _Marks) -> None:
-            for ident, paths, line in found.promises:
-                out.append(Binding(ident, paths, nodeid, line,
-                                   _where_it_runs(nodeid, marks, all_runs), marks.xfail))
-
-        def visit(fn: ast.FunctionDef | ast.AsyncFunctionDef, prefix: str, above: _Marks
-                  ) -> None:
-            own = _marks(list(fn.decorator_list), consts, gates, problems, doc)
-            emit(own, f"{doc}::{prefix}{fn.name}", above + own)
-            for label, exprs in _params(list(fn.decorator_list)):
-                case = _marks(exprs, consts, gates, problems, doc)
-                emit(case, f"{doc}::{prefix}{fn.name}[{label}]", above + own + case)
-
-        emit(module, doc, module)
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
-                    node.name.startswith("test"):
-                visit(node, "", module)
-            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-                # a class marker covers its tests, inherited ones too (a conformance kit)
-                cls = _marks(list(node.decorator_list), consts, gates, problems, doc)
-                emit(cls, f"{doc}::{node.name}", module + cls)
-                for method in node.body:
-                    if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
-                            method.name.startswith("test"):
-                        visit(method, f"{node.name}::", module + cls)
+        out += _read_file(path, gates, all_runs, problems)
     return out
 
 

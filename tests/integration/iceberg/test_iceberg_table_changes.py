@@ -34,6 +34,7 @@ def test_epochs_committed_out_of_order_are_each_recognised(backend: IcebergBacke
     assert sorted(read_table_ids(backend)) == [*range(20), *range(100, 120)]
 
 
+@pytest.mark.promise("iceberg-partitioned-refused", "backend")
 def test_a_table_partitioned_since_the_start_is_refused_before_the_decision(
         backend: IcebergBackend) -> None:
     """Another writer partitions the table while the pipeline runs: add_files refused

@@ -103,6 +103,7 @@ def test_distinct_transactional_ids_stay_bounded_over_many_epochs(
     assert keys == sorted(e * 100 + p * 10 for e in range(EPOCHS) for p in range(PARTITIONS))
 
 
+@pytest.mark.promise("kafka-decided-slot-never-taken", "backend")
 def test_a_slot_held_by_a_decided_epoch_is_not_reused_until_recovery_commits_it(
         backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path) -> None:
     state = DirectoryStateStore(tmp_path / "state")
