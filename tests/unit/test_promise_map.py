@@ -429,8 +429,9 @@ def _where_it_runs(nodeid: str, marks: _Marks, all_runs: list[Run]) -> tuple[str
 
 
 def _read_file(path: Path, gates: dict[str, str], all_runs: list[Run],
-               problems: list[str]) -> list[Binding]:
-    """The promise markers of one test file's tests."""
+               problems: list[str], nowhere: list[str] | None = None) -> list[Binding]:
+    """The promise markers of one test file's tests; ``nowhere`` gets the tests no run
+    collects (neither the default run nor a tox environment) that no ``skip`` marks."""
     doc = path.relative_to(ROOT).as_posix()
     tree = ast.parse(path.read_text(encoding="utf-8"))
     consts = _constants(tree, gates)
@@ -449,6 +450,10 @@ def _read_file(path: Path, gates: dict[str, str], all_runs: list[Run],
     def visit(fn: ast.FunctionDef | ast.AsyncFunctionDef, prefix: str, above: _Marks) -> None:
         own = _marks(list(fn.decorator_list), consts, gates, problems, doc)
         emit(own, f"{doc}::{prefix}{fn.name}", above + own)
+        whole = above + own
+        if nowhere is not None and not whole.skipped and not _where_it_runs(
+                f"{doc}::{prefix}{fn.name}", whole, all_runs):
+            nowhere.append(f"{doc}::{prefix}{fn.name}")
         for label, exprs in _params(list(fn.decorator_list)):
             case = _marks(exprs, consts, gates, problems, doc)
             emit(case, f"{doc}::{prefix}{fn.name}[{label}]", above + own + case)
@@ -469,12 +474,12 @@ def _read_file(path: Path, gates: dict[str, str], all_runs: list[Run],
     return out
 
 
-def read_tests(problems: list[str]) -> list[Binding]:
+def read_tests(problems: list[str], nowhere: list[str] | None = None) -> list[Binding]:
     gates = _long_run_gates()
     all_runs = runs()
     out: list[Binding] = []
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        out += _read_file(path, gates, all_runs, problems)
+        out += _read_file(path, gates, all_runs, problems, nowhere)
     return out
 
 
@@ -610,6 +615,15 @@ def test_annotations_change_nothing_a_reader_sees() -> None:
         if re.sub(r"\s+", " ", a) != re.sub(r"\s+", " ", b):
             changed.append(path.relative_to(ROOT).as_posix())
     assert changed == [], f"annotations change the rendered page: {changed}"
+
+
+def test_every_test_kept_out_of_the_default_run_runs_in_a_tox_environment() -> None:
+    """A test a long-run variable keeps out of the default run must be collected by a tox
+    environment that sets the variable (two native-path crash tests in
+    tests/integration ran nowhere: ``e2e-long`` collected tests/e2e only)."""
+    nowhere: list[str] = []
+    read_tests([], nowhere)
+    assert nowhere == [], "tests that run neither in the default run nor in any tox environment"
 
 
 def test_the_map_reads_the_runs_of_tox_ini() -> None:

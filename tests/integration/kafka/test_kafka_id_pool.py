@@ -198,3 +198,24 @@ def test_two_attempts_that_chose_the_same_slot_still_end_exactly_once(
     assert backend.broker_transactions(sink_id) == {}
     keys = sorted(int(m.key()) for m in kt.read_topic(backend.config.bootstrap, topic))
     assert keys == list(range(10))
+
+
+@pytest.mark.promise("kafka-pool-exhausted-named", "backend")
+def test_a_writer_that_finds_every_slot_open_fails_naming_them(
+        kafka_broker: Broker, topic: str, marker_topic: str, sink_id: str) -> None:
+    from txsink.errors import TxsinkError
+
+    small = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+        "marker.topic": marker_topic, "transactional.id.pool.size": "1"})
+    assert isinstance(small, KafkaBackend)
+    try:
+        small.preflight(sink_id)
+        held = prepare(small, sink_id, 0, 0)  # prepared: its transaction stays open
+        with pytest.raises(TxsinkError, match="all 1 pooled transactional ids") as err:
+            prepare(small, sink_id, 0, 0, attempt=1)  # another attempt of partition 0
+        assert str(held.payload["transactional_id"]) in str(err.value)
+        assert "transactional.id.pool.size" in str(err.value)
+        small.abort(held)
+    finally:
+        small.close()
