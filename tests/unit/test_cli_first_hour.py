@@ -175,7 +175,6 @@ def test_resolve_an_epoch_that_does_not_exist_is_an_error(tmp_path: Path) -> Non
         assert "committed up to 1" in line
 
 
-@pytest.mark.promise("run-releases-lease", "datasource")
 def test_status_says_whether_the_lease_is_held_or_released(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     store = DirectoryStateStore(tmp_path / "chk" / "txsink")

@@ -100,7 +100,6 @@ def test_same_owner_reacquires_without_fencing(env: Env) -> None:
     assert env.ids() == expected_ids(range(3), 3)
 
 
-@pytest.mark.promise("state-bound-to-sink", "cli")
 def test_state_is_bound_to_one_sink_and_backend(env: Env) -> None:
     env.coordinator().start()
     from txsink.coordinator import Coordinator
