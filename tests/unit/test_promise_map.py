@@ -397,8 +397,10 @@ def _params(decorators: list[ast.expr]) -> list[tuple[str, list[ast.expr]]]:
                 kw = {k.arg: k.value for k in node.keywords}
                 if "marks" in kw:
                     ident = kw.get("id")
+                    first = node.args[0] if node.args else None
                     label = (ident.value if isinstance(ident, ast.Constant)
-                             else ast.unparse(node.args[0]) if node.args else "?")
+                             else first.value if isinstance(first, ast.Constant)
+                             else ast.unparse(first) if first is not None else "?")
                     out.append((str(label), [kw["marks"]]))
     return out
 
@@ -448,15 +450,24 @@ def _read_file(path: Path, gates: dict[str, str], all_runs: list[Run],
                                _where_it_runs(nodeid, marks, all_runs), marks.xfail))
 
     def visit(fn: ast.FunctionDef | ast.AsyncFunctionDef, prefix: str, above: _Marks) -> None:
+        nodeid = f"{doc}::{prefix}{fn.name}"
         own = _marks(list(fn.decorator_list), consts, gates, problems, doc)
-        emit(own, f"{doc}::{prefix}{fn.name}", above + own)
         whole = above + own
+        cases = [(label, _marks(exprs, consts, gates, problems, doc))
+                 for label, exprs in _params(list(fn.decorator_list))]
+        # A case named after a path (``pytest.param("grouped", marks=...)``) is that
+        # path's test of the function's promises: its marks (an xfail) count there.
+        by_path = {label: case for label, case in cases if label in PATHS}
+        for ident, paths, line in own.promises:
+            for path in paths:
+                marks = whole + by_path[path] if path in by_path else whole
+                out.append(Binding(ident, (path,), nodeid, line,
+                                   _where_it_runs(nodeid, marks, all_runs), marks.xfail))
         if nowhere is not None and not whole.skipped and not _where_it_runs(
-                f"{doc}::{prefix}{fn.name}", whole, all_runs):
-            nowhere.append(f"{doc}::{prefix}{fn.name}")
-        for label, exprs in _params(list(fn.decorator_list)):
-            case = _marks(exprs, consts, gates, problems, doc)
-            emit(case, f"{doc}::{prefix}{fn.name}[{label}]", above + own + case)
+                nodeid, whole, all_runs):
+            nowhere.append(nodeid)
+        for label, case in cases:
+            emit(case, f"{nodeid}[{label}]", whole + case)
 
     emit(module, doc, module)
     for node in tree.body:
@@ -590,6 +601,9 @@ def test_every_marker_names_a_promise_and_one_of_its_paths(the_map: PromiseMap) 
 
 
 def test_every_promise_has_a_test_on_every_path_it_applies_to(the_map: PromiseMap) -> None:
+    """A pair whose only tests are strict xfails is a promise known false on that path:
+    it has its test (which fails once the fix lands, and the mark goes); the map lists
+    it (``python -m tests.unit.test_promise_map --false``)."""
     missing = [cell for cell, tests in the_map.cells().items() if not tests]
     assert missing == [], (
         f"{len(missing)} (promise, path) pairs without a test that runs (default run or a "
@@ -648,6 +662,10 @@ if __name__ == "__main__":
     found = promise_map()
     if "--missing" in sys.argv:
         print(found.table(only_missing=True))
+    elif "--false" in sys.argv:
+        print("\n".join(f"{i} {p}: " + "; ".join(t.nodeid for t in ts)
+                        for (i, p), ts in sorted(found.cells().items())
+                        if ts and all(t.xfail for t in ts)))
     elif "--unmarked" in sys.argv:
         print("\n".join(p for page in found.pages for p in page.problems))
     else:
