@@ -66,12 +66,18 @@ def _servers(args: argparse.Namespace) -> Iterator[dict[str, str]]:
         pg = stack.enter_context(LocalPostgres(password="txsink-examples", port=args.pg_port))
         print("starting SeaweedFS (S3) ...", flush=True)
         weed = LocalSeaweedFS(s3_port=args.s3_port)
+        # Its other servers' ports, where asked for (free ones are picked otherwise).
+        for name in ("master", "volume", "filer"):
+            chosen = getattr(args, f"s3_{name}_port")
+            if chosen is not None:
+                setattr(weed, f"{name}_port", chosen)
         stack.callback(weed.cleanup)
         stack.callback(weed.stop)
         weed.start()
         weed.client().create_bucket(Bucket=BUCKET)
         print("starting Apache Kafka (the first start downloads its jars) ...", flush=True)
-        kafka = stack.enter_context(LocalKafka(port=args.kafka_port))
+        kafka = stack.enter_context(LocalKafka(port=args.kafka_port,
+                                               controller_port=args.kafka_controller_port))
         _create_topic(kafka.bootstrap)
         yield {
             "TXSINK_PG_DSN": pg.dsn,
@@ -141,6 +147,26 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+#: weed listens for gRPC on each of its servers' ports plus this.
+WEED_GRPC_OFFSET = 10000
+#: Every port the servers listen on: (option, what, a SeaweedFS port). Each can be set by
+#: its option or by the variable TXSINK_DEV_<OPTION> (``--kafka-port``:
+#: ``TXSINK_DEV_KAFKA_PORT``); the option wins. Unset, a free one is picked.
+PORTS = (
+    ("pg-port", "PostgreSQL", False),
+    ("s3-port", "the S3 endpoint", True),
+    ("s3-master-port", "SeaweedFS's master", True),
+    ("s3-volume-port", "SeaweedFS's volume server", True),
+    ("s3-filer-port", "SeaweedFS's filer", True),
+    ("kafka-port", "Kafka's listener", False),
+    ("kafka-controller-port", "Kafka's controller (KRaft)", False),
+)
+
+
+def port_variable(option: str) -> str:
+    return "TXSINK_DEV_" + option.upper().replace("-", "_")
+
+
 def _port(option: str, top: int) -> Callable[[str], int]:
     """An argparse type: a port number from 1 to ``top`` (argparse names the option)."""
     def parse(text: str) -> int:
@@ -150,9 +176,34 @@ def _port(option: str, top: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not 1 <= port <= top:
             raise argparse.ArgumentTypeError(f"{port} is not a port from 1 to {top}" + (
-                " (SeaweedFS also listens on PORT + 10000)" if option == "s3-port" else ""))
+                f" (SeaweedFS also listens on PORT + {WEED_GRPC_OFFSET})"
+                if option.startswith("s3-") else ""))
         return port
     return parse
+
+
+def _ports_from_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill the ports not given as options from their variables; refuse two servers on
+    one port (a SeaweedFS server takes its port + 10000 too)."""
+    taken: dict[int, str] = {}
+    for option, _, weed in PORTS:
+        attr = option.replace("-", "_")
+        variable = port_variable(option)
+        if getattr(args, attr) is None and os.environ.get(variable):
+            top = 65535 - WEED_GRPC_OFFSET if weed else 65535
+            try:
+                setattr(args, attr, _port(option, top)(os.environ[variable]))
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"{variable}: {exc}")
+        port = getattr(args, attr)
+        if port is None:
+            continue
+        for number, use in ((port, f"--{option}"),
+                            *([(port + WEED_GRPC_OFFSET, f"--{option} + {WEED_GRPC_OFFSET} "
+                                "(SeaweedFS's gRPC)")] if weed else [])):
+            if number in taken:
+                parser.error(f"port {number} is asked for twice: {taken[number]} and {use}")
+            taken[number] = use
 
 
 def _start_detached(args: argparse.Namespace) -> int:
@@ -163,9 +214,10 @@ def _start_detached(args: argparse.Namespace) -> int:
     ENV_FILE.unlink(missing_ok=True)
     LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, __file__, "start"]
-    for name in ("pg_port", "s3_port", "kafka_port"):
-        if getattr(args, name):
-            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    for option, _, _ in PORTS:
+        chosen = getattr(args, option.replace("-", "_"))
+        if chosen:
+            argv += [f"--{option}", str(chosen)]
     with open(LOG_FILE, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -287,7 +339,8 @@ def cmd_delta_read(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the ports not given taken from their variables."""
     parser = argparse.ArgumentParser(prog="examples/dev_servers.py",
                                      description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -298,12 +351,12 @@ def main(argv: list[str] | None = None) -> int:
                        f"{LOG_FILE}); return once the servers are ready")
     start.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
                        help="with --detach: how long to wait for the servers (default 600)")
-    for name, what, top in (("pg-port", "PostgreSQL", 65535),
-                            ("s3-port", "the S3 endpoint (SeaweedFS also takes PORT + 10000 "
-                             "for gRPC)", 65535 - 10000),
-                            ("kafka-port", "Kafka", 65535)):
-        start.add_argument(f"--{name}", type=_port(name, top), metavar="PORT",
-                           help=f"port for {what} on 127.0.0.1 (default: a free one)")
+    for option, what, weed in PORTS:
+        top = 65535 - WEED_GRPC_OFFSET if weed else 65535
+        grpc = f" (SeaweedFS also takes PORT + {WEED_GRPC_OFFSET} for gRPC)" if weed else ""
+        start.add_argument(f"--{option}", type=_port(option, top), metavar="PORT",
+                           help=f"port for {what} on 127.0.0.1{grpc} (default: "
+                           f"${port_variable(option)}, else a free one)")
     start.set_defaults(func=cmd_start)
     sub.add_parser("stop", help="stop servers started with --detach").set_defaults(
         func=cmd_stop)
@@ -323,7 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "psql":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "start":
+        _ports_from_env(parser, args)
     args.psql_args = extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     code: int = args.func(args)
     return code
 

@@ -193,17 +193,28 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
 
 
 def test_dev_servers_start_detached_on_chosen_ports_and_stop(tmp_path: Path) -> None:
-    """``start --detach`` returns once the servers are ready, on the ports asked for;
-    ``stop`` stops the whole group and removes the variables file."""
+    """``start --detach`` returns once the servers are ready, on the ports asked for
+    (every one of them: options and TXSINK_DEV_* variables); ``stop`` stops the whole
+    group and removes the variables file."""
     shutil.copytree(REPO / "examples", tmp_path / "examples",
                     ignore=shutil.ignore_patterns("sqlite-backend"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TXSINK_", "AWS_"))}
-    pg_port, kafka_port = _free_port(), _free_port()
-    s3_port = _free_s3_port()
+    pg_port, kafka_port, controller_port = _free_port(), _free_port(), _free_port()
+    weed: list[int] = []
+    while len(weed) < 4:  # the S3 endpoint, master, volume server, filer (+ 10000 each)
+        port = _free_s3_port()
+        if all(abs(port - p) not in (0, 10000) for p in weed):
+            weed.append(port)
+    s3_port, master_port, volume_port, filer_port = weed
+    # Some by option, the others by variable.
+    env.update({"TXSINK_DEV_S3_MASTER_PORT": str(master_port),
+                "TXSINK_DEV_S3_FILER_PORT": str(filer_port),
+                "TXSINK_DEV_KAFKA_CONTROLLER_PORT": str(controller_port)})
     script = tmp_path / "examples" / "dev_servers.py"
     started = subprocess.run(
         [sys.executable, str(script), "start", "--detach", "--pg-port", str(pg_port),
-         "--s3-port", str(s3_port), "--kafka-port", str(kafka_port)],
+         "--s3-port", str(s3_port), "--s3-volume-port", str(volume_port),
+         "--kafka-port", str(kafka_port)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
     pid_file = tmp_path / "out" / "dev-servers.pid"
     try:
@@ -213,6 +224,9 @@ def test_dev_servers_start_detached_on_chosen_ports_and_stop(tmp_path: Path) -> 
         assert f"port={pg_port}" in variables
         assert f"127.0.0.1:{s3_port}" in variables
         assert f"127.0.0.1:{kafka_port}" in variables
+        for port in (pg_port, kafka_port, controller_port, *weed):
+            with socket.create_connection(("127.0.0.1", port), timeout=10):
+                pass  # a server of the group listens there
         pid = int(pid_file.read_text())
         os.killpg(pid, 0)  # its group runs
         stopped = subprocess.run([sys.executable, str(script), "stop"], cwd=tmp_path,

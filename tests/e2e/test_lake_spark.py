@@ -197,7 +197,8 @@ def test_a_pipeline_group_with_a_table_and_a_select_gives_each_target_its_column
     data source (struct columns)."""
     from txsink.config import parse_pipeline
     from txsink.plugins import get_plugins
-    from txsink.spark.pipeline import _run_batch, pipeline_frame
+    from txsink.spark.pipeline import pipeline_frame
+    from txsink.spark.run_batch import run_batch
 
     want = make_input(tmp_path / "in", files=1, rows_per_file=60)
     cfg = parse_pipeline({
@@ -210,7 +211,7 @@ def test_a_pipeline_group_with_a_table_and_a_select_gives_each_target_its_column
              "options": {"path": str(tmp_path / "files")}}]},
         "checkpoint": str(tmp_path / "chk")})
     store = get_plugins().state_store(f"{cfg.checkpoint}/txsink")
-    result = _run_batch(pipeline_frame(spark, cfg, {}), cfg, store, lambda line: None)
+    result = run_batch(pipeline_frame(spark, cfg, {}), cfg, store, lambda line: None)
     assert result.epochs == 1
     rows = delta_rows(tmp_path)
     assert summarize(rows) == want

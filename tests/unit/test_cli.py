@@ -190,7 +190,7 @@ def test_status_works_from_another_directory(tmp_path: Path, monkeypatch: pytest
 
 
 def test_the_run_loop_reports_each_newly_committed_epoch_once(tmp_path: Path) -> None:
-    from txsink.spark.pipeline import _committed_since
+    from txsink.spark.report import committed_since
     from txsink.state import EpochRecord
 
     def record(epoch: int, state: EpochState) -> EpochRecord:
@@ -203,10 +203,10 @@ def test_the_run_loop_reports_each_newly_committed_epoch_once(tmp_path: Path) ->
     seen = {0}
     store.put(lease, record(1, EpochState.COMMITTED))
     store.put(lease, record(2, EpochState.DECIDED))
-    assert [r.rows for r in _committed_since(store, seen)] == [2]
+    assert [r.rows for r in committed_since(store, seen)] == [2]
     store.put(lease, record(2, EpochState.COMMITTED))
-    assert [r.epoch for r in _committed_since(store, seen)] == [2]
-    assert _committed_since(store, seen) == []
+    assert [r.epoch for r in committed_since(store, seen)] == [2]
+    assert committed_since(store, seen) == []
 
 
 @pytest.mark.promise("remote-metrics-port-refused", "cli")
@@ -233,7 +233,7 @@ def test_a_query_error_from_the_connect_server_is_not_called_a_lost_server() -> 
     pytest.importorskip("grpc")
     import grpc
     from pyspark.errors.exceptions.connect import SparkConnectGrpcException
-    from txsink.spark.pipeline import _is_connect_error, _server_gone
+    from txsink.spark.connect import is_connect_error, server_gone
 
     def error(message: str, code: grpc.StatusCode, cls: str | None = None) -> Exception:
         return SparkConnectGrpcException(message, errorClass=cls,
@@ -245,9 +245,9 @@ def test_a_query_error_from_the_connect_server_is_not_called_a_lost_server() -> 
                       grpc.StatusCode.INTERNAL, "INVALID_HANDLE.SESSION_NOT_FOUND")
     in_use = error("[CONCURRENT_QUERY] Another instance of this query was just started by "
                    "a concurrent session.", grpc.StatusCode.INTERNAL)
-    assert all(_is_connect_error(e) for e in (down, restarted, in_use))
-    assert _server_gone(down) and _server_gone(restarted)
-    assert not _server_gone(in_use)
+    assert all(is_connect_error(e) for e in (down, restarted, in_use))
+    assert server_gone(down) and server_gone(restarted)
+    assert not server_gone(in_use)
 
 
 def test_spark_remote_from_the_environment_is_checked_like_the_option(

@@ -13,7 +13,7 @@ import pytest
 from txsink.config import parse_pipeline
 from txsink.coordinator import Coordinator
 from txsink.files.backend import FilesBackend
-from txsink.spark.pipeline import _native_targets
+from txsink.spark.frames import native_targets
 from txsink.state import DirectoryStateStore
 
 
@@ -27,13 +27,13 @@ def pipeline(tmp_path: Path, **sink: Any) -> Any:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_parquet_exactly_once_takes_sparks_writer(tmp_path: Path, stream: bool) -> None:
-    native = _native_targets(pipeline(tmp_path), {}, stream=stream)
+    native = native_targets(pipeline(tmp_path), {}, stream=stream)
     assert native is not None and native.single and native.sink_id == "p1"
     group = pipeline(tmp_path, targets=[
         {"name": "a", "backend": "files", "options": {"path": str(tmp_path / "a")}},
         {"name": "b", "backend": "files",
          "options": {"path": str(tmp_path / "b"), "format": "jsonl"}}])
-    native = _native_targets(group, None, stream=stream)
+    native = native_targets(group, None, stream=stream)
     assert native is not None and not native.single and native.names == ["a", "b"]
 
 
@@ -46,12 +46,12 @@ def test_other_formats_and_guarantees_keep_the_data_source(tmp_path: Path,
                                                           sink: dict[str, Any]) -> None:
     if "options" in sink:
         sink = {"options": {**sink["options"], "path": str(tmp_path / "out")}}
-    assert _native_targets(pipeline(tmp_path, **sink), {}, stream=True) is None
+    assert native_targets(pipeline(tmp_path, **sink), {}, stream=True) is None
 
 
 def test_spark_connect_keeps_the_data_source(tmp_path: Path) -> None:
-    assert _native_targets(pipeline(tmp_path), {"lease_owner": "x"},
-                           stream=False) is None
+    assert native_targets(pipeline(tmp_path), {"lease_owner": "x"},
+                          stream=False) is None
 
 
 def test_a_stream_on_a_state_the_data_sources_stream_wrote_takes_the_native_path(
@@ -65,8 +65,8 @@ def test_a_stream_on_a_state_the_data_sources_stream_wrote_takes_the_native_path
     coordinator.start(stream=True, query_id="q1")  # as the data source's stream does
     meta = store.read_meta()
     assert meta is not None and meta.stream_from == 0
-    assert _native_targets(cfg, {}, stream=True) is not None
-    assert _native_targets(cfg, {}, stream=False) is not None
+    assert native_targets(cfg, {}, stream=True) is not None
+    assert native_targets(cfg, {}, stream=False) is not None
 
 
 def test_a_single_sinks_native_epoch_records_its_options_in_the_state(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_a_single_sinks_native_epoch_records_its_options_in_the_state(tmp_path: 
     output did not move read them from the state."""
     from txsink.spark.group import GroupEpoch
 
-    native = _native_targets(pipeline(tmp_path), {}, stream=False)
+    native = native_targets(pipeline(tmp_path), {}, stream=False)
     assert native is not None
     with GroupEpoch(None, native, version=None, app_id=None):  # type: ignore[arg-type]
         pass  # nothing written: an epoch without files

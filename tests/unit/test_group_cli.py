@@ -222,9 +222,10 @@ def test_resolve_force_abort_keeps_what_a_target_committed_and_the_replay_adds_t
     code, out, _ = _run(capsys, "resolve", str(tmp_path / "chk"), "--epoch", "2", "--abort",
                         "--force")
     assert code == 0, out
-    assert "1 participant(s) (3 row(s)) were committed already and stay visible" in out
+    assert "1 participant(s) (events 3 row(s)) were committed already and stay visible" in out
     assert "their partitions (events 0) are not written again" in out
-    assert "3 participant(s), 7 row(s) dropped" in out
+    # Per target: the sum (7) counted events' rows and totals' rows as if they were others.
+    assert "3 participant(s), events 3, totals 4 row(s) dropped" in out
     run_epochs(f, range(2, 3))  # Spark replays epoch 2: only the others are written
     for name in ("events", "totals"):
         ids = sorted(json.loads(line)["id"] for p in (tmp_path / name).glob("part-*")

@@ -1,5 +1,6 @@
-"""The floors of ``core/src/txsink`` stay floors: no import circle, and the engine never
-reaches up into the Spark adapter.
+"""The floors of ``core/src/txsink`` stay floors: no import circle, the engine never
+reaches up into the Spark adapter, and core never imports a backend package (backends
+give core what it needs through the plugin hooks, as a third party's would).
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``: a circle
 hidden from the interpreter is still one for the reader.
@@ -14,6 +15,7 @@ SRC = Path(__file__).resolve().parents[2] / "core" / "src"
 #: Only these may import ``txsink.spark``: the adapter itself, the CLI that runs it,
 #: and the testing helpers that start Spark.
 SPARK_USERS = ("txsink.spark", "txsink.cli", "txsink.testing")
+BACKENDS = Path(__file__).resolve().parents[2] / "backends"
 
 
 def _modules() -> dict[str, Path]:
@@ -99,3 +101,42 @@ def test_the_engine_never_imports_the_spark_adapter() -> None:
 def test_the_circle_finder_finds_circles() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def top_level_imports(source: str) -> set[str]:
+    """The top-level package of every absolute import in ``source`` (also inside a
+    function or under ``TYPE_CHECKING``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def backend_packages() -> set[str]:
+    """Our backends' import packages, and any ``txsink_*`` name (a third party's)."""
+    return {p.name for p in BACKENDS.glob("*/src/*") if p.is_dir() and p.name.isidentifier()}
+
+
+def _is_backend(package: str, known: set[str]) -> bool:
+    return package in known or package.startswith("txsink_")
+
+
+def test_core_never_imports_a_backend_package() -> None:
+    known = backend_packages()
+    assert "txsink_kafka" in known  # it read the backends
+    offenders = sorted(f"{name} -> {package}" for name, path in _modules().items()
+                       for package in top_level_imports(path.read_text())
+                       if _is_backend(package, known))
+    assert not offenders, f"core modules importing a backend package: {offenders}"
+
+
+def test_the_backend_import_finder_finds_them() -> None:
+    code = ("def f():\n    from txsink_kafka.source import register_source\n"
+            "import txsink_s3.objects as o\nfrom txsink.errors import ConfigError\n"
+            "from . import sibling\n")
+    assert top_level_imports(code) == {"txsink_kafka", "txsink_s3", "txsink"}
+    assert [p for p in sorted(top_level_imports(code)) if _is_backend(p, set())] == [
+        "txsink_kafka", "txsink_s3"]

@@ -7,6 +7,8 @@ claimed. No broker is needed: the settings are checked before any connection."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from txsink.errors import ConfigError
 from txsink.plugins import get_plugins
@@ -42,3 +44,47 @@ def test_a_misspelt_bootstrap_servers_is_named_in_the_required_error() -> None:
     assert caught.value.field == "kafka.bootstrap.servers"
     assert ("'kafka.bootstrap.server' is given: did you mean 'kafka.bootstrap.servers'?"
             in str(caught.value)), str(caught.value)
+
+
+def _pipeline(tmp_path: Path, group: bool) -> Path:
+    options = ("{kafka.bootstrap.servers: '127.0.0.1:9', topic: t, "
+               "kafka.linger.mss: '5', kafka.sasl.password: s3cr3t-value}")
+    sink = (f"""
+  sink_id: typo
+  targets:
+    - name: files
+      backend: files
+      options: {{path: {tmp_path}/out, format: jsonl}}
+    - name: events
+      backend: kafka
+      options: {options}""" if group else f"""
+  backend: kafka
+  sink_id: typo
+  options: {options}""")
+    f = tmp_path / "typo.yaml"
+    f.write_text(f"source: {{type: rate}}\ncheckpoint: {tmp_path}/chk\nsink:{sink}\n")
+    return f
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["single", "group"])
+def test_validate_refuses_the_typo_run_refuses_with_the_same_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], group: bool) -> None:
+    """Before: `txsink validate --no-spark` said ok, and `run` refused the file two
+    seconds later. Both now print the same line (with Spark's checks too: it comes before
+    Spark starts), and nothing is created."""
+    from txsink.cli import main
+
+    f = _pipeline(tmp_path, group)
+    said = {}
+    for argv in (["validate", "--no-spark"], ["validate"], ["run"]):
+        assert main([*argv, str(f)]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        said[" ".join(argv)] = captured.err
+    field = "sink.targets[events].options.kafka.linger.mss" if group else \
+        "sink.options.kafka.linger.mss"
+    assert said["validate --no-spark"].startswith(f"txsink: config error: {field}: "), said
+    assert "did you mean 'kafka.linger.ms'?" in said["validate --no-spark"]
+    assert "s3cr3t-value" not in said["validate --no-spark"]
+    assert said["validate --no-spark"] == said["validate"] == said["run"], said
+    assert not (tmp_path / "chk").exists() and not (tmp_path / "out").exists()

@@ -16,7 +16,7 @@ from typing import Any
 
 from txsink.config import parse_pipeline
 from txsink.model import Committable
-from txsink.spark.pipeline import _run_stream
+from txsink.spark.run_stream import run_stream
 from txsink.state import EpochRecord, EpochState
 
 RETAINED = 100
@@ -129,8 +129,8 @@ def test_a_long_run_prints_every_batch_once_and_keeps_nothing_per_batch() -> Non
 
     tracemalloc.start()
     try:
-        result = _run_stream(_Frame(query), cfg, state, out,  # type: ignore[arg-type]
-                             max_batches=batches, until_idle=False, timeout_s=None, poll_s=0)
+        result = run_stream(_Frame(query), cfg, state, out,  # type: ignore[arg-type]
+                            max_batches=batches, until_idle=False, timeout_s=None, poll_s=0)
     finally:
         tracemalloc.stop()
     # 1,200 batches later the loop holds no more than before (the progress reports of

@@ -13,7 +13,8 @@ from txsink.config import parse_pipeline
 from txsink.coordinator import Coordinator
 from txsink.files.backend import FilesBackend
 from txsink.spark.checks import source_error, spark_message, transform_error
-from txsink.spark.pipeline import _first_lines, resume_notes
+from txsink.spark.messages import first_lines
+from txsink.spark.pipeline import resume_notes
 from txsink.state import DirectoryStateStore, EpochRecord, EpochState
 
 PARSE_ERROR = ("\n[PARSE_SYNTAX_ERROR] Syntax error at or near 'SELEC'. SQLSTATE: 42601 "
@@ -72,8 +73,8 @@ def test_query_failure_names_the_python_error_at_the_bottom() -> None:
             '  File "/x/worker.py", line 1, in main\n'
             "txsink.faults.InjectedFault: injected fault at before-decide (epoch 1)\n"
             "\tat org.apache.spark.X(X.scala:1)")
-    assert _first_lines(text) == "InjectedFault: injected fault at before-decide (epoch 1)"
-    assert _first_lines("ValueError: x\ntxsink.errors.CommitError: participant p is gone") == (
+    assert first_lines(text) == "InjectedFault: injected fault at before-decide (epoch 1)"
+    assert first_lines("ValueError: x\ntxsink.errors.CommitError: participant p is gone") == (
         "CommitError: participant p is gone")
 
 

@@ -175,6 +175,12 @@ class Backend(abc.ABC):
         """
         return {}
 
+    def check_settings(self, sink_id: str) -> None:  # noqa: B027 - optional hook
+        """Checks of the options that need no server but more than parsing them: a
+        client library's own check of the settings it is handed (librdkafka's of
+        ``kafka.*``). ``txsink validate`` runs them; call them from :meth:`preflight`
+        too, so ``validate`` and ``run`` refuse the same options with the same line."""
+
     def preflight(self, sink_id: str) -> None:  # noqa: B027 - optional hook
         """Driver-side checks that need I/O, run before any data is written."""
 

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,6 @@ from txsink.targets import GROUP_BACKEND, changed_targets
 if TYPE_CHECKING:
     from txsink.config import PipelineConfig
 
-if TYPE_CHECKING:
-    from txsink.config import PipelineConfig
-
 log = logging.getLogger(__name__)
 
 EXIT_ERROR = 1
@@ -43,7 +40,76 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
+#: The shell's status for a process ended by SIGPIPE (128 + 13): whoever read the output
+#: went away (``txsink status | head -2``).
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    watch = _StdoutWatch(sys.stdout)
+    sys.stdout = watch
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:  # argparse after --help or a usage error
+            with contextlib.suppress(BrokenPipeError):
+                sys.stdout.flush()
+            if not watch.broken:
+                raise
+            _stdout_to_devnull(watch)
+            return EXIT_BROKEN_PIPE
+        sys.stdout.flush()  # a reader gone before the last lines: found here, not at exit
+        return code
+    except BrokenPipeError:
+        if not watch.broken:
+            raise  # a socket's, not the reader's of our output: a real error
+        _stdout_to_devnull(watch)
+        return EXIT_BROKEN_PIPE
+    finally:
+        if sys.stdout is watch:
+            sys.stdout = watch.stream
+
+
+class _StdoutWatch:
+    """Standard output, remembering whether a write failed because its reader went away.
+
+    Python ignores SIGPIPE, so writing into a closed pipe raises BrokenPipeError; the
+    CLI then stops quietly, as a command killed by SIGPIPE would. A BrokenPipeError
+    from anything else (a server's socket) is not taken for it.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.stream.write(text))
+        except BrokenPipeError:
+            self.broken = True
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.broken = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _stdout_to_devnull(watch: _StdoutWatch) -> None:
+    """What is left in the buffer can never be read: drop it, so the interpreter's last
+    flush at exit does not print a traceback of its own."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, watch.stream.fileno())
+        os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
@@ -221,6 +287,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{where}: environment variable {variable!r} {state} in this "
                           f"shell; export it before `txsink run` (Spark's executors need it "
                           f"too)", field=where)
+    cfg.check_settings()  # what `run` refuses in its preflight, no server needed
     if args.no_spark:
         print(f"ok (Spark checks skipped): {cfg.summary()}")
         return 0
@@ -282,7 +349,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from txsink.spark.pipeline import DEFAULT_CONNECT_RETRY_S
 
         result = run_pipeline(cfg, max_batches=args.max_batches, until_idle=args.until_idle,
-                              timeout_s=args.timeout, pipeline_file=args.file,
+                              timeout_s=args.timeout, pipeline_file=args.file, out=_print_now,
                               log_path=Path(args.spark_log) if args.spark_log else None,
                               connect_retry_s=(DEFAULT_CONNECT_RETRY_S
                                                if args.connect_retry is None
@@ -294,21 +361,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_status
 
 
+def _print_now(line: str) -> None:
+    """A line of ``txsink run``, out at once also into a pipe (``| tee run.log``): a run's
+    lines come seconds or minutes apart, never worth a buffer's wait."""
+    print(line, flush=True)
+
+
 def _refuse_reset_under_a_holder(lease: dict[str, Any], sink_id: str,
                                  args: argparse.Namespace) -> None:
     """Never delete a sink's output under a query that may still write it.
 
     Only a released lease or a holder proven gone (its process ended on this host)
     lets ``reset`` go on by itself; a holder on another host, or one whose liveness
-    cannot be told, needs the operator's ``--force`` after checking it is stopped.
+    cannot be told, needs the operator's ``--force`` after checking it is stopped. A
+    ``txsink run`` holds the lease from before Spark starts: one still starting is
+    running too.
     """
-    from txsink.spark._proc import lease_holder
+    from txsink.spark._proc import lease_holder, owner_words
 
     holder = lease_holder(lease)
     if holder == "running":
-        raise StateError(f"sink {sink_id!r} is being written by a running query (lease owner "
-                         f"{lease['owner']}, on this host); stop it first; nothing deleted",
-                         sink_id=sink_id)
+        owner = str(lease["owner"])
+        who = (f"{owner_words(owner)} (starting Spark, or running its query)"
+               if ":run:" in owner else
+               f"{owner_words(owner)}, which is deleting it already" if ":reset:" in owner
+               else "a running query on this host")
+        raise StateError(f"sink {sink_id!r} is being written by {who} (lease owner "
+                         f"{owner}); stop it first; nothing deleted", sink_id=sink_id)
     if holder == "unknown" and not args.force:
         raise StateError(
             f"sink {sink_id!r} is held by {lease['owner']} (generation "
@@ -320,6 +399,38 @@ def _refuse_reset_under_a_holder(lease: dict[str, Any], sink_id: str,
     if holder == "unknown":
         log.warning("reset: sink=%s: --force: deleting although the lease holder %s may "
                     "still run", sink_id, lease["owner"])
+
+
+@contextlib.contextmanager
+def _holding_for_reset(store: StateStore | None, sink_id: str,
+                       args: argparse.Namespace) -> Iterator[None]:
+    """Check the holder again right before deleting (a run may have started while the
+    question waited for an answer), then hold the lease while deleting: a ``txsink run``
+    starting meanwhile finds a live holder and refuses, instead of resuming a checkpoint
+    that is going away. Given back if the reset stops half-way."""
+    if store is None:
+        yield
+        return
+    from txsink.spark._proc import command_owner_token
+    from txsink.state import Lease
+
+    before = store.lease_info()
+    _refuse_reset_under_a_holder(before, sink_id, args)
+    owner = command_owner_token("reset")
+    lease = store.acquire(owner)
+    try:
+        if lease.generation != int(before.get("generation") or 0) + 1:
+            # Another owner took the lease between the look and the take: judged as a
+            # holder that has not released it.
+            fenced = [str(o) for o in store.lease_info().get("fenced", [])]
+            if fenced:
+                _refuse_reset_under_a_holder({"owner": fenced[-1]}, sink_id, args)
+        yield
+    except BaseException:
+        if Path(store.location, "lease.json").is_file():  # not half deleted already
+            with contextlib.suppress(TxsinkError, OSError):
+                store.release(Lease(owner, lease.generation))
+        raise
 
 
 def _refuse_reset_of_anothers_output(backend: Backend, cfg: PipelineConfig, store_dir: Path,
@@ -399,6 +510,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     chk = Path(checkpoint.removeprefix("file://"))
     plugins = get_plugins()
     store_dir = chk / "txsink"
+    store = None
     if (store_dir / "meta.json").is_file():
         store = plugins.state_store(str(store_dir))
         _refuse_reset_under_a_holder(store.lease_info(), cfg.sink.sink_id, args)
@@ -418,18 +530,19 @@ def cmd_reset(args: argparse.Namespace) -> int:
             if answer.strip() != cfg.sink.sink_id:
                 print("nothing deleted")
                 return EXIT_ERROR
-        try:
-            removed = backend.reset_sink(cfg.sink.sink_id)
-        except NotImplementedError as exc:
-            raise ConfigError(f"sink.backend: {exc}; nothing deleted",
-                              field="sink.backend") from None
+        with _holding_for_reset(store, cfg.sink.sink_id, args):
+            try:
+                removed = backend.reset_sink(cfg.sink.sink_id)
+            except NotImplementedError as exc:
+                raise ConfigError(f"sink.backend: {exc}; nothing deleted",
+                                  field="sink.backend") from None
+            for line in removed:
+                print(f"deleted {line}")
+            if chk.exists():
+                shutil.rmtree(chk)  # the lease this reset holds goes with it
+                print(f"deleted checkpoint {chk}")
     finally:
         backend.close()
-    for line in removed:
-        print(f"deleted {line}")
-    if chk.exists():
-        shutil.rmtree(chk)
-        print(f"deleted checkpoint {chk}")
     print(f"sink {cfg.sink.sink_id!r} starts over at the next `txsink run {args.file}`")
     return 0
 
@@ -589,11 +702,51 @@ def _when(ts: float | None) -> str:
         "%Y-%m-%d %H:%M:%S")
 
 
+def _epoch_status_line(r: EpochRecord) -> str:
+    """One epoch of ``txsink status``, each state as what it is: a reservation names its
+    writer and since when (it is no decision), a decision when it was made, a commit how
+    long it took. A group's rows are given per target: their sum counts each input row
+    once per target."""
+    group = any(c.target for c in r.committables)
+    rows = "" if group else f", {r.rows} row(s)"
+    head = f"  {r.epoch:>6}  {r.state.value:<9}  {len(r.committables)} participant(s)"
+    if r.state is EpochState.RESERVED:
+        what = f" for batch write {r.write}" if r.write is not None else ""
+        return (f"{head} prepared so far{rows}, reserved {_when(r.decided_at)} by "
+                f"{r.owner or '?'} ({_writer_words(r.owner)}){what}; not decided"
+                + _per_target(r.committables))
+    state = ("" if r.committed_at is not None
+             else ", not committed yet" if r.state is EpochState.DECIDED else "")
+    latency = ("" if r.committed_at is None
+               else f", commit {1000 * (r.committed_at - r.decided_at):.0f} ms")
+    return (f"{head}{rows}, decided {_when(r.decided_at)}{latency}{state}"
+            + _per_target(r.committables))
+
+
+def _writer_words(owner: str | None) -> str:
+    """Whether the writer that reserved an epoch still runs, as far as this host knows."""
+    from txsink.spark._proc import owner_alive
+
+    alive = owner_alive(owner) if owner else None
+    if alive is True:
+        return "running"
+    if alive is False:
+        return "gone: the next start aborts what it prepared"
+    return "whether it still runs is unknown from here"
+
+
 def _record_json(record: EpochRecord) -> dict[str, Any]:
+    reserved = record.state is EpochState.RESERVED
     data: dict[str, Any] = {
         "epoch": record.epoch, "state": record.state.value, "rows": record.rows,
         "participants": [c.participant for c in record.committables],
-        "decided_at": record.decided_at, "committed_at": record.committed_at}
+        "decided_at": None if reserved else record.decided_at,
+        "committed_at": record.committed_at}
+    if reserved:
+        data["reserved_at"] = record.decided_at
+        data["reserved_by"] = record.owner
+    if record.write is not None:
+        data["write"] = str(record.write)
     if any(c.target for c in record.committables):
         data["targets"] = {t: {"participants": [c.participant for c in cs],
                                "rows": sum(c.rows for c in cs)}
@@ -608,6 +761,15 @@ def _by_target(committables: Sequence[Committable]) -> dict[str, list[Committabl
     for c in committables:
         out.setdefault(c.target or "", []).append(c)
     return out
+
+
+def _rows(committables: Sequence[Committable]) -> str:
+    """``40 row(s)``, or for a group's participants the rows of each target
+    (``events 40, totals 7 row(s)``): a sum over targets counts a row once per target."""
+    if not any(c.target for c in committables):
+        return f"{sum(c.rows for c in committables)} row(s)"
+    return ", ".join(f"{t} {sum(c.rows for c in cs)}"
+                     for t, cs in sorted(_by_target(committables).items())) + " row(s)"
 
 
 def _per_target(committables: Sequence[Committable]) -> str:
@@ -784,12 +946,8 @@ def cmd_status(args: argparse.Namespace) -> int:
           "are committed)" if meta.committed_watermark >= 0 else "nothing committed yet")
     if records:
         print("epochs:")
-        for epoch, r in sorted(records.items()):
-            latency = ("" if r.committed_at is None
-                       else f", commit {1000 * (r.committed_at - r.decided_at):.0f} ms")
-            print(f"  {epoch:>6}  {r.state.value:<9}  {len(r.committables)} participant(s), "
-                  f"{r.rows} row(s), decided {_when(r.decided_at)}{latency}"
-                  + _per_target(r.committables))
+        for _, r in sorted(records.items()):
+            print(_epoch_status_line(r))
     salvaged = [(r, pair) for _, r in sorted(records.items()) for pair in r.salvaged]
     if salvaged:
         print("salvaged (the target aborted these decided participants on its own; their "
@@ -844,20 +1002,34 @@ def _read_lease(store: StateStore) -> dict[str, Any] | None:
 
 
 def _lease_words(lease: dict[str, Any]) -> str:
-    """Whether a query holds the sink, in words: released, held by a live run, or stale."""
-    who = f"{lease.get('owner')}, generation {lease.get('generation')}"
+    """Whether a query holds the sink, in words: released, held by a live run (or a
+    ``txsink run`` still starting Spark, or a ``reset`` deleting), or stale."""
+    from txsink.spark._proc import owner_words
+
+    owner = str(lease.get("owner"))
+    who = f"{owner}, generation {lease.get('generation')}"
+    since = _when(lease.get("acquired_at"))
     if not lease["held"]:
         return (f"released at {_when(lease.get('released_at'))} (the last run ended; {who}); "
                 "no query writes this sink now")
     if lease.get("holder_running") is True:
-        return (f"held by a running query since {_when(lease.get('acquired_at'))} ({who}); "
+        if ":run:" in owner:
+            return (f"held since {since} by {owner_words(owner)}, which is starting Spark "
+                    f"or running its query ({who}); stop it (Ctrl-C) before `txsink reset` "
+                    "or `resolve`")
+        if ":reset:" in owner:
+            return (f"held since {since} by {owner_words(owner)}, which is deleting this "
+                    f"pipeline's output and checkpoint ({who})")
+        return (f"held by a running query since {since} ({who}); "
                 "stop it before `txsink resolve`")
     if lease.get("holder_running") is False:
-        return (f"held since {_when(lease.get('acquired_at'))} by a driver that is gone "
-                f"({who}): it stopped without releasing it (crash or kill); the next run "
-                "takes it over")
-    return (f"held since {_when(lease.get('acquired_at'))} ({who}); whether that query still "
-            "runs is unknown from here")
+        what = (f"by {owner_words(owner)}, which ended" if ":run:" in owner or
+                ":reset:" in owner else "by a driver that is gone")
+        return (f"held since {since} {what} ({who}): it stopped without releasing it (crash "
+                "or kill, also while Spark was starting); nothing of it runs, and the next "
+                "run, reset or resolve takes it over")
+    return (f"held since {since} ({who}); whether that query still runs is unknown from "
+            "here")
 
 
 def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
@@ -911,14 +1083,14 @@ def _force_abort(coordinator: Coordinator, backend: Backend, store: StateStore,
     parts = [f"aborted DECIDED epoch {record.epoch} of sink {sink!r} (--force):"]
     if committed:
         parts.append(
-            f"{len(committed)} participant(s) ({sum(c.rows for c in committed)} row(s)) were "
+            f"{len(committed)} participant(s) ({_rows(committed)}) were "
             "committed already and stay visible; when Spark replays the epoch, their "
             f"partitions ({', '.join(_where(c) for c in committed)}) are not "
             "written again;")
-    parts.append(f"{len(dropped)} participant(s), {sum(c.rows for c in dropped)} row(s) "
+    parts.append(f"{len(dropped)} participant(s), {_rows(dropped)} "
                  "dropped" + (";" if unknown else ""))
     if unknown:
-        parts.append(f"{len(unknown)} participant(s) ({sum(c.rows for c in unknown)} row(s)) "
+        parts.append(f"{len(unknown)} participant(s) ({_rows(unknown)}) "
                      f"rolled back where {backend.name} cannot tell whether they were "
                      "committed before (check the output)")
     print(" ".join(parts))
@@ -963,11 +1135,30 @@ def _epoch_number(text: str) -> int:
     return value
 
 
+def _refuse_resolve_under_a_holder(store: StateStore, sink_id: str) -> None:
+    """``resolve`` takes the lease over: never from a query that runs on this host (a
+    ``txsink run`` still starting Spark included), which it would fail mid-epoch."""
+    from txsink.spark._proc import lease_holder, owner_words
+
+    lease = store.lease_info()
+    if lease_holder(lease) != "running":
+        return
+    owner = str(lease["owner"])
+    what = ("starting Spark, or running its query" if ":run:" in owner else
+            "deleting this pipeline's output and checkpoint" if ":reset:" in owner else
+            "running")
+    raise StateError(
+        f"sink {sink_id!r} is held by {owner_words(owner)}, {what} (lease owner {owner}); "
+        "resolve would take the lease over and fail it: stop it first (Ctrl-C); nothing "
+        "was done", sink_id=sink_id)
+
+
 def cmd_resolve(args: argparse.Namespace) -> int:
     plugins = get_plugins()
     store = open_state(args.checkpoint, plugins)
     meta = store.read_meta()
     assert meta is not None
+    _refuse_resolve_under_a_holder(store, meta.sink_id)
     epoch: int = args.epoch
     backend = _backend_for(store, plugins, _parse_options(args.option))
     coordinator_owner = ""
@@ -1010,7 +1201,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
             coordinator.start(recover=False)
             coordinator.commit_epoch(epoch, list(record.committables))
             print(f"committed epoch {epoch} of sink {meta.sink_id!r}: "
-                  f"{len(record.committables)} participant(s), {record.rows} row(s)")
+                  f"{len(record.committables)} participant(s), {_rows(record.committables)}")
             return 0
         # --abort
         if record is not None and record.state is EpochState.COMMITTED:

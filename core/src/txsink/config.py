@@ -168,6 +168,30 @@ class PipelineConfig:
         return registry.create_backend(self.sink.backend, {
             **self.sink.options, **extra.get(self.sink.sink_id, {})})
 
+    def sink_error(self, exc: ConfigError, more: str = "") -> ConfigError:
+        """A backend's refusal as ``run`` and ``validate`` print it: under the pipeline
+        file's field (``sink.options.<key>``, a group's ``sink.targets[<name>]...``)."""
+        if self.sink.targets:
+            where = f"sink.{exc.field}" if exc.field else "sink.targets"
+        else:
+            where = f"sink.options.{exc.field}" if exc.field else "sink"
+        return type(exc)(f"{where}: {exc}{more}", field=where, sink_id=self.sink.sink_id)
+
+    def check_settings(self, plugins: Plugins | None = None) -> None:
+        """The backends' checks of their settings that need no server
+        (:meth:`~txsink.backend.Backend.check_settings`): ``txsink validate`` refuses what
+        ``run`` would refuse in its preflight, with the same line. Real-time targets are
+        built and checked by :mod:`txsink.realtime.config` instead."""
+        if self.trigger.kind == "real_time":
+            return
+        backend = self.create_backend(plugins)
+        try:
+            backend.check_settings(self.sink.sink_id)
+        except ConfigError as exc:
+            raise self.sink_error(exc) from None
+        finally:
+            backend.close()
+
     def summary(self) -> str:
         src = self.source.type + (f" {self.source.format}" if self.source.format else "")
         if self.source.path:

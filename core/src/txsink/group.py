@@ -137,15 +137,15 @@ class TargetGroup(Backend):
 
     # -- configuration and lifecycle ----------------------------------------------------
 
+    def check_settings(self, sink_id: str) -> None:
+        for m in self.members.values():
+            with _option_error(m):
+                m.backend.check_settings(m.sink_id)
+
     def preflight(self, sink_id: str) -> None:
         for m in self.members.values():
-            try:
+            with _option_error(m):
                 m.backend.preflight(m.sink_id)
-            except ConfigError as exc:
-                where = f"targets[{m.name}].options" + (f".{exc.field}" if exc.field else "")
-                # type(exc): a server that is down stays "server down" for a group too.
-                raise type(exc)(f"target {m.name!r} ({m.backend.describe()}): {exc}",
-                                field=where, sink_id=m.sink_id) from None
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         """Every target's claim, or none: each is checked (read-only) before any is made,
@@ -344,6 +344,19 @@ class TargetGroup(Backend):
 
     def decode_payload(self, version: int, payload: Mapping[str, Any]) -> Mapping[str, Any]:
         return payload
+
+
+@contextlib.contextmanager
+def _option_error(m: Member) -> Iterator[None]:
+    """A target's refusal of its options (or its server), naming the target and the
+    option's field."""
+    try:
+        yield
+    except ConfigError as exc:
+        where = f"targets[{m.name}].options" + (f".{exc.field}" if exc.field else "")
+        # type(exc): a server that is down stays "server down" for a group too.
+        raise type(exc)(f"target {m.name!r} ({m.backend.describe()}): {exc}",
+                        field=where, sink_id=m.sink_id) from None
 
 
 @contextlib.contextmanager

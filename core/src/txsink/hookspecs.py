@@ -15,7 +15,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from txsink.model import Committable, RecoveryReport
-    from txsink.registry import BackendRegistry, StateStoreRegistry
+    from txsink.registry import BackendRegistry, SourceRegistry, StateStoreRegistry
 
 PROJECT = "txsink"
 
@@ -46,6 +46,24 @@ def txsink_register_state_stores(registry: StateStoreRegistry) -> None:
         returns a :class:`~txsink.state.StateStore`.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def txsink_register_sources(registry: SourceRegistry) -> None:
+    """Register Spark stream sources the plugin ships, by format name.
+
+    A pipeline file names one in ``source.format``; ``txsink run`` and ``validate`` then
+    call its ``register(spark)`` in their session before they build the source. Core
+    imports no backend package: this is how it finds the Kafka backend's source
+    (``txsink-kafka``). Import Spark and the source's module inside ``register``: every
+    txsink process loads every plugin, Spark or not.
+
+    :param registry: call ``registry.add(format_name, register)``; ``register(spark)``
+        makes ``spark.readStream.format(format_name)`` work in that session (for a Python
+        data source: ``spark.dataSource.register(SourceClass)``).
+
+    .. versionadded:: 0.3
     """
 
 

@@ -12,7 +12,7 @@ import importlib.metadata
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,13 @@ import pluggy
 
 from txsink import hookspecs
 from txsink.errors import BackendNotFoundError, PluginError
-from txsink.registry import BackendRegistry, Origin, Registration, StateStoreRegistry
+from txsink.registry import (
+    BackendRegistry,
+    Origin,
+    Registration,
+    SourceRegistry,
+    StateStoreRegistry,
+)
 
 if TYPE_CHECKING:
     from txsink.backend import Backend
@@ -50,6 +56,7 @@ class Plugins:
     state_stores: StateStoreRegistry
     broken: list[BrokenPlugin] = field(default_factory=list)
     origins: dict[str, Origin] = field(default_factory=dict)
+    sources: SourceRegistry = field(default_factory=SourceRegistry)
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -69,6 +76,11 @@ class Plugins:
 
     def create_backend(self, name: str, options: Mapping[str, str]) -> Backend:
         return self.backend_class(name).from_options(options)
+
+    def source(self, format_name: str) -> Registration[Callable[[Any], None]] | None:
+        """What makes the Spark source ``format_name`` available in a session, when an
+        installed plugin ships it (else None: Spark's own formats, a jar's)."""
+        return self.sources.find(format_name)
 
     def state_store(self, location: str) -> StateStore:
         scheme = location.split("://", 1)[0] if "://" in location else "file"
@@ -177,10 +189,12 @@ def build_plugins(
         raise PluginError(f"invalid txsink plugin: {exc}") from exc
     _fill(plugins, "txsink_register_backends", plugins.backends)
     _fill(plugins, "txsink_register_state_stores", plugins.state_stores)
+    _fill(plugins, "txsink_register_sources", plugins.sources)
     return plugins
 
 
-def _fill(plugins: Plugins, hook_name: str, registry: BackendRegistry | StateStoreRegistry) -> None:
+def _fill(plugins: Plugins, hook_name: str,
+          registry: BackendRegistry | StateStoreRegistry | SourceRegistry) -> None:
     # Call each implementation separately so the registry knows who registered what.
     for impl in reversed(getattr(plugins.pm.hook, hook_name).get_hookimpls()):
         origin = plugins.origins.get(impl.plugin_name, Origin(impl.plugin_name))

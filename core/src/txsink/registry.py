@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from txsink.errors import BackendNotFoundError, PluginError
 
@@ -124,3 +124,28 @@ class StateStoreRegistry(_Registry[StateStoreFactory]):
 
     def add(self, scheme: str, factory: StateStoreFactory) -> None:
         self._add(scheme, factory)
+
+
+#: Makes a source format available in a Spark session (``spark.dataSource.register`` of
+#: a Python data source). Typed loosely: core does not import pyspark here.
+SourceRegistrar = Callable[[Any], None]
+
+#: Source formats this project ships in separate packages, for the "not installed" hint.
+KNOWN_SOURCES = {"txsink-kafka": "txsink-kafka"}
+
+
+class SourceRegistry(_Registry[SourceRegistrar]):
+    """Handed to :func:`~txsink.hookspecs.txsink_register_sources`: the Spark stream
+    sources plugins ship, by the format name a pipeline file's ``source.format`` gives."""
+
+    kind = "source"
+
+    def add(self, format_name: str, register: SourceRegistrar) -> None:
+        if not callable(register):
+            raise PluginError(f"{self._origin} registered source {format_name!r} with "
+                              f"{register!r}, which is not callable")
+        self._add(format_name, register)
+
+    def find(self, format_name: str) -> Registration[SourceRegistrar] | None:
+        """The registration of ``format_name``, or None (Spark's own formats, a jar's)."""
+        return self._entries.get(format_name)

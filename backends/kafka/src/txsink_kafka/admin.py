@@ -51,7 +51,7 @@ class KafkaAdmin:
         self.config = shared.config
         self.recovery = recovery
 
-    def _check_settings(self, sink_id: str) -> None:
+    def check_settings(self, sink_id: str) -> None:
         """librdkafka checks every ``kafka.*`` setting as a writer's producer gets it:
         a misspelt one (``kafka.sasl.pasword``) stopped `txsink run` with a traceback
         from the admin client, and one the admin client is not given
@@ -83,7 +83,7 @@ class KafkaAdmin:
 
         timeout = self.config.request_timeout_s
         check_hosts(self.config.bootstrap, sink_id)
-        self._check_settings(sink_id)
+        self.check_settings(sink_id)
         errors: list[KafkaError] = []
         conf: dict[str, Any] = {**self.config.connection(), "socket.timeout.ms": 10_000,
                                 "error_cb": errors.append}

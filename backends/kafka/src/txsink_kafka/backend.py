@@ -155,6 +155,10 @@ class KafkaBackend(Backend):
     def driver(self) -> DriverClients:
         return self.shared.driver()
 
+    def check_settings(self, sink_id: str) -> None:
+        """librdkafka's own check of every ``kafka.*`` setting (no broker needed)."""
+        self.admin.check_settings(sink_id)
+
     def preflight(self, sink_id: str) -> None:
         self.admin.preflight(sink_id)
 

@@ -75,11 +75,54 @@ def jvm_owner_token(pid: int) -> str | None:
     return f"{socket.gethostname()}:jvm{pid}:{info[2]}"
 
 
+#: Owner tokens that name a txsink command's own process (``host:KIND:PID:START``):
+#: ``txsink run`` holds its checkpoint's lease from its ownership check before Spark
+#: starts to its end (its query's coordinators take the same token from
+#: :data:`OWNER_ENV`); ``txsink reset`` holds it while it deletes.
+COMMAND_KINDS = ("run", "reset")
+
+
+def command_owner_token(kind: str) -> str:
+    """The lease owner of this ``txsink run`` or ``reset`` process: host, kind, pid and
+    the pid's start time (which pid reuse cannot repeat)."""
+    assert kind in COMMAND_KINDS, kind
+    info = procfs.stat(os.getpid())
+    started = info[2] if info is not None else 0
+    return f"{socket.gethostname()}:{kind}:{os.getpid()}:{started}"
+
+
+def _command(owner: str) -> tuple[str, str, int, int] | None:
+    """``(host, kind, pid, start)`` of a :func:`command_owner_token`, else None."""
+    parts = owner.split(":")
+    if (len(parts) == 4 and parts[1] in COMMAND_KINDS and parts[2].isdigit()
+            and parts[3].isdigit()):
+        return parts[0], parts[1], int(parts[2]), int(parts[3])
+    return None
+
+
+def owner_words(owner: str) -> str:
+    """Who an owner token names, for a line: the command and its pid where it is one."""
+    command = _command(owner)
+    if command is not None:
+        host, kind, pid, _ = command
+        where = "this host" if host == socket.gethostname() else f"host {host}"
+        return f"`txsink {kind}` pid {pid} on {where}"
+    host, sep, rest = owner.partition(":connect:")
+    if sep:
+        where = "this host" if host == socket.gethostname() else f"host {host}"
+        return (f"the `txsink run --remote` client pid {rest.split(':')[0]} on {where}, "
+                "whose query runs on its Spark Connect server")
+    if ":jvm" in owner:
+        return "a Spark driver"
+    return "a coordinator"
+
+
 def owner_alive(owner: str) -> bool | None:
     """Whether the process named by an owner token still runs on this host.
 
     A ``txsink run --remote`` client token (``host:connect:PID:START``) is alive while
-    that client runs, unknown after (its query may go on in the server). Driver JVM
+    that client runs, unknown after (its query may go on in the server). Tokens of a
+    ``txsink run`` or ``reset`` process (``host:run:PID:START``) and driver JVM
     tokens (``host:jvmPID:START``) are exact: the start time tells a reused
     pid from the original, and a zombie (killed, not yet reaped) is dead — it can never
     write again. Plain process tokens (``host:PID:RANDOM``, coordinators outside Spark)
@@ -98,6 +141,13 @@ def owner_alive(owner: str) -> bool | None:
         info = procfs.stat(int(pid_text))
         return True if (info is not None and info[2] == int(started)
                         and info[3] not in procfs.ENDED_STATES) else None
+    command = _command(owner)
+    if command is not None:  # a `txsink run` or `reset`: exact, as a driver JVM's
+        if command[0] != socket.gethostname():
+            return None
+        info = procfs.stat(command[2])
+        return (info is not None and info[2] == command[3]
+                and info[3] not in procfs.ENDED_STATES)
     host, sep, rest = owner.partition(":jvm")
     if sep:
         pid_text, _, started = rest.partition(":")

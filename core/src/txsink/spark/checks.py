@@ -51,23 +51,29 @@ def transform_error(exc: Exception) -> ConfigError:
                        f"{spark_message(exc)}", field="transform")
 
 
-#: The Kafka stream source txsink-kafka ships (a Python data source: registered in the
-#: session when a pipeline file names it, so no ``spark-sql-kafka`` jar is needed).
-KAFKA_SOURCE_FORMAT = "txsink-kafka"
-
-
 def register_named_source(spark: SparkSession, cfg: PipelineConfig) -> None:
     """Register the Python data source the pipeline's ``source.format`` names, when an
-    installed txsink package ships it."""
-    if cfg.source.type != "spark" or cfg.source.format != KAFKA_SOURCE_FORMAT:
+    installed txsink plugin ships it (``txsink_register_sources``; the Kafka backend's
+    ``txsink-kafka``). Other formats are Spark's own or a jar's: Spark judges them."""
+    from txsink.plugins import get_plugins
+    from txsink.registry import KNOWN_SOURCES
+
+    name = cfg.source.format
+    if cfg.source.type != "spark" or not name:
+        return
+    found = get_plugins().source(name)
+    if found is None:
+        if name in KNOWN_SOURCES:
+            raise ConfigError(f"source.format: {name!r} is a source of the "
+                              f"{KNOWN_SOURCES[name]} package, which is not installed (with "
+                              "its 'spark' extra)", field="source.format")
         return
     try:
-        from txsink_kafka.source import register_source
+        found.value(spark)
     except ImportError as exc:
-        raise ConfigError(f"source.format: {KAFKA_SOURCE_FORMAT!r} is the Kafka source of "
-                          "the txsink-kafka package, which is not installed (with its "
-                          "'spark' extra)", field="source.format") from exc
-    register_source(spark)
+        raise ConfigError(f"source.format: {name!r} comes from {found.origin}, which cannot "
+                          f"load it here: {exc} (install the package's 'spark' extra)",
+                          field="source.format") from exc
 
 
 def build_source(spark: SparkSession, cfg: PipelineConfig) -> DataFrame:

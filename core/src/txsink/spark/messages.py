@@ -30,7 +30,28 @@ def spark_message(exc: BaseException) -> str:
     return first
 
 
-
 def _is_spark_error(exc: Exception) -> bool:
     module = type(exc).__module__
     return module.startswith(("pyspark.", "py4j."))
+
+
+_TXSINK_ERROR = re.compile(r"txsink\.(?:[a-z_]+\.)*(?P<kind>[A-Z]\w+): (?P<message>.+)")
+
+
+_PYTHON_ERROR = re.compile(r"^(?:[a-z_]\w*\.)*(?P<kind>[A-Z]\w*(?:Error|Exception|Fault)): "
+                           r"(?P<message>.+)")
+
+
+def first_lines(text: str) -> str:
+    """The txsink error inside a Spark/Python traceback, else the Python error at the
+    bottom of it, else Spark's first line."""
+    found = _TXSINK_ERROR.search(text)
+    if found:
+        return f"{found['kind']}: {found['message'].strip()}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    python = [m for m in map(_PYTHON_ERROR.match, lines) if m]
+    if python:
+        return f"{python[-1]['kind']}: {python[-1]['message'].strip()}"
+    lines = [ln for ln in lines
+             if not ln.startswith(("at ", "File ", "Traceback", "==", "+-"))]
+    return spark_message(Exception(lines[0] if lines else text))
