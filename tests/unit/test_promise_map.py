@@ -8,7 +8,7 @@ the same line (an HTML comment: readers see nothing)::
     ... is refused. <!-- promise: batch-into-stream-refused paths=datasource,grouped -->
 
 and each test that proves it on a path carries the marker
-``@pytest.mark.promise("batch-into-stream", "grouped")`` (one id, one or more paths;
+``@pytest.mark.promise("batch-into-stream-refused", "grouped")`` (one id, one or more paths;
 on a function, a class, a module's ``pytestmark`` or a ``pytest.param``). A sentence
 that restates a promise made elsewhere carries ``<!-- promise-ref: ID -->``; a
 sentence that uses a promise word without making a promise (how a mechanism works,
@@ -27,9 +27,16 @@ The paths (:data:`PATHS`): the four data paths and two that are not one:
 * ``realtime``: Real-time Mode (``start_realtime``, ``trigger: {real_time: ...}``);
 * ``cli``: a ``txsink`` command (or the Python function behind it), which reads and
   changes the state and targets whatever path wrote them;
-* ``backend``: a backend's or state store's own code (its option parsing, commit,
-  abort, recovery answers), reached through the same call from every data path that
-  uses that backend; proven against the real server through the backend's API.
+* ``backend``: code below the data paths that every one of them reaches through the
+  same call: a backend's own (its option parsing, commit, abort, recovery answers), a
+  state store's, and the engine's bookkeeping (plugin loading, the committable format,
+  the secret check); proven against the real server through that code's API.
+
+How a promise's paths are chosen: a data path is named when what the promise says
+happens in that path's adapter or in the order the adapter calls the gate (when a
+refusal comes, which replay is skipped, what a restart recovers), so a path could keep
+it and another not; ``backend`` when it happens wholly inside code all paths share; a
+promise made only for some paths (streams, batch writes, groups) names only those.
 
 A test proves a promise only where it runs: the default run (``uv run pytest``), or a
 tox environment whose variables lift its skip (``tests/long_runs.py``) and whose
