@@ -68,7 +68,8 @@ def test_delta_on_local_disk_has_no_storage_options(tmp_path: object) -> None:
     backend = create("delta", {"path": f"file://{tmp_path}/t"})
     assert isinstance(backend, DeltaBackend)
     assert backend.storage_options() is None and backend.s3 is None
-    assert backend.spark_path("x") == f"{tmp_path}/t/x"
+    # Fully qualified: a path without a scheme is on Spark's fs.defaultFS (HDFS, DBFS).
+    assert backend.spark_path("x") == f"file://{tmp_path}/t/x"
 
 
 @pytest.mark.promise("iceberg-secrets-never-stored", "backend")

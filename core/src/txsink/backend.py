@@ -116,6 +116,12 @@ class Backend(abc.ABC):
         makes them durable and records what a commit checks (names, sizes)."""
         raise NotImplementedError(f"backend {self.name!r} has no native data path")
 
+    def native_frame(self, df: Any) -> Any:
+        """The Spark frame ``df`` as Spark's Parquet writer should write it for this target
+        on the native path (Iceberg: each column's field id as column metadata, which
+        Spark writes into its files). Default: as it is."""
+        return df
+
     def committables_for_directory(self, ctx: TransactionContext,
                                    dirname: str) -> list[Committable]:
         """The participants Spark's own writer prepared for ``ctx`` (the native data path):

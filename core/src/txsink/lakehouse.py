@@ -42,7 +42,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
-from txsink.errors import ParticipantLostError, ServerUnavailableError, SinkOwnedError, StateError
+from txsink.errors import (
+    ConfigError,
+    ParticipantLostError,
+    ServerUnavailableError,
+    SinkOwnedError,
+    StateError,
+)
 from txsink.model import Committable, TransactionContext, parse_participant
 from txsink.objectstore import S3Access, is_s3, split_uri, unreachable
 
@@ -75,6 +81,46 @@ def participant_of(dirname: str) -> str:
     return dirname.rsplit(".", 1)[0]
 
 
+def refuse_characters(location: str, why: Mapping[str, str], *, owner: str,
+                      field: str) -> None:
+    """Refuse (before anything is written) a table location holding one of the
+    characters ``why`` names, saying why that character cannot work."""
+    for ch, reason in why.items():
+        if ch in location:
+            raise ConfigError(f"{owner}: option '{field}' {location!r} holds {ch!r}: "
+                              f"{reason}. Give a location without it", field=field)
+
+
+def nullable_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field nullable, inside structs, lists and map values too:
+    a table created from it takes later frames whether or not they declare NOT NULL
+    (a map's keys stay NOT NULL, as every format requires)."""
+    return pa.schema([_nullable_field(f) for f in schema],
+                     metadata=schema.metadata)  # type: ignore[arg-type]
+
+
+def _nullable_field(field: pa.Field[Any]) -> pa.Field[Any]:
+    kind = field.type
+    if pa.types.is_struct(kind):
+        kind = pa.struct([_nullable_field(kind.field(i)) for i in range(kind.num_fields)])
+    elif pa.types.is_large_list(kind):
+        kind = pa.large_list(_nullable_field(kind.value_field))
+    elif pa.types.is_list(kind):
+        kind = pa.list_(_nullable_field(kind.value_field))
+    elif pa.types.is_map(kind):
+        kind = pa.map_(kind.key_field, _nullable_field(kind.item_field))
+    return pa.field(field.name, kind, nullable=True, metadata=field.metadata)
+
+
+def fsync_path(path: str, *, directory: bool = False) -> None:
+    """Make ``path`` (a file, or a directory's entries) durable on local disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class DataFile:
     """One Parquet file of a participant, as the table's commit needs it."""
@@ -100,16 +146,27 @@ class DataFile:
 
 
 def file_stats(meta: pq.FileMetaData) -> str:
-    """Delta's ``stats`` for a Parquet file: row count, and for top-level columns of
-    simple types the null count and min/max (what data skipping reads)."""
-    null_count: dict[str, int] = {}
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
+    """Delta's ``stats`` for a Parquet file: row count, null counts and, for files whose
+    every column is of a simple type, min/max (what data skipping reads).
+
+    A bound must hold for every row of the file: Parquet writers leave min/max out of a
+    row group when a value is too long (a string over 4 KiB) or the column is NaN there,
+    and bounds taken over the other row groups were too narrow, so filtered reads
+    skipped rows the file holds. And bounds are given for every column or for none:
+    delta-rs's pyarrow reader (``to_pyarrow_table(filters=...)``, 1.6) takes a column
+    missing from ``minValues`` beside others that are there as all null, and skipped
+    the file for any filter on it (a timestamp beside an integer). A row group whose
+    values are all null has no min/max and needs none. A null count is given per
+    column, when every row group has it."""
     schema = meta.schema.to_arrow_schema()
     simple = {f.name for f in schema if pa.types.is_integer(f.type)
               or pa.types.is_floating(f.type) or pa.types.is_string(f.type)
               or pa.types.is_large_string(f.type) or pa.types.is_boolean(f.type)}
-    complete = True
+    null_count: dict[str, int] = {}
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    no_nulls: set[str] = set()  # a row group without a null count for it
+    no_bounds: set[str] = set()  # a row group with values but no usable min/max
     for rg in range(meta.num_row_groups):
         group = meta.row_group(rg)
         for ci in range(group.num_columns):
@@ -118,20 +175,34 @@ def file_stats(meta: pq.FileMetaData) -> str:
             if name not in simple:
                 continue
             st = col.statistics
-            nulls = st.null_count if st is not None else None
-            if st is None or nulls is None:
-                complete = False
+            if st is None:
+                no_nulls.add(name)
+                no_bounds.add(name)
                 continue
-            null_count[name] = null_count.get(name, 0) + nulls
-            if st.has_min_max:
-                lo, hi = st.min, st.max
-                if isinstance(lo, float) and (lo != lo or hi != hi):  # NaN: skip
-                    continue
-                mins[name] = lo if name not in mins else min(mins[name], lo)
-                maxs[name] = hi if name not in maxs else max(maxs[name], hi)
+            # (pyarrow's stubs lack has_null_count; null_count is 0 without it)
+            nulls = st.null_count if getattr(st, "has_null_count", True) else None
+            if nulls is not None:
+                null_count[name] = null_count.get(name, 0) + nulls
+            else:
+                no_nulls.add(name)
+            if not st.has_min_max:
+                if not (nulls is not None and st.num_values == 0):  # not all null
+                    no_bounds.add(name)
+                continue
+            lo, hi = st.min, st.max
+            if isinstance(lo, float) and (lo != lo or hi != hi):  # NaN: no usable bound
+                no_bounds.add(name)
+                continue
+            mins[name] = lo if name not in mins else min(mins[name], lo)
+            maxs[name] = hi if name not in maxs else max(maxs[name], hi)
     out: dict[str, Any] = {"numRecords": meta.num_rows}
-    if complete and null_count:
-        out.update(nullCount=null_count, minValues=mins, maxValues=maxs)
+    counts = {k: v for k, v in null_count.items() if k not in no_nulls}
+    if counts:
+        out["nullCount"] = counts
+    whole = (not no_bounds and {f.name for f in schema} == simple
+             and set(mins) == set(maxs) == {c for c in simple if counts.get(c, 0) < meta.num_rows})
+    if whole and mins:
+        out.update(minValues=mins, maxValues=maxs)
     return json.dumps(out, separators=(",", ":"), default=str)
 
 
@@ -147,6 +218,8 @@ class _TableTransaction(Transaction):
         self.group_bytes = 0
         self.group_rows = 0
         self.path: str | None = None
+        #: What the file is written with (:meth:`TableBackend.file_schema`).
+        self.schema: pa.Schema | None = None
 
     def flush(self) -> None:
         if self.group and self.writer is not None:
@@ -282,10 +355,13 @@ class TableBackend(Backend):
         return f"{self._fs()[1]}/{relative}"
 
     def spark_path(self, relative: str) -> str:
-        """A path relative to the data root as Spark's Hadoop filesystems name it (S3
-        through the S3A connector: ``s3a://bucket/key``)."""
+        """A path relative to the data root as Spark's Hadoop filesystems name it, fully
+        qualified: ``file:///...`` on local disk (a path without a scheme is on the
+        cluster's default filesystem, ``fs.defaultFS``: HDFS or DBFS, where Spark would
+        write files the driver never finds), ``s3a://bucket/key`` on S3. Hadoop takes
+        the characters of a path as they are (no percent-encoding)."""
         uri = self.uri(relative)
-        return f"s3a://{uri.split('://', 1)[1]}" if is_s3(uri) else uri
+        return f"s3a://{uri.split('://', 1)[1]}" if is_s3(uri) else f"file://{uri}"
 
     def read_schema(self, relative: str) -> pa.Schema:
         """The Arrow schema of one of the table's data files (through the filesystem)."""
@@ -309,6 +385,8 @@ class TableBackend(Backend):
         state = dict(self.__dict__)
         state.pop("_fs_cache", None)
         state.pop("_mtimes", None)
+        if "_file_target" in state:
+            state["_file_target"] = None
         return state
 
     # -- executor side --------------------------------------------------------------------
@@ -324,12 +402,15 @@ class TableBackend(Backend):
                                    f"{txn.dirname}")
             if self._local():  # object stores have no directories to make
                 fs.create_dir(folder, recursive=True)
+            txn.schema = self.file_schema(batch.schema)
             txn.path = f"{folder}/part-00000.parquet"
             txn.sink = fs.open_output_stream(txn.path)
             # Iceberg reads timestamps as microseconds; Spark's INT96 is refused there.
-            txn.writer = pq.ParquetWriter(txn.sink, batch.schema, compression="snappy",
+            txn.writer = pq.ParquetWriter(txn.sink, txn.schema, compression="snappy",
                                           coerce_timestamps="us",
                                           allow_truncated_timestamps=False)
+        if txn.schema is not None and txn.schema is not batch.schema:
+            batch = self.fit_batch(batch, txn.schema)
         txn.group.append(batch)
         txn.group_bytes += batch.nbytes
         txn.group_rows += batch.num_rows
@@ -337,22 +418,38 @@ class TableBackend(Backend):
         if txn.group_bytes >= ROW_GROUP_BYTES or txn.group_rows >= ROW_GROUP_ROWS:
             txn.flush()
 
+    def file_schema(self, schema: pa.Schema) -> pa.Schema:
+        """The schema a data file of rows of ``schema`` is written with: the rows' own by
+        default (Iceberg adds the table's field ids and NOT NULL columns)."""
+        return schema
+
+    def fit_batch(self, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+        """``batch`` as :meth:`file_schema` says (the same types, other field metadata
+        and nullability); a null in a column the table declares NOT NULL fails the task,
+        naming the column (nothing of the epoch is decided then)."""
+        if batch.schema.equals(schema, check_metadata=True):
+            return batch
+        try:
+            return batch.cast(schema)
+        except (ValueError, pa.ArrowInvalid) as exc:
+            column = next((f.name for f in schema if not f.nullable
+                           and batch.column(f.name).null_count), None)
+            if column is None:
+                raise
+            raise ConfigError(f"{self.name} backend: column {column!r} is NOT NULL in "
+                              f"{self.describe()}, and a row of this epoch holds a null "
+                              "in it: nothing of the epoch is committed in any target. "
+                              "Drop those rows, or make the column nullable",
+                              field=column) from exc
+
     def pre_commit(self, txn: Transaction) -> Committable:
         assert isinstance(txn, _TableTransaction)
         txn.close()
         files: list[DataFile] = []
         if txn.path is not None:
-            if self._local():  # an object store's upload is durable once it returns
-                with open(txn.path, "rb") as f:  # durable before it is prepared
-                    os.fsync(f.fileno())
-                with contextlib.suppress(OSError):
-                    fd = os.open(os.path.dirname(txn.path), os.O_RDONLY | os.O_DIRECTORY)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
             rel = f"{self.epoch_folder(txn.ctx.sink_id, txn.ctx.epoch)}/{txn.dirname}"
             files = self._describe_files(rel)
+            self._make_durable(rel, files)
         return self._committable(txn.ctx, txn.dirname, files)
 
     def discard(self, txn: Transaction) -> None:
@@ -399,7 +496,42 @@ class TableBackend(Backend):
         """The committable of a participant whose Parquet files another writer (Spark's
         own, in the native data path) put into ``epoch_folder(...)/dirname``."""
         rel = f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}"
-        return self._committable(ctx, dirname, self._describe_files(rel))
+        files = self._describe_files(rel)
+        self._make_durable(rel, files)
+        return self._committable(ctx, dirname, files)
+
+    def table_dir(self) -> str:
+        """The table's own directory, relative paths of :meth:`absolute` lead into it
+        (Delta: the data root; Iceberg: the table location, the data root's parent).
+        Its parent is the last directory a new table's files may have made."""
+        return self._fs()[1]
+
+    def durable_top(self) -> str:
+        """The highest directory :meth:`_make_durable` syncs: the table directory's parent
+        (its entry there is what a new table adds)."""
+        return os.path.dirname(self.table_dir().rstrip("/")) or "/"
+
+    def _make_durable(self, rel_dir: str, files: Sequence[DataFile]) -> None:
+        """Before a participant is prepared (recorded, then decided): its files and every
+        directory entry leading to them are on disk, as the files backend's are. Spark's
+        writer and txsink's own make the participant's, the epoch's and the sink's
+        folders (and, for a new table, the table's): a power loss must not take back a
+        file the decision names. On an object store an upload is durable once it
+        returns: nothing to do."""
+        if not self._local():
+            return
+        for f in files:
+            fsync_path(self.absolute(f.path))
+        deeper = {os.path.dirname(self.absolute(f.path)) for f in files}
+        top = self.durable_top()
+        chain, here = [], self.absolute(rel_dir).rstrip("/")
+        while len(here) > len(top) and here.startswith(top):
+            chain.append(here)
+            here = os.path.dirname(here)
+        chain.append(top)
+        for d in sorted(deeper - set(chain), key=len, reverse=True) + chain:
+            if os.path.isdir(d):
+                fsync_path(d, directory=True)
 
     def _delete_dir(self, rel: str) -> None:
         fs, _ = self._fs()
@@ -512,7 +644,10 @@ class TableBackend(Backend):
             if any(c.payload.get("files") for c in committables):
                 raise StateError(f"sink={sink_id} epoch={epoch}: {self.describe()} does not "
                                  "name this committed epoch; the next start commits it again")
-            return
+            # An epoch without rows into a table not created yet (no schema to create it
+            # from): this empty marker is what records it (holds_epoch, highest_epoch),
+            # so the epoch is as normal as any and the cut of a group passes it.
+            held = {}
         fs, _ = self._fs()
         folder = self.absolute(self.epoch_folder(sink_id, epoch))
         if self._local():
@@ -525,7 +660,35 @@ class TableBackend(Backend):
         return committable.participant in held
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
-        return self.table_epoch(sink_id, epoch) is not None
+        return (self.table_epoch(sink_id, epoch) is not None
+                or epoch in self.empty_epochs(sink_id, only=epoch))
+
+    def committed_epochs_on_disk(self, sink_id: str) -> list[int]:
+        """Epochs of ``sink_id`` whose ``_committed.json`` names directories: a table held
+        them once (the cache is written after the table named them). Beside a table
+        that does not hold the sink at all, they tell that the table was replaced."""
+        return [epoch for epoch, _, marker in self._epochs(sink_id) if marker]
+
+    def empty_epochs(self, sink_id: str, only: int | None = None) -> list[int]:
+        """Epochs of ``sink_id`` committed without rows before the table existed (an
+        empty ``_committed.json``: :meth:`epoch_committed`); ``only``: look at that one.
+        Only these markers count on their own: a marker naming directories is a cache
+        of what the table said, and a rollback may have taken that back since."""
+        fs, _ = self._fs()
+        if only is not None:
+            folders = [self.absolute(self.epoch_folder(sink_id, only))]
+        else:
+            folders = [self.absolute(self.epoch_folder(sink_id, e)) for e, _, marker
+                       in self._epochs(sink_id) if marker == {}]
+        out = []
+        for folder in folders:
+            try:
+                with fs.open_input_stream(f"{folder}/{COMMITTED_MARKER}") as f:
+                    if json.loads(f.read()) == {}:
+                        out.append(int(folder.rsplit("/e", 1)[1]))
+            except (FileNotFoundError, ValueError):
+                continue
+        return out
 
     # -- orphans --------------------------------------------------------------------------
 
@@ -663,9 +826,11 @@ class TableBackend(Backend):
             self._refuse_owner(owner, sink_id, state_id, state_location)
 
     def _refuse_owner(self, owner: Mapping[str, Any], sink_id: str, state_id: str,
-                      state_location: str) -> None:
-        """Refuse ``state_id`` if the owner file names another state."""
+                      state_location: str, remedy: str | None = None) -> None:
+        """Refuse ``state_id`` if the owner record names another state; ``remedy``: how
+        to drop that record (default: delete the owner file)."""
         rel = f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
+        remedy = remedy or f"delete {self.uri(rel)}"
         if str(owner.get("state_id")) != state_id:
             raise SinkOwnedError(
                 f"{self.name} backend: sink id {sink_id!r} in {self.describe()} belongs to "
@@ -673,8 +838,8 @@ class TableBackend(Backend):
                 f"{state_location!r}: two queries must not share a sink id (a new "
                 "checkpoint reads the source again, and the table would hold its rows "
                 "twice). Use another sink_id, or, if the old query and its checkpoint are "
-                f"gone for good, delete {self.uri(rel)} and accept that the source is read "
-                "again", field="sink_id", sink_id=sink_id,
+                f"gone for good, {remedy} and accept that the source is read again",
+                field="sink_id", sink_id=sink_id,
                 owner_state=str(owner.get("state_location")))
 
     def _read_owner(self, path: str) -> dict[str, Any] | None:

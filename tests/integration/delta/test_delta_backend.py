@@ -162,13 +162,14 @@ def test_epochs_committed_out_of_order_are_each_recognised(
     assert sorted(read_table_ids(str(table))) == [*range(20), *range(100, 120)]
 
 
+@pytest.mark.promise("delta-not-null-checked", "backend")
 @pytest.mark.promise("delta-schema-checked-before-decision", "backend")
 def test_nulls_for_a_not_null_column_are_refused_before_the_decision(
         backend: DeltaBackend, table: Path) -> None:
-    """The table's column is NOT NULL (created from a frame whose column was, as Spark's
-    ``range`` gives it); a later frame is nullable. Rows without nulls go in; a null
-    is refused naming the column, before the decision and again at commit, where it
-    went in and left a NOT NULL column holding a null."""
+    """The table's column is NOT NULL (its owner made it so); a frame is nullable. Rows
+    without nulls go in; a null is refused naming the column, before the decision and
+    again at commit, where it went in and left a NOT NULL column holding a null."""
+    from deltalake import DeltaTable
     from txsink.errors import FatalCommitError
 
     required = pa.schema([pa.field("id", pa.int64(), nullable=False)])
@@ -178,6 +179,7 @@ def test_nulls_for_a_not_null_column_are_refused_before_the_decision(
         return write_participant(backend, TransactionContext("orders", epoch, 0, 0),
                                  [pa.record_batch([pa.array(ids, pa.int64())], schema=schema)])
 
+    DeltaTable.create(str(table), schema=required)
     first = [prepared(0, [1, 2], required)]
     assert backend.commit_all(first) == [CommitOutcome.COMMITTED]
     no_nulls = [prepared(1, [3], optional)]

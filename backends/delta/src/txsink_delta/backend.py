@@ -9,6 +9,12 @@ commit the log is read: an epoch it already names is not added again, so a commi
 whose outcome was unknown is finished, never doubled. delta-rs 1.6 accepts a second
 commit with the same ``txn`` version, so this check is txsink's own.
 
+txsink appends whole files and reads no row: a table whose protocol asks more of a
+writer (row tracking, identity columns, column mapping, ...), a partitioned table, one
+with rules on rows, a directory holding other files, and a table that lost its log
+are refused before any target prepares, and again before each decision (another
+writer may have changed the table meanwhile), naming what and why.
+
 A table on S3 (``s3://bucket/prefix``) is as safe: delta-rs writes each log entry with
 a create-only PUT (``If-None-Match: *``, its ``conditional_put=etag``), so of two
 writers of one log version exactly one wins, with no DynamoDB lock. The store must
@@ -17,11 +23,15 @@ honour that condition: the preflight proves it on a scratch log before data move
 
 from __future__ import annotations
 
+import json
 import logging
+import pathlib
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
+from urllib.parse import quote
 
+import pyarrow.fs as pafs
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
     DATA_FOLDER,
@@ -30,6 +40,8 @@ from txsink.lakehouse import (
     TableBackend,
     marker_dirs,
     marker_json,
+    nullable_schema,
+    refuse_characters,
 )
 from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
 from txsink.options import Options
@@ -47,6 +59,41 @@ HIGHEST_KEY = "txsink.highest"
 HISTORY_STEP = 32
 #: (endpoint, bucket) pairs whose conditional writes this process has seen work.
 _CONDITIONAL_PUT_PROVEN: set[tuple[str | None, str]] = set()
+#: Characters a table location must not hold, and why (delta-rs 1.6, measured): its log
+#: listing takes ``#`` and ``?`` for a URL's fragment and query and reads no history (txsink
+#: could not tell which epochs the table holds, and added them again), and it decodes
+#: percent-escapes in the location twice (``a%20b`` became ``a b``, another directory).
+LOCATION_CHARACTERS = {
+    "#": "delta-rs reads no history of a table at such a location, so txsink could not "
+         "tell which epochs it holds",
+    "?": "delta-rs reads no history of a table at such a location, so txsink could not "
+         "tell which epochs it holds",
+    "%": "delta-rs decodes percent-escapes in a table's location twice and finds "
+         "another directory",
+}
+#: Writer features txsink's commits honour (Delta protocol, "Table Features"): appends
+#: of whole files with statistics are all these ask of a writer, and delta-rs 1.6
+#: writes (and checkpoints) tables that list them. ``invariants``, ``checkConstraints``
+#: and ``generatedColumns`` are listed but refused where a table uses them (rows are
+#: not checked); ``columnMapping`` where its mode is not ``none``.
+WRITER_FEATURES = frozenset({
+    "appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns",
+    "columnMapping", "deletionVectors", "timestampNtz", "v2Checkpoint", "variantType"})
+READER_FEATURES = frozenset({
+    "columnMapping", "deletionVectors", "timestampNtz", "v2Checkpoint", "variantType"})
+#: What a feature txsink refuses asks of every writer (for the refusal).
+FEATURE_NEEDS = {
+    "rowTracking": "row ids (baseRowId) on every added file",
+    "domainMetadata": "domain metadata kept by every commit",
+    "identityColumns": "identity values generated for each row",
+    "icebergCompatV1": "Iceberg metadata written with every commit (UniForm)",
+    "icebergCompatV2": "Iceberg metadata written with every commit (UniForm)",
+    "clustering": "clustering domain metadata",
+    "inCommitTimestamp": "an in-commit timestamp in every commit",
+    "typeWidening": "type-widening metadata",
+    "vacuumProtocolCheck": "a protocol check by every VACUUM",
+    "allowColumnDefaults": "column defaults applied to each row",
+}
 
 
 class DeltaBackend(TableBackend):
@@ -56,6 +103,7 @@ class DeltaBackend(TableBackend):
     secret_options: ClassVar[frozenset[str]] = SECRET_KEYS
 
     def __init__(self, path: str, *, create: bool = True, s3: S3Access | None = None) -> None:
+        refuse_characters(path, LOCATION_CHARACTERS, owner="delta backend", field="path")
         self.path = path
         self.create = create
         self.s3 = s3 if s3 is not None or not is_s3(path) else S3Access()
@@ -99,6 +147,15 @@ class DeltaBackend(TableBackend):
     def on_s3(self) -> bool:
         return self.s3 is not None
 
+    def table_uri(self, path: str | None = None) -> str:
+        """The table's location (or ``path``, another one on the same store) as delta-rs
+        takes it: a URL, percent-encoded (spaces, non-ASCII names)."""
+        path = self.path if path is None else path
+        if is_s3(path):
+            bucket, key = split_uri(path, owner="delta backend", field="path")
+            return f"s3://{bucket}/{quote(key, safe='/')}"
+        return pathlib.Path(path).as_uri()
+
     def storage_options(self) -> dict[str, str] | None:
         """delta-rs's storage options for a table on S3 (None on local disk).
 
@@ -132,7 +189,7 @@ class DeltaBackend(TableBackend):
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self.path, storage_options=self.storage_options())
+            return DeltaTable(self.table_uri(), storage_options=self.storage_options())
         except TableNotFoundError:
             return None
 
@@ -146,13 +203,120 @@ class DeltaBackend(TableBackend):
                 raise ConfigError(f"delta backend: no Delta table at {self.path} and "
                                   "create=false; create it first, or drop create=false",
                                   field="path")
+            self._refuse_foreign_directory()
+        else:
+            self._refuse_unsupported(table)
+        self._refuse_replaced(sink_id, table)
+
+    def _refuse_replaced(self, sink_id: str, table: Any) -> None:
+        """Refuse a table that does not hold the sink at all while txsink's folder says a
+        table here held epochs of it: the table's log was deleted (txsink would create a
+        new, empty table over it) or the table replaced by another. Its rows are not in
+        what readers see, and going on would hide that."""
+        if table is not None and table.transaction_version(sink_id) is not None:
             return
+        held = self.committed_epochs_on_disk(sink_id)
+        if not held:
+            return
+        what = ("there is no Delta table there any more (its _delta_log is gone)"
+                if table is None else "the Delta table there does not know the sink (no "
+                "txn action of it: the table was replaced)")
+        raise ConfigError(
+            f"delta backend: {self.uri(self._sink_folder(sink_id))} holds {len(held)} epoch(s) "
+            f"of sink {sink_id!r} that a table at {self.path} held (epochs {held[0]} to "
+            f"{held[-1]}), but {what}. Their rows are not in the table. Restore the table's "
+            "log; or, to start the sink over in this table without them, move that folder "
+            "away", field="path", sink_id=sink_id)
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        # The owner file first: a store that is down is named there at once.
+        super().check_claim(sink_id, state_id, state_location)
+        self._refuse_replaced(sink_id, self._table())
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        self.check_claim(sink_id, state_id, state_location)  # refused: nothing recorded
+        super().claim_sink(sink_id, state_id, state_location)
+
+    def _refuse_unsupported(self, table: Any, *, since: str = "") -> None:
+        """Refuse what txsink's commits cannot write correctly into ``table``: protocol
+        features neither txsink nor delta-rs implements (a commit would fail after the
+        decision, every try), column mapping (readers would see NULL in every column
+        of txsink's files), partitions (its files would carry no partition values) and
+        rules on rows. ``since``: said when the table changed after the start."""
+        problems = self._unsupported(table)
+        if problems:
+            raise ConfigError(
+                f"delta backend: table {self.path} {since}uses "
+                f"{'; '.join(problems)}. txsink adds whole Parquet files to the log and "
+                "writes none of that: nothing of the epoch is written. Write this table "
+                "with a writer that implements it (Spark with Delta), or give a table "
+                "without it", field="path")
         self._refuse_constraints(table)
+
+    def _unsupported(self, table: Any) -> list[str]:
+        """One line per thing :meth:`_refuse_unsupported` refuses, naming it."""
+        out: list[str] = []
+        protocol = table.protocol()
+        config = table.metadata().configuration
+        reader, writer = protocol.min_reader_version, protocol.min_writer_version
+        if reader > 3:
+            out.append(f"reader version {reader} (minReaderVersion; delta-rs knows up to 3)")
+        if writer > 7:
+            out.append(f"writer version {writer} (minWriterVersion; delta-rs knows up to 7)")
+        if writer == 6:
+            out.append("identity columns (minWriterVersion 6: identity values generated "
+                       "for each row)")
+        unknown = sorted(set(protocol.writer_features or ()) - WRITER_FEATURES) + sorted(
+            set(protocol.reader_features or ()) - READER_FEATURES
+            - set(protocol.writer_features or ()))
+        for feature in unknown:
+            needs = FEATURE_NEEDS.get(feature, "a feature txsink does not know")
+            out.append(f"table feature {feature!r} ({needs})")
+        mode = config.get("delta.columnMapping.mode", "none")
+        if mode != "none":
+            out.append(f"column mapping (delta.columnMapping.mode={mode}: files must name "
+                       "columns by their physical names"
+                       + (" and field ids" if mode == "id" else "")
+                       + "; txsink's and Spark's files name them as the frame does, so "
+                       "readers would see NULL in every column)")
+        formats = config.get("delta.universalFormat.enabledFormats")
+        if formats and not any(f.startswith("icebergCompat") for f in unknown):
+            out.append(f"UniForm (delta.universalFormat.enabledFormats={formats}: Iceberg "
+                       "metadata written with every commit)")
+        identity = sorted(f.name for f in table.schema().fields
+                          if any(k.startswith("delta.identity.") for k in f.metadata))
+        if identity and writer != 6 and "identityColumns" not in unknown:
+            out.append(f"identity columns ({', '.join(identity)})")
         parts = table.metadata().partition_columns
         if parts:
+            out.append(f"partition columns ({', '.join(parts)}; txsink writes "
+                       "unpartitioned tables only: its files would carry no partition "
+                       "values)")
+        return out
+
+    def _refuse_foreign_directory(self) -> None:
+        """Refuse a location that holds files but no Delta table: txsink would create
+        the table in it, and a later VACUUM of that table deletes every file its log
+        does not name, the owner's too. Only txsink's own folder (a first epoch not
+        committed yet) and an empty ``_delta_log`` may be there."""
+        fs, root = self._fs()
+        try:
+            entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        except OSError as exc:
+            raise ConfigError(f"delta backend: cannot list {self.path}: {exc}",
+                              field="path") from None
+        foreign = sorted(e.base_name for e in entries if e.base_name != DATA_FOLDER and not (
+            e.base_name == "_delta_log" and e.type == pafs.FileType.Directory
+            and not fs.get_file_info(pafs.FileSelector(e.path, allow_not_found=True))))
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more"
+                                             if len(foreign) > 5 else "")
             raise ConfigError(
-                f"delta backend: table {self.path} is partitioned by {', '.join(parts)}; "
-                "txsink writes unpartitioned Delta tables only (for now)", field="path")
+                f"delta backend: {self.path} is not a Delta table (no readable _delta_log) "
+                f"and is not empty ({shown}): txsink would make it a Delta table, and a "
+                "later VACUUM of that table deletes every file its log does not name, "
+                "these too. Give a new or empty directory, or a Delta table's",
+                field="path")
 
     def _refuse_constraints(self, table: Any) -> None:
         """Refuse a table with rules its writers must check on every row (CHECK
@@ -187,7 +351,7 @@ class DeltaBackend(TableBackend):
         import pyarrow as pa
 
         scratch = f"{DATA_FOLDER}/_probe-{uuid.uuid4().hex[:12]}"
-        uri = self.uri(scratch)
+        uri = self.table_uri(self.uri(scratch))
         options = self.storage_options()
         schema = pa.schema([("id", pa.int64())])
         once = CommitProperties(max_commit_retries=0)
@@ -250,7 +414,7 @@ class DeltaBackend(TableBackend):
     def highest_epoch(self, sink_id: str) -> int | None:
         table = self._table()
         if table is None:
-            return -1
+            return max(self.empty_epochs(sink_id), default=-1)
         version = table.transaction_version(sink_id)
         return -1 if version is None else int(version)
 
@@ -267,6 +431,11 @@ class DeltaBackend(TableBackend):
         if table is None:
             return  # an empty epoch into a table that does not exist yet: nothing to name
         self.refuse_if_named(table, sink_id, epoch, participants)
+        try:
+            self._refuse_unsupported(table, since="was changed since the epoch was decided: "
+                                     "it now ")
+        except ConfigError as exc:
+            raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
         schema = table.schema()
         self._check_schema(schema, files)
         # The txn version stays the sink's highest epoch when a lower one commits after
@@ -292,6 +461,12 @@ class DeltaBackend(TableBackend):
         try:
             table.create_write_transaction(actions, "append", schema, commit_properties=props)
         except CommitFailedError as exc:
+            if "Unsupported table features" in str(exc):
+                # Not a race: every try would fail the same way (seen before the check
+                # at the start existed: "kept changing under 20 commit attempts").
+                raise FatalCommitError(
+                    f"delta backend: table {self.path} refuses txsink's commit: {exc}; the "
+                    "epoch stays DECIDED") from exc
             raise ConflictError(str(exc)) from exc
 
     def _create(self, files: Sequence[DataFile]) -> Any:
@@ -303,9 +478,11 @@ class DeltaBackend(TableBackend):
         if not self.create:
             raise FatalCommitError(f"delta backend: the table at {self.path} is gone and "
                                    "create=false; create it again to commit")
-        schema = self.read_schema(files[0].path)
+        # Every column nullable: a frame's NOT NULL columns (Spark's range, a literal)
+        # would otherwise refuse every later frame that may hold a null.
+        schema = nullable_schema(self.read_schema(files[0].path))
         try:
-            DeltaTable.create(self.path, schema=schema, mode="ignore",
+            DeltaTable.create(self.table_uri(), schema=schema, mode="ignore",
                               storage_options=self.storage_options())
         except Exception as exc:
             log.info("delta table %s: create raced with another writer (%s)", self.path, exc)
@@ -318,25 +495,41 @@ class DeltaBackend(TableBackend):
         if not files:
             return None
         theirs = Schema.from_arrow(self.read_schema(files[0].path))
-        want = {f.name: f.type for f in schema.fields}
-        have = {f.name: f.type for f in theirs.fields}
-        if want == have:
-            nulls = _nulls_in_required(schema, theirs, files)
-            return None if not nulls else (
-                nulls[0], f"NOT NULL in the table, with nulls (or maybe nulls) in the "
-                f"epoch's files: {', '.join(nulls)}")
+        want = {f["name"]: f["type"] for f in json.loads(schema.to_json())["fields"]}
+        have = {f["name"]: f["type"] for f in json.loads(theirs.to_json())["fields"]}
         extra = sorted(set(have) - set(want))
-        missing = sorted(set(want) - set(have))
-        changed = sorted(n for n in set(want) & set(have) if want[n] != have[n])
-        parts = ([f"not in the table: {', '.join(extra)}"] if extra else []) + (
-            [f"missing: {', '.join(missing)}"] if missing else []) + (
-            [f"of another type: {', '.join(changed)}"] if changed else [])
-        return (extra or missing or changed)[0], "; ".join(parts)
+        # A nullable column the files lack reads as null (how every reader takes a
+        # column added by ALTER TABLE to older files); a NOT NULL one cannot.
+        nullable = {f["name"] for f in json.loads(schema.to_json())["fields"] if f["nullable"]}
+        missing = sorted(set(want) - set(have) - nullable)
+        changed = sorted(n for n in set(want) & set(have)
+                         if _loose(want[n]) != _loose(have[n]))
+        if extra or missing or changed:
+            parts = ([f"not in the table: {', '.join(extra)}"] if extra else []) + (
+                [f"missing, NOT NULL in the table: {', '.join(missing)}"]
+                if missing else []) + (
+                [f"of another type: {', '.join(changed)}"] if changed else [])
+            return (extra or missing or changed)[0], "; ".join(parts)
+        # Same types; nullability: a NOT NULL top-level column takes a nullable frame's
+        # files whose statistics count no null; a nested NOT NULL cannot be checked.
+        nested = sorted(n for n in want if n in have and _stricter_inside(want[n], have[n]))
+        if nested:
+            return nested[0], (f"with a NOT NULL field or element inside in the table, "
+                               f"which the epoch's files may hold nulls in (txsink cannot "
+                               f"count nested nulls): {', '.join(nested)}")
+        nulls = _nulls_in_required(schema, theirs, files)
+        return None if not nulls else (
+            nulls[0], f"NOT NULL in the table, with nulls (or maybe nulls) in the "
+            f"epoch's files: {', '.join(nulls)}")
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
         table = self._table()
         if table is not None:
-            self._refuse_constraints(table)  # added since the start, by another writer
+            # Changed since the start by another writer (a feature turned on, columns
+            # mapped, partitions): refused before the decision, never after it.
+            self._refuse_unsupported(table, since="was changed since the start: it now ")
+        else:
+            self._refuse_foreign_directory()
         mismatch = self._schema_mismatch(table.schema(), files) if table is not None else None
         if mismatch is not None:
             raise ConfigError(
@@ -372,3 +565,30 @@ def _nulls_in_required(schema: Any, theirs: Any, files: Sequence[DataFile]) -> l
             counts.append({})
     return [name for name in required
             if any(c.get(name, 1 if name in allowed else 0) for c in counts)]
+
+
+_NULLABLE_KEYS = ("nullable", "containsNull", "valueContainsNull")
+
+
+def _loose(kind: Any) -> Any:
+    """A Delta type (as JSON) with every nullability flag set: what types compare by."""
+    if isinstance(kind, dict):
+        return {k: True if k in _NULLABLE_KEYS else _loose(v) for k, v in kind.items()
+                if k != "metadata"}
+    if isinstance(kind, list):
+        return [_loose(v) for v in kind]
+    return kind
+
+
+def _stricter_inside(table: Any, files: Any) -> bool:
+    """Whether the table's type says NOT NULL somewhere inside where the files' may
+    hold a null (the same type otherwise)."""
+    if isinstance(table, dict) and isinstance(files, dict):
+        for k, v in table.items():
+            if k in _NULLABLE_KEYS and v is False and files.get(k) is True:
+                return True
+            if k != "metadata" and _stricter_inside(v, files.get(k)):
+                return True
+    elif isinstance(table, list) and isinstance(files, list):
+        return any(_stricter_inside(a, b) for a, b in zip(table, files, strict=False))
+    return False

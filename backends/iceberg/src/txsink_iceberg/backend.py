@@ -14,6 +14,14 @@ covers but no snapshot marks anymore cannot be told apart from one never written
 the backend stops and says so instead of adding it again (Delta's ``txn`` action
 plays this part there).
 
+Columns are found by field id and tables known by uuid: every file txsink adds carries
+the table's field ids (Spark's files on the native path are written again with them),
+the sink's claim is the table property ``txsink.owner.<sink id>`` (orphan-file removal
+deleted the claim file of earlier releases), and the namespace property
+``txsink.table.<table>.<sink id>`` binds the sink to the table's uuid, so a table
+dropped and made again, or a catalog entry lost over existing metadata, is refused
+before anything is written.
+
 The catalog is pyiceberg's SQL catalog: by default on a SQLite file in the warehouse
 (one machine); ``catalog_uri`` names a PostgreSQL database for shared use. A warehouse
 on S3 (``s3://bucket/prefix``) keeps data and metadata files there, written through
@@ -24,19 +32,29 @@ compare-and-swap of the table's metadata location, so no conditional PUT is need
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
+from urllib.parse import quote
 
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from txsink.backend import Transaction
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
+    OWNER_FILE,
     ConflictError,
     DataFile,
     TableBackend,
     marker_dirs,
     marker_json,
+    nullable_schema,
+    refuse_characters,
 )
+from txsink.model import Committable, TransactionContext
 from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
 from txsink.options import Options
 
@@ -52,6 +70,23 @@ HIGHEST_KEY = "txsink.highest"
 #: Table property prefix: ``txsink.epoch.<sink id>`` = the sink's highest committed epoch.
 EPOCH_PROPERTY = "txsink.epoch."
 CATALOG_FILE = "txsink-catalog.db"
+#: Table property ``txsink.owner.<sink id>``: which txsink state owns the sink id in this
+#: table. A property, not a file: orphan-file removal deletes any file no snapshot names
+#: (the ``_owner.json`` of earlier releases), and expiry never touches properties.
+OWNER_PROPERTY = "txsink.owner."
+#: Namespace property ``txsink.table.<table>.<sink id>`` = the uuid of the table the sink
+#: writes: the catalog's own record of which table the name pointed at, kept when the
+#: table is dropped and another created under its name.
+TABLE_PROPERTY = "txsink.table."
+#: Characters a warehouse, table name or location must not hold, and why: pyiceberg takes
+#: a data file's location as a URL (``#`` starts a fragment, ``?`` a query) and read
+#: another file than the one added, after the decision; Java's Iceberg takes them as
+#: characters of the path, so no spelling of such a location works for both readers.
+_NO_URL = ("pyiceberg reads a data file at such a location as a URL and finds another "
+           "file, and Java's Iceberg does not (no spelling works for both)")
+LOCATION_CHARACTERS = {"#": _NO_URL, "?": _NO_URL}
+#: Parquet's field-id key in Arrow field metadata.
+FIELD_ID = b"PARQUET:field_id"
 
 
 class IcebergBackend(TableBackend):
@@ -64,6 +99,10 @@ class IcebergBackend(TableBackend):
     def __init__(self, table: str, warehouse: str, catalog_uri: str | None = None, *,
                  catalog_name: str = "txsink", create: bool = True,
                  s3: S3Access | None = None) -> None:
+        refuse_characters(warehouse, LOCATION_CHARACTERS, owner="iceberg backend",
+                          field="warehouse")
+        refuse_characters(table, {**LOCATION_CHARACTERS, "/": "a table name is no path"},
+                          owner="iceberg backend", field="table")
         self.table = table
         self.warehouse = warehouse
         self.catalog_uri = catalog_uri
@@ -78,6 +117,13 @@ class IcebergBackend(TableBackend):
                               "PostgreSQL URL", field="catalog_uri")
         self._catalog_cache: Any = None
         self._root: str | None = None
+        #: The claims this instance made (:meth:`claim_sink`): a table it creates
+        #: carries them.
+        self._claims: dict[str, dict[str, Any]] = {}
+        #: Table uuids the catalog bound sink ids to, as read by this process.
+        self._bound: dict[str, str] = {}
+        #: The field ids and NOT NULL columns files are written with (:meth:`file_schema`).
+        self._file_target: pa.Schema | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> IcebergBackend:
@@ -157,13 +203,25 @@ class IcebergBackend(TableBackend):
         if self._catalog_cache is None:
             from pyiceberg.catalog.sql import SqlCatalog
 
-            uri = self.catalog_uri or f"sqlite:///{self.warehouse}/{CATALOG_FILE}"
+            # Percent-encoded: SQLAlchemy decodes the file's path, so a warehouse named
+            # "a%20b" opened the catalog of "a b" (another warehouse's).
+            uri = self.catalog_uri or f"sqlite:///{quote(self.catalog_file())}"
             if not self.catalog_uri:
                 os.makedirs(self.warehouse, exist_ok=True)
             self._catalog_cache = SqlCatalog(self.catalog_name, uri=uri,
                                              warehouse=self._warehouse_uri(),
                                              **self.file_io_properties())
         return self._catalog_cache
+
+    def catalog_file(self) -> str:
+        """The default catalog's SQLite file (in the warehouse)."""
+        return f"{self.warehouse}/{CATALOG_FILE}"
+
+    def catalog_description(self) -> str:
+        """The catalog, for messages (never its URI: it may hold a password)."""
+        where = "the SQL catalog given by catalog_uri" if self.catalog_uri else (
+            f"the SQLite catalog {self.catalog_file()}")
+        return f"catalog {self.catalog_name!r} ({where})"
 
     def _file_uri(self, relative: str) -> str:
         return self.uri(relative) if self.s3 is not None else f"file://{self.absolute(relative)}"
@@ -186,7 +244,10 @@ class IcebergBackend(TableBackend):
         if self._root is None:
             table = self._load()
             location = (table.location() if table is not None else self._location())
-            location = location.removeprefix("file://")
+            if location.startswith("file:"):  # file:///x, or Java's file:/x
+                location = "/" + location.removeprefix("file:").lstrip("/")
+            refuse_characters(location, LOCATION_CHARACTERS, owner="iceberg backend",
+                              field="table")  # the catalog's location for the table
             if is_s3(location) and self.s3 is not None:
                 location = "s3://" + location.split("://", 1)[1]
             elif "://" in location or self.s3 is not None:
@@ -206,11 +267,199 @@ class IcebergBackend(TableBackend):
             raise ConfigError(f"iceberg backend: no table {self.table} in the catalog and "
                               "create=false; create it first, or drop create=false",
                               field="table")
-        if table is not None and table.spec().fields:
-            raise ConfigError(f"iceberg backend: table {self.table} is partitioned; txsink "
-                              "writes unpartitioned Iceberg tables only (for now)",
-                              field="table")
+        if table is not None:
+            self._refuse_unsupported(table)
         self.data_root()
+        self.check_identity(sink_id, table)
+
+    # -- which table: identity and claims -------------------------------------------------
+
+    def _binding(self, sink_id: str) -> tuple[str, str]:
+        """(namespace, key) of the namespace property naming the sink's table uuid."""
+        namespace, name = self.table.split(".")
+        return namespace, f"{TABLE_PROPERTY}{name}.{sink_id}"
+
+    def bound_uuid(self, sink_id: str) -> str | None:
+        """The uuid of the table ``sink_id`` writes, as the catalog's namespace records it
+        (None before the sink's first claim of an existing table)."""
+        from pyiceberg.exceptions import NoSuchNamespaceError
+
+        namespace, key = self._binding(sink_id)
+        try:
+            found = self._catalog().load_namespace_properties(namespace).get(key)
+        except NoSuchNamespaceError:
+            return None
+        return None if found is None else str(found)
+
+    def _bind(self, sink_id: str, table: Any) -> None:
+        namespace, key = self._binding(sink_id)
+        uuid = str(table.metadata.table_uuid)
+        if self.bound_uuid(sink_id) != uuid:
+            self._catalog().update_namespace_properties(namespace, updates={key: uuid})
+
+    def check_identity(self, sink_id: str, table: Any) -> None:
+        """Refuse, before anything is written, a table that is not the one ``sink_id``
+        wrote: the name now points at another table (dropped and created again, its
+        catalog entry lost and made again), or the catalog lost the table while its
+        metadata is still at its location (txsink would create an empty table there, and
+        the committed rows would vanish for readers). Tables are told apart by uuid."""
+        bound = self.bound_uuid(sink_id)
+        namespace, key = self._binding(sink_id)
+        if table is None:
+            metadata = self._metadata_files(self._location())
+            if metadata:
+                newest = metadata[-1]
+                raise ConfigError(
+                    f"iceberg backend: {self.catalog_description()} has no table "
+                    f"{self.table}, but {self._location()} holds an Iceberg table's "
+                    f"metadata ({len(metadata)} metadata file(s), the newest {newest}): its "
+                    "catalog entry was lost (a catalog file deleted or replaced) or dropped "
+                    "without purging. txsink creates no table over it (readers would lose "
+                    "every committed row). Register it again: catalog.register_table("
+                    f"{self.table!r}, {self._metadata_uri(newest)!r}) (pyiceberg), or "
+                    "CALL system.register_table (Spark); or, if that table is gone for good, "
+                    f"move {self._location()} away", field="table")
+            if bound is not None:
+                raise ConfigError(
+                    f"iceberg backend: sink {sink_id!r} writes table {self.table} (uuid "
+                    f"{bound}, as namespace property {key} of {self.catalog_description()} "
+                    "records), which is not in the catalog any more (dropped, or renamed). "
+                    "Register it again, or give its new name as option 'table'; if it is "
+                    "gone for good and a new table is to take the sink's output from now "
+                    f"on, remove that property: catalog.update_namespace_properties("
+                    f"{namespace!r}, removals={{{key!r}}}), and move "
+                    f"{self.uri(self._sink_folder(sink_id))} away if it is still there",
+                    field="table")
+            held = self.committed_epochs_on_disk(sink_id)
+            if held:
+                raise ConfigError(
+                    f"iceberg backend: {self.catalog_description()} has no table "
+                    f"{self.table}, and no metadata is left at {self._location()}, but "
+                    f"{self.uri(self._sink_folder(sink_id))} holds {len(held)} epoch(s) of "
+                    f"sink {sink_id!r} (epochs {held[0]} to {held[-1]}) that a table there "
+                    "held: txsink creates no empty table over them. Restore the table (its "
+                    "metadata, then register it); or, to start the sink over without "
+                    "those rows, move that folder away", field="table")
+            return
+        uuid = str(table.metadata.table_uuid)
+        if bound is not None and bound != uuid:
+            raise ConfigError(
+                f"iceberg backend: table {self.table} in {self.catalog_description()} is "
+                f"not the table sink {sink_id!r} wrote: its uuid is {uuid}, the sink's table "
+                f"was {bound} (namespace property {key}). The name points at another table "
+                "(dropped and created again, or its catalog entry lost and made again): the "
+                "epochs committed so far are not in it. Register the sink's table again "
+                "under this name; or, if the new table is to take the sink's output from "
+                "now on (without the earlier rows), remove that property: "
+                f"catalog.update_namespace_properties({namespace!r}, removals={{{key!r}}})",
+                field="table")
+        strangers = self._other_tables_at(table)
+        if strangers:
+            raise ConfigError(
+                f"iceberg backend: table {self.table} (uuid {uuid}) shares its location "
+                f"{table.location()} with the metadata of another table ({strangers[0]}): "
+                "it was created over a table whose catalog entry was lost, whose rows it "
+                "does not show. Drop this table and register that one again "
+                f"(catalog.register_table({self.table!r}, <its newest metadata file>)), or "
+                "move the other table's files away", field="table")
+
+    def _metadata_files(self, location: str) -> list[str]:
+        """The ``*.metadata.json`` files under ``location``/metadata, oldest first."""
+        fs, _ = self._fs()
+        folder = self._fs_path(f"{location.rstrip('/')}/metadata")
+        found = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        return sorted(i.base_name for i in found if i.type == pafs.FileType.File
+                      and i.base_name.endswith((".metadata.json", ".metadata.json.gz")))
+
+    def _fs_path(self, location: str) -> str:
+        """A location (URI or path) as this backend's filesystem names it."""
+        if is_s3(location):
+            return location.split("://", 1)[1]
+        return "/" + location.removeprefix("file:").lstrip("/") if location.startswith(
+            "file:") else location
+
+    def _metadata_uri(self, name: str) -> str:
+        location = self._location()
+        return (f"{location}/metadata/{name}" if self.s3 is not None
+                else f"file://{location}/metadata/{name}")
+
+    def _other_tables_at(self, table: Any) -> list[str]:
+        """First metadata files (version 0: one per table ever created there) under
+        ``table``'s location that belong to another table."""
+        location = table.location()
+        own = str(table.metadata.table_uuid)
+        out = []
+        for name in self._metadata_files(location):
+            if not name.startswith("00000-") or not name.endswith(".json"):
+                continue
+            fs, _ = self._fs()
+            path = self._fs_path(f"{location.rstrip('/')}/metadata/{name}")
+            try:
+                with fs.open_input_stream(path) as f:
+                    other = str(json.loads(f.read()).get("table-uuid"))
+            except (OSError, ValueError):
+                continue
+            if other != own:
+                out.append(f"{name}, table uuid {other}")
+        return out
+
+    def _owner_claim(self, sink_id: str, table: Any) -> dict[str, Any] | None:
+        """The sink's claim: the table property, else (a table not created yet, or a
+        sink claimed by an earlier release) the owner file."""
+        if table is not None:
+            text = table.properties.get(OWNER_PROPERTY + sink_id)
+            if text is not None:
+                try:
+                    found = json.loads(text)
+                except ValueError as exc:
+                    raise StateError(f"iceberg backend: table property {OWNER_PROPERTY}"
+                                     f"{sink_id} of {self.table} is not JSON ({exc})") from exc
+                if isinstance(found, dict):
+                    return found
+        return self._read_owner(self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+
+    def _owner_remedy(self, sink_id: str) -> str:
+        return (f"remove table property {OWNER_PROPERTY}{sink_id} of {self.table} (pyiceberg: "
+                f"with table.transaction() as tx: tx.remove_properties("
+                f"'{OWNER_PROPERTY}{sink_id}'); Spark: ALTER TABLE ... UNSET TBLPROPERTIES) "
+                f"and delete {self.uri(self._sink_folder(sink_id) + '/' + OWNER_FILE)} if "
+                "it is there")
+
+    def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
+        table = self._load()
+        self.check_identity(sink_id, table)
+        owner = self._owner_claim(sink_id, table)
+        if owner is not None:
+            self._refuse_owner(owner, sink_id, state_id, state_location,
+                               self._owner_remedy(sink_id))
+
+    def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
+        """Bind ``sink_id`` to one txsink state in the table's properties, where neither
+        snapshot expiry nor orphan-file removal reaches (the ``_owner.json`` file of
+        earlier releases is read and carried over; it stays the claim until the table
+        exists), and the table's uuid in its namespace's properties."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        claim = {"sink_id": sink_id, "state_id": state_id, "state_location": state_location}
+        for _ in range(5):
+            table = self._load()
+            self.check_claim(sink_id, state_id, state_location)
+            self._claims[sink_id] = claim
+            if table is None:
+                super().claim_sink(sink_id, state_id, state_location)
+                return
+            if table.properties.get(OWNER_PROPERTY + sink_id) is None:
+                try:
+                    with _without_retries(table).transaction() as tx:
+                        tx.set_properties({OWNER_PROPERTY + sink_id: json.dumps(claim)})
+                except CommitFailedException:
+                    continue  # another commit (maybe another claim) won: read again
+                table = self._load()
+            self._bind(sink_id, table)
+            self.check_claim(sink_id, state_id, state_location)
+            return
+        raise StateError(f"iceberg backend: table {self.table} kept changing while sink "
+                         f"{sink_id!r} was being claimed; start again")
 
     # -- markers --------------------------------------------------------------------------
 
@@ -253,9 +502,26 @@ class IcebergBackend(TableBackend):
                     later = True
             parent = snapshot.parent_snapshot_id
             older = table.snapshot_by_id(parent) if parent is not None else None
-            if older is None and (found is not None or not later
-                                  or _first_of_table(snapshot)):
-                return found
+            if older is None and (found is not None or _first_of_table(snapshot)):
+                return found  # found, or the whole ancestry read
+            if older is None and not later:
+                # Cut short by expiry with no marker of the sink on the branch (another
+                # writer's snapshots since, a compaction): that tells "never written"
+                # only when the sink never recorded an epoch this high (the property
+                # every commit sets), or the epoch's snapshot is off the branch (rolled
+                # back). Seen: after a compaction and an expiry the epoch was taken for
+                # never written, and the orphan scan offered its committed directories
+                # to be committed again.
+                recorded = _recorded_epoch(table, sink_id)
+                if recorded < epoch or _marked_anywhere(table, sink_id, epoch):
+                    return found
+                raise StateError(
+                    f"sink={sink_id} epoch={epoch}: table {self.table} records epochs of this "
+                    f"sink up to {recorded} (property {EPOCH_PROPERTY}{sink_id}), but no "
+                    "snapshot marks it any more (expired): txsink cannot tell whether that "
+                    "epoch is in the table, and does not add it a second time. Keep "
+                    "snapshots longer than the longest time a pipeline may be down with a "
+                    "decided epoch", sink_id=sink_id, epoch=epoch)
             snapshot = older
             if snapshot is None:
                 # Expired: the parent is gone, or (pyiceberg's expiry) no longer named.
@@ -269,7 +535,9 @@ class IcebergBackend(TableBackend):
 
     def highest_epoch(self, sink_id: str) -> int | None:
         table = self._load()
-        return -1 if table is None else _highest(table, sink_id)
+        if table is None:
+            return max(self.empty_epochs(sink_id), default=-1)
+        return _highest(table, sink_id)
 
     # -- commit ---------------------------------------------------------------------------
 
@@ -280,9 +548,14 @@ class IcebergBackend(TableBackend):
         files = [f for fs in participants.values() for f in fs]
         table = self._load()
         if table is None:
-            table = self._create(files)
+            table = self._create(sink_id, files)  # (tables are made before the decision)
         if table is None:
             return  # an empty epoch into a table that does not exist yet
+        try:
+            self._check_uuid(sink_id, table)
+            self._refuse_unsupported(table, since=True)
+        except ConfigError as exc:
+            raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
         self.refuse_if_named(table, sink_id, epoch, participants)
         recorded = _recorded_epoch(table, sink_id)
         # The branch's own highest (a rollback takes epochs out of it; the property
@@ -313,20 +586,76 @@ class IcebergBackend(TableBackend):
             raise FatalCommitError(f"iceberg backend: table {self.table} refused the "
                                    f"epoch's files: {exc}") from exc
 
-    def check_files_schema(self, files: Sequence[DataFile]) -> None:
-        # The check pyiceberg's add_files makes at commit, made before the decision.
-        from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
+    def _check_uuid(self, sink_id: str, table: Any) -> None:
+        """The table is still the one the sink's claim bound (recreated meanwhile: its
+        uuid changed). The binding is read once per process (it changes only by a
+        claim, or by hand to let another table in); the table's uuid each time."""
+        bound = self._bound.get(sink_id)
+        if bound is None:
+            bound = self.bound_uuid(sink_id)
+            if bound is not None:
+                self._bound[sink_id] = bound
+        if bound is not None and bound != str(table.metadata.table_uuid):
+            self._bound.pop(sink_id, None)
+            self.check_identity(sink_id, table)
 
+    def check_prepared(self, committables: Sequence[Committable]) -> None:
+        """Before the decision: the table exists (made now from the first file's schema
+        if it does not: an empty table made for an epoch that then fails is harmless, and
+        so a table is never made after a decision, where a refusal would come too late),
+        is still the sink's, unpartitioned, and takes the files' columns by field id."""
+        files = [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
+        if not files:
+            return
+        sink_id = committables[0].sink_id
         table = self._load()
         if table is None:
-            return
-        if table.spec().fields:  # partitioned since the start, by another writer
+            table = self._create(sink_id, files, decided=False)
+        self._check_uuid(sink_id, table)
+        self._check_files(table, files)
+
+    def check_files_schema(self, files: Sequence[DataFile]) -> None:
+        table = self._load()
+        if table is not None:
+            self._check_files(table, files)
+
+    def _refuse_unsupported(self, table: Any, *, since: bool = False) -> None:
+        """Refuse what txsink's commit cannot write into ``table``: partitions (its files
+        would carry no partition values) and format versions pyiceberg does not write
+        (seen: a version 3 table was accepted, and every commit failed after the
+        decision). ``since``: the table changed after the start (another writer)."""
+        now = " now" if since else ""
+        if table.spec().fields:
             raise ConfigError(
-                f"iceberg backend: table {self.table} is partitioned now (by "
+                f"iceberg backend: table {self.table} is partitioned{now} (by "
                 f"{', '.join(f.name for f in table.spec().fields)}); txsink writes "
                 "unpartitioned Iceberg tables only: nothing of the epoch is committed in "
                 "any target", field="table")
+        version = int(table.metadata.format_version)
+        if version > 2:
+            raise ConfigError(
+                f"iceberg backend: table {self.table} is{now} of format version {version}; "
+                "pyiceberg, which txsink commits with, writes versions 1 and 2 only "
+                "(row lineage and the other version 3 duties are not written): nothing "
+                "of the epoch is committed in any target. Give a table of format "
+                "version 2", field="table")
+
+    def _check_files(self, table: Any, files: Sequence[DataFile]) -> None:
+        # The check pyiceberg's add_files makes at commit, made before the decision.
+        from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
+
+        self._refuse_unsupported(table, since=True)  # changed since the start
         theirs = self.read_schema(files[0].path)
+        ids = {f.name: f.field_id for f in table.schema().fields}
+        for f in theirs:
+            found = (f.metadata or {}).get(FIELD_ID)
+            if found is not None and f.name in ids and int(found) != ids[f.name]:
+                raise ConfigError(
+                    f"iceberg backend: column {f.name!r} of the epoch's files has field id "
+                    f"{int(found)}, and table {self.table}'s column of that name has "
+                    f"{ids[f.name]}: the column was dropped and added again while the "
+                    "epoch was written. Nothing of the epoch is committed in any target; "
+                    "its next attempt is written with the table's ids", field=f.name)
         try:
             _check_pyarrow_schema_compatible(table.schema(), theirs,
                                              format_version=table.metadata.format_version)
@@ -339,24 +668,134 @@ class IcebergBackend(TableBackend):
                 "alter the table or write a matching frame",
                 field=(extra or list(theirs.names) or ["?"])[0]) from None
 
-    def _create(self, files: Sequence[DataFile]) -> Any:
+    def _create(self, sink_id: str, files: Sequence[DataFile], *,
+                decided: bool = True) -> Any:
+        """Create the table from the first file's schema, every column nullable (a
+        frame's NOT NULL columns would refuse every later frame that may hold a null),
+        carrying the sink's claim; never where a table's metadata is (a lost catalog
+        entry: :meth:`check_identity`)."""
         from pyiceberg.exceptions import TableAlreadyExistsError
 
         if not files:
             return None
         if not self.create:
-            raise FatalCommitError(f"iceberg backend: table {self.table} is gone and "
-                                   "create=false; create it again to commit")
-        schema = self.read_schema(files[0].path)
+            error = FatalCommitError if decided else ConfigError
+            raise error(f"iceberg backend: table {self.table} is gone and create=false; "
+                        "create it again to commit")
+        try:
+            self.check_identity(sink_id, None)
+        except ConfigError as exc:
+            if decided:
+                raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
+            raise
+        schema = nullable_schema(self.read_schema(files[0].path))
+        claim = self._claims.get(sink_id) or self._read_owner(
+            self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+        properties = {OWNER_PROPERTY + sink_id: json.dumps(claim)} if claim else {}
         catalog = self._catalog()
         catalog.create_namespace_if_not_exists(self.table.split(".")[0])
-        location = self.data_root().removesuffix("/data")
+        location = self.table_dir()
         try:
-            return catalog.create_table(self.table, schema=schema,
-                                        location=location if self.s3 is not None
-                                        else f"file://{location}")
+            table = catalog.create_table(self.table, schema=schema,
+                                         location=location if self.s3 is not None
+                                         else f"file://{location}", properties=properties)
         except TableAlreadyExistsError:
-            return self._load()
+            table = self._load()
+            self.check_identity(sink_id, table)
+            return table
+        self._bind(sink_id, table)
+        return table
+
+    def durable_top(self) -> str:
+        # The namespace's directory is as new as the table's: up to the warehouse.
+        top = super().durable_top()
+        return self.warehouse if top.startswith(f"{self.warehouse}/") else top
+
+    def table_dir(self) -> str:
+        return self.data_root().removesuffix("/data") if self.s3 is not None else (
+            self._fs()[1].removesuffix("/data"))
+
+    # -- field ids --------------------------------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> Transaction:
+        self._file_target = None  # each participant takes the table's ids as they are now
+        return super().begin_transaction(ctx)
+
+    def file_schema(self, schema: pa.Schema) -> pa.Schema:
+        """``schema`` with the table's field ids (and its NOT NULL columns): readers find
+        a column by id, and a file without ids is read by name, so after a column is
+        dropped and another of the same name added, the old files' values showed under
+        the new column. A table not created yet gets the ids it will be created with
+        (:meth:`_create` makes it from this schema: the same ids, which the check
+        before the decision compares)."""
+        target = self._file_target
+        if target is None:
+            table = self._load()
+            target = (_ids_of_table(table.schema()) if table is not None
+                      else _fresh_ids(nullable_schema(schema)))
+            self._file_target = target
+        return _with_ids(schema, target)
+
+    def _write_with_ids(self, path: str) -> None:
+        """Write the Parquet file at ``path`` again with the table's field ids (and NOT
+        NULL columns), one row group at a time, as ``<name>.ids.parquet``, and delete it.
+        A crash in between leaves both in a participant nobody recorded: an orphan."""
+        fs, _ = self._fs()
+        schema = pq.read_schema(path, filesystem=fs)
+        want = self.file_schema(schema)
+        if not _needs_rewrite(schema, want):
+            return  # Spark wrote the ids (native_frame), and no NOT NULL to enforce
+        with fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source)
+            target = f"{path.removesuffix('.parquet')}.ids.parquet"
+            with fs.open_output_stream(target) as sink, pq.ParquetWriter(
+                    sink, want, compression="snappy", coerce_timestamps="us",
+                    allow_truncated_timestamps=False) as writer:
+                for i in range(parquet.num_row_groups):
+                    group = parquet.read_row_group(i)
+                    writer.write_table(pa.Table.from_batches(
+                        [self.fit_batch(b, want) for b in group.to_batches()], want),
+                        row_group_size=max(group.num_rows, 1))
+        fs.delete_file(path)
+
+    def native_frame(self, df: Any) -> Any:
+        """``df`` with each top-level column carrying the table's field id as Spark's
+        ``parquet.field.id`` metadata, which Spark's Parquet writer writes into its files
+        (``spark.sql.parquet.fieldId.write.enabled``, on by default): files written from
+        it need no second write (:meth:`committable_for_directory` checks, and writes
+        again what still lacks an id: fields inside structs, lists and maps)."""
+        from pyspark.sql import functions as F
+
+        self._file_target = None
+        names = df.schema.fieldNames()
+        arrow = pa.schema([pa.field(n, pa.null()) for n in names])
+        target = {f.name: f for f in self.file_schema(arrow)}
+        columns = []
+        for name in names:
+            found = (target[name].metadata or {}).get(FIELD_ID)
+            column = F.col(f"`{name}`")
+            if found is not None:
+                metadata = {**df.schema[name].metadata, "parquet.field.id": int(found)}
+                column = column.alias(name, metadata=metadata)
+            columns.append(column)
+        return df.select(*columns)
+
+    def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
+        """Spark's Parquet writer writes no Iceberg field ids: each of its files is written
+        again here with the table's (a pass over the epoch's data on the driver), before
+        the participant is recorded; see :meth:`file_schema` for why."""
+        self._file_target = None  # the table's ids now (a column may have been re-added)
+        rel = f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}"
+        paths = [self.absolute(f.path) for f in self._list_files(rel)
+                 if not any(part.startswith(("_", ".")) for part in
+                            f.path[len(rel) + 1:].split("/"))]
+        if paths:
+            # One file per Spark partition: pyarrow reads and writes outside the GIL.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 2, 8)) as pool:
+                list(pool.map(self._write_with_ids, paths))
+        return super().committable_for_directory(ctx, dirname)
 
 
 def _first_of_table(snapshot: Any) -> bool:
@@ -418,3 +857,112 @@ def _without_retries(table: Any) -> Any:
     props = {**meta.properties, "commit.retry.num-retries": "0"}
     return Table(table.name(), meta.model_copy(update={"properties": props}),
                  table.metadata_location, table.io, table.catalog)
+
+
+def _ids_of_table(schema: Any) -> pa.Schema:
+    """A pyiceberg schema's field ids and required-ness as an Arrow schema of the same
+    shape (what :func:`_with_ids` reads; the leaves' types are placeholders). Walked
+    here, not through pyiceberg's Arrow conversion, whose module costs a writer task
+    about 56 MiB."""
+    from pyiceberg.types import ListType, MapType, StructType
+
+    def field(name: str, field_id: int, kind: Any, required: bool) -> pa.Field[Any]:
+        return pa.field(name, arrow(kind), nullable=not required,
+                        metadata={FIELD_ID: str(field_id).encode()})
+
+    def arrow(kind: Any) -> pa.DataType:
+        if isinstance(kind, StructType):
+            return pa.struct([field(f.name, f.field_id, f.field_type, f.required)
+                              for f in kind.fields])
+        if isinstance(kind, ListType):
+            return pa.list_(field("element", kind.element_id, kind.element_type,
+                                  kind.element_required))
+        if isinstance(kind, MapType):
+            return pa.map_(field("key", kind.key_id, kind.key_type, True),  # type: ignore[call-overload,no-any-return]
+                           field("value", kind.value_id, kind.value_type,
+                                 kind.value_required))
+        return pa.int8()
+
+    return pa.schema([field(f.name, f.field_id, f.field_type, f.required)
+                      for f in schema.fields])
+
+
+def _fresh_ids(schema: pa.Schema) -> pa.Schema:
+    """The field ids pyiceberg's ``create_table`` gives a table made from ``schema``:
+    its fresh numbering from 1, every field of a struct before what is inside them, a
+    list's element and a map's key and value before their insides (pyiceberg's
+    ``assign_fresh_schema_ids``). The check before the decision compares them with the
+    table's, so a numbering that differed would refuse, never mislabel."""
+    counter = iter(range(1, 1 << 31))
+
+    def numbered(fields: list[pa.Field[Any]]) -> list[pa.Field[Any]]:
+        ids = [next(counter) for _ in fields]
+        return [pa.field(f.name, inside(f.type), nullable=f.nullable,
+                         metadata={**(f.metadata or {}), FIELD_ID: str(i).encode()})
+                for f, i in zip(fields, ids, strict=True)]
+
+    def inside(kind: pa.DataType) -> pa.DataType:
+        if pa.types.is_struct(kind):
+            return pa.struct(numbered([kind.field(i) for i in range(kind.num_fields)]))
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            (element,) = numbered([kind.value_field])
+            return pa.list_(element)
+        if pa.types.is_map(kind):
+            key, value = numbered([kind.key_field, kind.item_field])
+            return pa.map_(key, value)  # type: ignore[call-overload,no-any-return]
+        return kind
+
+    return pa.schema(numbered(list(schema)))
+
+
+def _with_ids(schema: pa.Schema, target: pa.Schema) -> pa.Schema:
+    """``schema``'s fields (their types) with ``target``'s field ids and nullability,
+    matched by name (list elements and map keys/values by position). A field the target
+    lacks keeps none: the check before the decision names it."""
+    by_name = {f.name: f for f in target}
+    return pa.schema([_field_with_id(f, by_name.get(f.name)) for f in schema],
+                     metadata=schema.metadata)  # type: ignore[arg-type]
+
+
+def _field_with_id(field: pa.Field[Any], target: pa.Field[Any] | None) -> pa.Field[Any]:
+    if target is None:
+        return field
+    kind, want = field.type, target.type
+    if pa.types.is_struct(kind) and pa.types.is_struct(want):
+        names = {want.field(i).name: want.field(i) for i in range(want.num_fields)}
+        kind = pa.struct([_field_with_id(kind.field(i), names.get(kind.field(i).name))
+                          for i in range(kind.num_fields)])
+    elif pa.types.is_large_list(kind) and (pa.types.is_list(want) or pa.types.is_large_list(want)):
+        kind = pa.large_list(_field_with_id(kind.value_field, want.value_field))
+    elif pa.types.is_list(kind) and (pa.types.is_list(want) or pa.types.is_large_list(want)):
+        kind = pa.list_(_field_with_id(kind.value_field, want.value_field))
+    elif pa.types.is_map(kind) and pa.types.is_map(want):
+        kind = pa.map_(_field_with_id(kind.key_field, want.key_field),
+                       _field_with_id(kind.item_field, want.item_field))
+    metadata = dict(field.metadata or {})
+    if target.metadata and FIELD_ID in target.metadata:
+        metadata[FIELD_ID] = target.metadata[FIELD_ID]
+    return pa.field(field.name, kind, nullable=target.nullable, metadata=metadata)
+
+
+def _needs_rewrite(schema: pa.Schema, want: pa.Schema) -> bool:
+    """Whether a file of ``schema`` must be written again as ``want``: a field id missing
+    or another anywhere, or a column the table declares NOT NULL that the file allows
+    nulls in (the rewrite refuses a real null). A file stricter than the table is fine."""
+    def differs(have: pa.Field[Any], need: pa.Field[Any]) -> bool:
+        if (have.metadata or {}).get(FIELD_ID) != (need.metadata or {}).get(FIELD_ID):
+            return True
+        if have.nullable and not need.nullable:
+            return True
+        kind, other = have.type, need.type
+        if pa.types.is_struct(kind) and pa.types.is_struct(other):
+            return any(differs(kind.field(i), other.field(i)) for i in range(kind.num_fields))
+        if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
+                pa.types.is_list(other) or pa.types.is_large_list(other)):
+            return differs(kind.value_field, other.value_field)
+        if pa.types.is_map(kind) and pa.types.is_map(other):
+            return differs(kind.key_field, other.key_field) or differs(
+                kind.item_field, other.item_field)
+        return False
+
+    return any(differs(h, n) for h, n in zip(schema, want, strict=True))

@@ -592,6 +592,7 @@ class GroupEpoch:
                 from pyspark.sql import functions as F
 
                 df = df.withColumn(spec.epoch_column, F.lit(self.epoch).cast("long"))
+            df = backend.native_frame(df)
             prepared: list[Committable] = []
             try:
                 reported = write_parquet(df, path, backend.native_write_options(),
