@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from txsink.realtime import StoredPosition
 from txsink_kafka import testing as kt
 from txsink_kafka.realtime import KafkaPositionTarget, KafkaRealtimeSpec
 
@@ -56,11 +57,11 @@ class CountingTarget(KafkaPositionTarget):
     """Writes one line per claim (pid, source partition) so the test can tell that
     workers swapped source partitions (claims beyond one per partition)."""
 
-    def claim(self) -> int:
-        offset = super().claim()
+    def claim(self) -> StoredPosition:
+        stored = super().claim()
         with open(self.spec.claims_file, "a") as f:  # type: ignore[attr-defined]
-            f.write(f"{os.getpid()} {self.source.partition} {offset}\n")
-        return offset
+            f.write(f"{os.getpid()} {self.source.partition} {stored.offset}\n")
+        return stored
 
 
 class CountingSpec(KafkaRealtimeSpec):
@@ -125,7 +126,8 @@ def start(spark: Any, bootstrap: str, src: str, out: str, sink_id: str, chk: Pat
     spec.prepare()
     rows = rt.check_pipeline(df)
     query = (df.writeStream.outputMode("update")
-             .foreach(rt.RealtimeForeachWriter(spec, rt.POSITION_COLUMNS, 0.25, rows))
+             .foreach(rt.RealtimeForeachWriter([("", spec, None)], rt.POSITION_COLUMNS, 0.25,
+                                               rows, sink_id))
              .option("checkpointLocation", str(chk))
              .trigger(realTime=kw.get("trigger", "1 second"))
              .start())
@@ -280,7 +282,8 @@ def test_explode_with_kept_producers_keeps_each_records_rows_together_once(
         spec.claims_file = str(claims)
         spec.prepare()
         return (df.writeStream.outputMode("update")
-                .foreach(rt.RealtimeForeachWriter(spec, rt.POSITION_COLUMNS, 0.1, "many"))
+                .foreach(rt.RealtimeForeachWriter([("", spec, None)], rt.POSITION_COLUMNS,
+                                                  0.1, "many", spec.sink_id))
                 .option("checkpointLocation", str(tmp_path / chk))
                 .trigger(realTime="1 second").start())
 

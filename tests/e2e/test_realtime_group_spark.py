@@ -312,3 +312,77 @@ def test_the_python_api_writes_a_group_and_refuses_what_is_unsound_before_it_sta
                      f"public.txsink_progress WHERE sink_id = '{odd.sink_id}--totals' "
                      "ORDER BY 2")
     assert [(p, o) for _, p, o in progress] == [(0, 99), (1, 99)]
+
+
+def recreate_topic(bootstrap: str, topic: str) -> None:
+    """Delete ``topic`` and create it again (2 partitions): what emptying a Kafka target,
+    or a source topic recreated by an operator, does."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            kt.create_topic(bootstrap, topic, partitions=2)
+            return
+        except Exception:  # still being deleted
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def run_until(w: World, table: int, topic: int) -> str:
+    """``txsink run`` of the example until both targets hold that many rows, then
+    Ctrl-C (SIGINT): what an operator does to stop the query."""
+    proc, out = w.start()
+    try:
+        wait_for(f"the table (output in {out})", lambda: len(w.table_ids()), table,
+                 START_TIMEOUT_S)
+        wait_for(f"the topic (output in {out})", lambda: len(w.topic_ids()), topic, 120)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        kill_group(proc.pid)
+    return out.read_text()
+
+
+@long_run
+def test_the_start_over_and_recreated_topic_runbooks_followed_literally(
+        bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
+    """docs/realtime.md, "To start over" and "Positions are identities", with the
+    example group (a Kafka topic and a PostgreSQL table) and the real CLI, counted in
+    both targets: stop the query, ``txsink reset FILE``, empty the targets, run again;
+    then the source topic deleted and recreated: the run is refused, ``txsink reset FILE
+    --source-topic TOPIC``, run again."""
+    w = World(bootstrap, pg, tmp_path)
+    produce(bootstrap, w.src, range(0, 100))
+    run_until(w, 100, 100)
+    status = w.cli("status", str(EXAMPLE))
+    assert "query: no query holds it: the last one, query " in status.stdout, status.stdout
+
+    # To start over: the query is stopped; txsink reset; empty the targets; run again.
+    reset = w.cli("reset", str(EXAMPLE), "--yes")
+    assert reset.returncode == 0, reset.stderr
+    assert reset.stdout.count(f"deleted target events: {w.src}-") == 2, reset.stdout
+    assert reset.stdout.count(f"deleted target totals: {w.src}-") == 2, reset.stdout
+    assert "tombstone in txsink-progress" in reset.stdout
+    assert not (tmp_path / "demo/checkpoint").exists()
+    w.sql(f"TRUNCATE {w.table}")
+    recreate_topic(bootstrap, w.out)
+    run_until(w, 100, 100)
+    assert w.table_ids() == list(range(100)) and w.topic_ids() == list(range(100))
+
+    # The source topic deleted and recreated: its offsets start again.
+    recreate_topic(bootstrap, w.src)
+    produce(bootstrap, w.src, range(200, 250))
+    proc, out = w.start()
+    assert proc.wait(START_TIMEOUT_S) == 1
+    text = out.read_text()
+    assert f"source topic {w.src!r} is not the topic whose offsets sink" in text
+    assert f"txsink reset PIPELINE_FILE --source-topic {w.src}" in text
+    reset = w.cli("reset", str(EXAMPLE), "--yes", "--source-topic", w.src)
+    assert reset.returncode == 0, reset.stderr
+    run_until(w, 150, 150)
+    assert w.table_ids() == [*range(100), *range(200, 250)]
+    assert w.topic_ids() == [*range(100), *range(200, 250)]

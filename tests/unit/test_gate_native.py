@@ -219,6 +219,19 @@ def test_a_backfill_from_another_driver_beside_a_grouped_stream_is_refused(
     monkeypatch.setenv("TXSINK_OWNER", stream_owner)
     grouped(group, 1, "query-1")
     assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(2)
+    # A backfill with a version under the stream's app id (the group's sink id) is the
+    # stream's writer only by name: refused before it takes the lease.
+    with pytest.raises(StateError, match="driven by no streaming query"), \
+            group.epoch(backfill.sparkSession, version=7) as tx:  # type: ignore[arg-type]
+        tx.write(backfill, "a")  # type: ignore[arg-type]
+    monkeypatch.setenv("TXSINK_OWNER", stream_owner)
+    grouped(group, 2, "query-1")  # the stream was not stopped
+    assert ids(tmp_path / "a") == expected(3)
+    monkeypatch.setenv("TXSINK_OWNER", f"{socket.gethostname()}:jvm1:1")
+    # The stream restarted on another driver (its query id is the same) takes its place.
+    grouped(group, 3, "query-1")
+    assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(4)
+    monkeypatch.setenv("TXSINK_OWNER", f"{socket.gethostname()}:jvm2:2")
     # Once the stream's driver is gone, the backfill takes the lease over and writes.
     monkeypatch.setenv("TXSINK_OWNER", f"{socket.gethostname()}:jvm1:1")
     monkeypatch.setattr(spark_group, "owner_alive", lambda owner: False)
@@ -226,7 +239,7 @@ def test_a_backfill_from_another_driver_beside_a_grouped_stream_is_refused(
     with group.epoch(df.sparkSession) as tx:  # type: ignore[arg-type]
         for name in group.names:
             tx.write(df, name)  # type: ignore[arg-type]
-    assert ids(tmp_path / "a") == sorted([*expected(2), *range(50 * ROWS, 51 * ROWS)])
+    assert ids(tmp_path / "a") == sorted([*expected(4), *range(50 * ROWS, 51 * ROWS)])
 
 
 # -- the empty epoch ------------------------------------------------------------------------

@@ -692,23 +692,13 @@ def test_a_decision_the_full_state_disk_refused_is_decided_again_when_spark_repl
     assert not any(sink.pending().values())
 
 
-_GROUPED_NEWER_RUN_REFUSED = (
-    "on the grouped path a newer run of the same streaming query (same checkpoint, same "
-    "query id) on another driver is refused while the older driver runs ('... a batch "
-    "write from this driver would take the lease over and stop that stream'), instead "
-    "of taking the sink over and fencing the older run as docs/concepts.md promises "
-    "(Gate._refuse_beside_running_stream does not tell the stream's own next run from "
-    "a backfill)")
-
-
 @pytest.mark.promise("fenced-run-stops", "datasource", "grouped", "native")
-@pytest.mark.parametrize("path", [
-    "datasource",
-    pytest.param("grouped", marks=pytest.mark.xfail(strict=True,
-                                                    reason=_GROUPED_NEWER_RUN_REFUSED)),
-    "native"])
+@pytest.mark.parametrize("path", PATHS)
 def test_of_two_runs_of_one_query_the_one_that_started_last_owns_the_sink(
         path: str, tmp_path: Path) -> None:
+    """The older driver still runs: the newer run of the same query (same checkpoint)
+    takes the sink, the older one is fenced at its next step. (Grouped writes refused the
+    newer run, as a backfill beside the stream, until the gate told them apart.)"""
     sink = Sink(path, tmp_path)
     with driver("d1", alive=True):  # the older run, still running
         sink.stream(0)

@@ -69,6 +69,13 @@ def test_a_real_time_pipeline_gets_spark_settings_for_latency_unless_it_sets_the
     ({"body": "string"}, "value", "has no 'value' column"),
     ({"value": "string", "id": "bigint"}, "id", "would not be written"),
     ({"key": "string", "value": "bigint"}, "value", "cast it to string or binary"),
+    # Headers of another shape failed the first write, after the query had started.
+    ({"value": "string", "headers": "map<string,string>"}, "headers",
+     "column 'headers' is map<string,string>; it must be "
+     "array<struct<key:string,value:binary>>"),
+    ({"value": "string", "headers": "array<struct<name:string,value:binary>>"}, "headers",
+     "must be array<struct<key:string,value:binary>>"),
+    ({"value": "string", "headers": "string"}, "headers", "must be array<struct"),
 ])
 def test_kafka_real_time_output_columns_it_would_not_write_are_refused(
         columns: dict[str, str], field: str, words: str) -> None:
@@ -80,7 +87,8 @@ def test_kafka_real_time_output_columns_it_would_not_write_are_refused(
     with pytest.raises(ConfigError, match=words) as info:
         spec.check_columns(columns)
     assert info.value.field == field and "\n" not in str(info.value)
-    spec.check_columns({"key": "binary", "value": "string", "headers": "array"})
+    spec.check_columns({"key": "binary", "value": "string",
+                        "headers": "array<struct<key:string,value:binary>>"})
 
 
 def _progress(start: str, end: str, latest: str) -> dict[str, Any]:

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from txsink.config import parse_pipeline
 from txsink.errors import ConfigError
-from txsink.realtime import NOTHING, GroupWriter, PositionTarget, RealtimeTargetSpec
+from txsink.realtime import (
+    NOTHING,
+    GroupWriter,
+    PositionTarget,
+    RealtimeTargetSpec,
+    SourceTopics,
+)
 from txsink.realtime import SourcePartition as SP
 from txsink.realtime.config import realtime_specs
 from txsink.realtime.group import StartPoint, members_record, read_members, start_refusal
@@ -90,6 +96,46 @@ def test_what_a_real_time_group_refuses_names_the_target(sink: dict[str, Any], f
     assert info.value.field == field, str(info.value)
     assert words in str(info.value) and "\n" not in str(info.value)
     assert "s3cret" not in str(info.value)
+
+
+PG_HERE = {"name": "totals", "backend": "postgres",
+           "options": {"dsn": "host=localhost port=5433 dbname=shop", "table": "public.t"}}
+KAFKA_HERE = {"name": "events", "backend": "kafka",
+              "options": {"topic": "out", "kafka.bootstrap.servers": "localhost:9092"}}
+
+
+@pytest.mark.promise("realtime-same-place-refused", "realtime")
+@pytest.mark.parametrize(("first", "second"), [
+    # One server under two names: the loopback name and its address.
+    (PG_HERE, other(PG_HERE, name="again", options={
+        "dsn": "host=127.0.0.1 port=5433 dbname=shop", "table": "t"})),
+    (PG_HERE, other(PG_HERE, name="again", options={
+        "dsn": "postgresql://LOCALHOST:5433/shop", "table": "public.t"})),
+    (KAFKA_HERE, other(KAFKA_HERE, name="again", options={
+        "topic": "out", "kafka.bootstrap.servers": "127.0.0.1:9092"})),
+    # One bootstrap list in another order.
+    (other(KAFKA_HERE, options={"topic": "out", "kafka.bootstrap.servers": "b:9092,c:9093"}),
+     other(KAFKA_HERE, name="again", options={"topic": "out",
+                                              "kafka.bootstrap.servers": "c:9093, b:9092"})),
+])
+def test_one_place_under_two_names_is_refused_on_every_path(
+        first: dict[str, Any], second: dict[str, Any]) -> None:
+    """The same-place refusal compares servers by address (``localhost`` and
+    ``127.0.0.1`` are one) and bootstrap lists as sets: in a pipeline file, from
+    Python's ``targets(..., realtime=True)``, and from ``start_realtime``'s list (both
+    go through the one check, before Spark is asked anything)."""
+    import txsink.spark as ts
+    from txsink.realtime.config import parse_realtime_targets
+
+    with pytest.raises(ConfigError, match="write the same place") as info:
+        parse_pipeline(group(first, second))
+    assert info.value.field == "sink.targets[again].options"
+    python = [ts.target(t["name"], t["backend"], **t["options"]) for t in (first, second)]
+    with pytest.raises(ConfigError, match="write the same place") as info:
+        ts.targets("orders-rt", python, realtime=True)
+    assert info.value.field == "targets[again].options"
+    with pytest.raises(ConfigError, match="write the same place"):
+        parse_realtime_targets(python, "orders-rt")
 
 
 def test_two_postgres_targets_on_other_servers_are_not_the_same_place() -> None:
@@ -251,8 +297,10 @@ def test_a_removed_target_is_allowed_and_adding_it_back_is_refused() -> None:
 def test_a_target_moved_under_the_same_name_is_refused() -> None:
     refusal, _ = judge({"a": {A: 9}, "c": {A: 9}}, recorded=["a", "c"],
                        places={"c": "topic elsewhere"})
-    assert refusal is not None and refusal.field == "sink.targets[c].options"
-    assert "moved" in str(refusal)
+    assert refusal is not None and refusal.field == "sink.targets[c].options.place"
+    assert "moved: the checkpoint of target 'c' of real-time group 'g' recorded place " \
+        "'topic c', this run has 'topic elsewhere'" in str(refusal)
+    assert "\n" not in str(refusal)
 
 
 @pytest.mark.promise("realtime-new-checkpoint-uneven-refused", "realtime")
@@ -323,33 +371,86 @@ def test_status_of_a_real_time_group_file_reads_positions_and_says_when_it_canno
     assert "s3cret-pw" not in json.dumps(report)
 
 
+class Reads(SourceTopics):
+    """A source as the Spark adapter describes it (no JVM here): what it subscribes to,
+    matches or is assigned, on which servers."""
+
+    def __init__(self, servers: str, subscribe: Sequence[str] = (), pattern: str = "",
+                 assign: Sequence[str] = (), cluster: str | None = None) -> None:
+        self._servers, self.subscribe, self.pattern = servers, list(subscribe), pattern
+        self.assign, self.cluster = list(assign), cluster
+
+    def reads(self, topic: str) -> bool:
+        import re
+
+        return (topic in self.subscribe or topic in self.assign
+                or bool(self.pattern and re.fullmatch(self.pattern, topic)))
+
+    def topics(self) -> list[str]:
+        return self.subscribe + self.assign
+
+    def topic_ids(self, topics: Sequence[str]) -> dict[str, str]:
+        return {}
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return {}
+
+    def servers(self) -> str:
+        return self._servers
+
+    def cluster_id(self) -> str | None:
+        return self.cluster
+
+    def describe(self) -> str:
+        return "test source"
+
+
 @pytest.mark.promise("realtime-feedback-topic-refused", "realtime")
-def test_a_kafka_target_knows_when_it_would_feed_the_topic_the_query_reads() -> None:
-    """start_realtime refuses a target writing the source topic (it would read its own
-    output again without end); the judgement is the target's."""
+@pytest.mark.parametrize(("source", "loops"), [
+    (Reads("b:9092", subscribe=["out"]), True),
+    (Reads("x:1, b:9092", subscribe=["in", "out"]), True),
+    (Reads("b:9092", pattern="o.t"), True),  # subscribePattern matching the target
+    (Reads("b:9092", pattern="orders-.*"), False),
+    (Reads("b:9092", assign=["out"]), True),  # assign naming it
+    (Reads("b:9092", subscribe=["in"]), False),
+    (Reads("other:9092", subscribe=["out"]), False),  # another cluster
+])
+def test_a_kafka_target_knows_when_it_would_feed_the_topic_the_query_reads(
+        source: Reads, loops: bool) -> None:
+    """start_realtime refuses a target writing a topic the query reads, in any of the
+    three ways Spark's Kafka source takes topics (it would read its own output again
+    without end); the judgement is the Kafka backend's."""
     spec = realtime_specs("g", parse_pipeline(group(KAFKA)).sink.targets)["events"]
-    assert spec.feeds("b:9092", "out") and spec.feeds("x:1, b:9092", "out")
-    assert not spec.feeds("b:9092", "in") and not spec.feeds("other:9092", "out")
+    assert spec.feeds(source) is loops
     pg = realtime_specs("g", parse_pipeline(group(PG)).sink.targets)["totals"]
-    assert not pg.feeds("b:9092", "out")
+    assert not pg.feeds(source)
 
 
-@pytest.mark.promise("realtime-reset-cut-refused", "cli")
-@pytest.mark.parametrize("command", ["reset", "cut"])
-def test_micro_batch_commands_refuse_a_real_time_file_and_do_nothing(
+@pytest.mark.promise("realtime-cut-resolve-refused", "cli")
+@pytest.mark.parametrize("command", ["cut", "resolve", "resolve-checkpoint"])
+def test_cut_and_resolve_say_in_one_line_that_real_time_has_no_epochs(
         command: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Given the pipeline file (or, for resolve, the query's checkpoint directory): one
+    line saying why there is nothing to act on and what to use instead; nothing done."""
     import yaml
     from txsink.cli import main
 
     checkpoint = tmp_path / "chk"
     checkpoint.mkdir()
     (checkpoint / "keep").write_text("x")
+    (checkpoint / "txsink-realtime.json").write_text('{"sink_id": "orders-rt", "targets": {}}')
     data = {**group(KAFKA, PG), "checkpoint": str(checkpoint)}
     path = tmp_path / "rt.yaml"
     path.write_text(yaml.safe_dump(data))
-    assert main([command, str(path), *(["--yes"] if command == "reset" else [])]) == 1
+    argv = {"cut": ["cut", str(path)],
+            "resolve": ["resolve", str(path), "--epoch", "3", "--commit"],
+            "resolve-checkpoint": ["resolve", str(checkpoint), "--epoch", "3", "--abort"]}
+    assert main(argv[command]) == 1
     err = capsys.readouterr().err
-    assert f"`txsink {command}` does not apply to a real-time pipeline" in err
+    verb = command.split("-")[0]
+    assert f"`txsink {verb}` does not apply to a real-time pipeline" in err
+    assert "real-time targets have no epochs and nothing in doubt" in err
+    assert "`txsink status" in err
     assert err.count("\n") == 1 and "s3cret" not in err
     assert (checkpoint / "keep").exists()  # nothing deleted
 
@@ -412,7 +513,78 @@ def test_sessions_kept_between_batches_stay_with_their_own_target() -> None:
     assert made == ["a", "b"] and len(pool) == 2  # claimed once each, then kept
     assert [r["id"] for r in one.rows] == [0, 1, 2, 3, 4, 5]
     assert [r["id"] for r in two.rows] == [0, -1, -2, -3, -4, -5]
-    kept = {run: target.store for (run, _), (target, _, _) in pool._idle.items()}
+    kept = {run: target.store for (run, _, _), (target, _, _) in pool._idle.items()}
     assert kept == {"run-1/a": one, "run-1/b": two}
     assert w.stats["a"].written == w.stats["b"].written == 3
     pool.clear()
+
+
+def test_a_group_targets_identity_refusals_name_the_target() -> None:
+    """The one check every path shares names a group target's options (the task's
+    claim knows only the target's sink id ``<group>--<name>``)."""
+    from txsink.realtime import StoredPosition
+    from txsink.realtime.identity import claim_refusal, start_identity_refusal
+
+    stored = StoredPosition(9, "id-1", {"topic": "out"})
+    moved = claim_refusal("g--events", {"topic": "elsewhere"}, SP("in", 0, "id-1"), stored)
+    assert moved is not None and moved.field == "targets[events].options.topic"
+    assert "its stored positions recorded topic 'out', this run has 'elsewhere'" in str(moved)
+    assert claim_refusal("g--events", {"topic": "out"}, SP("in", 0, "id-1"), stored) is None
+    assert claim_refusal("g--events", {"topic": "out"}, SP("in", 0), stored) is None
+    recreated = claim_refusal("g--events", {"topic": "out"}, SP("in", 0, "id-2"), stored)
+    assert recreated is not None and "counted in topic id id-1" in str(recreated)
+    # Before data moves: the same judgement, from the driver.
+    refusal = start_identity_refusal("g--events", {SP("in", 0): stored}, {"topic": "out"},
+                                     {"in": "id-2"}, None, field="sink.targets[events].options")
+    assert refusal is not None and "now has id id-2" in str(refusal)
+    legacy = {SP("in", 0): StoredPosition(9)}
+    assert start_identity_refusal("g--events", legacy, {"topic": "out"}, {"in": "id-2"},
+                                  lambda topic: {0: 10}, field="x") is None  # within: kept
+    past = start_identity_refusal("g--events", legacy, {"topic": "out"}, {"in": "id-2"},
+                                  lambda topic: {0: 9}, field="x")
+    assert past is not None and "ends at offset 9 now" in str(past)
+    # Not read by this query, or claimed with nothing counted: nothing to judge.
+    assert start_identity_refusal("g--events", {SP("old", 0): stored}, {"topic": "out"},
+                                  {"in": "id-2"}, None, field="x") is None
+    assert start_identity_refusal("g--events", {SP("in", 0): StoredPosition(NOTHING, "id-1")},
+                                  {"topic": "out"}, {"in": "id-2"}, None, field="x") is None
+
+
+@pytest.mark.promise("realtime-sink-id-reused-refused", "realtime")
+@pytest.mark.parametrize(("target", "option", "value"), [
+    (PG, "progress_table", "public.other_progress"),
+    (KAFKA, "progress.topic", "other-progress"),
+])
+def test_a_target_given_another_progress_store_on_its_checkpoint_is_refused(
+        target: dict[str, Any], option: str, value: str) -> None:
+    """The same table or topic with another progress table or topic: its positions are
+    in the old one, so under the new one every replayed record would be written again
+    (a sink id's progress store is part of where it writes)."""
+    name = target["name"]
+    before = realtime_specs("g", parse_pipeline(group(target)).sink.targets)
+    moved = other(target, options={**target["options"], option: value})
+    after = realtime_specs("g", parse_pipeline(group(moved)).sink.targets)
+    record = read_members(members_record("g", {name: target["backend"]}, before))
+    refusal, _ = start_refusal("g", {name: target["backend"]}, after, {name: {}}, record,
+                               StartPoint(False, False), prefix="sink.targets")
+    assert refusal is not None
+    assert refusal.field == f"sink.targets[{name}].options.{option}"
+    assert "positions are in the old progress store" in str(refusal)
+    same = start_refusal("g", {name: target["backend"]}, before, {name: {}}, record,
+                         StartPoint(False, False), prefix="sink.targets")
+    assert same == (None, [])
+
+
+def test_one_topic_id_in_either_base64_alphabet_is_one_id() -> None:
+    """Kafka's Java client (the driver) writes topic ids in URL-safe base64, librdkafka
+    in standard base64: a position recorded in one spelling is the same topic in the
+    other, and a different id is still different."""
+    from txsink.realtime import StoredPosition
+    from txsink.realtime.identity import claim_refusal, same_topic_id
+
+    assert same_topic_id("7nBAHv_FT1miS5e2zkE20A", "7nBAHv/FT1miS5e2zkE20A")
+    assert same_topic_id("a-b_c", "a+b/c==")
+    assert not same_topic_id("7nBAHv_FT1miS5e2zkE20A", "7nBAHv_FT1miS5e2zkE20B")
+    stored = StoredPosition(9, "7nBAHv_FT1miS5e2zkE20A", {"topic": "out"})
+    assert claim_refusal("s", {"topic": "out"}, SP("in", 0, "7nBAHv/FT1miS5e2zkE20A"),
+                         stored) is None

@@ -218,3 +218,31 @@ def test_a_session_is_kept_only_after_a_clean_end_and_idle_ones_expire() -> None
     kept_writer(store, clock, SessionPool(clock=clock)).add(A, 1, {"id": 1})
     with pytest.raises(FencedError):
         w.close()
+
+
+@pytest.mark.promise("realtime-deleted-position-is-no-position", "realtime")
+def test_a_kept_session_whose_positions_were_deleted_while_idle_stops_without_writing() -> None:
+    """A kept session fenced while idle is claimed again and goes on; but when the new
+    claim finds a lower position than the session knew, the positions were deleted
+    (``txsink reset``, which fences first): the kept session belongs to the run being
+    reset, and must not write into the new start."""
+
+    class Kept(MemoryTarget):
+        reusable = True
+
+    store, pool = Store(), SessionPool()
+    first = PositionWriter(lambda s: Kept(store, s), commit_interval_s=0.0, run="r",
+                           pool=pool)
+    for off in range(3):
+        first.add(SP("t", 0), off, {"id": off})
+    first.close()
+    assert len(pool) == 1
+    del store.offsets[SP("t", 0)]  # the reset: positions deleted ...
+    store.generation[SP("t", 0)] += 1  # ... after fencing every writer
+    again = PositionWriter(lambda s: Kept(store, s), commit_interval_s=0.0, run="r",
+                           pool=pool)
+    with pytest.raises(FencedError, match="its positions were deleted"):
+        again.add(SP("t", 0), 3, {"id": 3})
+    again.close(RuntimeError("task failed"))
+    assert [r["id"] for r in store.rows] == [0, 1, 2]
+    pool.clear()

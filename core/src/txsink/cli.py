@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="delete even though the sink's lease is held by a query whose "
                        "liveness cannot be checked from here (another host); only once you "
                        "know that query is stopped")
+    reset.add_argument("--source-topic", action="append", default=None, metavar="TOPIC",
+                       help="real-time pipelines: delete only the stored positions of this "
+                       "source topic (one that was deleted and recreated); repeatable")
     reset.set_defaults(func=cmd_reset)
 
     backends = sub.add_parser("backends", help="list installed backends")
@@ -497,12 +500,11 @@ def cmd_reset(args: argparse.Namespace) -> int:
     from txsink.config import load_pipeline
 
     cfg = load_pipeline(args.file)
-    _refuse_realtime(cfg, "reset", "it deletes epochs, and real-time targets hold source "
-                     "positions instead: to start over, empty each target's table or topic "
-                     "and delete its positions (its progress rows or markers, under sink id "
-                     f"{cfg.sink.sink_id!r}" + (" and its targets' <sink id>--<name>"
-                                                if cfg.sink.targets else "")
-                     + "), then the checkpoint")
+    if cfg.trigger.kind == "real_time":
+        return _reset_realtime(cfg, args)
+    if args.source_topic:
+        raise ConfigError("--source-topic: only real-time pipelines keep positions per "
+                          "source topic; nothing deleted", field="--source-topic")
     checkpoint = cfg.checkpoint
     if "://" in checkpoint and not checkpoint.startswith("file://"):
         raise ConfigError(f"checkpoint: txsink reset deletes local checkpoints only; delete "
@@ -664,8 +666,10 @@ def cmd_cut(args: argparse.Namespace) -> int:
     from txsink.cut import consistent_cut
 
     cfg = load_pipeline(args.file)
-    _refuse_realtime(cfg, "cut", "real-time targets have no epochs; `txsink status "
-                     f"{args.file}` shows each target's stored source positions")
+    if cfg.trigger.kind == "real_time":
+        from txsink.realtime.commands import refuse_cut
+
+        refuse_cut(cfg, args.file)
     plugins = get_plugins()
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")
     meta = store.read_meta()
@@ -795,98 +799,49 @@ def _checkpoint_of(argument: str) -> str:
     return argument
 
 
-def _refuse_realtime(cfg: PipelineConfig, command: str, why: str) -> None:
-    """A micro-batch command given a real-time pipeline file: one line, nothing done."""
-    if cfg.trigger.kind == "real_time":
-        raise ConfigError(f"trigger.real_time: `txsink {command}` does not apply to a "
-                          f"real-time pipeline ({why}); nothing was done",
-                          field="trigger.real_time")
+# -- real-time pipelines (docs/realtime.md: no state, no epochs) -----------------------
 
 
-def _realtime_pipeline(argument: str) -> PipelineConfig | None:
-    """The pipeline file ``argument`` names, if it runs in Real-time Mode."""
-    path = Path(argument)
-    if path.suffix.lower() not in PIPELINE_SUFFIXES or not path.is_file():
-        return None
-    from txsink.config import load_pipeline
+def _reset_realtime(cfg: PipelineConfig, args: argparse.Namespace) -> int:
+    """``txsink reset`` of a real-time pipeline: its stored positions and checkpoint."""
+    from txsink.realtime.commands import reset
 
-    cfg = load_pipeline(argument)
-    return cfg if cfg.trigger.kind == "real_time" else None
+    return reset(cfg, args.file, get_plugins(), yes=args.yes, force=args.force,
+                 source_topics=args.source_topic)
 
 
-def _status_realtime(cfg: PipelineConfig, as_json: bool) -> int:
-    """``txsink status`` of a real-time pipeline: each target's stored positions per
-    source partition, read from its progress table or topic (read only; no secret).
-    Real-time pipelines have no txsink state: the stored positions are it."""
-    from txsink.realtime import SourcePartition
-    from txsink.realtime.config import COMMIT_INTERVAL, check_realtime_target, realtime_specs
-    from txsink.realtime.group import MEMBERS_FILE, positions_lines, read_members
+def _status_realtime(argument: str, as_json: bool) -> int | None:
+    """``txsink status`` of a real-time pipeline file (``None``: not one); a real-time
+    checkpoint directory is refused naming the pipeline file to give instead."""
+    from txsink.realtime.commands import (
+        is_realtime_checkpoint,
+        realtime_file,
+        refuse_status_of_checkpoint,
+        status,
+    )
 
-    plugins = get_plugins()
-    if cfg.sink.targets:
-        specs = realtime_specs(cfg.sink.sink_id, cfg.sink.targets, prefix="sink.targets",
-                               plugins=plugins)
-        backends = {t.name: t.backend for t in cfg.sink.targets}
-    else:
-        specs = {"": check_realtime_target(plugins.backend_class(cfg.sink.backend),
-                                           cfg.sink.backend, cfg.sink.sink_id,
-                                           cfg.sink.options)}
-        backends = {"": cfg.sink.backend}
-    report: dict[str, Any] = {}
-    held: dict[str, dict[SourcePartition, int]] = {}
-    for name, spec in specs.items():
-        entry: dict[str, Any] = {"backend": backends[name], "sink_id": spec.sink_id,
-                                 "where": spec.describe()}
-        try:
-            held[name] = spec.stored_positions()
-            entry["positions"] = {str(k): v for k, v in sorted(held[name].items())}
-        except Exception as exc:  # a server away: say so, show the other targets
-            options = (next(t.options for t in cfg.sink.targets if t.name == name)
-                       if name else cfg.sink.options)
-            secrets = [v for k, v in options.items() if "password" in k or "secret" in k]
-            text = " ".join(str(exc).split()) or type(exc).__name__
-            entry["error"] = redact(text, secrets)
-        report[name] = entry
-    members: dict[str, Any] | None = None
-    local = cfg.checkpoint.removeprefix("file://")
-    if "://" not in local and os.path.isfile(os.path.join(local, MEMBERS_FILE)):
-        members = read_members(Path(local, MEMBERS_FILE).read_text(encoding="utf-8"))
-    interval = cfg.sink.options.get(COMMIT_INTERVAL, "250 milliseconds")
-    if as_json:
-        print(json.dumps({"sink_id": cfg.sink.sink_id, "mode": "real_time",
-                          "checkpoint": cfg.checkpoint, "commit_interval": interval,
-                          "targets" if cfg.sink.targets else "target":
-                              report if cfg.sink.targets else report[""],
-                          "recorded_targets": None if members is None
-                          else sorted(members["targets"])}, indent=1))
-        return 0
-    what = (f"a group of {len(specs)} targets, each exactly once by its own stored positions"
-            if cfg.sink.targets else "exactly once by stored source positions")
-    print(f"sink {cfg.sink.sink_id!r}: real-time mode, {what} (commit every {interval}); no "
-          "txsink state: the positions are it")
-    print(f"checkpoint: {cfg.checkpoint}" + (
-        "" if members is None else
-        f" (ran with targets {', '.join(sorted(members['targets']))})"))
-    for name, entry in report.items():
-        indent = "  "
-        if name:
-            print(f"  target {name}: {entry['backend']}, {entry['where']}, sink id "
-                  f"{entry['sink_id']}")
-            indent = "    "
-        else:
-            print(f"target: {entry['backend']}, {entry['where']}")
-        if "error" in entry:
-            print(f"{indent}positions: unknown ({entry['error']})")
-            continue
-        for line in positions_lines(held[name]):
-            print(f"{indent}{line}")
-    return 0
+    cfg = realtime_file(argument)
+    if cfg is not None:
+        return status(cfg, as_json, get_plugins())
+    if is_realtime_checkpoint(argument):
+        refuse_status_of_checkpoint(argument)
+    return None
+
+
+def _refuse_resolve_realtime(argument: str) -> None:
+    """``txsink resolve`` of a real-time pipeline (its file or its checkpoint)."""
+    from txsink.realtime.commands import is_realtime_checkpoint, realtime_file, refuse_resolve
+
+    if realtime_file(argument) is not None:
+        refuse_resolve(argument, argument)
+    if is_realtime_checkpoint(argument):
+        refuse_resolve(argument, None)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    realtime = _realtime_pipeline(args.checkpoint)
+    realtime = _status_realtime(args.checkpoint, args.json)
     if realtime is not None:
-        return _status_realtime(realtime, args.json)
+        return realtime
     plugins = get_plugins()
     store = open_state(_checkpoint_of(args.checkpoint), plugins)
     meta = store.read_meta()
@@ -1154,6 +1109,7 @@ def _refuse_resolve_under_a_holder(store: StateStore, sink_id: str) -> None:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
+    _refuse_resolve_realtime(args.checkpoint)
     plugins = get_plugins()
     store = open_state(args.checkpoint, plugins)
     meta = store.read_meta()

@@ -36,9 +36,11 @@ non-local ``fs.defaultFS``) are refused, never committed in part.
 participant (:meth:`Gate.with_empty_participants`), so every target records every epoch
 and the consistent cut passes it.
 
-Real-time Mode has no epochs: its targets keep source positions. Its identity checks
-(the target a sink id writes, the source topic's identity) are the ones
-:mod:`txsink.targets` and the backends provide to every path.
+Real-time Mode has no epochs: its targets keep source positions in the transactions
+that write the rows. Its adapter asks the gate for identity all the same: whether the
+stored positions are this run's (:func:`position_refusal`: the source topic by its id,
+the destination by the check micro-batch sinks use), and, for every stream path,
+whether a target writes a topic the stream reads (:func:`feedback_refusal`).
 """
 
 from __future__ import annotations
@@ -46,14 +48,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome, record_prepared
 from txsink.coordinator.identity import STREAM, kept
-from txsink.errors import StateError
+from txsink.errors import ConfigError, StateError
 from txsink.group import TargetGroup, write_group
 from txsink.model import Committable
+from txsink.realtime.positions import SourcePartition, StoredPosition
+from txsink.realtime.source import SourceTopics
 from txsink.state import EpochRecord, EpochState, WriteId
 
 log = logging.getLogger(__name__)
@@ -175,7 +180,8 @@ class Gate:
 
     # -- identity: batch writes -------------------------------------------------------------
 
-    def start_batch(self, holder_alive: Callable[[str], bool | None] | None = None) -> None:
+    def start_batch(self, holder_alive: Callable[[str], bool | None] | None = None, *,
+                    write: WriteId | None = None, query_id: str | None = None) -> None:
         """A batch write's run: refused on a state a stream writes through (before the
         lease, which would fence the stream's driver), then recovery.
 
@@ -183,13 +189,15 @@ class Gate:
         (True, False, None: cannot tell). Given, a write from another driver than a
         stream's that writes the state through ``foreachBatch`` grouped writes (and so
         takes no stream binding) is refused too while that stream runs: taking the lease
-        would stop it (:meth:`_refuse_beside_running_stream`)."""
+        would stop it (:meth:`_refuse_beside_running_stream`). ``write`` and ``query_id``:
+        this write's identity and driving stream, when known: the stream's own writes,
+        from a driver that took its place, are never refused."""
         if holder_alive is not None:
-            self._refuse_beside_running_stream(holder_alive)
+            self._refuse_beside_running_stream(holder_alive, write, query_id)
         self.coordinator.start(recover=True, batch=True)
 
-    def _refuse_beside_running_stream(self, holder_alive: Callable[[str], bool | None]
-                                      ) -> None:
+    def _refuse_beside_running_stream(self, holder_alive: Callable[[str], bool | None],
+                                      write: WriteId | None, query_id: str | None) -> None:
         c = self.coordinator
         info = c.store.lease_info()
         holder = str(info.get("owner") or "")
@@ -204,6 +212,12 @@ class Gate:
         if newest is None:
             return  # the holder writes no stream's batches (two batch jobs at once)
         assert newest.write is not None
+        if (write is not None and write.app_id == newest.write.app_id) or (
+                query_id is not None and query_id == newest.write.query_id):
+            # The stream's own writes, from a driver that took its place (a restart on
+            # another host): it takes the lease, as any newer run of a query does. A
+            # replaced checkpoint with the same app id is refused by the version check.
+            return
         age = time.time() - (newest.committed_at or newest.decided_at)
         if alive is None and age > STREAM_QUIET_S:
             log.warning("sink=%s: the lease is held by %s, which wrote batches of the "
@@ -247,7 +261,12 @@ class Gate:
         source learns it only from its tasks: its skip is confirmed at commit,
         :meth:`committed_before`)."""
         c = self.coordinator
-        self.start_batch(holder_alive)
+        if write is not None and query_known:
+            # Another writer's versions of this app id: refused before the lease is
+            # taken (which would stop that writer) and before anything is written.
+            c.check_write_query(dataclasses.replace(write, query_id=query_id))
+        self.start_batch(holder_alive, write=write,
+                         query_id=query_id if query_known else None)
         if write is not None:
             self._refuse_behind_targets(write)
         if write is not None and c.committed_write(write) is not None:
@@ -350,4 +369,52 @@ class Gate:
         return record
 
 
-__all__ = ["DRIVER_ATTEMPT", "Gate", "Opened"]
+def feedback_refusal(source: SourceTopics, feeding: Sequence[tuple[str, str]], *,
+                     sink_id: str) -> ConfigError | None:
+    """Identity of the source, for every stream path (micro-batch and Real-time Mode):
+    the refusal of a target that writes a topic the stream reads (``subscribe``, a
+    ``subscribePattern`` matching it, an ``assign`` naming it, on the same brokers):
+    every record it writes would be read and written again, without end. ``feeding``:
+    (option field, place) of each such target, as its path judged it (``Backend.feeds``,
+    ``RealtimeTargetSpec.feeds``); ``None`` when there is none."""
+    if not feeding:
+        return None
+    where, place = feeding[0]
+    return ConfigError(
+        f"{where}: the target writes {place}, the topic the query reads "
+        f"({source.describe()}): every record it writes would be read again and written "
+        "again, without end; nothing was written. Write another topic, or read without it",
+        field=where, sink_id=sink_id)
+
+
+def refuse_feedback(backend: Backend, sink_id: str, source: SourceTopics, *,
+                    field: str = "sink") -> None:
+    """:func:`feedback_refusal` for a micro-batch sink (one backend or a group)."""
+    if isinstance(backend, TargetGroup):
+        feeding = [(f"targets[{m.name}].options.topic", m.backend.describe())
+                   for m in backend.members.values() if m.backend.feeds(source)]
+    else:
+        feeding = ([(f"{field}.options.topic", backend.describe())]
+                   if backend.feeds(source) else [])
+    refusal = feedback_refusal(source, feeding, sink_id=sink_id)
+    if refusal is not None:
+        raise refusal
+
+
+def position_refusal(sink_id: str, stored: Mapping[SourcePartition, StoredPosition],
+                     destination: Mapping[str, str], topic_ids: Mapping[str, str],
+                     ends: Callable[[str], Mapping[int, int]] | None, *,
+                     field: str) -> ConfigError | None:
+    """Identity in Real-time Mode, asked on the driver before any data moves: whether
+    the positions a real-time target stored are this run's (the same source topic, by
+    its id; the same destination, by :func:`txsink.targets.moved_target`, the check of
+    every micro-batch path). Each task's claim asks the same of the position it reads
+    (:func:`txsink.realtime.identity.claim_refusal`)."""
+    from txsink.realtime.identity import start_identity_refusal
+
+    return start_identity_refusal(sink_id, stored, destination, topic_ids, ends,
+                                  field=field)
+
+
+__all__ = ["DRIVER_ATTEMPT", "Gate", "Opened", "feedback_refusal", "position_refusal",
+           "refuse_feedback"]

@@ -268,7 +268,8 @@ def recorded_destination(target: Mapping[str, Any]) -> dict[str, str] | None:
 def moved_target(recorded: Mapping[str, Any], name: str, now: Mapping[str, str],
                  group_id: str, *, here: str = "this run has", remedy: str | None = None,
                  backend: type[Backend] | None = None,
-                 field: str | None = None) -> ConfigError | None:
+                 field: str | None = None, recorder: str = "the state",
+                 why: str | None = None) -> ConfigError | None:
     """The refusal for target ``name`` whose destination ``now`` is not the one the
     state recorded (None when it is).
 
@@ -276,7 +277,9 @@ def moved_target(recorded: Mapping[str, Any], name: str, now: Mapping[str, str],
     the old place, where recovery, the cut and ``txsink reset`` must find them. A state
     written before destinations were recorded is compared by the destination of the
     options it recorded, on the keys both sides name. ``field`` (``sink.options``)
-    names a single sink's options instead of a group's target.
+    names a single sink's options instead of a group's target. Real-time sinks ask it
+    too, of what their stored positions and their checkpoint recorded (``recorder``),
+    with their own reason (``why``): one check for every data path.
     """
     before = recorded_destination(recorded)
     if before is None:
@@ -297,11 +300,10 @@ def moved_target(recorded: Mapping[str, Any], name: str, now: Mapping[str, str],
     where = f"{field or f'sink.targets[{name}]'}.{option}"
     what = f"sink {group_id!r}" if field else f"target {name!r} of sink {group_id!r}"
     return ConfigError(
-        f"{where}: {what} moved: the "
-        f"state recorded {option} {before.get(option, '')!r}, {here} "
-        f"{now.get(option, '')!r}. A target's destination is part of its identity: the "
-        "epochs decided so far are in the old place, where recovery and the cut read "
-        "them. " + (remedy or (
+        f"{where}: {what} moved: {recorder} recorded {option} "
+        f"{before.get(option, '')!r}, {here} {now.get(option, '')!r}. " + (why or (
+            "A target's destination is part of its identity: the epochs decided so far "
+            "are in the old place, where recovery and the cut read them. ")) + (remedy or (
             f"Put {option} back as it was, or write to the new place under a new sink_id "
             "with a new checkpoint; nothing was written or claimed")),
         field=where, sink_id=group_id)

@@ -599,22 +599,27 @@ def test_exactly_once_never_keeps_a_producer(backend: KafkaBackend, sink_id: str
 
 
 @pytest.mark.promise("kafka-marker-topics-compacted", "backend")
+@pytest.mark.parametrize("policy", ["delete", "compact,delete"])
 def test_an_existing_marker_topic_that_is_not_compacted_is_refused(
-        kafka_broker: Broker, topic: str, sink_id: str) -> None:
+        kafka_broker: Broker, topic: str, sink_id: str, policy: str) -> None:
     """Operations suspicion, confirmed: an existing claim or marker topic was used as it
-    was; with cleanup.policy=delete, retention removes live markers and claims."""
+    was; with cleanup.policy=delete, retention removes live markers and claims, and so
+    it does with compact,delete (accepted before: "compact" was in the list)."""
     plain = f"m-{uuid.uuid4().hex[:10]}"
-    kt.create_topic(kafka_broker.bootstrap, plain, partitions=1)  # cleanup.policy=delete
+    kt.create_topic(kafka_broker.bootstrap, plain, partitions=1,
+                    config={"cleanup.policy": policy})
     b = get_plugins().create_backend("kafka", {"kafka.bootstrap.servers":
                                                kafka_broker.bootstrap, "topic": topic,
                                                "marker.topic": plain})
     try:
-        with pytest.raises(ConfigError, match=r"cleanup\.policy=delete") as err:
+        with pytest.raises(ConfigError, match=rf"cleanup\.policy={policy}:") as err:
             b.preflight(sink_id)
     finally:
         b.close()
     assert err.value.field == "marker.topic"
-    assert "cleanup.policy=compact" in str(err.value)
+    assert (f"kafka-configs.sh --bootstrap-server {kafka_broker.bootstrap.split(',')[0]} "
+            f"--alter --entity-type topics --entity-name {plain} --add-config "
+            "cleanup.policy=compact") in str(err.value)
 
 
 def test_an_orphan_marker_without_producer_id_never_fences_a_live_writer(

@@ -172,14 +172,13 @@ class KafkaAdmin:
             return
         entry = entries.get("cleanup.policy")
         policy = str(entry.value) if entry is not None and entry.value is not None else ""
-        if "compact" not in policy.split(","):
+        if not compacted_only(policy):
             raise ConfigError(
                 f"kafka sink: topic {name!r} (option '{field_name}') has "
                 f"cleanup.policy={policy or '?'}: txsink keeps one record per transactional "
                 "id and sink there, and retention would delete live ones (recovery could "
-                "no longer find orphans or the sink's owner). Make it compacted "
-                f"(kafka-configs --alter --entity-type topics --entity-name {name} "
-                "--add-config cleanup.policy=compact), or name another topic",
+                "no longer find orphans or the sink's owner). Make it compacted only "
+                f"({compaction_fix(name, self.config.bootstrap)}), or name another topic",
                 field=field_name, sink_id=sink_id)
 
     def _replication(self, admin: Any, name: str) -> tuple[int, int]:
@@ -397,6 +396,20 @@ class KafkaAdmin:
                 "each query its own sink_id", field="sink_id", sink_id=sink_id)
         log.info("sink=%s: claimed for txsink state %s%s", sink_id, state_location,
                  " (takeover)" if takeover else "")
+
+
+def compacted_only(policy: str) -> bool:
+    """Whether a topic's ``cleanup.policy`` is ``compact`` and nothing else: with
+    ``compact,delete`` its retention deletes records compaction would keep (the live
+    marker of a sink, a real-time position), whatever the retention is today."""
+    return [p.strip() for p in policy.split(",") if p.strip()] == ["compact"]
+
+
+def compaction_fix(topic: str, bootstrap: str) -> str:
+    """The command that makes ``topic`` compacted only (what a refusal names)."""
+    first = bootstrap.split(",")[0].strip()
+    return (f"kafka-configs.sh --bootstrap-server {first} --alter --entity-type topics "
+            f"--entity-name {topic} --add-config cleanup.policy=compact")
 
 
 def _library_words(exc: Exception) -> str:

@@ -2,13 +2,24 @@
 
 Per (sink id, source topic, source partition) one transactional producer with a
 deterministic ``transactional.id``: ``init_transactions`` of a newer writer (a
-restarted query, a second driver) fences the older one, and completes or aborts
-whatever the older one left open. Every commit writes, inside the same transaction
-as the records, one marker to a compacted progress topic, keyed by sink id and
-source partition, holding the highest source offset the output holds. After the
-claim the marker is read back with ``read_committed`` up to the end of the log
-(so a marker committed just before the claim is never missed), and rows at or
-below it are skipped.
+restarted query, a second driver, the task after ``txsink reset``) fences the older
+one, and completes or aborts whatever the older one left open. Every commit writes,
+inside the same transaction as the records, one marker to a compacted progress topic,
+keyed by sink id and source partition, holding the highest source offset the output
+holds, the source topic's id it was counted in and the output topic it went to.
+
+Three things an operator may do to the progress topic are part of the design:
+
+* a **tombstone** for a marker's key (what ``txsink reset`` writes) means "no position",
+  wherever markers are read (claims, ``txsink status``, the checks before a start);
+* **partitions added** do not move markers: every marker is written to partition 0
+  (markers of releases that placed them by key hash are still found, and moved to
+  partition 0 by their next commit);
+* a **retention** on it is refused: ``cleanup.policy`` must be ``compact`` only.
+
+A claim reads its markers to the end of the log, not to the last stable offset:
+another sink's transaction open on the shared progress topic would otherwise hide every
+marker committed after it, and a restart would take an old position for the latest.
 
 Readers of the output must use ``isolation.level=read_committed``.
 """
@@ -17,12 +28,23 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txsink.errors import ConfigError, FencedError, TxsinkError
-from txsink.realtime import NOTHING, PositionTarget, RealtimeTargetSpec, SourcePartition
+from txsink.realtime import (
+    NOTHING,
+    PositionTarget,
+    RealtimeTargetSpec,
+    SourcePartition,
+    StoredPosition,
+)
+from txsink.realtime.places import endpoints, share_endpoint
+
+if TYPE_CHECKING:
+    from txsink.realtime import SourceTopics
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +52,18 @@ DEFAULT_PROGRESS_TOPIC = "txsink-progress"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 #: How long a write waits for room in librdkafka's local queue before it fails.
 QUEUE_FULL_S = 60.0
-#: How long a claim waits for the progress topic to be readable to its end.
-READ_TIMEOUT_S = 60.0
+#: How long a claim waits for the progress topic to be readable to its end: another
+#: writer's transaction on it ends within its commit (milliseconds), a dead one's when
+#: the broker aborts it (txsink's default transaction.timeout.ms, 60 s, plus the
+#: broker's abort interval, 10 s by default).
+READ_TIMEOUT_S = 90.0
+#: The partition every marker is written to (a partition count change cannot move it).
+MARKER_PARTITION = 0
 _OWN = {"topic", "progress.topic", "transaction.timeout.ms"}
 _RESERVED = ("kafka.transactional.id", "kafka.enable.idempotence", "kafka.isolation.level",
              "kafka.acks")
+#: Spark's Kafka sink's ``headers`` type, and the value type txsink also writes.
+_HEADERS = ("array<struct<key:string,value:binary>>", "array<struct<key:string,value:string>>")
 
 
 def transactional_id(sink_id: str, source: SourcePartition) -> str:
@@ -45,6 +74,35 @@ def transactional_id(sink_id: str, source: SourcePartition) -> str:
 def progress_key(sink_id: str, source: SourcePartition) -> bytes:
     return json.dumps([sink_id, source.topic, source.partition],
                       separators=(",", ":")).encode()
+
+
+def legacy_partition(key: bytes, count: int) -> int:
+    """Where releases before partition pinning put a marker (a key hash): still read."""
+    return zlib.crc32(key) % max(1, count)
+
+
+def marker_value(offset: int, topic_id: str | None, destination: Mapping[str, str]) -> bytes:
+    """A marker: the offset, the source topic's id it counts in, the output topic."""
+    return json.dumps({"offset": offset, "topic_id": topic_id,
+                       "destination": dict(destination)}, sort_keys=True).encode()
+
+
+def parse_marker(value: bytes | None) -> StoredPosition | None:
+    """A marker's position; ``None`` for a tombstone (no position) or a record that
+    holds no offset (it cannot be a position: read as none, never as offset 0)."""
+    if value is None:
+        return None
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("offset"), int):
+        return None
+    dest = data.get("destination")
+    return StoredPosition(
+        int(data["offset"]),
+        str(data["topic_id"]) if data.get("topic_id") else None,
+        {str(k): str(v) for k, v in dest.items()} if isinstance(dest, dict) else None)
 
 
 class KafkaRealtimeSpec(RealtimeTargetSpec):
@@ -90,22 +148,39 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
         return (f"kafka topic {self.topic} at {self.client['bootstrap.servers']} "
                 f"(progress in {self.progress_topic})")
 
-    def place(self) -> str:
+    def destination(self) -> dict[str, str]:
         # The topic, not the bootstrap servers: another list of brokers of the same
-        # cluster is a legitimate change (as the micro-batch target's destination).
+        # cluster is a legitimate change (as the micro-batch target's destination). The
+        # progress topic too: under another one the target's positions are gone.
+        return {"topic": self.topic, "progress.topic": self.progress_topic}
+
+    def place(self) -> str:
         return f"kafka topic {self.topic}"
 
+    def _endpoints(self) -> list[tuple[str, str]]:
+        return endpoints(self.client["bootstrap.servers"], "9092")
+
     def same_place(self, other: RealtimeTargetSpec) -> bool:
-        # Lists of brokers that share one are taken for one cluster.
-        return (isinstance(other, KafkaRealtimeSpec)
-                and other.feeds(self.client["bootstrap.servers"], self.topic))
+        # One topic, on brokers that share an address (aliases and order aside).
+        return (isinstance(other, KafkaRealtimeSpec) and other.topic == self.topic
+                and share_endpoint(self._endpoints(), other._endpoints()))
 
-    def feeds(self, servers: str, topic: str) -> bool:
-        def names(text: str) -> set[str]:
-            return {s.strip() for s in text.split(",") if s.strip()}
+    def cluster_id(self) -> str | None:
+        """The id of the cluster this target writes (``None``: not reachable now)."""
+        try:
+            return str(self._admin().list_topics(timeout=10).cluster_id or "") or None
+        except Exception:
+            return None
 
-        return (self.topic == topic
-                and bool(names(self.client["bootstrap.servers"]) & names(servers)))
+    def feeds(self, source: SourceTopics) -> bool:
+        # The query reads this topic (a subscribe list, a pattern, an assignment) on this
+        # cluster: the same brokers under any alias, or the same cluster id.
+        if not source.reads(self.topic):
+            return False
+        if share_endpoint(self._endpoints(), endpoints(source.servers(), "9092")):
+            return True
+        theirs = source.cluster_id()
+        return theirs is not None and theirs == self.cluster_id()
 
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
@@ -117,6 +192,8 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
             ConfigResource,
             NewTopic,
         )
+
+        from txsink_kafka.admin import compacted_only, compaction_fix
 
         admin = self._admin()
         md = admin.list_topics(timeout=30)
@@ -141,17 +218,20 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
         resource = ConfigResource("topic", self.progress_topic)
         configs = admin.describe_configs([resource])[resource].result(30)
         policy = configs.get("cleanup.policy")
-        if policy is None or "compact" not in str(policy.value):
-            raise ConfigError(f"kafka real-time target: progress topic {self.progress_topic!r} "
-                              f"has cleanup.policy={policy.value if policy else '?'}; it must "
-                              "be compacted (retention would delete the positions and replays "
-                              "would duplicate)", field="progress.topic", sink_id=self.sink_id)
+        value = str(policy.value) if policy is not None and policy.value is not None else ""
+        if not compacted_only(value):
+            raise ConfigError(
+                f"kafka real-time target: progress topic {self.progress_topic!r} has "
+                f"cleanup.policy={value or '?'}; it must be compacted only: with delete, "
+                "its retention deletes the stored positions, and a replay would then write "
+                "every record again. Make it compacted only "
+                f"({compaction_fix(self.progress_topic, self.client['bootstrap.servers'])}), "
+                "or name another progress.topic", field="progress.topic",
+                sink_id=self.sink_id)
 
     def _wait_for_leaders(self, admin: Any, timeout_s: float = 60.0) -> None:
         """A new topic is answered UNKNOWN_TOPIC_OR_PART until every partition has a
         leader (seen under load): wait for that, bounded, before any writer claims."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         while True:
             topic = admin.list_topics(self.progress_topic, timeout=30).topics.get(
@@ -168,8 +248,10 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
 
     def check_columns(self, columns: Mapping[str, str]) -> None:
         """Like Spark's Kafka sink: ``value`` (string or binary), optionally ``key``
-        (string or binary) and ``headers``. Any other column would be dropped without a
-        word, and a missing ``value`` would write every record empty."""
+        (string or binary) and ``headers`` (``array<struct<key:string,value:binary>>``,
+        or string values). Any other column would be dropped without a word, a missing
+        ``value`` would write every record empty, and headers of another shape would fail
+        the first write after the query started."""
         if "value" not in columns:
             raise ConfigError(f"kafka real-time target: the pipeline's output has no 'value' "
                               f"column (columns: {', '.join(columns) or 'none'}); it writes "
@@ -186,61 +268,197 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
             if kind is not None and kind not in ("string", "binary"):
                 raise ConfigError(f"kafka real-time target: column {name!r} is {kind}; cast "
                                   "it to string or binary", field=name, sink_id=self.sink_id)
+        headers = columns.get("headers")
+        if headers is not None and headers.replace(" ", "") not in _HEADERS:
+            raise ConfigError(f"kafka real-time target: column 'headers' is {headers}; it "
+                              f"must be {_HEADERS[0]} (as for Spark's Kafka sink; string "
+                              "values are written as UTF-8), e.g. array(named_struct('key', "
+                              "'source', 'value', CAST('x' AS BINARY)))", field="headers",
+                              sink_id=self.sink_id)
 
     def __call__(self, source: SourcePartition) -> PositionTarget:
         return KafkaPositionTarget(self, source)
 
-    def stored_positions(self) -> dict[SourcePartition, int]:
-        out: dict[SourcePartition, int] = {}
-        for key, value in _read_progress(self, None):
-            sink, topic, partition = json.loads(key)
-            if sink == self.sink_id:
-                out[SourcePartition(topic, int(partition))] = int(json.loads(value)["offset"])
+    def stored(self) -> dict[SourcePartition, StoredPosition]:
+        out: dict[SourcePartition, StoredPosition] = {}
+        for key, position in ProgressReader(self).read(None).items():
+            try:
+                sink, topic, partition = json.loads(key)
+            except ValueError:
+                continue  # not a marker of txsink's
+            if sink == self.sink_id and position is not None:
+                out[SourcePartition(topic, int(partition))] = position
         return out
 
+    def delete_positions(self, topics: Sequence[str] | None = None) -> list[str]:
+        """A tombstone for every marker of this sink id (of ``topics`` only, if given),
+        after fencing each source partition's writer: a producer of the query that held
+        it can commit no marker after the tombstone."""
+        from confluent_kafka import Producer
 
-def _read_progress(spec: KafkaRealtimeSpec, want: bytes | None) -> list[tuple[bytes, bytes]]:
-    """Committed progress records (all, or those keyed ``want``) up to the log end."""
-    import time
+        held = self.stored()
+        gone = [s for s in sorted(held) if topics is None or s.topic in topics]
+        if not gone:
+            return []
+        located = ProgressReader(self).locations([progress_key(self.sink_id, s) for s in gone])
+        for source in gone:
+            fence = Producer({**self.client, "transactional.id":
+                              transactional_id(self.sink_id, source),
+                              "transaction.timeout.ms": self.timeout_ms})
+            try:
+                fence.init_transactions(30)
+            finally:
+                fence.flush(30)
+        plain = Producer({**self.client, "enable.idempotence": True})
+        for source in gone:
+            key = progress_key(self.sink_id, source)
+            for partition in sorted(located.get(key, set()) | {MARKER_PARTITION}):
+                plain.produce(self.progress_topic, None, key, partition=partition)
+        if plain.flush(30):
+            raise TxsinkError(f"sink {self.sink_id}: the tombstones did not all reach "
+                              f"progress topic {self.progress_topic!r} within 30s; run it "
+                              "again", sink_id=self.sink_id)
+        return [f"{source}: offset {held[source].offset} (tombstone in {self.progress_topic})"
+                for source in gone]
 
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    consumer = Consumer({**spec.client, "group.id": f"txsink-rt-{spec.sink_id}",
+class ProgressReader:
+    """Reads the progress topic to the end of its log: every committed record of the
+    keys asked for, the last one of each key winning (a tombstone: ``None``).
+
+    The end is the high watermark (read uncommitted), not the last stable offset: the
+    read waits, bounded by :data:`READ_TIMEOUT_S`, until every transaction open below
+    it has ended, so no committed marker is missed behind another writer's open
+    transaction. A transaction that stays open (a hanging one) is a loud error."""
+
+    def __init__(self, spec: KafkaRealtimeSpec) -> None:
+        self.spec = spec
+
+    def _partitions(self, consumer: Any) -> list[int]:
+        md = consumer.list_topics(self.spec.progress_topic, timeout=30)
+        topic = md.topics.get(self.spec.progress_topic)
+        if topic is None or topic.error is not None:
+            raise TxsinkError(f"sink {self.spec.sink_id}: progress topic "
+                              f"{self.spec.progress_topic!r} cannot be read: "
+                              f"{getattr(topic, 'error', 'missing')}", sink_id=self.spec.sink_id)
+        return sorted(topic.partitions)
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        return Consumer({**self.spec.client, "group.id": f"txsink-rt-{self.spec.sink_id}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
                          "enable.partition.eof": False})
-    try:
-        md = consumer.list_topics(spec.progress_topic, timeout=30)
-        partitions = sorted(md.topics[spec.progress_topic].partitions)
-        if want is not None:
-            partitions = [zlib.crc32(want) % len(partitions)]
-        out: list[tuple[bytes, bytes]] = []
-        for p in partitions:
-            tp = TopicPartition(spec.progress_topic, p)
-            low, high = consumer.get_watermark_offsets(tp, timeout=30)
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(spec.progress_topic, p, OFFSET_BEGINNING)])
-            deadline = time.monotonic() + READ_TIMEOUT_S
-            while True:
-                for msg in consumer.consume(10_000, 0.2):
-                    if msg.error() is not None:
-                        raise TxsinkError(f"reading progress topic {spec.progress_topic!r}: "
-                                          f"{msg.error()}", sink_id=spec.sink_id)
-                    key = msg.key()
-                    if key is not None and (want is None or key == want):
-                        out.append((key, msg.value() or b"{}"))
-                position = consumer.position([tp])[0].offset
-                if position >= high:
-                    break
-                if time.monotonic() > deadline:
-                    raise TxsinkError(
-                        f"sink {spec.sink_id}: the progress topic {spec.progress_topic!r} "
-                        f"stayed unreadable to its end (offset {position} of {high}) for "
-                        f"{READ_TIMEOUT_S:.0f}s: an open transaction holds it; find it with "
-                        "kafka-transactions.sh find-hanging", sink_id=spec.sink_id)
+
+    def _log_ends(self, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+        """(log start, high watermark) of each partition, read uncommitted."""
+        import confluent_kafka.admin as kadmin
+        from confluent_kafka import IsolationLevel, TopicPartition
+
+        spec: Any = kadmin.OffsetSpec  # type: ignore[attr-defined]
+        admin = kadmin.AdminClient(dict(self.spec.client))
+        topic = self.spec.progress_topic
+        ends = admin.list_offsets(
+            {TopicPartition(topic, p): spec.latest() for p in partitions},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=30)
+        starts = admin.list_offsets(
+            {TopicPartition(topic, p): spec.earliest() for p in partitions},
+            request_timeout=30)
+        out: dict[int, tuple[int, int]] = {}
+        for tp, future in ends.items():
+            out[tp.partition] = (0, int(future.result(30).offset))
+        for tp, future in starts.items():
+            out[tp.partition] = (int(future.result(30).offset), out[tp.partition][1])
         return out
-    finally:
-        consumer.close()
+
+    def _scan(self, consumer: Any, partition: int, want: set[bytes] | None,
+              out: dict[bytes, tuple[int, StoredPosition | None]],
+              bounds: tuple[int, int]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        low, high = bounds
+        if high <= low:
+            return
+        topic = self.spec.progress_topic
+        tp = TopicPartition(topic, partition)
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while True:
+            for msg in consumer.consume(10_000, 0.2):
+                if msg.error() is not None:
+                    raise TxsinkError(f"reading progress topic {topic!r}: {msg.error()}",
+                                      sink_id=self.spec.sink_id)
+                key = msg.key()
+                if key is not None and (want is None or key in want):
+                    out[key] = (partition, parse_marker(msg.value()))
+            position = consumer.position([tp])[0].offset
+            if position >= high:
+                return
+            if time.monotonic() > deadline:
+                raise TxsinkError(
+                    f"sink {self.spec.sink_id}: the progress topic {topic!r} stayed "
+                    f"unreadable to its end (partition {partition}: committed records read "
+                    f"to offset {position} of {high}) for {READ_TIMEOUT_S:.0f}s: a "
+                    "transaction open on it hides the markers after it; find it with "
+                    "kafka-transactions.sh find-hanging (and abort it), or wait for its "
+                    "transaction timeout", sink_id=self.spec.sink_id)
+
+    def read(self, want: Sequence[bytes] | None) -> dict[bytes, StoredPosition | None]:
+        """The positions of the keys in ``want`` (all keys: ``None``)."""
+        return {key: position for key, (_, position) in self.read_placed(want).items()}
+
+    def read_placed(self, want: Sequence[bytes] | None
+                    ) -> dict[bytes, tuple[int, StoredPosition | None]]:
+        """Each key's position and the partition it was found in: partition 0 first; a
+        key not there is looked for where releases before pinning hashed it."""
+        consumer = self._consumer()
+        try:
+            partitions = self._partitions(consumer)
+            bounds = self._log_ends(partitions)
+            keys = None if want is None else set(want)
+            found: dict[bytes, tuple[int, StoredPosition | None]] = {}
+            self._scan(consumer, MARKER_PARTITION, keys, found, bounds[MARKER_PARTITION])
+            legacy: dict[bytes, dict[int, StoredPosition | None]] = {}
+            for p in (p for p in partitions if p != MARKER_PARTITION):
+                missing = None if keys is None else keys - set(found)
+                if missing is not None and not missing:
+                    break
+                seen: dict[bytes, tuple[int, StoredPosition | None]] = {}
+                self._scan(consumer, p, missing, seen, bounds[p])
+                for key, (_, position) in seen.items():
+                    if key not in found:
+                        legacy.setdefault(key, {})[p] = position
+            for key, places in legacy.items():
+                live = {p: pos for p, pos in places.items() if pos is not None}
+                if len(live) > 1:
+                    raise TxsinkError(
+                        f"progress topic {self.spec.progress_topic!r} holds markers of "
+                        f"{key.decode(errors='replace')} in partitions "
+                        f"{', '.join(map(str, sorted(live)))}: partitions were added to it "
+                        "while an older txsink placed markers by key hash, so it cannot "
+                        "tell which is the latest. Delete this sink's positions (txsink "
+                        "reset) after checking what the target holds, or use a new "
+                        "progress.topic", sink_id=self.spec.sink_id)
+                found[key] = next(iter(live.items()), (min(places), None))
+            return found
+        finally:
+            consumer.close()
+
+    def locations(self, keys: Sequence[bytes]) -> dict[bytes, set[int]]:
+        """Every partition holding a record of one of ``keys`` (for tombstones)."""
+        consumer = self._consumer()
+        try:
+            partitions = self._partitions(consumer)
+            bounds = self._log_ends(partitions)
+            out: dict[bytes, set[int]] = {}
+            for p in partitions:
+                seen: dict[bytes, tuple[int, StoredPosition | None]] = {}
+                self._scan(consumer, p, set(keys), seen, bounds[p])
+                for key in seen:
+                    out.setdefault(key, set()).add(p)
+            return out
+        finally:
+            consumer.close()
 
 
 class KafkaPositionTarget(PositionTarget):
@@ -259,8 +477,16 @@ class KafkaPositionTarget(PositionTarget):
         self.producer: Any = None
         self.in_txn = False
         self.key = progress_key(spec.sink_id, source)
-        self.progress_partition = 0
         self.errors: list[str] = []
+        #: The topic id the stored position was counted in, kept by commits that know
+        #: none (a topic the query found after it started).
+        self.topic_id = source.topic_id
+        #: A marker an older release placed by key hash: its next commit moves it to
+        #: partition 0 and leaves a tombstone where it was, in one transaction.
+        self.legacy_partition: int | None = None
+
+    def identity(self) -> tuple[str, Mapping[str, str]]:
+        return self.spec.sink_id, self.spec.destination()
 
     def _fail(self, what: str, exc: BaseException) -> TxsinkError:
         from confluent_kafka import KafkaError
@@ -284,7 +510,7 @@ class KafkaPositionTarget(PositionTarget):
                    f"failed: {err or exc}; nothing of this transaction is visible",
                    sink_id=self.spec.sink_id)
 
-    def claim(self) -> int:
+    def claim(self) -> StoredPosition:
         from confluent_kafka import KafkaException, Producer
 
         tid = transactional_id(self.spec.sink_id, self.source)
@@ -295,19 +521,22 @@ class KafkaPositionTarget(PositionTarget):
             self.producer.init_transactions(30)
         except KafkaException as exc:
             raise self._fail("init_transactions", exc) from None
-        md = self.producer.list_topics(self.spec.progress_topic, timeout=30)
-        count = len(md.topics[self.spec.progress_topic].partitions)
-        self.progress_partition = zlib.crc32(self.key) % max(1, count)
-        found = _read_progress(self.spec, self.key)
-        offset = int(json.loads(found[-1][1])["offset"]) if found else NOTHING
-        if not found:
-            # A first claim leaves a marker at NOTHING: the source partition is known to
-            # this target before any target of its group commits a row of it (what
-            # txsink.realtime.group tells a crash between two targets' commits by).
+        partition, stored = ProgressReader(self.spec).read_placed([self.key]).get(
+            self.key, (MARKER_PARTITION, None))
+        if partition != MARKER_PARTITION:
+            self.legacy_partition = partition
+        if stored is not None and self.topic_id is None:
+            self.topic_id = stored.topic_id
+        if stored is None:
+            # A first claim (or one after a tombstone) leaves a marker at NOTHING: the
+            # source partition is known to this target before any target of its group
+            # commits a row of it (what txsink.realtime.group tells a crash between two
+            # targets' commits by).
             self.commit(NOTHING)
+            stored = StoredPosition(NOTHING, self.topic_id, self.spec.destination())
         log.debug("sink %s: claimed %s (%s) at offset %s", self.spec.sink_id, self.source,
-                  tid, offset)
-        return offset
+                  tid, stored.offset)
+        return stored
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -339,8 +568,6 @@ class KafkaPositionTarget(PositionTarget):
             raise self._fail("write", exc) from None
 
     def _produce_when_room(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        import time
-
         deadline = time.monotonic() + QUEUE_FULL_S
         while True:
             self.producer.poll(0.05)
@@ -362,15 +589,21 @@ class KafkaPositionTarget(PositionTarget):
             if not self.in_txn:
                 self.producer.begin_transaction()
                 self.in_txn = True
-            args = (self.spec.progress_topic, json.dumps({"offset": offset}).encode(),
-                    self.key)
-            kwargs = {"partition": self.progress_partition, "on_delivery": self._delivered}
-            try:
-                self.producer.produce(*args, **kwargs)
-            except BufferError:
-                self._produce_when_room(args, kwargs)
+            records: list[tuple[bytes | None, int]] = [
+                (marker_value(offset, self.topic_id, self.spec.destination()),
+                 MARKER_PARTITION)]
+            if self.legacy_partition is not None:
+                records.append((None, self.legacy_partition))
+            for value, partition in records:
+                args = (self.spec.progress_topic, value, self.key)
+                kwargs = {"partition": partition, "on_delivery": self._delivered}
+                try:
+                    self.producer.produce(*args, **kwargs)
+                except BufferError:
+                    self._produce_when_room(args, kwargs)
             self.producer.commit_transaction(30)
             self.in_txn = False
+            self.legacy_partition = None
         except KafkaException as exc:
             raise self._fail("commit", exc) from None
         if self.errors:

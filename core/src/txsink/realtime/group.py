@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from txsink.errors import ConfigError
-from txsink.realtime.writer import NOTHING, RealtimeTargetSpec, SourcePartition
+from txsink.realtime.identity import moved_refusal
+from txsink.realtime.positions import NOTHING, SourcePartition
+from txsink.realtime.writer import RealtimeTargetSpec
 
 #: The group's record in Spark's checkpoint directory (Spark ignores files it does not
 #: know there).
@@ -46,10 +48,25 @@ class StartPoint:
 
 def members_record(group_id: str, backends: Mapping[str, str],
                    specs: Mapping[str, RealtimeTargetSpec]) -> str:
-    """The :data:`MEMBERS_FILE` text: each target's backend and place (no secret)."""
+    """The :data:`MEMBERS_FILE` text: each target's backend, destination and place (no
+    secret). A single sink records itself as the one target named ``""``."""
     return json.dumps({"sink_id": group_id, "targets": {
-        name: {"backend": backends[name], "place": spec.place(), "sink_id": spec.sink_id}
+        name: {"backend": backends[name], "place": spec.place(),
+               "destination": spec.destination(), "sink_id": spec.sink_id}
         for name, spec in specs.items()}}, indent=1, sort_keys=True)
+
+
+def target_field(prefix: str, name: str) -> str:
+    """Where errors about target ``name`` point: ``sink.targets[name]``; a single sink
+    (``name`` empty) is ``sink`` in a pipeline file, nothing from Python."""
+    if name:
+        return f"{prefix}[{name}]"
+    return "sink" if prefix.startswith("sink") else ""
+
+
+def options_field(prefix: str, name: str) -> str:
+    here = target_field(prefix, name)
+    return f"{here}.options" if here else "options"
 
 
 def read_members(text: str | None) -> dict[str, Any] | None:
@@ -86,7 +103,7 @@ def start_refusal(group_id: str, backends: Mapping[str, str],
     if recorded is not None and not start.fresh:
         before: Mapping[str, Any] = recorded.get("targets", {})
         for name in names:
-            here = f"{prefix}[{name}]"
+            here = target_field(prefix, name) or "sink_id"
             was = before.get(name)
             if not isinstance(was, Mapping):
                 place = specs[name].place()
@@ -106,15 +123,9 @@ def start_refusal(group_id: str, backends: Mapping[str, str],
                     "resumes from the checkpoint, so it would never receive the records the "
                     f"other targets already hold. Remove it, or {_WAY_OUT}",
                     field=here, sink_id=group_id), warnings
-            place = specs[name].place()
-            if was.get("backend") != backends[name] or was.get("place") != place:
-                return ConfigError(
-                    f"{here}.options: target {name!r} of real-time group {group_id!r} moved: "
-                    f"the checkpoint recorded {was.get('backend')} {was.get('place')!r}, this "
-                    f"run has {backends[name]} {place!r}; the new place would start where "
-                    "Spark's checkpoint is and never receive the records before it. Put it "
-                    f"back, or {_WAY_OUT}", field=f"{here}.options", sink_id=group_id
-                ), warnings
+            moved = _moved(group_id, name, was, backends[name], specs[name], prefix)
+            if moved is not None:
+                return moved, warnings
         gone = sorted(set(before) - set(names))
         if gone:
             warnings.append(f"real-time group {group_id!r}: target(s) {', '.join(gone)} left "
@@ -156,6 +167,26 @@ def start_refusal(group_id: str, backends: Mapping[str, str],
                     "skips what it holds), or remove it; nothing was written",
                     field=here, sink_id=group_id), warnings
     return None, warnings
+
+
+def _moved(group_id: str, name: str, was: Mapping[str, Any], backend: str,
+           spec: RealtimeTargetSpec, prefix: str) -> ConfigError | None:
+    """A target whose checkpoint record names another backend or place: judged by the
+    check every path shares (:func:`txsink.realtime.identity.moved_refusal`)."""
+    dest = was.get("destination")
+    before = ({str(k): str(v) for k, v in dest.items()} if isinstance(dest, Mapping)
+              else {"place": str(was.get("place"))})
+    now = spec.destination() if isinstance(dest, Mapping) else {"place": spec.place()}
+    if was.get("backend") != backend:
+        before, now = {"backend": str(was.get("backend"))}, {"backend": backend}
+    what = f"target {name!r} of real-time group {group_id!r}" if name else "the sink"
+    way_out = (_WAY_OUT if name else "write the new place under another sink_id on a new "
+               "checkpoint; nothing was written")
+    return moved_refusal(spec.sink_id, before, now, field=options_field(prefix, name),
+                         recorder=f"the checkpoint of {what}",
+                         why="Spark resumes from the checkpoint, so the new place would "
+                             "start there and never receive the records before it. ",
+                         remedy="Put {option} back as it was, or " + way_out)
 
 
 def positions_lines(positions: Mapping[SourcePartition, int]) -> list[str]:

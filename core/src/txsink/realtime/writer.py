@@ -36,14 +36,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txsink.errors import FencedError, TxsinkError
+from txsink.realtime.identity import claim_refusal
+from txsink.realtime.positions import (
+    SourcePartition,
+    StoredPosition,
+    stored_position,
+)
+
+if TYPE_CHECKING:
+    from txsink.realtime.source import SourceTopics
 
 log = logging.getLogger(__name__)
 
-#: Offset a target answers when it holds nothing of a source partition yet.
-NOTHING = -1
 DEFAULT_COMMIT_INTERVAL_S = 0.25
 
 
@@ -53,30 +60,21 @@ class PositionOrderError(TxsinkError):
     out-of-order row was written."""
 
 
-@dataclass(frozen=True, order=True)
-class SourcePartition:
-    """One partition of the source (a Kafka topic partition)."""
-
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
-
-
 class PositionTarget(abc.ABC):
     """One target's session for one source partition.
 
     ``claim`` fences every older session of the same (sink id, source partition)
-    and returns the highest offset the target holds for it. ``commit`` makes the
-    rows handed to ``write`` since the last commit visible together with the new
-    highest offset, atomically, or raises (``FencedError`` when a newer session
+    and returns what the target holds for it. ``commit`` makes the rows handed to
+    ``write`` since the last commit visible together with the new highest offset (and
+    the source's topic id and the target's destination, so the position says what it
+    is a position of), atomically, or raises (``FencedError`` when a newer session
     claimed the source partition: nothing of this transaction becomes visible).
     """
 
     @abc.abstractmethod
-    def claim(self) -> int:
-        """Fence older sessions; the stored highest offset, or :data:`NOTHING`."""
+    def claim(self) -> StoredPosition | int:
+        """Fence older sessions; the stored position (an offset alone: one recorded
+        without identity), offset :data:`NOTHING` if none."""
 
     @abc.abstractmethod
     def write(self, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -98,6 +96,12 @@ class PositionTarget(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections; an open transaction is aborted first."""
+
+    def identity(self) -> tuple[str, Mapping[str, str]] | None:
+        """The sink id and the destination this session writes, to judge a claimed
+        position by (:func:`txsink.realtime.identity.claim_refusal`); ``None``: nothing
+        to judge by (the position is taken as it is)."""
+        return None
 
 
 #: Builds the session of one source partition (called on the first row from it).
@@ -124,21 +128,39 @@ class RealtimeTargetSpec(abc.ABC):
     def describe(self) -> str:
         """Where the rows go, without secrets."""
 
-    def stored_positions(self) -> dict[SourcePartition, int]:
-        """Every source partition's highest stored offset (tests, operators, `txsink
-        status`): read only. :data:`NOTHING` for one claimed but never committed."""
+    def stored(self) -> dict[SourcePartition, StoredPosition]:
+        """Every source partition's stored position, with the topic id and destination
+        it was stored for (read only: ``txsink status``, the checks before a start).
+        Offset :data:`NOTHING` for one claimed but never committed; a deleted position
+        (a PostgreSQL row deleted, a Kafka tombstone) is absent."""
         raise NotImplementedError
 
-    def place(self) -> str:
+    def stored_positions(self) -> dict[SourcePartition, int]:
+        """Every source partition's highest stored offset (:meth:`stored`'s offsets)."""
+        return {source: position.offset for source, position in self.stored().items()}
+
+    def delete_positions(self, topics: Sequence[str] | None = None) -> list[str]:
+        """Delete this sink id's stored positions (of the source ``topics`` only, if
+        given), fencing every session that holds one: ``txsink reset``. One secret-free
+        line per source partition deleted. The rows the target holds stay."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete its positions")
+
+    def destination(self) -> dict[str, str]:
         """Where the rows land, as an identity (no secret, no address that a failover
-        changes): a group's checkpoint records it, and a target that moved under the
-        same name is refused (its stored positions belong to the old place)."""
+        changes), one entry per option that names it: every stored position records it,
+        and so does a checkpoint's record of its targets. A run of the same sink id
+        whose destination differs is refused as a move (:func:`txsink.targets.moved_target`,
+        the check micro-batch sinks use too): the positions belong to the old place."""
+        return {"place": self.describe()}
+
+    def place(self) -> str:
+        """:meth:`destination` in words (messages, a group's checkpoint record)."""
         return self.describe()
 
-    def feeds(self, servers: str, topic: str) -> bool:
-        """Whether this target writes Kafka ``topic`` on a cluster reached through
-        ``servers`` (a comma-separated list): a query reading that topic would read
-        its own output again. Default: no (not a Kafka target)."""
+    def feeds(self, source: SourceTopics) -> bool:
+        """Whether this target writes a topic ``source`` reads (now, or later: a
+        pattern), on the cluster it reads: the query would read its own output again,
+        without end. Default: no (not a Kafka target)."""
         return False
 
     def same_place(self, other: RealtimeTargetSpec) -> bool:
@@ -157,8 +179,10 @@ class SessionPool:
     """Claimed sessions kept, idle, between the tasks of one query run in one process.
 
     Keyed by the run (a token the query's writer carries: a restarted query claims
-    afresh) and the source partition. A session is kept only after its task ended with
-    everything committed; one idle for :attr:`idle_s` is closed at the next access.
+    afresh), the source partition and its topic id (a topic recreated while the query
+    runs is claimed afresh, and its stored position judged). A session is kept only
+    after its task ended with everything committed; one idle for :attr:`idle_s` is
+    closed at the next access.
     """
 
     def __init__(self, idle_s: float = 60.0,
@@ -166,12 +190,13 @@ class SessionPool:
         self.idle_s = idle_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._idle: dict[tuple[str, SourcePartition], tuple[PositionTarget, int, float]] = {}
+        self._idle: dict[tuple[str, SourcePartition, str | None],
+                         tuple[PositionTarget, int, float]] = {}
 
     def take(self, run: str, source: SourcePartition) -> tuple[PositionTarget, int] | None:
         with self._lock:
             stale = self._expire()
-            kept = self._idle.pop((run, source), None)
+            kept = self._idle.pop((run, source, source.topic_id), None)
         _close_all(stale)
         return None if kept is None else (kept[0], kept[1])
 
@@ -179,8 +204,8 @@ class SessionPool:
              stored: int) -> None:
         with self._lock:
             stale = self._expire()
-            old = self._idle.pop((run, source), None)
-            self._idle[(run, source)] = (target, stored, self._clock())
+            old = self._idle.pop((run, source, source.topic_id), None)
+            self._idle[(run, source, source.topic_id)] = (target, stored, self._clock())
         _close_all(stale + ([old[0]] if old is not None else []))
 
     def clear(self) -> None:
@@ -286,7 +311,13 @@ class PositionWriter:
     def _claim(self, source: SourcePartition) -> tuple[PositionTarget, int]:
         target = self._factory(source)
         try:
-            return target, target.claim()
+            stored = stored_position(target.claim())
+            identity = target.identity()
+            if identity is not None:
+                refusal = claim_refusal(identity[0], identity[1], source, stored)
+                if refusal is not None:
+                    raise refusal
+            return target, stored.offset
         except BaseException:
             target.close()
             raise
@@ -336,8 +367,19 @@ class PositionWriter:
             session.target.abort()
         finally:
             session.target.close()
+        known = session.stored
         session.target, session.stored = self._claim(source)
         session.kept = False
+        if session.stored < known:
+            # Positions only move forward, unless deleted (txsink reset, by hand) while
+            # this session was idle: the run that kept it is the one being reset. Going
+            # on would write into the new start what the reset meant to keep out.
+            session.target.close()
+            raise FencedError(
+                f"source partition {source}: the target held offset {known} when this "
+                f"session was kept and holds {session.stored} now: its positions were "
+                "deleted (txsink reset) while it was idle; this writer stops without "
+                "writing")
         keep = [i for i, o in enumerate(session.pending_offsets) if o > session.stored]
         self.stats.skipped += len(session.pending) - len(keep)
         session.pending = [session.pending[i] for i in keep]

@@ -41,6 +41,7 @@ from txsink.coordinator import Coordinator, record_prepared
 from txsink.errors import ConfigError
 from txsink.faults import NATIVE_BEFORE_RECORD, FaultInjector
 from txsink.gate import Gate
+from txsink.gate import refuse_feedback as gate_refuse_feedback
 from txsink.group import TargetGroup
 from txsink.lakehouse import TableBackend
 from txsink.model import (
@@ -275,6 +276,8 @@ class TargetSet:
     def write_stream(self, df: DataFrame) -> DataStreamWriter:
         """``df.writeStream`` to every target, one decision per micro-batch."""
         self._micro_batch()
+        refuse_feedback(df, self.backend(), self.sink_id,
+                        field="sink" if self.single else "targets")
         if self.native(df) and not self.checkpoint_location:
             plugins = get_plugins()
             if any(issubclass(plugins.backend_class(s.backend), TableBackend)
@@ -621,6 +624,20 @@ class GroupEpoch:
                      len(committable), sum(c.rows for c in committable))
         finally:
             part.close()
+
+
+def refuse_feedback(df: DataFrame, backend: Backend, sink_id: str, *,
+                    field: str = "sink") -> None:
+    """Before a stream starts: refused when a target writes a topic its Kafka source
+    reads (:meth:`Gate.refuse_feedback`); nothing to judge for other sources."""
+    from txsink.spark.realtime_source import kafka_source
+
+    try:
+        source = kafka_source(df)
+        if source is not None:
+            gate_refuse_feedback(backend, sink_id, source, field=field)
+    finally:
+        backend.close()
 
 
 def write_parquet(df: DataFrame, path: str, options: Mapping[str, str],

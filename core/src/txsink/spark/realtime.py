@@ -29,7 +29,7 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from txsink.errors import ConfigError, TxsinkError
@@ -38,6 +38,7 @@ from txsink.realtime import (
     GroupWriter,
     RealtimeTargetSpec,
     SourcePartition,
+    SourceTopics,
 )
 from txsink.targets import ROUTE_PREFIX, TargetSpec
 
@@ -118,19 +119,47 @@ def check_pipeline(df: DataFrame, position_columns: Sequence[str] = POSITION_COL
         raise ConfigError(f"real-time mode: the source is {source_name!r}; only Spark's "
                           "Kafka source (format('kafka')) is supported", field="source")
     origin = {int(a.exprId().id()): str(a.name()) for a in _seq(source.output())}
+    renamed = _renames(plan)
     output = {str(a.name()): int(a.exprId().id()) for a in _seq(plan.output())}
     for column, wanted in zip(position_columns, POSITION_COLUMNS, strict=True):
         expr_id = output.get(column)
         if expr_id is None:
             raise ConfigError(f"real-time mode: column {column!r} is missing; keep the Kafka "
                               f"source's {wanted!r} column in the output (it carries each "
-                              "row's position)", field="transform")
+                              "row's position)" + ("" if column == wanted else
+                                                   f" under the name {column!r}, as "
+                                                   "position_columns says"),
+                              field="transform")
+        seen = set()
+        while expr_id in renamed and expr_id not in seen:  # `topic AS src_topic`, ...
+            seen.add(expr_id)
+            expr_id = renamed[expr_id]
         if origin.get(expr_id) != wanted:
             raise ConfigError(f"real-time mode: column {column!r} is not the Kafka source's "
-                              f"own {wanted!r} column (it was recomputed or renamed from "
-                              "another); pass the source column through unchanged",
+                              f"own {wanted!r} column (it was recomputed, or renamed from "
+                              f"another); pass the source's {wanted!r} through unchanged "
+                              "(a rename is fine: name it in position_columns)",
                               field="transform")
     return rows
+
+
+def _renames(plan: Any) -> dict[int, int]:
+    """``alias id -> attribute id`` for every plain rename (``topic AS src_topic``) in the
+    plan's projections: a renamed position column is still the source's own."""
+    out: dict[int, int] = {}
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        if str(node.getClass().getSimpleName()) == "Project":  # (py4j has every attribute)
+            for expr in _seq(node.projectList()):
+                if str(expr.getClass().getSimpleName()) != "Alias":
+                    continue
+                child = expr.child()
+                if str(child.getClass().getSimpleName()) == "AttributeReference":
+                    out[int(expr.exprId().id())] = int(child.exprId().id())
+        children = node.children()
+        stack.extend(children.apply(i) for i in range(int(children.size())))
+    return out
 
 
 def _seq(scala_seq: Any) -> list[Any]:
@@ -164,20 +193,24 @@ class RealtimeForeachWriter:
 
     def __init__(self, targets: Sequence[WriterTarget], position_columns: Sequence[str],
                  commit_interval_s: float, rows_per_record: str, sink_id: str,
-                 run: str | None = None) -> None:
+                 run: str | None = None, topic_ids: Mapping[str, str] | None = None) -> None:
         self.targets: list[WriterTarget] = [(str(n), spec, route) for n, spec, route in targets]
         self.run = run or f"{sink_id}/{uuid.uuid4().hex}"
         self.position_columns = tuple(position_columns)
         self.commit_interval_s = commit_interval_s
         self.rows_per_record = rows_per_record
         self.sink_id = sink_id
+        #: The source topics' ids as the driver read them before the query started:
+        #: every position is recorded with its topic's id, and a claim finding another
+        #: id refuses (txsink.realtime.identity).
+        self.topic_ids = dict(topic_ids or {})
         self._writer: GroupWriter | None = None
         self._stop: threading.Event | None = None
         self._timer: threading.Thread | None = None
         self._timer_error: BaseException | None = None
 
     _STATE = ("targets", "position_columns", "commit_interval_s", "rows_per_record", "sink_id",
-              "run")
+              "run", "topic_ids")
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k in self._STATE}
@@ -211,7 +244,9 @@ class RealtimeForeachWriter:
         assert self._writer is not None
         data = row.asDict()
         topic_col, partition_col, offset_col = self.position_columns
-        source = SourcePartition(str(data.pop(topic_col)), int(data.pop(partition_col)))
+        topic = str(data.pop(topic_col))
+        source = SourcePartition(topic, int(data.pop(partition_col)),
+                                 self.topic_ids.get(topic))
         offset = int(data.pop(offset_col))
         routed = {route: data.pop(route, None) for _, _, route in self.targets if route}
         rows: dict[str, Any] = {}
@@ -371,82 +406,71 @@ def start_realtime(df: DataFrame, *, sink_id: str | None = None, backend: str | 
     checkpoint).
 
     ``df`` must read Spark's Kafka source and keep its ``topic``, ``partition`` and
-    ``offset`` columns (renamed through ``position_columns`` if needed); they are not
-    written to the target (a group target's ``select`` may write them under other
-    names). ``commit_interval`` bounds how long a row the writer holds stays invisible.
+    ``offset`` columns, under these names or renamed (``topic AS src_topic``) and named
+    in ``position_columns`` (topic, partition, offset); they are not written to the
+    target (a group target's ``select`` may write them under other names).
+    ``commit_interval`` bounds how long a row the writer holds stays invisible.
     Refuses, before anything runs, a pipeline whose output rows cannot each be traced
     to one source record (an aggregation, a join, ...), a backend without a real-time
-    target, and a group target that would miss records another target holds.
-    ``field_prefix`` names a group's targets in errors (``sink.targets`` for files).
+    target, a target writing a topic the query reads, stored positions of another
+    source topic (recreated) or of another place (a sink id reused), and a group target
+    that would miss records another target holds. ``field_prefix`` names a group's
+    targets in errors (``sink.targets`` for files; a single sink is then ``sink``).
     """
     interval = parse_seconds(commit_interval, "commit_interval")
     if targets is not None:
-        return _start_group(df, sink_id=sink_id, backend=backend, options=options,
-                            targets=targets, checkpoint_location=checkpoint_location,
-                            trigger=trigger, interval=interval,
-                            position_columns=position_columns, query_name=query_name,
-                            prefix=field_prefix)
+        plan = _group_plan(df, sink_id=sink_id, backend=backend, options=options,
+                           targets=targets, checkpoint_location=checkpoint_location,
+                           position_columns=position_columns, prefix=field_prefix)
+    else:
+        plan = _single_plan(df, sink_id=sink_id, backend=backend, options=options,
+                            checkpoint_location=checkpoint_location,
+                            position_columns=position_columns, prefix=field_prefix)
+    return _start_plan(df, plan, trigger=trigger, interval=interval,
+                       position_columns=position_columns, query_name=query_name)
+
+
+class _Plan:
+    """What one start writes: the sink id, its checkpoint, and per target (``""`` for a
+    single sink) its backend, real-time target and select/where."""
+
+    def __init__(self, sink_id: str, checkpoint: str, prefix: str,
+                 backends: dict[str, str], built: dict[str, RealtimeTargetSpec],
+                 specs: Sequence[TargetSpec]) -> None:
+        self.sink_id, self.checkpoint, self.prefix = sink_id, checkpoint, prefix
+        self.backends, self.built, self.specs = backends, built, tuple(specs)
+
+    @property
+    def group(self) -> bool:
+        return bool(self.specs)
+
+
+def _single_plan(df: DataFrame, *, sink_id: str | None, backend: str | None,
+                 options: Mapping[str, str] | None, checkpoint_location: str | None,
+                 position_columns: Sequence[str], prefix: str) -> _Plan:
+    from txsink.realtime.config import check_single_sink_id
+
     if not sink_id or not backend or options is None:
         raise ConfigError("start_realtime: give sink_id, backend and options (one target), "
                           "or targets (a group)", field="targets")
     if not checkpoint_location:
         raise ConfigError("start_realtime: checkpoint_location is required",
                           field="checkpoint_location", sink_id=sink_id)
-    from txsink.realtime.config import check_single_sink_id
-
-    check_single_sink_id(sink_id, "sink_id")
+    check_single_sink_id(sink_id, "sink.sink_id" if prefix.startswith("sink.") else "sink_id")
     _check_frame(df, sink_id, position_columns)
-    rows = check_pipeline(df, position_columns)
     spec = target_spec(sink_id, backend, options)
-    _check_no_feedback(df, {"": spec}, sink_id, lambda _: "options.topic")
-    spec.check_columns({f.name: f.dataType.simpleString() for f in df.schema.fields
-                        if f.name not in position_columns})
-    spec.prepare()
-    log.info("sink %s: real-time mode into %s, commit every %.0f ms", sink_id,
-             spec.describe(), interval * 1000)
-    return _start(df, RealtimeForeachWriter([("", spec, None)], position_columns, interval,
-                                            rows, sink_id),
-                  checkpoint_location, trigger, query_name)
+    return _Plan(sink_id, checkpoint_location, "sink" if prefix.startswith("sink.") else "",
+                 {"": backend}, {"": spec}, ())
 
 
-def _check_frame(df: DataFrame, sink_id: str, position_columns: Sequence[str]) -> None:
-    if len(position_columns) != 3:
-        raise ConfigError("position_columns: name the topic, partition and offset columns",
-                          field="position_columns", sink_id=sink_id)
-    if not df.isStreaming:
-        raise ConfigError("real-time mode needs a streaming DataFrame (spark.readStream)",
-                          field="source", sink_id=sink_id)
-
-
-def _start(df: DataFrame, writer: RealtimeForeachWriter, checkpoint_location: str,
-           trigger: str, query_name: str | None) -> StreamingQuery:
-    clear_unfinished_first_batch(df, checkpoint_location)
-    stream = (df.writeStream.outputMode("update").foreach(writer)
-              .option("checkpointLocation", checkpoint_location)
-              .trigger(realTime=trigger))  # type: ignore[call-overload]
-    if query_name:
-        stream = stream.queryName(query_name)
-    query: StreamingQuery = stream.start()
-    return query
-
-
-def _start_group(df: DataFrame, *, sink_id: str | None, backend: str | None,
-                 options: Mapping[str, str] | None,
-                 targets: TargetSetLike | Sequence[Mapping[str, Any] | TargetSpec],
-                 checkpoint_location: str | None, trigger: str, interval: float,
-                 position_columns: Sequence[str], query_name: str | None,
-                 prefix: str) -> StreamingQuery:
-    """A group: every check and refusal before the query starts (see the module
-    :mod:`txsink.realtime.group` for what a run may start with)."""
+def _group_plan(df: DataFrame, *, sink_id: str | None, backend: str | None,
+                options: Mapping[str, str] | None,
+                targets: TargetSetLike | Sequence[Mapping[str, Any] | TargetSpec],
+                checkpoint_location: str | None, position_columns: Sequence[str],
+                prefix: str) -> _Plan:
     from txsink.model import validate_sink_id
     from txsink.realtime.config import parse_realtime_targets, realtime_specs
-    from txsink.realtime.group import (
-        MEMBERS_FILE,
-        StartPoint,
-        members_record,
-        read_members,
-        start_refusal,
-    )
+
     if backend is not None or options is not None:
         raise ConfigError("start_realtime: give either backend and options (one target) or "
                           "targets (a group), not both", field="targets")
@@ -472,50 +496,195 @@ def _start_group(df: DataFrame, *, sink_id: str | None, backend: str | None,
         raise ConfigError("start_realtime: checkpoint_location is required",
                           field="checkpoint_location", sink_id=sink_id)
     _check_frame(df, sink_id, position_columns)
-    rows = check_pipeline(df, position_columns)
-    shaped, routes = _shape(df, specs, position_columns, sink_id, prefix)
-    check_pipeline(shaped, position_columns)
     built = realtime_specs(sink_id, specs, prefix=prefix)
-    _check_no_feedback(df, built, sink_id, lambda n: f"{prefix}[{n}].options.topic")
-    for t in specs:  # what each target would write, as its select makes the rows
-        part = df.selectExpr(*t.select) if t.select else df
-        try:
-            built[t.name].check_columns({
-                f.name: f.dataType.simpleString() for f in part.schema.fields
-                if t.select or f.name not in position_columns})
-        except ConfigError as exc:
-            where = f"{prefix}[{t.name}]" + (".select" if t.select else "")
-            raise ConfigError(f"{where}: {exc}", field=where, sink_id=sink_id) from None
-    positions: dict[str, dict[SourcePartition, int]] = {}
-    for name, spec in built.items():
-        try:
-            spec.prepare()
-            positions[name] = spec.stored_positions()
-        except ConfigError as exc:
-            where = f"{prefix}[{name}].options" + (f".{exc.field}" if exc.field else "")
-            raise ConfigError(f"{where}: {exc}", field=where, sink_id=sink_id) from None
-        except TxsinkError as exc:  # a server away: name the target it belongs to
-            raise TxsinkError(f"{prefix}[{name}]: {exc}", sink_id=sink_id) from None
+    return _Plan(sink_id, checkpoint_location, prefix, {s.name: s.backend for s in specs},
+                 built, specs)
+
+
+def _start_plan(df: DataFrame, plan: _Plan, *, trigger: str, interval: float,
+                position_columns: Sequence[str], query_name: str | None) -> StreamingQuery:
+    """Every check and refusal before the query starts, the same for a single sink and
+    a group (a single sink is a group of one target named ``""``): the pipeline's shape,
+    no target feeding a topic the query reads, the columns each target writes, the
+    stored positions' identity (source topic, destination) and, against the checkpoint's
+    record, what a run may start with (:mod:`txsink.realtime.group`)."""
+    from txsink.gate import position_refusal
+    from txsink.realtime.group import (
+        MEMBERS_FILE,
+        StartPoint,
+        members_record,
+        options_field,
+        read_members,
+        start_refusal,
+        target_field,
+    )
+    from txsink.spark.realtime_source import SparkKafkaSource
+
+    sink_id, prefix = plan.sink_id, plan.prefix
+    rows = check_pipeline(df, position_columns)
+    if plan.group:
+        shaped, routes = _shape(df, plan.specs, position_columns, sink_id, prefix)
+        check_pipeline(shaped, position_columns)
+    else:
+        shaped, routes = df, {"": None}
+    source = SparkKafkaSource(df)
+    try:
+        _check_no_feedback(source, plan, sink_id)
+        _check_columns(df, plan, position_columns)
+        topic_ids = source.topic_ids(source.topics())
+        positions: dict[str, dict[SourcePartition, int]] = {}
+        for name, spec in plan.built.items():
+            here = options_field(prefix, name)
+            try:
+                spec.prepare()
+                stored = spec.stored()
+            except ConfigError as exc:
+                where = here + (f".{exc.field}" if exc.field else "")
+                raise ConfigError(f"{where}: {exc}", field=where, sink_id=sink_id) from None
+            except TxsinkError as exc:  # a server away: name the target it belongs to
+                raise TxsinkError(f"{target_field(prefix, name) or 'sink'}: {exc}",
+                                  sink_id=sink_id) from None
+            refusal = position_refusal(spec.sink_id, stored, spec.destination(),
+                                       topic_ids, source.end_offsets, field=here)
+            if refusal is not None:
+                raise refusal
+            positions[name] = {s: p.offset for s, p in stored.items()}
+    finally:
+        source.close()
     spark = df.sparkSession
-    start = StartPoint(fresh=_checkpoint_fresh(spark, checkpoint_location),
+    start = StartPoint(fresh=_checkpoint_fresh(spark, plan.checkpoint),
                        earliest=(_source_option(df, "startingOffsets") or "").lower()
                        == "earliest")
-    members = f"{checkpoint_location.rstrip('/')}/{MEMBERS_FILE}"
-    backends = {s.name: s.backend for s in specs}
-    refusal, warnings = start_refusal(sink_id, backends, built, positions,
+    members = f"{plan.checkpoint.rstrip('/')}/{MEMBERS_FILE}"
+    refusal, warnings = start_refusal(sink_id, plan.backends, plan.built, positions,
                                       read_members(_read_text(spark, members)), start,
                                       prefix=prefix)
     if refusal is not None:
         raise refusal
     for line in warnings:
         log.warning("%s", line)
-    _write_text(spark, members, members_record(sink_id, backends, built))
-    log.info("sink %s: real-time mode into %d targets (%s), commit every %.0f ms", sink_id,
-             len(built), "; ".join(f"{n}: {s.describe()}" for n, s in built.items()),
-             interval * 1000)
-    writer = RealtimeForeachWriter([(n, built[n], routes[n]) for n in built], position_columns,
-                                   interval, rows, sink_id)
-    return _start(shaped, writer, checkpoint_location, trigger, query_name)
+    _write_text(spark, members, members_record(sink_id, plan.backends, plan.built))
+    if plan.group:
+        log.info("sink %s: real-time mode into %d targets (%s), commit every %.0f ms",
+                 sink_id, len(plan.built),
+                 "; ".join(f"{n}: {s.describe()}" for n, s in plan.built.items()),
+                 interval * 1000)
+    else:
+        log.info("sink %s: real-time mode into %s, commit every %.0f ms", sink_id,
+                 plan.built[""].describe(), interval * 1000)
+    writer = RealtimeForeachWriter([(n, plan.built[n], routes[n]) for n in plan.built],
+                                   position_columns, interval, rows, sink_id,
+                                   topic_ids=topic_ids)
+    query = _start(shaped, writer, plan.checkpoint, trigger, query_name)
+    hold(query, spark, plan.checkpoint, sink_id)
+    return query
+
+
+def _check_columns(df: DataFrame, plan: _Plan, position_columns: Sequence[str]) -> None:
+    """What each target would write, as its select makes the rows."""
+    from txsink.realtime.group import target_field
+
+    if not plan.group:
+        plan.built[""].check_columns({f.name: f.dataType.simpleString()
+                                      for f in df.schema.fields
+                                      if f.name not in position_columns})
+        return
+    for t in plan.specs:
+        part = df.selectExpr(*t.select) if t.select else df
+        try:
+            plan.built[t.name].check_columns({
+                f.name: f.dataType.simpleString() for f in part.schema.fields
+                if t.select or f.name not in position_columns})
+        except ConfigError as exc:
+            where = target_field(plan.prefix, t.name) + (".select" if t.select else "")
+            raise ConfigError(f"{where}: {exc}", field=where, sink_id=plan.sink_id) from None
+
+
+def _check_frame(df: DataFrame, sink_id: str, position_columns: Sequence[str]) -> None:
+    if len(position_columns) != 3:
+        raise ConfigError("position_columns: name the topic, partition and offset columns",
+                          field="position_columns", sink_id=sink_id)
+    if not df.isStreaming:
+        raise ConfigError("real-time mode needs a streaming DataFrame (spark.readStream)",
+                          field="source", sink_id=sink_id)
+
+
+def _start(df: DataFrame, writer: RealtimeForeachWriter, checkpoint_location: str,
+           trigger: str, query_name: str | None) -> StreamingQuery:
+    clear_unfinished_first_batch(df, checkpoint_location)
+    stream = (df.writeStream.outputMode("update").foreach(writer)
+              .option("checkpointLocation", checkpoint_location)
+              .trigger(realTime=trigger))  # type: ignore[call-overload]
+    if query_name:
+        stream = stream.queryName(query_name)
+    query: StreamingQuery = stream.start()
+    return query
+
+
+#: The heartbeat thread of each query this driver started (by query run id).
+_HOLDERS: dict[str, threading.Thread] = {}
+
+
+def hold(query: StreamingQuery, spark: SparkSession, checkpoint: str, sink_id: str) -> None:
+    """Keep the query's heartbeat in its checkpoint while it is active, from a daemon
+    thread of this driver (:mod:`txsink.realtime.holder`: what ``txsink status`` and
+    ``txsink reset`` read), and mark it released when the query ends.
+
+    The file system handle is taken now: the release is written after ``query.stop()``,
+    when the session may be stopping too (:func:`release_hold` waits for it)."""
+    import os
+    import socket
+    import time
+
+    from txsink.realtime.holder import BEAT_S, HOLDER_FILE, holder_record
+
+    fs, path = _hadoop_path(spark, f"{checkpoint.rstrip('/')}/{HOLDER_FILE}")
+    facts = {"sink_id": sink_id, "query_id": str(query.id), "run_id": str(query.runId),
+             "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+
+    def beat(released: float | None = None, ended: str | None = None) -> None:
+        text = holder_record(**facts, beat=time.time(),  # type: ignore[arg-type]
+                             released=released, ended=ended)
+        stream = fs.create(path, True)
+        try:
+            stream.write(bytearray(text.encode()))
+        finally:
+            stream.close()
+
+    try:
+        beat()
+    except Exception as exc:
+        log.warning("sink %s: cannot write the query's heartbeat in %s (%s): `txsink "
+                    "status` will not show that a query holds the sink, and `txsink reset` "
+                    "will not refuse while it runs", sink_id, checkpoint, exc)
+        return
+
+    def run() -> None:
+        try:
+            last = time.monotonic()
+            while query.isActive:
+                time.sleep(0.25)
+                if time.monotonic() - last >= BEAT_S and query.isActive:
+                    beat()
+                    last = time.monotonic()
+            error = query.exception()
+            ended = "stopped" if error is None else (
+                "failed: " + (str(error).strip().splitlines() or ["?"])[0][:300])
+            beat(time.time(), ended)
+        except Exception as exc:  # the JVM is gone (its driver stopped): nothing to beat
+            log.debug("sink %s: heartbeat ends: %s", sink_id, exc)
+
+    thread = threading.Thread(target=run, name=f"txsink-rt-holder-{sink_id}", daemon=True)
+    _HOLDERS[str(query.runId)] = thread
+    thread.start()
+
+
+def release_hold(query: StreamingQuery, timeout_s: float = 10.0) -> None:
+    """After ``query.stop()``: wait (bounded) until its heartbeat says it ended, so a
+    ``txsink status`` or ``reset`` right after does not take it for a running one."""
+    thread = _HOLDERS.pop(str(query.runId), None)
+    if thread is not None:
+        thread.join(timeout_s)
 
 
 def _shape(df: DataFrame, specs: Sequence[TargetSpec], position_columns: Sequence[str],
@@ -567,21 +736,18 @@ def _shape(df: DataFrame, specs: Sequence[TargetSpec], position_columns: Sequenc
     return df.selectExpr(*[f"`{c}`" for c in df.columns], *exprs), routes
 
 
-def _check_no_feedback(df: DataFrame, specs: Mapping[str, RealtimeTargetSpec],
-                       sink_id: str, field: Callable[[str], str]) -> None:
-    """Refuse a target that writes the topic the query reads: every record it writes
-    would come back as a new source record, without end."""
-    topics = [t.strip() for t in (_source_option(df, "subscribe") or "").split(",")
-              if t.strip()]
-    servers = _source_option(df, "kafka.bootstrap.servers") or ""
-    for name, spec in specs.items():
-        loop = next((t for t in topics if spec.feeds(servers, t)), None)
-        if loop is not None:
-            where = field(name)
-            raise ConfigError(f"{where}: the target writes {loop!r}, the topic the query "
-                              "reads: every record it writes would be read again and "
-                              "written again, without end; write another topic",
-                              field=where, sink_id=sink_id)
+def _check_no_feedback(source: SourceTopics, plan: _Plan, sink_id: str) -> None:
+    """Refuse a target that writes a topic the query reads, on the cluster it reads (the
+    gate's :func:`~txsink.gate.feedback_refusal`; the judgement is the target's:
+    ``RealtimeTargetSpec.feeds``, the Kafka backend's)."""
+    from txsink.gate import feedback_refusal
+    from txsink.realtime.group import options_field
+
+    feeding = [(f"{options_field(plan.prefix, name)}.topic", spec.place())
+               for name, spec in plan.built.items() if spec.feeds(source)]
+    refusal = feedback_refusal(source, feeding, sink_id=sink_id)
+    if refusal is not None:
+        raise refusal
 
 
 def _source_option(df: DataFrame, key: str) -> str | None:
@@ -649,3 +815,37 @@ def _write_text(spark: SparkSession, path: str, text: str) -> None:
         stream.write(bytearray(text.encode()))
     finally:
         stream.close()
+
+
+def delete_positions(*, sink_id: str | None = None, backend: str | None = None,
+                     options: Mapping[str, str] | None = None,
+                     targets: TargetSetLike | Sequence[Mapping[str, Any] | TargetSpec]
+                     | None = None,
+                     source_topics: Sequence[str] | None = None) -> list[str]:
+    """Delete a real-time sink's stored positions (every target's, for a group), or
+    only those of ``source_topics`` (a source topic deleted and recreated), fencing the
+    sessions that held them: what ``txsink reset`` does from a pipeline file, without
+    the checkpoint. Stop the query first. The rows the targets hold stay: a run reading
+    their records again writes them again. Returns one line per position deleted."""
+    from txsink.model import validate_sink_id
+    from txsink.realtime.config import parse_realtime_targets, realtime_specs
+
+    if targets is None:
+        if not sink_id or not backend or options is None:
+            raise ConfigError("delete_positions: give sink_id, backend and options (one "
+                              "target), or targets (a group)", field="targets")
+        specs = {"": target_spec(sink_id, backend, options)}
+    elif isinstance(targets, Sequence):
+        if not sink_id:
+            raise ConfigError("delete_positions: a group of targets needs its sink_id",
+                              field="sink_id")
+        items = [t.to_dict() if isinstance(t, TargetSpec) else t for t in targets]
+        specs = realtime_specs(sink_id, parse_realtime_targets(items,
+                                                               validate_sink_id(sink_id)))
+    else:
+        specs = realtime_specs(targets.sink_id, targets.specs)
+    lines: list[str] = []
+    for name, spec in specs.items():
+        lines += [f"target {name}: {line}" if name else line
+                  for line in spec.delete_positions(source_topics)]
+    return lines

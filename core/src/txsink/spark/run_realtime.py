@@ -43,6 +43,7 @@ def run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
     from txsink.spark.realtime import (
         local_slots,
         parse_seconds,
+        release_hold,
         start_realtime,
         unread_error,
         unread_partitions,
@@ -69,7 +70,8 @@ def run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
             frame = build_frame(spark, cfg)
             where: dict[str, Any] = (
                 {"targets": cfg.sink.targets, "field_prefix": "sink.targets"}
-                if cfg.sink.targets else {"backend": cfg.sink.backend, "options": options})
+                if cfg.sink.targets else {"backend": cfg.sink.backend, "options": options,
+                                          "field_prefix": "sink.targets"})
             query = start_realtime(
                 frame, sink_id=cfg.sink.sink_id, checkpoint_location=cfg.checkpoint,
                 trigger=cfg.trigger.interval or "5 seconds",
@@ -110,6 +112,8 @@ def run_realtime(cfg: PipelineConfig, *, timeout_s: float | None, out: Printer,
                     error = query.exception()
                 except Exception as exc:
                     log.warning("stopping the real-time query: %s", exc)
+            if query is not None:
+                release_hold(query)  # its heartbeat says it ended (txsink status, reset)
             if result.signal is not None:
                 stop_within(spark.stop, spark, "stopping Spark", out)
             else:
