@@ -124,6 +124,31 @@ def test_reset_deletes_output_and_checkpoint_after_confirmation(tmp_path: Path) 
     _earlier_run(tmp_path, epochs=1)
 
 
+def test_reset_after_the_format_changed_deletes_the_files_of_both_formats(
+        tmp_path: Path) -> None:
+    """A pipeline's files sink switched from JSON lines to Parquet (``format`` may change:
+    Spark's own writer takes Parquet, docs/backends/files.md), then ``txsink reset``: it
+    deleted only ``part-*.parquet`` and left the JSON-lines epochs, with the owner record
+    and the markers gone, so the run from the source's start wrote those rows twice."""
+    _earlier_run(tmp_path)  # two epochs in JSON lines
+    options = {"path": str(tmp_path / "out"), "format": "parquet"}
+    backend = FilesBackend.from_options(options)
+    coordinator = Coordinator(backend, DirectoryStateStore(tmp_path / "chk" / "txsink"), SINK,
+                              backend_options=options)
+    coordinator.start()
+    batch = pa.RecordBatch.from_pylist([{"id": 2}])
+    coordinator.commit_epoch(2, [write_participant(backend, TransactionContext(SINK, 2, 0, 0),
+                                                   [batch])])
+    assert coordinator.store.release(coordinator.lease)
+    pipeline = _pipeline(tmp_path)
+    pipeline.write_text(pipeline.read_text().replace("format: jsonl", "format: parquet"))
+    proc = txsink("reset", str(pipeline), "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").glob("part-*")) == []
+    _earlier_run(tmp_path, epochs=1)  # the run from the start: each row once
+    assert len(list((tmp_path / "out").glob("part-*"))) == 1
+
+
 @pytest.mark.promise("files-sink-owner", "backend")
 def test_reset_refuses_another_sinks_directory(tmp_path: Path) -> None:
     _earlier_run(tmp_path)

@@ -160,3 +160,26 @@ def test_an_owner_file_that_cannot_be_read_is_not_advised_for_deletion(
     (tmp_path / "t" / "txsink" / "s" / "_owner.json").mkdir(parents=True)  # not a file
     with pytest.raises(StateError, match="do not delete it"):
         local.check_claim("s", "state-1", "/one")
+
+
+@pytest.mark.parametrize("char", ["#", "?", "%20", "%"])
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_table_location_the_table_libraries_read_as_a_url_is_refused(
+        tmp_path: Path, kind: str, char: str) -> None:
+    """A table directory named with ``#``, ``?`` or ``%``: Spark and txsink's writers put
+    the epoch's files there, the decision was recorded, and then delta-rs (its history
+    is empty under such a path, or ``%20`` read as a space) and pyiceberg (the files read
+    under a cut path) never found them: the epoch stayed DECIDED, refused again at every
+    restart (seen on both the native path and the data source). Refused before anything
+    is written, naming the option."""
+    location = tmp_path / f"lake{char}x" / "t"
+    options = ({"path": str(location)} if kind == "delta"
+               else {"warehouse": str(location), "table": "db.t"})
+    with pytest.raises(ConfigError, match="read as part of a URL") as info:
+        create(kind, options)
+    assert info.value.field == ("path" if kind == "delta" else "warehouse")
+    assert not location.parent.exists()
+    with pytest.raises(ConfigError, match="read as part of a URL"):
+        create(kind, {**options, ("path" if kind == "delta" else "warehouse"):
+                      f"s3://bucket/lake{char}x", "endpoint_url": "http://127.0.0.1:1",
+                      **({"catalog_uri": "sqlite:////tmp/c.db"} if kind == "iceberg" else {})})

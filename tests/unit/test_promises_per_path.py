@@ -692,6 +692,7 @@ def test_a_decision_the_full_state_disk_refused_is_decided_again_when_spark_repl
     assert not any(sink.pending().values())
 
 
+@pytest.mark.promise("grouped-stream-restart-takes-over", "grouped", "native")
 @pytest.mark.promise("fenced-run-stops", "datasource", "grouped", "native")
 @pytest.mark.parametrize("path", PATHS)
 def test_of_two_runs_of_one_query_the_one_that_started_last_owns_the_sink(

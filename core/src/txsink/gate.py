@@ -107,12 +107,13 @@ class Gate:
 
         ``legacy_app_id``: the app id under which an earlier release wrote this stream's
         batches as versioned batch writes (reserved epochs, version = batch id); a batch
-        whose version it committed is a replay of it.
+        whose version it committed is a replay of it. Versions no stream drove (batch
+        jobs' ``version=N``, a backfill) are no stream's batches: the stream goes on.
         """
         c = self.coordinator
         self.start_stream(query_id)
         epoch = c.stream_epoch(batch_id)
-        if legacy_app_id is not None:
+        if legacy_app_id is not None and c.write_query(legacy_app_id) is not None:
             write = WriteId(legacy_app_id, batch_id, query_id)
             if c.committed_write(write) is not None:
                 c.check_write_query(write)  # another query's versions: refused
@@ -214,9 +215,17 @@ class Gate:
         assert newest.write is not None
         if (write is not None and write.app_id == newest.write.app_id) or (
                 query_id is not None and query_id == newest.write.query_id):
-            # The stream's own writes, from a driver that took its place (a restart on
-            # another host): it takes the lease, as any newer run of a query does. A
-            # replaced checkpoint with the same app id is refused by the version check.
+            # The stream's own writes, from a driver that took its place (its driver
+            # died, possibly on another host, while the lease still names it; or a batch
+            # job ran while it was stopped): it takes the lease, as any newer run of a
+            # query does, and a run of it still going elsewhere is fenced at its next
+            # step. A replaced checkpoint with the same app id is refused by the version
+            # check.
+            if alive:
+                log.warning("sink=%s: the streaming query %s runs again from the driver "
+                            "%s; the lease holder %s still runs and is fenced at its next "
+                            "write", self.sink_id, query_id or newest.write.query_id,
+                            c.owner, holder)
             return
         age = time.time() - (newest.committed_at or newest.decided_at)
         if alive is None and age > STREAM_QUIET_S:
@@ -229,7 +238,8 @@ class Gate:
                  f"on another host, its last batch committed {age:.0f} s ago")
         raise StateError(
             f"sink={self.sink_id}: the streaming query {newest.write.query_id} writes this "
-            "sink's state through foreachBatch grouped writes from the driver "
+            "sink's state through foreachBatch writes with an identity (grouped writes "
+            "with a version, or txnAppId/txnVersion) from the driver "
             f"{holder}, which holds the state's lease ({where}); a batch write from this "
             f"driver ({c.owner}) would take the lease over and stop that stream. Nothing "
             "was written. Run this write in the stream's own driver (its writes share the "
@@ -274,7 +284,7 @@ class Gate:
                 c.check_write_query(dataclasses.replace(write, query_id=query_id))
             log.warning("sink=%s: write %s is already committed; skipping it, nothing is "
                         "written", self.sink_id, write)
-            return Opened(-1, f"{write} is committed already")
+            return Opened(-1, "committed already")
         return Opened(c.reserve_epoch(write))
 
     def _refuse_behind_targets(self, write: WriteId) -> None:
@@ -284,9 +294,15 @@ class Gate:
         be taken for a new write and its rows written twice: refused. (A micro-batch of
         a stream is recognised by its epoch number instead: :meth:`open_stream_batch`.)"""
         c = self.coordinator
-        if c.epochs.committed_version(write.app_id) < 0:
-            return  # this writer has no history in this state: nothing to replay
-        known, held = c.epochs.used_in_state(), c.epochs.held_by_targets()
+        known = c.epochs.used_in_state()
+        if known < 0:
+            # A state that used no epoch yet: a new query's (on a sink id its old owner
+            # released, whose epochs the targets hold); its writes are above them. A
+            # state that used some and knows fewer than the targets hold is older than
+            # them, whether or not it saw this app id (a copy taken before its first
+            # version knows none of them).
+            return
+        held = c.epochs.held_by_targets()
         if held <= known:
             return
         raise StateError(

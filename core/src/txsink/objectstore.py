@@ -208,6 +208,14 @@ def table_location(opts: Options, options: Mapping[str, str], owner: str,
     """A table backend's location option: ``s3://bucket/prefix`` (with its S3 access
     from the options) or a local directory (made absolute; S3 options refused there)."""
     location = opts.str(field, required=True)
+    url_char = next((c for c in "#?%" if c in location), None)
+    if url_char is not None:
+        # delta-rs and pyiceberg take the location as a URL: its history reads empty
+        # after '#' or '?', '%20' is a space; the epoch was decided and never committed.
+        raise ConfigError(f"{owner}: option '{field}' {location!r} has {url_char!r}, which "
+                          "the table libraries (delta-rs, pyiceberg) read as part of a URL, "
+                          "so an epoch's files would be written and the table never find "
+                          "them; give a location without '#', '?' and '%'", field=field)
     if is_s3(location):
         bucket, key = split_uri(location, owner=owner, field=field)
         return f"s3://{bucket}/{key}".rstrip("/"), S3Access.from_options(opts, owner)
