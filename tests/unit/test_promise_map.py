@@ -275,6 +275,11 @@ def _factored(lines: str, factor: str | None) -> list[str]:
     return out
 
 
+#: pytest options that take the next word as their value.
+_VALUED = frozenset({"-m", "-k", "-n", "-p", "-c", "-o", "-W", "--numprocesses", "--dist",
+                     "--rootdir", "--deselect", "--ignore", "--durations"})
+
+
 def runs() -> list[Run]:
     """The default run and every tox environment that runs pytest."""
     ini = configparser.ConfigParser(interpolation=None)
@@ -296,9 +301,12 @@ def runs() -> list[Run]:
                 if not words or words[0] != "pytest":
                     continue
                 marker = words[words.index("-m") + 1] if "-m" in words else None
-                paths = tuple(w for w in words[1:]
-                              if not w.startswith("-") and (ROOT / w.split("::")[0]).exists())
-                found.append(Run(env, frozenset(variables), paths or ("tests",), marker))
+                given = [w for i, w in enumerate(words[1:], 1)
+                         if not w.startswith("-") and words[i - 1] not in _VALUED]
+                # No path given: pytest's testpaths. Paths that do not exist: nothing.
+                paths = tuple(w for w in given if (ROOT / w.split("::")[0]).exists())
+                found.append(Run(env, frozenset(variables),
+                                 paths if given else ("tests",), marker))
     return found
 
 
@@ -330,6 +338,21 @@ def _gate(call: ast.expr, consts: dict[str, str]) -> str | None:
         if isinstance(arg, ast.Name):
             return consts.get(arg.id)
     return None
+
+
+def _conftest_gates() -> dict[str, str]:
+    """Directories whose ``conftest.py`` skips every test below it unless a variable is
+    set (its ``pytest_collection_modifyitems`` adds a ``skip`` marker; the variable is
+    its module's ``TXSINK_*`` constant): directory -> variable."""
+    out = {}
+    for path in sorted((ROOT / "tests").rglob("conftest.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        variables = [v for v in _constants(tree, {}).values() if v.startswith("TXSINK_")]
+        hook = next((n for n in tree.body if isinstance(n, ast.FunctionDef)
+                     and n.name == "pytest_collection_modifyitems"), None)
+        if hook is not None and len(variables) == 1 and "pytest.mark.skip" in ast.unparse(hook):
+            out[path.parent.relative_to(ROOT).as_posix()] = variables[0]
+    return out
 
 
 def _long_run_gates() -> dict[str, str]:
@@ -438,18 +461,22 @@ def _where_it_runs(nodeid: str, marks: _Marks, all_runs: list[Run]) -> tuple[str
 
 
 def _read_file(path: Path, gates: dict[str, str], all_runs: list[Run],
-               problems: list[str], nowhere: list[str] | None = None) -> list[Binding]:
+               problems: list[str], nowhere: list[str] | None = None,
+               dir_gates: dict[str, str] | None = None) -> list[Binding]:
     """The promise markers of one test file's tests; ``nowhere`` gets the tests no run
     collects (neither the default run nor a tox environment) that no ``skip`` marks."""
     doc = path.relative_to(ROOT).as_posix()
     tree = ast.parse(path.read_text(encoding="utf-8"))
     consts = _constants(tree, gates)
+    dir_gates = dir_gates or {}
     out: list[Binding] = []
     module = _Marks()
     for node in tree.body:
         if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
                 and node.targets[0].id == "pytestmark"):
             module = _marks([node.value], consts, gates, problems, doc)
+    module.gates |= {var for where, var in dir_gates.items()
+                     if doc.startswith(where + "/")}
 
     def emit(found: _Marks, nodeid: str, marks: _Marks) -> None:
         for ident, paths, _line in found.promises:
@@ -494,10 +521,11 @@ def _read_file(path: Path, gates: dict[str, str], all_runs: list[Run],
 
 def read_tests(problems: list[str], nowhere: list[str] | None = None) -> list[Binding]:
     gates = _long_run_gates()
+    dir_gates = _conftest_gates()
     all_runs = runs()
     out: list[Binding] = []
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        out += _read_file(path, gates, all_runs, problems, nowhere)
+        out += _read_file(path, gates, all_runs, problems, nowhere, dir_gates)
     return out
 
 
