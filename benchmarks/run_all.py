@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                                          out / "multi.json")[1]
     if "files" in targets and not args.no_library_benches:
         notes["lake_bench"] = sub_bench("lake_bench.py", LAKE_BENCH[args.quick],
-                                        out / "lake.json")[1]
+                                        out / "lake.json", timeout_s=3600)[1]
     if {"kafka", "postgres"} <= set(targets) and not args.no_library_benches:
         notes["realtime_bench"] = sub_bench("realtime_bench.py", REALTIME_BENCH[args.quick],
                                             out / "realtime.json")[1]

@@ -552,10 +552,46 @@ class IcebergTarget(LakeTarget):
         return {"warehouse": str(self.dir / "warehouse"), "table": f"chaos.t{run}"}
 
 
+class IcebergRestTarget(IcebergTarget):
+    """An Iceberg table behind Iceberg's own REST catalog server (from Maven Central):
+    the table's faults, and the catalog's server restarted or SIGKILLed mid-protocol."""
+
+    key = "iceberg-rest"
+    can_restart = True
+    can_kill_server = True
+    kinds = (*LakeTarget.kinds, "server-restart", "server-kill")
+
+    def __init__(self) -> None:
+        super().__init__()
+        if self.unavailable is None and (shutil.which("java") is None
+                                         or shutil.which("mvn") is None):
+            self.unavailable = "Java and Maven are needed for Iceberg's REST catalog server"
+
+    def start(self) -> None:
+        from txsink_iceberg.testing import LocalRestCatalog
+
+        super().start()
+        self.rest = LocalRestCatalog(self.dir / "rest")
+        self.rest.start()
+
+    def stop(self) -> None:
+        self.rest.stop()
+        super().stop()
+
+    def restart_server(self, hard: bool = False) -> None:
+        (self.rest.kill if hard else self.rest.stop)()
+        self.rest.start()
+
+    def options(self, run: str) -> dict[str, str]:
+        return {"catalog_type": "rest", "catalog_uri": self.rest.uri,
+                "catalog_credential": "chaos:not-a-real-secret",
+                "warehouse": str(self.rest.warehouse), "table": f"chaos.t{run}"}
+
+
 TARGETS: dict[str, type[Target]] = {
     t.key or t.name: t
     for t in (FilesTarget, PostgresTarget, S3Target, KafkaTarget, KafkaClusterTarget,
-              DeltaTarget, IcebergTarget)
+              DeltaTarget, IcebergTarget, IcebergRestTarget)
 }
 #: What ``python -m tests.chaos`` runs unless told otherwise (kafka-cluster is named:
 #: its own tox environment, ``kafka-cluster-long``).
