@@ -259,6 +259,7 @@ def drive(spec: dict[str, Any], faults: str | None = None) -> subprocess.Complet
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 
+@pytest.mark.promise("s3-native-refused-before-write", "native")
 @long_run
 def test_refused_before_anything_is_written(s3: LocalSeaweedFS,
                                             jars: tuple[list[str], str],

@@ -43,6 +43,7 @@ def test_delta_refuses_bad_s3_options_naming_the_field(options: dict[str, str],
     assert "wJalr" not in str(info.value)
 
 
+@pytest.mark.promise("delta-secrets-never-stored", "backend")
 def test_delta_on_s3_gives_delta_rs_conditional_put_and_keeps_secrets_out_of_state() -> None:
     options = {"path": "s3a://bucket/lake/orders/", **KEYS}
     backend = create("delta", options)
@@ -72,6 +73,7 @@ def test_delta_on_local_disk_has_no_storage_options(tmp_path: object) -> None:
     assert backend.spark_path("x") == f"file://{tmp_path}/t/x"
 
 
+@pytest.mark.promise("iceberg-secrets-never-stored", "backend")
 def test_iceberg_warehouse_on_s3_needs_a_catalog_uri_and_gets_pyarrow_file_io() -> None:
     with pytest.raises(ConfigError) as info:
         create("iceberg", {"warehouse": "s3://bucket/wh", "table": "db.t", **KEYS})

@@ -19,6 +19,7 @@ def test_defaults_and_size_units() -> None:
     assert S3Backend.from_options({"bucket": "abc", "part_size": "1g"}).part_size == 2**30
 
 
+@pytest.mark.promise("s3-bad-options-without-io", "backend")
 @pytest.mark.parametrize(("options", "field", "message"), [
     ({}, "bucket", "required"),
     ({"bucket": "s3://x/y"}, "bucket", "not a valid bucket name"),

@@ -129,6 +129,7 @@ def _prepare(backend: Backend, epoch: int, sink: str = "s", rows: int = 10) -> A
     return write_participant(backend, TransactionContext(sink, epoch, 0, 0), [batch])
 
 
+@pytest.mark.promise("iceberg-rest-secrets-never-stored", "backend")
 def test_rest_credentials_stay_out_of_logs_state_and_committables(
         rest: LocalRestCatalog, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
@@ -148,6 +149,7 @@ def test_rest_credentials_stay_out_of_logs_state_and_committables(
     assert "catalog_credential" not in backend.safe_options(rest_options(rest))
 
 
+@pytest.mark.promise("iceberg-rest-options-refused", "backend")
 def test_rest_options_are_checked_before_anything_moves(rest: LocalRestCatalog) -> None:
     with pytest.raises(TxsinkError, match="catalog_uri"):
         get_plugins().create_backend("iceberg", {"catalog_type": "rest", "warehouse": "/x",
@@ -157,6 +159,7 @@ def test_rest_options_are_checked_before_anything_moves(rest: LocalRestCatalog) 
                                                  "table": "db.t"})
 
 
+@pytest.mark.promise("iceberg-rest-down-stays-decided", "backend")
 @pytest.mark.parametrize("how", [
     pytest.param("restart", marks=iceberg_rest_run), "kill"])
 def test_rest_server_down_between_decision_and_commit(rest: LocalRestCatalog, tmp_path: Path,

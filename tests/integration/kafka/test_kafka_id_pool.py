@@ -106,6 +106,7 @@ def test_distinct_transactional_ids_stay_bounded_over_many_epochs(
     assert keys == sorted(e * 100 + p * 10 for e in range(EPOCHS) for p in range(PARTITIONS))
 
 
+@pytest.mark.promise("kafka-decided-slot-never-taken", "backend")
 def test_a_slot_held_by_a_decided_epoch_is_not_reused_until_recovery_commits_it(
         backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path) -> None:
     state = DirectoryStateStore(tmp_path / "state")
@@ -202,6 +203,7 @@ def test_two_attempts_that_chose_the_same_slot_still_end_exactly_once(
     assert keys == list(range(10))
 
 
+@pytest.mark.promise("kafka-init-ahead-never-fences", "backend")
 def test_producers_opened_ahead_never_take_a_slot_a_decision_holds(
         kafka_broker: Broker, topic: str, marker_topic: str, sink_id: str,
         tmp_path: Path) -> None:
@@ -246,3 +248,24 @@ def test_producers_opened_ahead_never_take_a_slot_a_decision_holds(
     finally:
         kb.close_kept_producers()
         b.close()
+
+
+@pytest.mark.promise("kafka-pool-exhausted-named", "backend")
+def test_a_writer_that_finds_every_slot_open_fails_naming_them(
+        kafka_broker: Broker, topic: str, marker_topic: str, sink_id: str) -> None:
+    from txsink.errors import TxsinkError
+
+    small = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+        "marker.topic": marker_topic, "transactional.id.pool.size": "1"})
+    assert isinstance(small, KafkaBackend)
+    try:
+        small.preflight(sink_id)
+        held = prepare(small, sink_id, 0, 0)  # prepared: its transaction stays open
+        with pytest.raises(TxsinkError, match="all 1 pooled transactional ids") as err:
+            prepare(small, sink_id, 0, 0, attempt=1)  # another attempt of partition 0
+        assert str(held.payload["transactional_id"]) in str(err.value)
+        assert "transactional.id.pool.size" in str(err.value)
+        small.abort(held)
+    finally:
+        small.close()

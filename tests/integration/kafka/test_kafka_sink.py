@@ -86,6 +86,7 @@ def committed_keys(caps: kt.BrokerCapabilities, bootstrap: str, topic: str) -> l
     return sorted(int(r.key or b"") for r in kt.committed_view(caps, bootstrap, topic))
 
 
+@pytest.mark.promise("kafka-read-committed-exactly-once", "backend")
 def test_read_uncommitted_sees_at_once_read_committed_only_after_the_epoch_commits(
         backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path,
         broker_caps: kt.BrokerCapabilities) -> None:
@@ -201,6 +202,7 @@ def test_a_second_writer_with_the_same_sink_id_is_fenced(
     assert backend.commit(c) is CommitOutcome.COMMITTED
 
 
+@pytest.mark.promise("kafka-commit-confirmed", "backend")
 def test_commit_is_reported_only_once_the_markers_reached_every_partition(
         options: dict[str, str], sink_id: str, topic: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,6 +234,7 @@ def test_commit_is_reported_only_once_the_markers_reached_every_partition(
         backend.close()
 
 
+@pytest.mark.promise("kafka-commit-confirmed", "backend")
 def test_commit_markers_unconfirmed_while_the_broker_does_not_answer(
         options: dict[str, str], sink_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A DescribeProducers that fails (a broker restarting) is no confirmation; one the
@@ -263,6 +266,7 @@ def test_commit_markers_unconfirmed_while_the_broker_does_not_answer(
         backend.close()
 
 
+@pytest.mark.promise("kafka-aborted-participant-reported", "backend")
 def test_fenced_participant_is_reported_as_lost_not_committed(
         backend: KafkaBackend, sink_id: str, broker_caps: kt.BrokerCapabilities) -> None:
     c = prepare(backend, sink_id, 0, 0, range(10))
@@ -284,6 +288,7 @@ def test_fenced_participant_is_reported_as_lost_not_committed(
         backend.commit(c)
 
 
+@pytest.mark.promise("kafka-salvage", "backend")
 def test_a_fenced_participant_is_salvaged_as_it_was_written(
         kafka_broker: Broker, marker_topic: str, sink_id: str,
         broker_caps: kt.BrokerCapabilities) -> None:
@@ -332,6 +337,7 @@ def test_a_fenced_participant_is_salvaged_as_it_was_written(
         b.close()
 
 
+@pytest.mark.promise("kafka-old-committables-read", "backend")
 def test_a_committable_written_before_salvage_still_commits_and_cannot_be_salvaged(
         backend: KafkaBackend, sink_id: str, broker_caps: kt.BrokerCapabilities) -> None:
     """Payload version 1 (no offsets, no transaction version): what a state written by
@@ -353,6 +359,7 @@ def test_a_committable_written_before_salvage_still_commits_and_cannot_be_salvag
         backend.salvage(lost, TransactionContext(sink_id, 1, 0, 10**13 + 2))
 
 
+@pytest.mark.promise("kafka-timeout-checked", "backend")
 def test_commit_warns_when_a_prepared_transaction_nears_its_timeout(
         backend: KafkaBackend, sink_id: str, caplog: pytest.LogCaptureFixture) -> None:
     c = prepare(backend, sink_id, 0, 0, range(10))
@@ -412,6 +419,7 @@ def test_missing_topic(options: dict[str, str], sink_id: str) -> None:
     assert info.value.field == "topic"
 
 
+@pytest.mark.promise("kafka-timeout-checked", "backend")
 def test_transaction_timeout_above_the_broker_maximum(
         options: dict[str, str], sink_id: str) -> None:
     b = get_plugins().create_backend("kafka", {**options,
@@ -440,6 +448,7 @@ def test_no_value_column(backend: KafkaBackend, sink_id: str) -> None:
         backend.discard(txn)
 
 
+@pytest.mark.promise("kafka-sink-owner", "backend")
 def test_a_second_query_with_the_same_sink_id_fails_at_start(
         options: dict[str, str], sink_id: str, tmp_path: Path) -> None:
     first = get_plugins().create_backend("kafka", options)
@@ -634,6 +643,7 @@ def test_exactly_once_without_opening_ahead_opens_each_producer_in_the_task(
         b.close()
 
 
+@pytest.mark.promise("kafka-marker-topics-compacted", "backend")
 @pytest.mark.parametrize("policy", ["delete", "compact,delete"])
 def test_an_existing_marker_topic_that_is_not_compacted_is_refused(
         kafka_broker: Broker, topic: str, sink_id: str, policy: str) -> None:
@@ -681,6 +691,7 @@ def test_an_orphan_marker_without_producer_id_never_fences_a_live_writer(
     assert keys(kafka_broker.bootstrap, topic) == list(range(10))
 
 
+@pytest.mark.promise("kafka-old-committables-read", "backend")
 def test_committable_payload_versions() -> None:
     """Version 1 is read with no offsets (never salvaged); an unknown one is refused."""
     from txsink.errors import StateError
@@ -700,6 +711,7 @@ EAGER_COMPACTION = {"segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
                     "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
 
 
+@pytest.mark.promise("kafka-compacted-markers-ask-output", "backend")
 def test_a_committed_participant_whose_markers_were_compacted_away_stays_committed(
         kafka_broker: Broker, sink_id: str, tmp_path: Path) -> None:
     """Markers are keyed by the pooled transactional id in a compacted topic: once the

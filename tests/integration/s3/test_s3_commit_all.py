@@ -81,6 +81,7 @@ def test_an_epoch_is_completed_in_parallel_one_request_each_and_idempotently(
     backend.close()
 
 
+@pytest.mark.promise("s3-lost-upload-reported", "backend")
 def test_a_lost_participant_fails_alone(s3_server: S3Server, prefix: str) -> None:
     backend = make(s3_server.options(prefix, format="jsonl"))
     committables = prepare_epoch(backend, "sink1", 0, 6)

@@ -85,6 +85,7 @@ def test_each_upload_becomes_the_participant_txsinks_own_writer_would_make(
     assert backend.commit_all(found) == [CommitOutcome.ALREADY_COMMITTED] * len(found)
 
 
+@pytest.mark.promise("s3-native-refused-before-write", "native")
 def test_a_job_document_the_backend_cannot_trust_records_nothing(
         s3_server: S3Server, prefix: str) -> None:
     backend = make(s3_server, prefix)
@@ -116,6 +117,7 @@ def test_a_job_document_the_backend_cannot_trust_records_nothing(
     assert data_keys(s3_server, prefix) == []
 
 
+@pytest.mark.promise("s3-native-orphans-aborted", "native")
 def test_the_orphan_scan_aborts_dead_attempts_never_the_decided_uploads(
         s3_server: S3Server, prefix: str, tmp_path: Path) -> None:
     """Spark retried task 0 (its first attempt died after uploading), raced a twin of
@@ -134,6 +136,7 @@ def test_the_orphan_scan_aborts_dead_attempts_never_the_decided_uploads(
     assert sorted(s3_server.read_ids(f"{prefix}/")) == list(range(600))
 
 
+@pytest.mark.promise("s3-native-orphans-aborted", "native")
 def test_leftovers_of_writes_that_stopped_go_once_their_epoch_is_done(
         s3_server: S3Server, prefix: str) -> None:
     """A write that stopped before its job document was read leaves the document (and,
@@ -172,6 +175,7 @@ def test_an_upload_a_lifecycle_rule_aborted_fails_the_commit_by_name(
     assert results[1].participant == gone.participant
 
 
+@pytest.mark.promise("s3-native-lifecycle-rule-warned", "native")
 def test_a_lifecycle_rule_for_incomplete_uploads_is_warned_about_on_this_path_too(
         s3_server: S3Server, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
     s3_server.require_local()
@@ -186,6 +190,7 @@ def test_a_lifecycle_rule_for_incomplete_uploads_is_warned_about_on_this_path_to
     assert any("'abort-uploads'" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.promise("s3-native-refused-before-write", "native")
 def test_the_session_check_refuses_a_spark_without_a_jvm(s3_server: S3Server,
                                                          prefix: str) -> None:
     class ConnectClient:
