@@ -269,3 +269,38 @@ def test_a_writer_that_finds_every_slot_open_fails_naming_them(
         small.abort(held)
     finally:
         small.close()
+
+
+def test_an_epoch_whose_first_commit_landed_and_whose_id_was_opened_again_recovers(
+        backend: KafkaBackend, kafka_broker: Broker, sink_id: str, topic: str,
+        tmp_path: Path) -> None:
+    """Seen in the default run (Spark driver killed after an epoch's first commit): the
+    worker's producer opened ahead for the next task took the committed participant's
+    slot again (``init_transactions``, its producer epoch bumped). The restart's
+    EndTxn for that participant was refused as fenced, and its begin marker stayed
+    hidden behind the epoch's other participant, still open on the same marker
+    partition, which was only committed after the first one: every restart stopped
+    the same way, until the transaction timeout aborted the other (its rows lost)."""
+    from confluent_kafka import Producer
+    from txsink.faults import AFTER_FIRST_COMMIT
+
+    state = DirectoryStateStore(tmp_path / "state")
+    crash = FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 0, "raise")])
+    coord = Coordinator(backend, state, sink_id, plugins=build_plugins(), faults=crash)
+    coord.start()
+    # Partition 1 begins first, so its open transaction hides partition 0's begin marker.
+    later = prepare(backend, sink_id, 0, 1)
+    msgs = [prepare(backend, sink_id, 0, 0), later]
+    with pytest.raises(InjectedFault):
+        coord.commit_epoch(0, msgs)
+    committed = [c for c in msgs if backend.is_committed(c)]
+    assert len(committed) == 1  # the first commit landed, the other is still open
+    ahead = Producer({"bootstrap.servers": kafka_broker.bootstrap,
+                      "transactional.id": str(committed[0].payload["transactional_id"])})
+    ahead.init_transactions(30)  # the slot opened again, as a producer opened ahead does
+    restarted = Coordinator(backend, state, sink_id, plugins=build_plugins())
+    assert restarted.start(up_to_epoch=0).recommitted_epochs == [0]
+    assert backend.broker_transactions(sink_id) == {}
+    keys = sorted(int(m.key()) for m in kt.read_topic(backend.config.bootstrap, topic))
+    assert keys == [0, 10]
+    del ahead

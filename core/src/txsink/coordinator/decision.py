@@ -512,6 +512,19 @@ class Decision:
             sink.faults.hit(AFTER_FIRST_COMMIT, record.epoch)
         if rest:
             results += self.commit_many(rest)
+            # The decision is made, so the order of the commits does not matter, but a
+            # participant's commit can wait for another's: Kafka confirms a commit whose
+            # producer was fenced since (its id opened again) by reading its begin
+            # marker, which the epoch's other participants, open on the same marker
+            # partition, hide until they are committed. So the first one is retried once
+            # the rest are in, instead of stopping every restart the same way.
+            again = [i for i in range(split) if isinstance(results[i], RetriableCommitError)]
+            if again:
+                log.info("sink=%s epoch=%d: committing %d participant(s) again after the "
+                         "others of the epoch", sink.sink_id, record.epoch, len(again))
+                retried = self.commit_many([record.committables[i] for i in again])
+                for i, outcome in zip(again, retried, strict=True):
+                    results[i] = outcome
         if any(isinstance(r, ParticipantLostError) for r in results):
             record, results = self._salvage(record, results)
         failed: list[Committable] = []
