@@ -877,6 +877,21 @@ class ConflictError(StateError):
     """Another writer committed to the table between our read and our append."""
 
 
+# -- the marker of a table entry ------------------------------------------------------------
+#
+# Each entry txsink appends carries these keys (Delta: in its commit info; Iceberg: in
+# its snapshot's summary). A commit reads them first, so an entry whose outcome was
+# unknown is recognised and never added twice.
+
+SINK_KEY = "txsink.sink"
+EPOCH_KEY = "txsink.epoch"
+PARTICIPANTS_KEY = "txsink.participants"
+#: The sink's highest epoch in the table once the entry is in: an epoch may commit after
+#: a higher one (two batch writes reserve 5 and 6, 6 commits first), so the epochs of a
+#: table's entries are not in order, but these are.
+HIGHEST_KEY = "txsink.highest"
+
+
 def marker_json(participants: Iterable[str]) -> str:
     """The participant directories of one table entry, as its marker carries them."""
     return json.dumps(sorted(participants), separators=(",", ":"))
@@ -889,3 +904,51 @@ def marker_dirs(text: str) -> dict[str, str]:
     except ValueError as exc:
         raise StateError(f"unreadable txsink marker in the table: {exc}") from exc
     return {participant_of(str(d)): str(d) for d in dirs}
+
+
+def marker(sink_id: str, epoch: int, participants: Iterable[str], highest: int
+           ) -> dict[str, str]:
+    """The marker of the entry adding ``participants`` (their directories) for ``epoch``,
+    ``highest`` being the sink's highest epoch in the table once it is in."""
+    return {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
+            PARTICIPANTS_KEY: marker_json(participants), HIGHEST_KEY: str(highest)}
+
+
+def marked_highest(entry: Mapping[str, Any] | None, sink_id: str) -> int | None:
+    """The sink's highest epoch as ``entry``'s marker records it (its epoch, for entries
+    made before that key); None when the entry is not the sink's."""
+    if entry is None or entry.get(SINK_KEY) != sink_id:
+        return None
+    return int(entry.get(HIGHEST_KEY, entry[EPOCH_KEY]))
+
+
+class EpochSearch:
+    """What a table's entries, read newest first, mark for one epoch of one sink.
+
+    :meth:`read` takes each entry's marker keys (None for an entry without any) and says
+    when to stop: an entry of the sink whose highest epoch is below the one sought was
+    made before that epoch could be committed, and so was every older one.
+    """
+
+    def __init__(self, sink_id: str, epoch: int) -> None:
+        self.sink_id = sink_id
+        self.epoch = epoch
+        #: The participant directories the entries read so far mark for the epoch
+        #: (participant -> directory), None when none does.
+        self.found: dict[str, str] | None = None
+        #: An entry of a later epoch of the sink was read (its highest epoch not below
+        #: the one sought).
+        self.later = False
+
+    def read(self, entry: Mapping[str, Any] | None) -> bool:
+        """Take the next older entry; True when no older entry can be of the epoch."""
+        if entry is None or entry.get(SINK_KEY) != self.sink_id:
+            return False
+        epoch = int(entry[EPOCH_KEY])
+        if epoch == self.epoch:
+            self.found = {**(self.found or {}), **marker_dirs(str(entry[PARTICIPANTS_KEY]))}
+        elif int(entry.get(HIGHEST_KEY, epoch)) < self.epoch:
+            return True
+        else:
+            self.later = True
+        return False

@@ -27,7 +27,7 @@ import json
 import logging
 import pathlib
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote
 
@@ -35,11 +35,13 @@ import pyarrow.fs as pafs
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
     DATA_FOLDER,
+    EPOCH_KEY,
+    SINK_KEY,
     ConflictError,
     DataFile,
+    EpochSearch,
     TableBackend,
-    marker_dirs,
-    marker_json,
+    marker,
     nullable_schema,
     refuse_characters,
 )
@@ -49,13 +51,6 @@ from txsink.options import Options
 
 log = logging.getLogger(__name__)
 
-SINK_KEY = "txsink.sink"
-EPOCH_KEY = "txsink.epoch"
-PARTICIPANTS_KEY = "txsink.participants"
-#: The sink's highest epoch in the table once the entry is in (its ``txn`` version): an
-#: epoch may commit after a higher one (two batch writes reserve 5 and 6, 6 commits
-#: first), so the epochs of the log's entries are not in order, but these are.
-HIGHEST_KEY = "txsink.highest"
 #: Log entries read per step when looking back for an epoch.
 HISTORY_STEP = 32
 #: (endpoint, bucket) pairs whose conditional writes this process has seen work.
@@ -348,38 +343,32 @@ class DeltaBackend(TableBackend):
         cut passing rows the table no longer holds). Exactly-once cannot hold then; the
         pipeline stops before anything more is decided, naming the RESTORE."""
         restore: tuple[int, int | None, Any] | None = None
-        limit = HISTORY_STEP
-        while True:
-            entries = table.history(limit)
-            for entry in entries:
-                version = int(entry.get("version", -1))
-                if entry.get(SINK_KEY) == sink_id:
-                    if restore is None:
-                        return  # the sink committed after any RESTORE
-                    at, target, when = restore
-                    if target is not None and version <= target:
-                        return  # restored to a version that holds the sink's epochs
-                    if target is None and isinstance(when, int | float) and \
-                            int(entry.get("timestamp", 0)) <= when:
-                        return
-                    to = f"version {target}" if target is not None else f"timestamp {when}"
-                    raise FatalCommitError(
-                        f"delta backend: table {self.path} was restored (RESTORE, log "
-                        f"version {at}) to {to}, "
-                        f"before epoch {entry.get(EPOCH_KEY)} of sink {sink_id!r} (log version "
-                        f"{version}): the epochs committed after it are no longer in the "
-                        "table, though its log still names them, so txsink cannot keep "
-                        "them exactly once. RESTORE the table to version "
-                        f"{version} or later to go on, or write with a new sink_id (and "
-                        "checkpoint) and replay what the RESTORE took out")
-                if restore is None and entry.get("operation") == "RESTORE":
-                    params = entry.get("operationParameters") or {}
-                    target = params.get("version")
-                    restore = (version, int(target) if target is not None else None,
-                               _millis(params.get("timestamp")))
-            if len(entries) < limit:
-                return
-            limit *= 4
+        for entry in _history(table):
+            version = int(entry.get("version", -1))
+            if entry.get(SINK_KEY) == sink_id:
+                if restore is None:
+                    return  # the sink committed after any RESTORE
+                at, target, when = restore
+                if target is not None and version <= target:
+                    return  # restored to a version that holds the sink's epochs
+                if target is None and isinstance(when, int | float) and \
+                        int(entry.get("timestamp", 0)) <= when:
+                    return
+                to = f"version {target}" if target is not None else f"timestamp {when}"
+                raise FatalCommitError(
+                    f"delta backend: table {self.path} was restored (RESTORE, log "
+                    f"version {at}) to {to}, "
+                    f"before epoch {entry.get(EPOCH_KEY)} of sink {sink_id!r} (log version "
+                    f"{version}): the epochs committed after it are no longer in the "
+                    "table, though its log still names them, so txsink cannot keep "
+                    "them exactly once. RESTORE the table to version "
+                    f"{version} or later to go on, or write with a new sink_id (and "
+                    "checkpoint) and replay what the RESTORE took out")
+            if restore is None and entry.get("operation") == "RESTORE":
+                params = entry.get("operationParameters") or {}
+                target = params.get("version")
+                restore = (version, int(target) if target is not None else None,
+                           _millis(params.get("timestamp")))
 
     def _check_conditional_put(self) -> None:
         """Two writers of one log version on a scratch table under the data folder: the
@@ -429,24 +418,15 @@ class DeltaBackend(TableBackend):
         version = table.transaction_version(sink_id)
         if version is None or version < epoch:
             return None  # Delta's own record: nothing of this epoch yet
-        found: dict[str, str] | None = None
-        limit = HISTORY_STEP
-        while True:
-            entries = table.history(limit)
-            for entry in entries:
-                if entry.get(SINK_KEY) != sink_id:
-                    continue
-                e = int(entry[EPOCH_KEY])
-                if e == epoch:
-                    found = {**(found or {}), **marker_dirs(str(entry[PARTICIPANTS_KEY]))}
-                elif int(entry.get(HIGHEST_KEY, e)) < epoch:
-                    return found  # no older entry can be of this epoch
-            if len(entries) < limit:
-                break
-            limit *= 4
-        if found is not None:
-            return found
-        earliest = min((int(e.get("version", 0)) for e in entries), default=0)
+        search = EpochSearch(sink_id, epoch)
+        versions = []
+        for entry in _history(table):
+            if search.read(entry):
+                return search.found  # no older entry can be of this epoch
+            versions.append(int(entry.get("version", 0)))
+        if search.found is not None:
+            return search.found
+        earliest = min(versions, default=0)
         if earliest == 0:
             return None  # the whole log read: this epoch number was never committed
         raise StateError(
@@ -495,9 +475,7 @@ class DeltaBackend(TableBackend):
             actions.append(AddAction(f.path, f.size, {}, mtime, True,
                                      f.stats or f'{{"numRecords":{f.rows}}}'))
         props = CommitProperties(
-            custom_metadata={SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
-                             PARTICIPANTS_KEY: marker_json(participants),
-                             HIGHEST_KEY: str(highest)},
+            custom_metadata=marker(sink_id, epoch, participants, highest),
             app_transactions=[Transaction(sink_id, highest)],
             # delta-rs would retry a lost race itself, on the new log version, without
             # looking at the winner's txn: two committers of one epoch then both add it
@@ -598,6 +576,19 @@ class DeltaBackend(TableBackend):
                 f"delta backend: the epoch's files do not match the schema of {self.path} "
                 f"(columns {mismatch[1]}); the epoch stays DECIDED: alter the table or "
                 "write a matching frame")
+
+
+def _history(table: Any) -> Iterator[dict[str, Any]]:
+    """The table's log entries, newest first, read :data:`HISTORY_STEP` at first and four
+    times more each time the caller reads on (a longer read starts again at the newest:
+    what the callers take from an entry is the same when they see it twice)."""
+    limit = HISTORY_STEP
+    while True:
+        entries = table.history(limit)
+        yield from entries
+        if len(entries) < limit:
+            return
+        limit *= 4
 
 
 def _millis(value: Any) -> float | None:

@@ -50,12 +50,15 @@ import pyarrow.parquet as pq
 from txsink.backend import Transaction
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
+    EPOCH_KEY,
     OWNER_FILE,
+    SINK_KEY,
     ConflictError,
     DataFile,
+    EpochSearch,
     TableBackend,
-    marker_dirs,
-    marker_json,
+    marked_highest,
+    marker,
     nullable_schema,
     refuse_characters,
 )
@@ -65,13 +68,6 @@ from txsink.options import Options
 
 log = logging.getLogger(__name__)
 
-SINK_KEY = "txsink.sink"
-EPOCH_KEY = "txsink.epoch"
-PARTICIPANTS_KEY = "txsink.participants"
-#: The sink's highest epoch in the table once the snapshot is in: an epoch may commit
-#: after a higher one (two batch writes reserve 5 and 6, 6 commits first), so the
-#: epochs along the ancestry are not in order, but these are.
-HIGHEST_KEY = "txsink.highest"
 #: Table property prefix: ``txsink.epoch.<sink id>`` = the sink's highest committed epoch.
 EPOCH_PROPERTY = "txsink.epoch."
 CATALOG_FILE = "txsink-catalog.db"
@@ -571,24 +567,16 @@ class IcebergBackend(TableBackend):
     def _walk(self, table: Any, sink_id: str, epoch: int) -> dict[str, str] | None:
         """The participant directories the current snapshot's ancestry marks for
         ``epoch``, read back to the sink's next older epoch."""
-        found: dict[str, str] | None = None
-        later = False
+        search = EpochSearch(sink_id, epoch)
         snapshot = table.current_snapshot()
         while snapshot is not None:
-            summary = snapshot.summary
-            if summary is not None and summary.get(SINK_KEY) == sink_id:
-                e = int(summary[EPOCH_KEY])
-                if e == epoch:
-                    found = {**(found or {}), **marker_dirs(summary[PARTICIPANTS_KEY])}
-                elif int(summary.get(HIGHEST_KEY, e)) < epoch:
-                    return found  # no older snapshot can be of this epoch
-                else:
-                    later = True
+            if search.read(snapshot.summary):
+                return search.found  # no older snapshot can be of this epoch
             parent = snapshot.parent_snapshot_id
             older = table.snapshot_by_id(parent) if parent is not None else None
-            if older is None and (found is not None or _first_of_table(snapshot)):
-                return found  # found, or the whole ancestry read
-            if older is None and not later:
+            if older is None and (search.found is not None or _first_of_table(snapshot)):
+                return search.found  # found, or the whole ancestry read
+            if older is None and not search.later:
                 # Cut short by expiry with no marker of the sink on the branch (another
                 # writer's snapshots since, a compaction): that tells "never written"
                 # only when the sink never recorded an epoch this high (the property
@@ -598,7 +586,7 @@ class IcebergBackend(TableBackend):
                 # to be committed again.
                 recorded = _recorded_epoch(table, sink_id)
                 if recorded < epoch or _marked_anywhere(table, sink_id, epoch):
-                    return found
+                    return search.found
                 raise StateError(
                     f"sink={sink_id} epoch={epoch}: table {self.table} records epochs of this "
                     f"sink up to {recorded} (property {EPOCH_PROPERTY}{sink_id}), but no "
@@ -615,7 +603,7 @@ class IcebergBackend(TableBackend):
                     "(expired): txsink cannot tell whether that epoch is in the table. Keep "
                     "snapshots longer than the longest time a pipeline may be down",
                     sink_id=sink_id, epoch=epoch)
-        return found
+        return search.found
 
     def highest_epoch(self, sink_id: str) -> int | None:
         table = self._load()
@@ -644,9 +632,7 @@ class IcebergBackend(TableBackend):
         recorded = _recorded_epoch(table, sink_id)
         # The branch's own highest (a rollback takes epochs out of it; the property
         # keeps them).
-        props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
-                 PARTICIPANTS_KEY: marker_json(participants),
-                 HIGHEST_KEY: str(max(epoch, _highest(table, sink_id)))}
+        props = marker(sink_id, epoch, participants, max(epoch, _highest(table, sink_id)))
         paths = [self._file_uri(f.path) for f in files]
         table = _without_retries(table)
         try:
@@ -914,9 +900,9 @@ def _highest(table: Any, sink_id: str) -> int:
     epochs were all rolled back; the table property when their snapshots expired."""
     snapshot = table.current_snapshot()
     while snapshot is not None:
-        summary = snapshot.summary
-        if summary is not None and summary.get(SINK_KEY) == sink_id:
-            return int(summary.get(HIGHEST_KEY, summary[EPOCH_KEY]))
+        highest = marked_highest(snapshot.summary, sink_id)
+        if highest is not None:
+            return highest
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None
     if any(_is_marker(s, sink_id) for s in table.metadata.snapshots):
