@@ -50,7 +50,7 @@ from txsink.errors import (
     StateError,
 )
 from txsink.model import Committable, TransactionContext, parse_participant
-from txsink.objectstore import S3Access, is_s3, split_uri, unreachable
+from txsink.objectstore import S3Access, is_s3, refuse_characters, split_uri, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +79,6 @@ def new_participant_dir(participant: str) -> str:
 def participant_of(dirname: str) -> str:
     """The participant name a directory made by :func:`new_participant_dir` belongs to."""
     return dirname.rsplit(".", 1)[0]
-
-
-def refuse_characters(location: str, why: Mapping[str, str], *, owner: str,
-                      field: str) -> None:
-    """Refuse (before anything is written) a table location holding one of the
-    characters ``why`` names, saying why that character cannot work."""
-    for ch, reason in why.items():
-        if ch in location:
-            raise ConfigError(f"{owner}: option '{field}' {location!r} holds {ch!r}: "
-                              f"{reason}. Give a location without it", field=field)
 
 
 def nullable_schema(schema: pa.Schema) -> pa.Schema:
@@ -249,8 +239,14 @@ class TableBackend(Backend):
     #: Spark's own Parquet writer may write this target's files (the native data path:
     #: ``TargetSet.write_stream`` / ``write`` and grouped epochs).
     native_parquet: ClassVar[bool] = True
-    #: The option naming the table's location (for errors about it).
+    #: The option naming the table's location (for errors about it); the backend keeps
+    #: its value in the attribute of the same name (:attr:`location`).
     location_option: ClassVar[str] = "path"
+    #: Options besides the location and the endpoint that name the place of a table on
+    #: S3 (:meth:`destination`), with their defaults.
+    place_options: ClassVar[Mapping[str, str]] = {}
+    #: How the table's store is reached: None for a table on local disk.
+    s3: S3Access | None = None
     capabilities: ClassVar[frozenset[Capability]] = frozenset({
         Capability.COMMIT_FROM_ANY_PROCESS, Capability.LIST_PREPARED,
         Capability.COMMIT_MARKER, Capability.SURVIVES_RESTART})
@@ -303,17 +299,51 @@ class TableBackend(Backend):
             raise ConflictError(f"sink={sink_id} epoch={epoch}: {self.describe()} was "
                                 "given this epoch meanwhile by another committer")
 
+    # -- the location -------------------------------------------------------------------
+
+    def _locate(self, location: str, s3: S3Access | None, refused: Mapping[str, str]) -> None:
+        """For the constructor: refuse a location holding a character ``refused`` names
+        (the format's libraries cannot take it), and keep how its store is reached: ``s3``
+        as given; for an ``s3://`` location without one, the AWS environment's."""
+        refuse_characters(location, refused, owner=f"{self.name} backend",
+                          field=self.location_option)
+        self.s3 = s3 if s3 is not None or not is_s3(location) else S3Access()
+
+    @property
+    def location(self) -> str:
+        """The location option's value as this backend keeps it (absolute, ``s3://``)."""
+        return str(getattr(self, self.location_option))
+
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # On S3 the place is the store and the table's key prefix (s3:// and s3a:// name
+        # the same objects); region and keys only say how to get there, and a rotated key
+        # is no move. Local tables keep the default.
+        location = str(options.get(cls.location_option) or "")
+        if not is_s3(location):
+            return super().destination(options)
+        return {cls.location_option: "s3://" + location.split("://", 1)[1].strip("/"),
+                **{k: str(options.get(k) or default) for k, default in cls.place_options.items()},
+                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
+
+    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
+        kept = super().safe_options(options)
+        kept[self.location_option] = self.location  # absolute: status/resolve may run elsewhere
+        return kept
+
+    def secret_values(self) -> list[str]:
+        return self.s3.secrets() if self.s3 is not None else []
+
     # -- files ----------------------------------------------------------------------------
 
     def on_s3(self) -> bool:
-        """Whether the table lives on S3 (tables whose data root needs I/O to find
-        answer from their options instead)."""
-        return is_s3(self.data_root())
+        """Whether the table lives on S3 (known from its options, without I/O)."""
+        return self.s3 is not None
 
     def s3_access(self) -> S3Access:
-        """How this table's S3 location is reached (tables on S3 override this with
-        their options; the default is the AWS environment of the process)."""
-        return S3Access()
+        """How this table's S3 location is reached (the AWS environment of the process
+        when the options say nothing)."""
+        return self.s3 if self.s3 is not None else S3Access()
 
     def _fs(self) -> tuple[pafs.FileSystem, str]:
         cached = getattr(self, "_fs_cache", None)
@@ -321,7 +351,8 @@ class TableBackend(Backend):
             root = self.data_root()
             fs: pafs.FileSystem
             if is_s3(root):
-                bucket, key = split_uri(root, owner=f"{self.name} backend", field="path")
+                bucket, key = split_uri(root, owner=f"{self.name} backend",
+                                        field=self.location_option)
                 fs, path = self.s3_access().filesystem(), f"{bucket}/{key}"
             elif "://" in root and not root.startswith("file://"):
                 fs, path = pafs.FileSystem.from_uri(root)
@@ -377,7 +408,7 @@ class TableBackend(Backend):
         if not is_s3(root):
             return
         owner = f"{self.name} backend"
-        bucket, key = split_uri(root, owner=owner, field="path")
+        bucket, key = split_uri(root, owner=owner, field=self.location_option)
         self.s3_access().check(bucket, f"{key}/{DATA_FOLDER}".lstrip("/"), owner=owner,
                                field=self.location_option)
 

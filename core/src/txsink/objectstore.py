@@ -19,6 +19,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyarrow.fs as pafs
 
@@ -33,6 +34,25 @@ OPTION_KEYS = ("endpoint_url", "region", "addressing_style", "access_key_id",
 SECRET_KEYS = frozenset({"secret_access_key", "session_token"})
 DEFAULT_REGION = "us-east-1"
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,62}$")
+
+
+#: Characters a table location option must not hold: delta-rs and pyiceberg take the
+#: location as a URL (its history reads empty after ``#`` or ``?``, ``%20`` is a space),
+#: so an epoch was decided and never committed.
+URL_CHARACTERS = dict.fromkeys(
+    "#?%", "delta-rs and pyiceberg take the location as a URL, and what they read as part "
+    "of a URL (a fragment, a query, an escape) is not the directory: an epoch's files "
+    "would be written and the table never find them")
+
+
+def refuse_characters(location: str, why: Mapping[str, str], *, owner: str,
+                      field: str) -> None:
+    """Refuse (before anything is written) a table location holding one of the
+    characters ``why`` names, saying why that character cannot work."""
+    for ch, reason in why.items():
+        if ch in location:
+            raise ConfigError(f"{owner}: option '{field}' {location!r} holds {ch!r}: "
+                              f"{reason}. Give a location without it", field=field)
 
 
 def is_s3(uri: str) -> bool:
@@ -57,6 +77,17 @@ def split_uri(uri: str, *, owner: str, field: str) -> tuple[str, str]:
 def unreachable(text: str) -> bool:
     """An Arrow S3 filesystem error that means no connection (not a refusal)."""
     return "NETWORK_CONNECTION" in text or "curlCode" in text
+
+
+class S3Names(NamedTuple):
+    """What one S3 client library calls each setting :meth:`S3Access.properties` gives."""
+
+    region: str
+    endpoint: str
+    virtual_addressing: str
+    access_key_id: str
+    secret_access_key: str
+    session_token: str
 
 
 @dataclass(frozen=True)
@@ -141,6 +172,24 @@ class S3Access:
         endpoint = self.endpoint()
         return f"s3://{bucket}" + (f" at {endpoint}" if endpoint else "")
 
+    def properties(self, names: S3Names) -> dict[str, str]:
+        """This access as a client library's string settings, under its ``names``: the
+        region; the endpoint when one is known; the addressing style when one is chosen;
+        the keys when given as options (without them the library's own AWS credential
+        chain finds them, in each process)."""
+        out = {names.region: self.region_name()}
+        endpoint = self.endpoint()
+        if endpoint:
+            out[names.endpoint] = endpoint
+        if self.addressing_style != "auto":
+            out[names.virtual_addressing] = str(self.addressing_style == "virtual").lower()
+        if self.access_key_id is not None and self.secret_access_key is not None:
+            out[names.access_key_id] = self.access_key_id
+            out[names.secret_access_key] = self.secret_access_key.reveal()
+            if self.session_token is not None:
+                out[names.session_token] = self.session_token.reveal()
+        return out
+
     def filesystem(self, max_attempts: int = 5) -> pafs.S3FileSystem:
         """pyarrow's S3 filesystem for the data files (one per process: not pickled).
         The checks before a run use 2 attempts: a wrong endpoint is named at once."""
@@ -208,14 +257,7 @@ def table_location(opts: Options, options: Mapping[str, str], owner: str,
     """A table backend's location option: ``s3://bucket/prefix`` (with its S3 access
     from the options) or a local directory (made absolute; S3 options refused there)."""
     location = opts.str(field, required=True)
-    url_char = next((c for c in "#?%" if c in location), None)
-    if url_char is not None:
-        # delta-rs and pyiceberg take the location as a URL: its history reads empty
-        # after '#' or '?', '%20' is a space; the epoch was decided and never committed.
-        raise ConfigError(f"{owner}: option '{field}' {location!r} has {url_char!r}, which "
-                          "the table libraries (delta-rs, pyiceberg) read as part of a URL, "
-                          "so an epoch's files would be written and the table never find "
-                          "them; give a location without '#', '?' and '%'", field=field)
+    refuse_characters(location, URL_CHARACTERS, owner=owner, field=field)
     if is_s3(location):
         bucket, key = split_uri(location, owner=owner, field=field)
         return f"s3://{bucket}/{key}".rstrip("/"), S3Access.from_options(opts, owner)

@@ -43,10 +43,16 @@ from txsink.lakehouse import (
     TableBackend,
     marker,
     nullable_schema,
-    refuse_characters,
 )
 from txsink.model import Committable
-from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
+from txsink.objectstore import (
+    SECRET_KEYS,
+    S3Access,
+    S3Names,
+    is_s3,
+    split_uri,
+    table_location,
+)
 from txsink.options import Options
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,9 @@ LOCATION_CHARACTERS = {
     "%": "delta-rs decodes percent-escapes in a table's location twice and finds "
          "another directory",
 }
+#: delta-rs's names of the S3 settings (its ``storage_options``).
+S3_NAMES = S3Names("AWS_REGION", "AWS_ENDPOINT_URL", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+                   "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 #: Writer features txsink's commits honour (Delta protocol, "Table Features"): appends
 #: of whole files with statistics are all these ask of a writer, and delta-rs 1.6
 #: writes (and checkpoints) tables that list them. ``invariants``, ``checkConstraints``
@@ -99,10 +108,9 @@ class DeltaBackend(TableBackend):
     secret_options: ClassVar[frozenset[str]] = SECRET_KEYS
 
     def __init__(self, path: str, *, create: bool = True, s3: S3Access | None = None) -> None:
-        refuse_characters(path, LOCATION_CHARACTERS, owner="delta backend", field="path")
+        self._locate(path, s3, LOCATION_CHARACTERS)
         self.path = path
         self.create = create
-        self.s3 = s3 if s3 is not None or not is_s3(path) else S3Access()
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> DeltaBackend:
@@ -112,36 +120,11 @@ class DeltaBackend(TableBackend):
         opts.check_unknown()
         return cls(path, create=create, s3=s3)
 
-    @classmethod
-    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
-        # On S3 the place is the store and the table's key prefix (s3:// and s3a://
-        # name the same objects); region and keys only say how to get there, and a
-        # rotated key is no move. Local tables keep the default.
-        path = str(options.get("path") or "")
-        if not is_s3(path):
-            return super().destination(options)
-        return {"path": "s3://" + path.split("://", 1)[1].strip("/"),
-                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
-
     def describe(self) -> str:
         return f"delta table {self.path}"
 
-    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
-        kept = super().safe_options(options)
-        kept["path"] = self.path  # absolute: status/resolve may run elsewhere
-        return kept
-
-    def secret_values(self) -> list[str]:
-        return self.s3.secrets() if self.s3 is not None else []
-
     def data_root(self) -> str:
         return self.path
-
-    def s3_access(self) -> S3Access:
-        return self.s3 if self.s3 is not None else S3Access()
-
-    def on_s3(self) -> bool:
-        return self.s3 is not None
 
     def table_uri(self, path: str | None = None) -> str:
         """The table's location (or ``path``, another one on the same store) as delta-rs
@@ -160,21 +143,9 @@ class DeltaBackend(TableBackend):
         does this by default on S3; stated so a changed default cannot undo it)."""
         if self.s3 is None:
             return None
-        s3 = self.s3
-        out = {"conditional_put": "etag", "AWS_REGION": s3.region_name()}
-        endpoint = s3.endpoint()
-        if endpoint:
-            out["AWS_ENDPOINT_URL"] = endpoint
-            if endpoint.startswith("http://"):
-                out["AWS_ALLOW_HTTP"] = "true"
-        if s3.addressing_style != "auto":
-            out["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = str(
-                s3.addressing_style == "virtual").lower()
-        if s3.access_key_id is not None and s3.secret_access_key is not None:
-            out["AWS_ACCESS_KEY_ID"] = s3.access_key_id
-            out["AWS_SECRET_ACCESS_KEY"] = s3.secret_access_key.reveal()
-            if s3.session_token is not None:
-                out["AWS_SESSION_TOKEN"] = s3.session_token.reveal()
+        out = {"conditional_put": "etag", **self.s3.properties(S3_NAMES)}
+        if out.get(S3_NAMES.endpoint, "").startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
         return out
 
     # -- the table ------------------------------------------------------------------------

@@ -60,10 +60,17 @@ from txsink.lakehouse import (
     marked_highest,
     marker,
     nullable_schema,
-    refuse_characters,
 )
 from txsink.model import Committable, TransactionContext
-from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
+from txsink.objectstore import (
+    SECRET_KEYS,
+    S3Access,
+    S3Names,
+    is_s3,
+    refuse_characters,
+    split_uri,
+    table_location,
+)
 from txsink.options import Options
 
 log = logging.getLogger(__name__)
@@ -88,6 +95,9 @@ TABLE_PROPERTY = "txsink.table."
 _NO_URL = ("pyiceberg reads a data file at such a location as a URL and finds another "
            "file, and Java's Iceberg does not (no spelling works for both)")
 LOCATION_CHARACTERS = {"#": _NO_URL, "?": _NO_URL}
+#: pyiceberg's names of the S3 settings (its FileIO properties).
+S3_NAMES = S3Names("s3.region", "s3.endpoint", "s3.force-virtual-addressing",
+                   "s3.access-key-id", "s3.secret-access-key", "s3.session-token")
 #: Parquet's field-id key in Arrow field metadata.
 FIELD_ID = b"PARQUET:field_id"
 
@@ -99,6 +109,7 @@ class IcebergBackend(TableBackend):
     secret_options: ClassVar[frozenset[str]] = frozenset(
         {"catalog_uri", "catalog_credential", "catalog_token", *SECRET_KEYS})
     location_option: ClassVar[str] = "warehouse"
+    place_options: ClassVar[Mapping[str, str]] = {"table": "", "catalog_name": "txsink"}
 
     def __init__(self, table: str, warehouse: str, catalog_uri: str | None = None, *,
                  catalog_name: str = "txsink", create: bool = True,
@@ -106,8 +117,7 @@ class IcebergBackend(TableBackend):
                  catalog_credential: str | None = None, catalog_token: str | None = None,
                  catalog_warehouse: str | None = None,
                  catalog_oauth2_uri: str | None = None) -> None:
-        refuse_characters(warehouse, LOCATION_CHARACTERS, owner="iceberg backend",
-                          field="warehouse")
+        self._locate(warehouse, s3, LOCATION_CHARACTERS)
         refuse_characters(table, {**LOCATION_CHARACTERS, "/": "a table name is no path"},
                           owner="iceberg backend", field="table")
         self.table = table
@@ -120,7 +130,6 @@ class IcebergBackend(TableBackend):
         self.catalog_warehouse = catalog_warehouse
         self.catalog_oauth2_uri = catalog_oauth2_uri
         self.create = create
-        self.s3 = s3 if s3 is not None or not is_s3(warehouse) else S3Access()
         if catalog_type == "rest" and not catalog_uri:
             raise ConfigError("iceberg backend: catalog_type 'rest' needs option "
                               "'catalog_uri', the REST catalog's URL (e.g. "
@@ -172,18 +181,6 @@ class IcebergBackend(TableBackend):
                    catalog_token=token.reveal() if token else None,
                    catalog_warehouse=rest_warehouse, catalog_oauth2_uri=oauth2)
 
-    @classmethod
-    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
-        # As Delta's: on S3 the store, the warehouse prefix and the table (in its
-        # catalog); region and keys are no part of the place.
-        warehouse = str(options.get("warehouse") or "")
-        if not is_s3(warehouse):
-            return super().destination(options)
-        return {"warehouse": "s3://" + warehouse.split("://", 1)[1].strip("/"),
-                "table": str(options.get("table") or ""),
-                "catalog_name": str(options.get("catalog_name") or "txsink"),
-                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
-
     def describe(self) -> str:
         return f"iceberg table {self.table} (warehouse {self.warehouse})"
 
@@ -192,40 +189,17 @@ class IcebergBackend(TableBackend):
         if self.catalog_credential and ":" in self.catalog_credential:
             rest.append(self.catalog_credential.split(":", 1)[1])  # the secret alone
         return ([self.catalog_uri] if self.catalog_uri else []) + rest + (
-            self.s3.secrets() if self.s3 is not None else [])
-
-    def s3_access(self) -> S3Access:
-        return self.s3 if self.s3 is not None else S3Access()
-
-    def on_s3(self) -> bool:
-        return self.s3 is not None
+            super().secret_values())
 
     def file_io_properties(self) -> dict[str, str]:
         """pyiceberg's FileIO properties for a warehouse on S3 (pyarrow's S3 client)."""
         if self.s3 is None:
             return {}
-        s3 = self.s3
-        out = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
-               "s3.region": s3.region_name()}
-        endpoint = s3.endpoint()
-        if endpoint:
-            out["s3.endpoint"] = endpoint
-        if s3.addressing_style != "auto":
-            out["s3.force-virtual-addressing"] = str(s3.addressing_style == "virtual").lower()
-        if s3.access_key_id is not None and s3.secret_access_key is not None:
-            out["s3.access-key-id"] = s3.access_key_id
-            out["s3.secret-access-key"] = s3.secret_access_key.reveal()
-            if s3.session_token is not None:
-                out["s3.session-token"] = s3.session_token.reveal()
-        return out
+        return {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
+                **self.s3.properties(S3_NAMES)}
 
     def _warehouse_uri(self) -> str:
         return self.warehouse if self.s3 is not None else f"file://{self.warehouse}"
-
-    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
-        kept = super().safe_options(options)
-        kept["warehouse"] = self.warehouse
-        return kept
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
