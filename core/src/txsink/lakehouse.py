@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.errors import (
     ConfigError,
+    FatalCommitError,
     ParticipantLostError,
     ServerUnavailableError,
     SinkOwnedError,
@@ -102,6 +103,17 @@ def _nullable_field(field: pa.Field[Any]) -> pa.Field[Any]:
     return pa.field(field.name, kind, nullable=True, metadata=field.metadata)
 
 
+@contextlib.contextmanager
+def after_decision() -> Iterator[None]:
+    """Around a check made again at commit, after the epoch was decided: what refused the
+    epoch before its decision (a :class:`~txsink.errors.ConfigError`) stops the commit
+    now, and the epoch stays DECIDED for the next start."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
+
+
 def fsync_path(path: str, *, directory: bool = False) -> None:
     """Make ``path`` (a file, or a directory's entries) durable on local disk."""
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
@@ -133,6 +145,11 @@ class DataFile:
         stats = data.get("stats")
         return cls(str(data["path"]), int(data["size"]), int(data["rows"]),
                    None if stats is None else str(stats))
+
+
+def files_of(committables: Iterable[Committable]) -> list[DataFile]:
+    """Every data file the participants of ``committables`` wrote."""
+    return [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
 
 
 def file_stats(meta: pq.FileMetaData) -> str:
@@ -286,7 +303,7 @@ class TableBackend(Backend):
     def check_prepared(self, committables: Sequence[Committable]) -> None:
         # Every participant's rows come from one frame: the first file's schema stands
         # for all (one footer read); the others' statistics are in the committables.
-        files = [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
+        files = files_of(committables)
         if files:
             self.check_files_schema(files)
 
@@ -298,6 +315,48 @@ class TableBackend(Backend):
         if any(participant_of(d) in held for d in participants):
             raise ConflictError(f"sink={sink_id} epoch={epoch}: {self.describe()} was "
                                 "given this epoch meanwhile by another committer")
+
+    # -- refusals: one shape each, the format giving its facts and its remedy ------------
+
+    def not_created(self, what: str, field: str) -> ConfigError:
+        """The start's refusal when there is no table (``what``) and option ``create`` is
+        false."""
+        return ConfigError(f"{self.name} backend: no {what} and create=false; create it "
+                           "first, or drop create=false", field=field)
+
+    def gone(self, what: str, *, decided: bool = True) -> Exception:
+        """The table (``what``) went away after the start, with option ``create`` false:
+        fatal once the epoch is ``decided``, a refusal of the epoch before."""
+        error = FatalCommitError if decided else ConfigError
+        return error(f"{self.name} backend: {what} is gone and create=false; create it "
+                     "again to commit")
+
+    def misfit(self, what: str, field: str) -> ConfigError:
+        """The refusal, before the decision, of an epoch whose rows do not fit the schema
+        of ``what`` (the table, and how they differ); ``field``: the first column."""
+        return ConfigError(f"{self.name} backend: the epoch's rows do not fit the schema of "
+                           f"{what}; nothing of the epoch is committed in any target: alter "
+                           "the table or write a matching frame", field=field)
+
+    def taken_back(self, what: str, undo: str, by: str) -> FatalCommitError:
+        """The stop when the table's history was set back past epochs of a sink (``what``:
+        how, and which epochs), so that they are no longer in it though they were
+        committed; ``undo``: how to put the table back; ``by``: the operation's name."""
+        return FatalCommitError(
+            f"{self.name} backend: {what}, so txsink cannot keep them exactly once. {undo} "
+            "to go on, or write with a new sink_id (and checkpoint) and replay what the "
+            f"{by} took out")
+
+    @staticmethod
+    def untold(sink_id: str, epoch: int, why: str, remedy: str, *,
+               not_again: bool = False) -> StateError:
+        """The table's history no longer says whether ``epoch`` is in it (``why``: what it
+        records and what is gone); ``not_again``: say that the epoch is not added a
+        second time either; ``remedy``: what keeps the history long enough."""
+        again = ", and does not add it a second time" if not_again else ""
+        return StateError(f"sink={sink_id} epoch={epoch}: {why}: txsink cannot tell whether "
+                          f"that epoch is in the table{again}. {remedy}",
+                          sink_id=sink_id, epoch=epoch)
 
     # -- the location -------------------------------------------------------------------
 
@@ -825,8 +884,7 @@ class TableBackend(Backend):
         disk the file is created once (a link never replaces a name); on S3 it is read
         before it is written and read back after."""
         fs, _ = self._fs()
-        rel = f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
-        path = self.absolute(rel)
+        path = self.absolute(self.owner_file(sink_id))
         document = {"sink_id": sink_id, "state_id": state_id,
                     "state_location": state_location}
         owner = self._read_owner(path)
@@ -850,9 +908,13 @@ class TableBackend(Backend):
             owner = self._read_owner(path) or document
         self._refuse_owner(owner, sink_id, state_id, state_location)
 
+    def owner_file(self, sink_id: str) -> str:
+        """The sink's owner file, relative to the data root."""
+        return f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
+
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         """:meth:`claim_sink`'s refusal from the owner file as it is (a read, no write)."""
-        owner = self._read_owner(self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+        owner = self._read_owner(self.absolute(self.owner_file(sink_id)))
         if owner is not None:
             self._refuse_owner(owner, sink_id, state_id, state_location)
 
@@ -860,8 +922,7 @@ class TableBackend(Backend):
                       state_location: str, remedy: str | None = None) -> None:
         """Refuse ``state_id`` if the owner record names another state; ``remedy``: how
         to drop that record (default: delete the owner file)."""
-        rel = f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
-        remedy = remedy or f"delete {self.uri(rel)}"
+        remedy = remedy or f"delete {self.uri(self.owner_file(sink_id))}"
         if str(owner.get("state_id")) != state_id:
             raise SinkOwnedError(
                 f"{self.name} backend: sink id {sink_id!r} in {self.describe()} belongs to "

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 import pyarrow.fs as pafs
-from txsink.errors import ConfigError, FatalCommitError, StateError
+from txsink.errors import ConfigError, FatalCommitError
 from txsink.lakehouse import (
     DATA_FOLDER,
     EPOCH_KEY,
@@ -41,6 +41,7 @@ from txsink.lakehouse import (
     DataFile,
     EpochSearch,
     TableBackend,
+    after_decision,
     marker,
     nullable_schema,
 )
@@ -167,9 +168,7 @@ class DeltaBackend(TableBackend):
         table = self._table()
         if table is None:
             if not self.create:
-                raise ConfigError(f"delta backend: no Delta table at {self.path} and "
-                                  "create=false; create it first, or drop create=false",
-                                  field="path")
+                raise self.not_created(f"Delta table at {self.path}", field="path")
             self._refuse_foreign_directory()
         else:
             self._refuse_unsupported(table)
@@ -326,15 +325,12 @@ class DeltaBackend(TableBackend):
                         int(entry.get("timestamp", 0)) <= when:
                     return
                 to = f"version {target}" if target is not None else f"timestamp {when}"
-                raise FatalCommitError(
-                    f"delta backend: table {self.path} was restored (RESTORE, log "
-                    f"version {at}) to {to}, "
+                raise self.taken_back(
+                    f"table {self.path} was restored (RESTORE, log version {at}) to {to}, "
                     f"before epoch {entry.get(EPOCH_KEY)} of sink {sink_id!r} (log version "
                     f"{version}): the epochs committed after it are no longer in the "
-                    "table, though its log still names them, so txsink cannot keep "
-                    "them exactly once. RESTORE the table to version "
-                    f"{version} or later to go on, or write with a new sink_id (and "
-                    "checkpoint) and replay what the RESTORE took out")
+                    "table, though its log still names them",
+                    f"RESTORE the table to version {version} or later", "RESTORE")
             if restore is None and entry.get("operation") == "RESTORE":
                 params = entry.get("operationParameters") or {}
                 target = params.get("version")
@@ -400,12 +396,11 @@ class DeltaBackend(TableBackend):
         earliest = min(versions, default=0)
         if earliest == 0:
             return None  # the whole log read: this epoch number was never committed
-        raise StateError(
-            f"sink={sink_id} epoch={epoch}: {self.describe()} records epoch {version} of "
-            "this sink, but its log no longer reaches back to epoch "
-            f"{epoch} (cleaned up before version {earliest}): txsink cannot tell whether "
-            "that epoch is in the table. Raise delta.logRetentionDuration above the longest "
-            "time a pipeline may be down", sink_id=sink_id, epoch=epoch)
+        raise self.untold(
+            sink_id, epoch, f"{self.describe()} records epoch {version} of this sink, but its "
+            f"log no longer reaches back to epoch {epoch} (cleaned up before version "
+            f"{earliest})", "Raise delta.logRetentionDuration above the longest time a "
+            "pipeline may be down")
 
     def highest_epoch(self, sink_id: str) -> int | None:
         table = self._table()
@@ -428,11 +423,9 @@ class DeltaBackend(TableBackend):
             return  # an empty epoch into a table that does not exist yet: nothing to name
         self.refuse_if_named(table, sink_id, epoch, participants)
         self.refuse_restored(table, sink_id)
-        try:
+        with after_decision():
             self._refuse_unsupported(table, since="was changed since the epoch was decided: "
                                      "it now ")
-        except ConfigError as exc:
-            raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
         schema = table.schema()
         self._check_schema(schema, files)
         # The txn version stays the sink's highest epoch when a lower one commits after
@@ -471,8 +464,7 @@ class DeltaBackend(TableBackend):
         if not files:
             return None
         if not self.create:
-            raise FatalCommitError(f"delta backend: the table at {self.path} is gone and "
-                                   "create=false; create it again to commit")
+            raise self.gone(f"the table at {self.path}")
         # Every column nullable: a frame's NOT NULL columns (Spark's range, a literal)
         # would otherwise refuse every later frame that may hold a null.
         schema = nullable_schema(self.read_schema(files[0].path))
@@ -534,10 +526,7 @@ class DeltaBackend(TableBackend):
             self._refuse_foreign_directory()
         mismatch = self._schema_mismatch(table.schema(), files) if table is not None else None
         if mismatch is not None:
-            raise ConfigError(
-                f"delta backend: the epoch's rows do not fit the schema of {self.path} "
-                f"(columns {mismatch[1]}); nothing of the epoch is committed in any target: "
-                "alter the table or write a matching frame", field=mismatch[0])
+            raise self.misfit(f"{self.path} (columns {mismatch[1]})", field=mismatch[0])
 
     def _check_schema(self, schema: Any, files: Sequence[DataFile]) -> None:
         # Again at commit: the table may have been altered since the epoch was decided.

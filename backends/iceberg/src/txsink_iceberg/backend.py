@@ -51,12 +51,13 @@ from txsink.backend import Transaction
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
     EPOCH_KEY,
-    OWNER_FILE,
     SINK_KEY,
     ConflictError,
     DataFile,
     EpochSearch,
     TableBackend,
+    after_decision,
+    files_of,
     marked_highest,
     marker,
     nullable_schema,
@@ -95,6 +96,9 @@ TABLE_PROPERTY = "txsink.table."
 _NO_URL = ("pyiceberg reads a data file at such a location as a URL and finds another "
            "file, and Java's Iceberg does not (no spelling works for both)")
 LOCATION_CHARACTERS = {"#": _NO_URL, "?": _NO_URL}
+#: What keeps an epoch's marker long enough (the remedy when it is gone).
+KEEP_DECIDED = ("Keep snapshots longer than the longest time a pipeline may be down with a "
+                "decided epoch")
 #: pyiceberg's names of the S3 settings (its FileIO properties).
 S3_NAMES = S3Names("s3.region", "s3.endpoint", "s3.force-virtual-addressing",
                    "s3.access-key-id", "s3.secret-access-key", "s3.session-token")
@@ -293,9 +297,7 @@ class IcebergBackend(TableBackend):
             self.s3.check(bucket, key, owner="iceberg backend", field="warehouse")
         table = self._load()
         if table is None and not self.create:
-            raise ConfigError(f"iceberg backend: no table {self.table} in the catalog and "
-                              "create=false; create it first, or drop create=false",
-                              field="table")
+            raise self.not_created(f"table {self.table} in the catalog", field="table")
         if table is not None:
             self._refuse_unsupported(table)
             self.refuse_rolled_back(table, sink_id)
@@ -446,13 +448,13 @@ class IcebergBackend(TableBackend):
                                      f"{sink_id} of {self.table} is not JSON ({exc})") from exc
                 if isinstance(found, dict):
                     return found
-        return self._read_owner(self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+        return self._read_owner(self.absolute(self.owner_file(sink_id)))
 
     def _owner_remedy(self, sink_id: str) -> str:
         return (f"remove table property {OWNER_PROPERTY}{sink_id} of {self.table} (pyiceberg: "
                 f"with table.transaction() as tx: tx.remove_properties("
                 f"'{OWNER_PROPERTY}{sink_id}'); Spark: ALTER TABLE ... UNSET TBLPROPERTIES) "
-                f"and delete {self.uri(self._sink_folder(sink_id) + '/' + OWNER_FILE)} if "
+                f"and delete {self.uri(self.owner_file(sink_id))} if "
                 "it is there")
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
@@ -504,16 +506,13 @@ class IcebergBackend(TableBackend):
         if on_branch >= recorded or not _marked_anywhere(table, sink_id, recorded):
             return
         current = table.current_snapshot()
-        raise FatalCommitError(
-            f"iceberg backend: table {self.table} was rolled back past epochs of sink "
-            f"{sink_id!r}: it records epoch {recorded} (property {EPOCH_PROPERTY}{sink_id}) "
-            f"but its current snapshot "
+        raise self.taken_back(
+            f"table {self.table} was rolled back past epochs of sink {sink_id!r}: it records "
+            f"epoch {recorded} (property {EPOCH_PROPERTY}{sink_id}) but its current snapshot "
             f"{current.snapshot_id if current is not None else None} holds epochs up to "
             f"{on_branch} only; the later epochs' snapshots are off the branch, their rows "
-            "gone from the table, so txsink cannot keep them exactly once. Set the current "
-            "snapshot back to the sink's newest (CALL system.set_current_snapshot) to go "
-            "on, or write with a new sink_id (and checkpoint) and replay what the rollback "
-            "took out")
+            "gone from the table", "Set the current snapshot back to the sink's newest "
+            "(CALL system.set_current_snapshot)", "rollback")
 
     # -- markers --------------------------------------------------------------------------
 
@@ -529,13 +528,10 @@ class IcebergBackend(TableBackend):
             # own commit), and its snapshot expired since. (A rolled-back epoch keeps its
             # snapshot, off the branch: that one is not in the table, and is written
             # again.)
-            raise StateError(
-                f"sink={sink_id} epoch={epoch}: table {self.table} records epoch {recorded} "
-                f"of this sink (property {EPOCH_PROPERTY}{sink_id}), but no snapshot marks "
-                "it any more (expired): txsink cannot tell whether that epoch is in the "
-                "table, and does not add it a second time. Keep snapshots longer than the "
-                "longest time a pipeline may be down with a decided epoch",
-                sink_id=sink_id, epoch=epoch)
+            raise self.untold(
+                sink_id, epoch, f"table {self.table} records epoch {recorded} of this sink "
+                f"(property {EPOCH_PROPERTY}{sink_id}), but no snapshot marks it any more "
+                "(expired)", KEEP_DECIDED, not_again=True)
         return found
 
     def _walk(self, table: Any, sink_id: str, epoch: int) -> dict[str, str] | None:
@@ -561,22 +557,17 @@ class IcebergBackend(TableBackend):
                 recorded = _recorded_epoch(table, sink_id)
                 if recorded < epoch or _marked_anywhere(table, sink_id, epoch):
                     return search.found
-                raise StateError(
-                    f"sink={sink_id} epoch={epoch}: table {self.table} records epochs of this "
-                    f"sink up to {recorded} (property {EPOCH_PROPERTY}{sink_id}), but no "
-                    "snapshot marks it any more (expired): txsink cannot tell whether that "
-                    "epoch is in the table, and does not add it a second time. Keep "
-                    "snapshots longer than the longest time a pipeline may be down with a "
-                    "decided epoch", sink_id=sink_id, epoch=epoch)
+                raise self.untold(
+                    sink_id, epoch, f"table {self.table} records epochs of this sink up to "
+                    f"{recorded} (property {EPOCH_PROPERTY}{sink_id}), but no snapshot marks "
+                    "it any more (expired)", KEEP_DECIDED, not_again=True)
             snapshot = older
             if snapshot is None:
                 # Expired: the parent is gone, or (pyiceberg's expiry) no longer named.
-                raise StateError(
-                    f"sink={sink_id} epoch={epoch}: table {self.table} holds later epochs of "
-                    f"this sink, but its snapshots no longer reach back to epoch {epoch} "
-                    "(expired): txsink cannot tell whether that epoch is in the table. Keep "
-                    "snapshots longer than the longest time a pipeline may be down",
-                    sink_id=sink_id, epoch=epoch)
+                raise self.untold(
+                    sink_id, epoch, f"table {self.table} holds later epochs of this sink, "
+                    f"but its snapshots no longer reach back to epoch {epoch} (expired)",
+                    "Keep snapshots longer than the longest time a pipeline may be down")
         return search.found
 
     def highest_epoch(self, sink_id: str) -> int | None:
@@ -597,11 +588,9 @@ class IcebergBackend(TableBackend):
             table = self._create(sink_id, files)  # (tables are made before the decision)
         if table is None:
             return  # an empty epoch into a table that does not exist yet
-        try:
+        with after_decision():
             self._check_uuid(sink_id, table)
             self._refuse_unsupported(table, since=True)
-        except ConfigError as exc:
-            raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
         self.refuse_if_named(table, sink_id, epoch, participants)
         recorded = _recorded_epoch(table, sink_id)
         # The branch's own highest (a rollback takes epochs out of it; the property
@@ -666,7 +655,7 @@ class IcebergBackend(TableBackend):
         if it does not: an empty table made for an epoch that then fails is harmless, and
         so a table is never made after a decision, where a refusal would come too late),
         is still the sink's, unpartitioned, and takes the files' columns by field id."""
-        files = [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
+        files = files_of(committables)
         if not files:
             return
         sink_id = committables[0].sink_id
@@ -725,11 +714,8 @@ class IcebergBackend(TableBackend):
         except ValueError as exc:
             known = {f.name for f in table.schema().fields}
             extra = [n for n in theirs.names if n not in known]
-            raise ConfigError(
-                f"iceberg backend: the epoch's rows do not fit the schema of table "
-                f"{self.table}: {exc}; nothing of the epoch is committed in any target: "
-                "alter the table or write a matching frame",
-                field=(extra or list(theirs.names) or ["?"])[0]) from None
+            raise self.misfit(f"table {self.table}: {exc}",
+                              field=(extra or list(theirs.names) or ["?"])[0]) from None
 
     def _create(self, sink_id: str, files: Sequence[DataFile], *,
                 decided: bool = True) -> Any:
@@ -742,18 +728,12 @@ class IcebergBackend(TableBackend):
         if not files:
             return None
         if not self.create:
-            error = FatalCommitError if decided else ConfigError
-            raise error(f"iceberg backend: table {self.table} is gone and create=false; "
-                        "create it again to commit")
-        try:
+            raise self.gone(f"table {self.table}", decided=decided)
+        with after_decision() if decided else contextlib.nullcontext():
             self.check_identity(sink_id, None)
-        except ConfigError as exc:
-            if decided:
-                raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
-            raise
         schema = nullable_schema(self.read_schema(files[0].path))
         claim = self._claims.get(sink_id) or self._read_owner(
-            self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+            self.absolute(self.owner_file(sink_id)))
         properties = {OWNER_PROPERTY + sink_id: json.dumps(claim)} if claim else {}
         catalog = self._catalog()
         catalog.create_namespace_if_not_exists(self.table.split(".")[0])
