@@ -105,7 +105,7 @@ def concurrent_commit(backend: Any, *, compact: bool) -> str:
     # (a copy: the armed backend's wrapped methods cannot be pickled).
     mine = copy.copy(backend)
     mine._catalog_cache = None
-    other = mine._load()
+    other = mine.load_table()
     schema = other.schema().as_arrow()
     if compact and len(list(other.scan().plan_files())) >= 2:
         other.overwrite(other.scan().to_arrow().cast(schema))
@@ -134,7 +134,7 @@ def live_files(backend: str, options: Mapping[str, str]) -> list[str]:
         except TableNotFoundError:
             return []
         return [urllib.parse.unquote(u.removeprefix("file://")) for u in table.file_uris()]
-    table = _iceberg(options)._load()
+    table = _iceberg(options).load_table()
     if table is None:
         return []
     return [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]
@@ -198,7 +198,7 @@ def orphan_files(backend: str, options: Mapping[str, str]) -> list[str]:
         files = {str(p) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
     else:
         b = _iceberg(options)
-        table = b._load()
+        table = b.load_table()
         root = Path(b.data_root())
         files = {str(p) for p in root.rglob("*.parquet")}
         named = set()
@@ -221,7 +221,7 @@ def entries(backend: str, options: Mapping[str, str], sink_id: str) -> collectio
                     if info.get(SINK_KEY) == sink_id:
                         found[int(info[EPOCH_KEY])] += 1
         return found
-    table = _iceberg(options)._load()
+    table = _iceberg(options).load_table()
     for snap in (table.metadata.snapshots if table is not None else []):
         summary = snap.summary
         if summary is not None and summary.get(SINK_KEY) == sink_id:

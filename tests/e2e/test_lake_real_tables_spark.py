@@ -62,7 +62,7 @@ def ids(backend: TableBackend) -> list[int]:
         found = DeltaTable(backend.table_uri()).to_pyarrow_table(columns=["id"])
     else:
         assert isinstance(backend, IcebergBackend)
-        loaded = IcebergBackend(backend.table, backend.warehouse)._load()
+        loaded = IcebergBackend(backend.table, backend.warehouse).load_table()
         found = loaded.scan(selected_fields=("id",)).to_arrow()
     return sorted(int(i) for i in found.column("id").to_pylist())
 
@@ -168,12 +168,12 @@ def test_spark_s_files_carry_the_iceberg_table_s_field_ids(spark: Any,
     group.write(frame(spark, 0, 3))
     backend = table(where, "iceberg")
     assert isinstance(backend, IcebergBackend)
-    with backend._load().update_schema() as change:
+    with backend.load_table().update_schema() as change:
         change.delete_column("s")
-    with backend._load().update_schema() as change:
+    with backend.load_table().update_schema() as change:
         change.add_column("s", StringType())
     group.write(frame(spark, 3, 5))
-    found = IcebergBackend("db.t", str(where / "wh"))._load().scan().to_arrow().to_pylist()
+    found = IcebergBackend("db.t", str(where / "wh")).load_table().scan().to_arrow().to_pylist()
     assert sorted((r["id"], r["s"]) for r in found) == [
         (0, None), (1, None), (2, None), (3, "3"), (4, "4")]
 
@@ -210,7 +210,7 @@ def test_a_target_a_grouped_epoch_does_not_write_holds_the_epoch(spark: Any,
     with group.epoch(spark) as tx:
         tx.write(frame(spark, 0, 3), "delta")
     iceberg = table(tmp_path, "iceberg")
-    assert isinstance(iceberg, IcebergBackend) and iceberg._load() is None
+    assert isinstance(iceberg, IcebergBackend) and iceberg.load_table() is None
     for kind in ("delta", "iceberg"):
         assert table(tmp_path, kind).holds_epoch(target_sink_id("grouped", kind), 0), kind
     tg = TargetGroup.from_specs("grouped", parse_targets(lake(tmp_path), "grouped"))

@@ -81,7 +81,7 @@ def table_rows(backend: TableBackend) -> list[dict[str, Any]]:
                           ).to_pyarrow_table().to_pylist()
     assert isinstance(backend, IcebergBackend)
     loaded = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri,
-                            s3=backend.s3)._load()
+                            s3=backend.s3).load_table()
     assert loaded is not None
     return list(loaded.scan().to_arrow().to_pylist())
 

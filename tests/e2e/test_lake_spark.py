@@ -51,7 +51,7 @@ def delta_rows(tmp: Path) -> list[dict[str, Any]]:
 
 
 def iceberg_table(tmp: Path) -> Any:
-    return IcebergBackend("db.events", str(tmp / "wh"))._load()
+    return IcebergBackend("db.events", str(tmp / "wh")).load_table()
 
 
 def test_group_stream_into_delta_and_iceberg_on_spark_writer(spark: Any, tmp_path: Path
@@ -173,7 +173,7 @@ def test_pipeline_file_with_table_targets_runs_on_spark_writer(tmp_path: Path) -
     delta = sorted(r["order_id"] for r in DeltaTable(
         str(tmp_path / "lake" / "delta" / "orders")).to_pyarrow_table().to_pylist())
     iceberg = sorted(r["order_id"] for r in IcebergBackend(
-        "shop.orders", str(tmp_path / "lake" / "warehouse"))._load().scan()
+        "shop.orders", str(tmp_path / "lake" / "warehouse")).load_table().scan()
         .to_arrow().to_pylist())
     assert delta == iceberg == list(range(len(delta)))
     # `txsink cut` reads each table's own markers: both hold the same epochs.

@@ -56,7 +56,7 @@ def read_ids(backend: TableBackend) -> list[int]:
     assert isinstance(backend, IcebergBackend)
     fresh = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri,
                            s3=backend.s3)
-    loaded = fresh._load()
+    loaded = fresh.load_table()
     if loaded is None:
         return []
     return [int(i) for i in loaded.scan(selected_fields=("id",)).to_arrow().column(
@@ -73,7 +73,7 @@ def named_files(backend: TableBackend) -> set[str]:
         return {u.removeprefix(root) for u in table.file_uris()}
     assert isinstance(backend, IcebergBackend)
     loaded = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri,
-                            s3=backend.s3)._load()
+                            s3=backend.s3).load_table()
     if loaded is None or loaded.current_snapshot() is None:
         return set()
     return {task.file.file_path.removeprefix(root) for task in loaded.scan().plan_files()}
@@ -142,7 +142,7 @@ def killed_after_decide_then_restarted(kind: str, s3: S3Server, tmp_path: Path) 
         assert backend.holds_epoch(spec["sink_id"], e)
     assert orphans(backend) == []
     if isinstance(backend, IcebergBackend):
-        loaded = backend._load()
+        loaded = backend.load_table()
         assert loaded is not None
         assert sum(1 for s in loaded.snapshots()
                    if (s.summary or {}).get("txsink.sink") == spec["sink_id"]) == CRASH_EPOCHS

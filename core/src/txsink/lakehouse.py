@@ -285,6 +285,26 @@ class TableBackend(Backend):
         the table (the one a commit is about to be based on) instead of the latest."""
 
     @abc.abstractmethod
+    def load_table(self) -> Any:
+        """The table at its latest version as the format's library loads it (delta-rs's
+        ``DeltaTable``, pyiceberg's ``Table``), or None when there is no table yet."""
+
+    @abc.abstractmethod
+    def create_table(self, sink_id: str, files: Sequence[DataFile]) -> Any:
+        """Create the table from the schema of the first of ``files`` (every column
+        nullable) and load it; a racing creator may win. None when there is no file to
+        take a schema from."""
+
+    @abc.abstractmethod
+    def highest_in(self, table: Any, sink_id: str) -> int:
+        """The sink's highest epoch as the loaded ``table`` records it (-1: none)."""
+
+    @abc.abstractmethod
+    def append_to(self, table: Any, sink_id: str, epoch: int,
+                  participants: Mapping[str, Sequence[DataFile]],
+                  files: Sequence[DataFile]) -> None:
+        """:meth:`append_epoch` into ``table``, loaded (or created) just before."""
+
     def append_epoch(self, sink_id: str, epoch: int,
                      participants: Mapping[str, Sequence[DataFile]]) -> None:
         """Append ONE entry to the table adding ``participants``' files and carrying the
@@ -293,7 +313,25 @@ class TableBackend(Backend):
         markers again and retries. The markers are read again on the very version the
         entry is based on (:meth:`refuse_if_named`): a racing committer of the same epoch
         may have committed between the caller's read and this load, and the format's
-        optimistic concurrency only catches a commit made after it."""
+        optimistic concurrency only catches a commit made after it.
+
+        A table not there yet is created from the files first; an epoch without files
+        into a table that does not exist yet appends nothing (its empty
+        ``_committed.json`` records it: :meth:`epoch_committed`)."""
+        files = [f for fs in participants.values() for f in fs]
+        table = self.load_table()
+        if table is None:
+            table = self.create_table(sink_id, files)
+        if table is None:
+            return
+        self.append_to(table, sink_id, epoch, participants, files)
+
+    def highest_epoch(self, sink_id: str) -> int | None:
+        table = self.load_table()
+        if table is None:
+            # No table yet: the epochs committed without rows before it was made.
+            return max(self.empty_epochs(sink_id), default=-1)
+        return self.highest_in(table, sink_id)
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
         """Raise :class:`~txsink.errors.ConfigError` (naming a column as ``field``) when
@@ -458,18 +496,18 @@ class TableBackend(Backend):
         fs, _ = self._fs()
         return pq.read_schema(self.absolute(relative), filesystem=fs)
 
-    def check_location(self) -> None:
+    def check_location(self, where: str | None = None) -> None:
         """Before any data moves: for a table on S3, the bucket exists, the endpoint
         answers, the credentials are accepted and an object can be written and deleted
-        under the table's data folder (a :class:`~txsink.errors.ConfigError` naming the
+        under the table's data folder, or under ``where`` (a location known without I/O,
+        when the data root is not) (a :class:`~txsink.errors.ConfigError` naming the
         option otherwise). Nothing to check on local disk."""
-        root = self.data_root()
+        root = where if where is not None else f"{self.data_root().rstrip('/')}/{DATA_FOLDER}"
         if not is_s3(root):
             return
         owner = f"{self.name} backend"
         bucket, key = split_uri(root, owner=owner, field=self.location_option)
-        self.s3_access().check(bucket, f"{key}/{DATA_FOLDER}".lstrip("/"), owner=owner,
-                               field=self.location_option)
+        self.s3_access().check(bucket, key, owner=owner, field=self.location_option)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

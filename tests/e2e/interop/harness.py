@@ -92,7 +92,7 @@ def delta_txsink_versions(path: Path | str, sink_id: str) -> dict[int, int]:
 def pyiceberg_table(options: Mapping[str, str]) -> Any:
     from txsink_iceberg.backend import IcebergBackend
 
-    return IcebergBackend.from_options(dict(options))._load()
+    return IcebergBackend.from_options(dict(options)).load_table()
 
 
 def pyiceberg_rows(options: Mapping[str, str], snapshot_id: int | None = None) -> list[Row]:

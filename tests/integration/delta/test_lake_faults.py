@@ -64,7 +64,7 @@ def entries(backend: TableBackend, tmp_path: Path) -> int:
     if isinstance(backend, DeltaBackend):
         return sum(1 for e in log_entries(tmp_path / "delta") if e.get("txsink.sink"))
     assert isinstance(backend, IcebergBackend)
-    return len(backend._load().snapshots())
+    return len(backend.load_table().snapshots())
 
 
 def prepare(backend: TableBackend, epoch: int, partition: int) -> Committable:
@@ -131,7 +131,7 @@ def test_two_committers_of_one_epoch_racing_add_it_once(tmp_path: Path, kind: st
         want = sorted(want + [9000 + i for i in range(10)])
         assert isinstance(first, IcebergBackend)
         # Retries are off in txsink's own commits only, never in the user's table.
-        assert "commit.retry.num-retries" not in first._load().properties
+        assert "commit.retry.num-retries" not in first.load_table().properties
     assert rows(first) == want
 
 

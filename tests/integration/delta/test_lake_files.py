@@ -50,7 +50,7 @@ def read_rows(backend: TableBackend, **filters: Any) -> list[dict[str, Any]]:
 
         return DeltaTable(backend.table_uri()).to_pyarrow_table().to_pylist()
     assert isinstance(backend, IcebergBackend)
-    table = IcebergBackend(backend.table, backend.warehouse)._load()
+    table = IcebergBackend(backend.table, backend.warehouse).load_table()
     return [] if table is None else table.scan().to_arrow().to_pylist()
 
 

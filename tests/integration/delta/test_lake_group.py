@@ -71,7 +71,7 @@ def test_one_entry_per_table_per_epoch_in_a_group(tmp_path: Path,
     delta_sink = target_sink_id(GROUP, "delta")
     assert [e["txsink.epoch"] for e in log_entries(tmp_path / "delta")
             if e.get("txsink.sink") == delta_sink] == ["0", "1"]
-    snapshots = iceberg._load().snapshots()
+    snapshots = iceberg.load_table().snapshots()
     assert [s.summary["txsink.epoch"] for s in snapshots] == ["0", "1"]
     assert group.highest_epochs() == {"delta": 1, "iceberg": 1, "files": 1}
     assert delta.list_prepared(delta_sink) == []

@@ -54,7 +54,7 @@ def ids(backend: TableBackend) -> list[int]:
 def iceberg_orphan_removal(backend: IcebergBackend) -> list[str]:
     """What ``remove_orphan_files`` does under the table's data folder (age 0): every
     file that no snapshot the metadata keeps names is deleted."""
-    table = backend._load()
+    table = backend.load_table()
     named = {task.file.file_path.removeprefix("file://")
              for s in table.snapshots() for task in table.scan(snapshot_id=s.snapshot_id)
              .plan_files()}
@@ -87,9 +87,9 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
         table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     else:
         assert isinstance(backend, IcebergBackend)
-        loaded = backend._load()
+        loaded = backend.load_table()
         loaded.overwrite(loaded.scan().to_arrow())  # a compaction: one file for all
-        loaded = backend._load()
+        loaded = backend.load_table()
         from datetime import UTC, datetime
 
         newest = loaded.current_snapshot().timestamp_ms
@@ -143,7 +143,7 @@ def test_a_column_added_by_another_writer_reads_null_in_txsink_s_rows(
         from pyiceberg.types import StringType
 
         assert isinstance(backend, IcebergBackend)
-        with backend._load().update_schema() as change:
+        with backend.load_table().update_schema() as change:
             change.add_column("note", StringType())
     assert coord.commit_epoch(1, participants(backend, 1)) is EpochOutcome.COMMITTED
     found = read_rows(backend)
@@ -159,7 +159,7 @@ def test_an_iceberg_table_of_format_version_3_is_refused_before_the_decision(
     backend = IcebergBackend("db.t", str(tmp_path / "wh"))
     coord = coordinator(backend, tmp_path / "state")
     assert coord.commit_epoch(0, participants(backend, 0)) is EpochOutcome.COMMITTED
-    loaded = backend._load()
+    loaded = backend.load_table()
     path = loaded.metadata_location.removeprefix("file://")
     metadata = json.loads(Path(path).read_text())
     metadata.update({"format-version": 3, "next-row-id": 6})

@@ -119,11 +119,11 @@ def test_spark_s_files_on_s3_are_written_again_with_field_ids(
     assert pq.read_schema(path, filesystem=fs).field("x").metadata[FIELD_ID] == b"2"
     assert fs.get_file_info(path.replace(".ids.parquet", ".parquet")).type.name == "NotFound"
     commit(backend, [c])
-    with backend._load().update_schema() as change:
+    with backend.load_table().update_schema() as change:
         change.delete_column("x")
-    with backend._load().update_schema() as change:
+    with backend.load_table().update_schema() as change:
         change.add_column("x", StringType())
-    found = backend._load().scan().to_arrow().to_pylist()
+    found = backend.load_table().scan().to_arrow().to_pylist()
     assert found == [{"id": 1, "x": None}]
 
 

@@ -40,7 +40,7 @@ def prepare(backend: IcebergBackend, epoch: int, partition: int, ids: range,
 
 
 def summaries(backend: IcebergBackend) -> list[dict[str, str]]:
-    table = backend._load()
+    table = backend.load_table()
     return [dict(s.summary.additional_properties) for s in table.snapshots()]
 
 
@@ -77,7 +77,7 @@ def test_another_writer_in_between_is_kept_and_the_epoch_commits(
         backend: IcebergBackend) -> None:
     backend.commit(prepare(backend, 0, 0, range(10)))
     c = prepare(backend, 1, 0, range(10, 20))
-    other = backend._load()  # another pipeline appends between prepare and commit
+    other = backend.load_table()  # another pipeline appends between prepare and commit
     other.append(pa.table({"id": pa.array([-1], pa.int64()),
                            "at": pa.array([0], pa.timestamp("us", tz="UTC"))}))
     assert backend.commit(c) is CommitOutcome.COMMITTED

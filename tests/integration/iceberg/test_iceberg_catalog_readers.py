@@ -57,5 +57,5 @@ def test_a_reader_holding_the_catalog_during_a_commit_never_makes_it_look_done(
     assert outcome is EpochOutcome.COMMITTED
     fresh = IcebergBackend("db.t", str(wh))
     assert fresh.table_epoch("s", 1) is not None, "epoch 1 reported committed, not in table"
-    ids = sorted(fresh._load().scan().to_arrow().column("id").to_pylist())
+    ids = sorted(fresh.load_table().scan().to_arrow().column("id").to_pylist())
     assert ids == list(range(20))

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def read_table_ids(backend: IcebergBackend) -> list[int]:
-    table = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri)._load()
+    table = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri).load_table()
     if table is None:
         return []
     return [int(i) for i in table.scan(selected_fields=("id",)).to_arrow().column(

@@ -64,7 +64,7 @@ def fresh(backend: Backend) -> IcebergBackend:
 def ids(backend: IcebergBackend) -> list[int]:
     reader = fresh(backend)
     try:
-        table = reader._load()
+        table = reader.load_table()
         if table is None:
             return []
         return sorted(int(i) for i in table.scan().to_arrow().column("id").to_pylist())

@@ -74,7 +74,7 @@ def test_table_files_and_metadata_live_under_the_warehouse(s3_server: S3Server,
     keys = s3_server.keys(prefix)
     assert any("/metadata/" in k and k.endswith(".metadata.json") for k in keys), keys
     assert any("/data/txsink/s/e0000000000/" in k for k in keys), keys
-    loaded = backend._load()
+    loaded = backend.load_table()
     assert loaded is not None and loaded.location() == f"{options['warehouse']}/db/orders"
     safe = backend.safe_options(options)
     assert "secret_access_key" not in safe and "catalog_uri" not in safe

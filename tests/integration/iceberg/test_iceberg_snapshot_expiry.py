@@ -21,7 +21,7 @@ __all__ = ["backend"]  # the fixture
 
 
 def _other_append(backend: IcebergBackend) -> None:
-    IcebergBackend(backend.table, backend.warehouse)._load().append(pa.table({
+    IcebergBackend(backend.table, backend.warehouse).load_table().append(pa.table({
         "id": pa.array([-1], pa.int64()), "at": pa.array([0], pa.timestamp("us", tz="UTC"))}))
 
 
@@ -36,28 +36,28 @@ def test_an_epoch_whose_snapshot_expired_is_refused_not_added_twice(
     c = prepare(backend, 1, 0, range(10, 20))
     assert backend.commit(c) is CommitOutcome.COMMITTED
     _other_append(backend)
-    table = backend._load()
+    table = backend.load_table()
     current = table.current_snapshot().snapshot_id
     table.maintenance.expire_snapshots().by_ids(
         [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current]).commit()
-    assert len(backend._load().metadata.snapshots) == 1
+    assert len(backend.load_table().metadata.snapshots) == 1
     again = IcebergBackend(backend.table, backend.warehouse)
     assert again.highest_epoch("orders") == 1
     with pytest.raises(StateError, match="no snapshot marks it any more"):
         again.commit(c)
     assert sorted(read_table_ids(backend)) == [-1, *range(20)]
     assert again.commit(prepare(backend, 2, 0, range(20, 30))) is CommitOutcome.COMMITTED
-    assert backend._load().properties["txsink.epoch.orders"] == "2"
+    assert backend.load_table().properties["txsink.epoch.orders"] == "2"
 
 
 def test_a_rolled_back_epoch_is_written_again(backend: IcebergBackend) -> None:
     """A rollback (the snapshot stays in the metadata, off the branch) takes the epoch
     out of the table: txsink treats it as not written, as documented."""
     backend.commit(prepare(backend, 0, 0, range(10)))
-    first = backend._load().current_snapshot().snapshot_id
+    first = backend.load_table().current_snapshot().snapshot_id
     c = prepare(backend, 1, 0, range(10, 20))
     assert backend.commit(c) is CommitOutcome.COMMITTED
-    backend._load().manage_snapshots().rollback_to_snapshot(first).commit()
+    backend.load_table().manage_snapshots().rollback_to_snapshot(first).commit()
     assert sorted(read_table_ids(backend)) == list(range(10))
     assert backend.highest_epoch("orders") == 0
     assert backend.commit(c) is CommitOutcome.COMMITTED
@@ -95,7 +95,7 @@ def test_orphan_file_removal_and_expiry_leave_committed_epochs_alone(
     assert len(markers) == 4
     for name in markers:
         os.unlink(name)  # remove_orphan_files
-    table = backend._load()
+    table = backend.load_table()
     current = table.current_snapshot().snapshot_id
     table.maintenance.expire_snapshots().by_ids(
         [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current]).commit()

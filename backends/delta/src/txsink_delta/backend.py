@@ -151,7 +151,7 @@ class DeltaBackend(TableBackend):
 
     # -- the table ------------------------------------------------------------------------
 
-    def _table(self) -> Any:
+    def load_table(self) -> Any:
         """The table at its latest version, or None when there is none yet."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
@@ -165,7 +165,7 @@ class DeltaBackend(TableBackend):
         if self.s3 is not None:
             self.check_location()
             self._check_conditional_put()
-        table = self._table()
+        table = self.load_table()
         if table is None:
             if not self.create:
                 raise self.not_created(f"Delta table at {self.path}", field="path")
@@ -198,7 +198,7 @@ class DeltaBackend(TableBackend):
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         # The owner file first: a store that is down is named there at once.
         super().check_claim(sink_id, state_id, state_location)
-        self._refuse_replaced(sink_id, self._table())
+        self._refuse_replaced(sink_id, self.load_table())
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         self.check_claim(sink_id, state_id, state_location)  # refused: nothing recorded
@@ -379,7 +379,7 @@ class DeltaBackend(TableBackend):
 
     def table_epoch(self, sink_id: str, epoch: int, table: Any = None
                     ) -> dict[str, str] | None:
-        table = table if table is not None else self._table()
+        table = table if table is not None else self.load_table()
         if table is None:
             return None
         version = table.transaction_version(sink_id)
@@ -402,25 +402,17 @@ class DeltaBackend(TableBackend):
             f"{earliest})", "Raise delta.logRetentionDuration above the longest time a "
             "pipeline may be down")
 
-    def highest_epoch(self, sink_id: str) -> int | None:
-        table = self._table()
-        if table is None:
-            return max(self.empty_epochs(sink_id), default=-1)
+    def highest_in(self, table: Any, sink_id: str) -> int:
         version = table.transaction_version(sink_id)
         return -1 if version is None else int(version)
 
-    def append_epoch(self, sink_id: str, epoch: int,
-                     participants: Mapping[str, Sequence[DataFile]]) -> None:
+    def append_to(self, table: Any, sink_id: str, epoch: int,
+                  participants: Mapping[str, Sequence[DataFile]],
+                  files: Sequence[DataFile]) -> None:
         from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import AddAction
 
-        files = [f for fs in participants.values() for f in fs]
-        table = self._table()
-        if table is None:
-            table = self._create(files)
-        if table is None:
-            return  # an empty epoch into a table that does not exist yet: nothing to name
         self.refuse_if_named(table, sink_id, epoch, participants)
         self.refuse_restored(table, sink_id)
         with after_decision():
@@ -457,7 +449,7 @@ class DeltaBackend(TableBackend):
                     "epoch stays DECIDED") from exc
             raise ConflictError(str(exc)) from exc
 
-    def _create(self, files: Sequence[DataFile]) -> Any:
+    def create_table(self, sink_id: str, files: Sequence[DataFile]) -> Any:
         """Create the table from the first file's schema (a racing creator may win)."""
         from deltalake import DeltaTable
 
@@ -473,7 +465,7 @@ class DeltaBackend(TableBackend):
                               storage_options=self.storage_options())
         except Exception as exc:
             log.info("delta table %s: create raced with another writer (%s)", self.path, exc)
-        return self._table()
+        return self.load_table()
 
     def _schema_mismatch(self, schema: Any, files: Sequence[DataFile]) -> tuple[str, str] | None:
         """(first offending column, what differs) when the files do not fit ``schema``."""
@@ -510,14 +502,14 @@ class DeltaBackend(TableBackend):
             f"epoch's files: {', '.join(nulls)}")
 
     def check_prepared(self, committables: Sequence[Committable]) -> None:
-        table = self._table()
+        table = self.load_table()
         if table is not None:  # restored since the start, by another writer
             for sink_id in sorted({c.sink_id for c in committables}):
                 self.refuse_restored(table, sink_id)
         super().check_prepared(committables)
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
-        table = self._table()
+        table = self.load_table()
         if table is not None:
             # Changed since the start by another writer (a feature turned on, columns
             # mapped, partitions): refused before the decision, never after it.

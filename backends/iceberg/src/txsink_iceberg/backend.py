@@ -69,7 +69,6 @@ from txsink.objectstore import (
     S3Names,
     is_s3,
     refuse_characters,
-    split_uri,
     table_location,
 )
 from txsink.options import Options
@@ -202,8 +201,10 @@ class IcebergBackend(TableBackend):
         return {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
                 **self.s3.properties(S3_NAMES)}
 
-    def _warehouse_uri(self) -> str:
-        return self.warehouse if self.s3 is not None else f"file://{self.warehouse}"
+    def _uri(self, location: str) -> str:
+        """A location (an absolute path on local disk) as the catalog and pyiceberg take
+        it: ``s3://...``, or a ``file://`` URI."""
+        return location if self.s3 is not None else f"file://{location}"
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -224,7 +225,7 @@ class IcebergBackend(TableBackend):
             if not self.catalog_uri:
                 os.makedirs(self.warehouse, exist_ok=True)
             self._catalog_cache = SqlCatalog(self.catalog_name, uri=uri,
-                                             warehouse=self._warehouse_uri(),
+                                             warehouse=self._uri(self.warehouse),
                                              **self.file_io_properties())
         return self._catalog_cache
 
@@ -256,10 +257,7 @@ class IcebergBackend(TableBackend):
             f"the SQLite catalog {self.catalog_file()}")
         return f"catalog {self.catalog_name!r} ({where})"
 
-    def _file_uri(self, relative: str) -> str:
-        return self.uri(relative) if self.s3 is not None else f"file://{self.absolute(relative)}"
-
-    def _load(self) -> Any:
+    def load_table(self) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
@@ -275,10 +273,8 @@ class IcebergBackend(TableBackend):
         """The table's data folder (read from the catalog once; a table not created yet
         gets the catalog's default location, which :meth:`append_epoch` creates it at)."""
         if self._root is None:
-            table = self._load()
-            location = (table.location() if table is not None else self._location())
-            if location.startswith("file:"):  # file:///x, or Java's file:/x
-                location = "/" + location.removeprefix("file:").lstrip("/")
+            table = self.load_table()
+            location = _local_path(table.location() if table is not None else self._location())
             refuse_characters(location, LOCATION_CHARACTERS, owner="iceberg backend",
                               field="table")  # the catalog's location for the table
             if is_s3(location) and self.s3 is not None:
@@ -293,9 +289,8 @@ class IcebergBackend(TableBackend):
 
     def preflight(self, sink_id: str) -> None:
         if self.s3 is not None:
-            bucket, key = split_uri(self.warehouse, owner="iceberg backend", field="warehouse")
-            self.s3.check(bucket, key, owner="iceberg backend", field="warehouse")
-        table = self._load()
+            self.check_location(self.warehouse)  # before the catalog: known without I/O
+        table = self.load_table()
         if table is None and not self.create:
             raise self.not_created(f"table {self.table} in the catalog", field="table")
         if table is not None:
@@ -405,15 +400,10 @@ class IcebergBackend(TableBackend):
 
     def _fs_path(self, location: str) -> str:
         """A location (URI or path) as this backend's filesystem names it."""
-        if is_s3(location):
-            return location.split("://", 1)[1]
-        return "/" + location.removeprefix("file:").lstrip("/") if location.startswith(
-            "file:") else location
+        return location.split("://", 1)[1] if is_s3(location) else _local_path(location)
 
     def _metadata_uri(self, name: str) -> str:
-        location = self._location()
-        return (f"{location}/metadata/{name}" if self.s3 is not None
-                else f"file://{location}/metadata/{name}")
+        return self._uri(f"{self._location()}/metadata/{name}")
 
     def _other_tables_at(self, table: Any) -> list[str]:
         """First metadata files (version 0: one per table ever created there) under
@@ -458,7 +448,7 @@ class IcebergBackend(TableBackend):
                 "it is there")
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
-        table = self._load()
+        table = self.load_table()
         self.check_identity(sink_id, table)
         owner = self._owner_claim(sink_id, table)
         if owner is not None:
@@ -474,7 +464,7 @@ class IcebergBackend(TableBackend):
 
         claim = {"sink_id": sink_id, "state_id": state_id, "state_location": state_location}
         for _ in range(5):
-            table = self._load()
+            table = self.load_table()
             self.check_claim(sink_id, state_id, state_location)
             self._claims[sink_id] = claim
             if table is None:
@@ -486,7 +476,7 @@ class IcebergBackend(TableBackend):
                         tx.set_properties({OWNER_PROPERTY + sink_id: json.dumps(claim)})
                 except CommitFailedException:
                     continue  # another commit (maybe another claim) won: read again
-                table = self._load()
+                table = self.load_table()
             self._bind(sink_id, table)
             self.check_claim(sink_id, state_id, state_location)
             return
@@ -518,7 +508,7 @@ class IcebergBackend(TableBackend):
 
     def table_epoch(self, sink_id: str, epoch: int, table: Any = None
                     ) -> dict[str, str] | None:
-        table = table if table is not None else self._load()
+        table = table if table is not None else self.load_table()
         if table is None:
             return None
         found = self._walk(table, sink_id, epoch)
@@ -570,24 +560,17 @@ class IcebergBackend(TableBackend):
                     "Keep snapshots longer than the longest time a pipeline may be down")
         return search.found
 
-    def highest_epoch(self, sink_id: str) -> int | None:
-        table = self._load()
-        if table is None:
-            return max(self.empty_epochs(sink_id), default=-1)
+    def highest_in(self, table: Any, sink_id: str) -> int:
         return _highest(table, sink_id)
 
     # -- commit ---------------------------------------------------------------------------
 
-    def append_epoch(self, sink_id: str, epoch: int,
-                     participants: Mapping[str, Sequence[DataFile]]) -> None:
+    def append_to(self, table: Any, sink_id: str, epoch: int,
+                  participants: Mapping[str, Sequence[DataFile]],
+                  files: Sequence[DataFile]) -> None:
+        # (A table is made before the decision: check_prepared.)
         from pyiceberg.exceptions import CommitFailedException
 
-        files = [f for fs in participants.values() for f in fs]
-        table = self._load()
-        if table is None:
-            table = self._create(sink_id, files)  # (tables are made before the decision)
-        if table is None:
-            return  # an empty epoch into a table that does not exist yet
         with after_decision():
             self._check_uuid(sink_id, table)
             self._refuse_unsupported(table, since=True)
@@ -596,7 +579,7 @@ class IcebergBackend(TableBackend):
         # The branch's own highest (a rollback takes epochs out of it; the property
         # keeps them).
         props = marker(sink_id, epoch, participants, max(epoch, _highest(table, sink_id)))
-        paths = [self._file_uri(f.path) for f in files]
+        paths = [self._uri(self.uri(f.path)) for f in files]
         table = _without_retries(table)
         try:
             with table.transaction() as tx:
@@ -659,15 +642,15 @@ class IcebergBackend(TableBackend):
         if not files:
             return
         sink_id = committables[0].sink_id
-        table = self._load()
+        table = self.load_table()
         if table is None:
-            table = self._create(sink_id, files, decided=False)
+            table = self.create_table(sink_id, files, decided=False)
         self._check_uuid(sink_id, table)
         self.refuse_rolled_back(table, sink_id)  # since the start, by another writer
         self._check_files(table, files)
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
-        table = self._load()
+        table = self.load_table()
         if table is not None:
             self._check_files(table, files)
 
@@ -717,8 +700,8 @@ class IcebergBackend(TableBackend):
             raise self.misfit(f"table {self.table}: {exc}",
                               field=(extra or list(theirs.names) or ["?"])[0]) from None
 
-    def _create(self, sink_id: str, files: Sequence[DataFile], *,
-                decided: bool = True) -> Any:
+    def create_table(self, sink_id: str, files: Sequence[DataFile], *,
+                     decided: bool = True) -> Any:
         """Create the table from the first file's schema, every column nullable (a
         frame's NOT NULL columns would refuse every later frame that may hold a null),
         carrying the sink's claim; never where a table's metadata is (a lost catalog
@@ -740,10 +723,9 @@ class IcebergBackend(TableBackend):
         location = self.table_dir()
         try:
             table = catalog.create_table(self.table, schema=schema,
-                                         location=location if self.s3 is not None
-                                         else f"file://{location}", properties=properties)
+                                         location=self._uri(location), properties=properties)
         except TableAlreadyExistsError:
-            table = self._load()
+            table = self.load_table()
             self.check_identity(sink_id, table)
             return table
         self._bind(sink_id, table)
@@ -769,11 +751,11 @@ class IcebergBackend(TableBackend):
         a column by id, and a file without ids is read by name, so after a column is
         dropped and another of the same name added, the old files' values showed under
         the new column. A table not created yet gets the ids it will be created with
-        (:meth:`_create` makes it from this schema: the same ids, which the check
+        (:meth:`create_table` makes it from this schema: the same ids, which the check
         before the decision compares)."""
         target = self._file_target
         if target is None:
-            table = self._load()
+            table = self.load_table()
             target = (_ids_of_table(table.schema()) if table is not None
                       else _fresh_ids(nullable_schema(schema)))
             self._file_target = target
@@ -839,6 +821,13 @@ class IcebergBackend(TableBackend):
             with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 2, 8)) as pool:
                 list(pool.map(self._write_with_ids, paths))
         return super().committable_for_directory(ctx, dirname)
+
+
+def _local_path(location: str) -> str:
+    """``file:///x`` (or Java's ``file:/x``) as the path ``/x``; any other as it is."""
+    if location.startswith("file:"):
+        return "/" + location.removeprefix("file:").lstrip("/")
+    return location
 
 
 def _first_of_table(snapshot: Any) -> bool:
