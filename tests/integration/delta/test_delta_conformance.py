@@ -9,19 +9,11 @@ from pathlib import Path
 import pytest
 from txsink.backend import Backend
 from txsink.testing.conformance import BackendConformance
+from txsink_delta.backend import DeltaBackend
+
+from tests.lake_tables import table_ids
 
 pytestmark = pytest.mark.integration
-
-
-def read_table_ids(path: str) -> list[int]:
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(path)
-    except TableNotFoundError:
-        return []
-    return [int(i) for i in table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()]
 
 
 class TestDeltaConformance(BackendConformance):
@@ -33,4 +25,5 @@ class TestDeltaConformance(BackendConformance):
         return {"path": str(tmp_path / "table")}
 
     def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
-        return read_table_ids(backend.data_root())
+        assert isinstance(backend, DeltaBackend)
+        return table_ids(backend)

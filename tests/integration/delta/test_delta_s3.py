@@ -22,13 +22,8 @@ from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 
 from tests.integration.conftest import S3Server
-from tests.integration.lake_s3 import (
-    access,
-    killed_after_decide_then_restarted,
-    orphans,
-    read_ids,
-    table_options,
-)
+from tests.integration.lake_s3 import killed_after_decide_then_restarted
+from tests.lake_tables import access, orphans, s3_options, table_ids
 from tests.long_runs import lake_s3_run
 
 pytestmark = pytest.mark.integration
@@ -55,11 +50,11 @@ class TestDeltaS3Conformance(BackendConformance):
 
     @pytest.fixture
     def backend_options(self, s3_server: S3Server, tmp_path: Path) -> Mapping[str, str]:
-        return table_options("delta", s3_server, tmp_path)
+        return s3_options("delta", s3_server, tmp_path)
 
     def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
         assert isinstance(backend, DeltaBackend)
-        return read_ids(backend)
+        return table_ids(backend)
 
 
 def test_two_delta_rs_writers_of_one_log_version_on_s3_one_wins(
@@ -70,7 +65,7 @@ def test_two_delta_rs_writers_of_one_log_version_on_s3_one_wins(
     from deltalake import CommitProperties, DeltaTable
     from deltalake.exceptions import CommitFailedError
 
-    backend = delta(table_options("delta", s3_server, tmp_path))
+    backend = delta(s3_options("delta", s3_server, tmp_path))
     backend.preflight("race")
     options = backend.storage_options()
     DeltaTable.create(backend.path, schema=pa.schema([("id", pa.int64())]),
@@ -108,7 +103,7 @@ def test_two_committers_of_one_epoch_on_s3_add_it_once(s3_server: S3Server,
                                                        tmp_path: Path) -> None:
     """Two txsink committers of one epoch read the log before either appends (a barrier
     holds them): one adds the epoch, the other answers already committed."""
-    options = table_options("delta", s3_server, tmp_path)
+    options = s3_options("delta", s3_server, tmp_path)
     first = delta(options)
     first.preflight("s")
     first.commit(write_participant(first, TransactionContext("s", 9, 0), [batch(range(9000,
@@ -141,7 +136,7 @@ def test_two_committers_of_one_epoch_on_s3_add_it_once(s3_server: S3Server,
         t.join(120)
     assert sorted(str(r[0]) for r in results) == sorted(
         [str(CommitOutcome.COMMITTED), str(CommitOutcome.ALREADY_COMMITTED)]), results
-    assert sorted(read_ids(first)) == sorted(
+    assert table_ids(first) == sorted(
         [p * 100 + i for p in range(3) for i in range(10)] + list(range(9000, 9010)))
     assert orphans(first) == []
 
@@ -223,5 +218,5 @@ def test_credentials_and_endpoint_from_the_environment(s3_server: S3Server,
     backend.preflight("s")
     backend.commit(write_participant(backend, TransactionContext("s", 0, 0),
                                      [batch(range(5))]))
-    assert sorted(read_ids(backend)) == list(range(5))
+    assert table_ids(backend) == list(range(5))
     assert backend.safe_options({"path": backend.path}) == {"path": backend.path}

@@ -20,9 +20,7 @@ from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.integration.delta.test_delta_backend import log_entries
-from tests.integration.delta.test_delta_conformance import read_table_ids
-from tests.integration.iceberg.test_iceberg_conformance import read_table_ids as read_iceberg
+from tests.lake_tables import delta_log, table_ids
 
 pytestmark = pytest.mark.integration
 
@@ -53,16 +51,9 @@ def make(kind: str, tmp_path: Path, cls: type[Any] | None = None) -> TableBacken
     return (cls or IcebergBackend)("db.t", str(tmp_path / "wh"))
 
 
-def rows(backend: TableBackend) -> list[int]:
-    if isinstance(backend, DeltaBackend):
-        return sorted(read_table_ids(backend.path))
-    assert isinstance(backend, IcebergBackend)
-    return sorted(read_iceberg(backend))
-
-
 def entries(backend: TableBackend, tmp_path: Path) -> int:
     if isinstance(backend, DeltaBackend):
-        return sum(1 for e in log_entries(tmp_path / "delta") if e.get("txsink.sink"))
+        return sum(1 for e in delta_log(tmp_path / "delta") if e.get("txsink.sink"))
     assert isinstance(backend, IcebergBackend)
     return len(backend.load_table().snapshots())
 
@@ -85,7 +76,7 @@ def test_a_log_write_failing_after_success_is_retried_without_a_second_entry(
     msgs = [prepare(backend, 0, p) for p in range(4)]
     assert coord.commit_epoch(0, msgs) is EpochOutcome.COMMITTED
     assert backend.failed  # the fault happened
-    assert rows(backend) == sorted(p * 100 + i for p in range(4) for i in range(10))
+    assert table_ids(backend) == sorted(p * 100 + i for p in range(4) for i in range(10))
     assert entries(backend, tmp_path) == 1
 
 
@@ -132,7 +123,7 @@ def test_two_committers_of_one_epoch_racing_add_it_once(tmp_path: Path, kind: st
         assert isinstance(first, IcebergBackend)
         # Retries are off in txsink's own commits only, never in the user's table.
         assert "commit.retry.num-retries" not in first.load_table().properties
-    assert rows(first) == want
+    assert table_ids(first) == want
 
 
 def vars_of(backend: TableBackend) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.integration.delta.test_lake_files import read_rows
+from tests.lake_tables import table_ids, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -45,10 +45,6 @@ def coordinator(backend: TableBackend, state: Path) -> Coordinator:
 
 def want(epochs: range) -> list[int]:
     return sorted(e * 100 + p * 10 + i for e in epochs for p in range(2) for i in range(3))
-
-
-def ids(backend: TableBackend) -> list[int]:
-    return sorted(int(r["id"]) for r in read_rows(backend))
 
 
 def iceberg_orphan_removal(backend: IcebergBackend) -> list[str]:
@@ -99,7 +95,7 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
         assert any(p.endswith("_owner.json") for p in removed) or not any(
             p.endswith("_owner.json") for p in map(str, tmp_path.rglob("*")))
         assert any(p.endswith("_committed.json") for p in removed)
-    assert ids(backend) == want(range(3))
+    assert table_ids(backend) == want(range(3))
     # The state restored from the older copy: epochs 1 and 2 come again (a replay).
     shutil.rmtree(state)
     shutil.copytree(tmp_path / "state-after-0", state)
@@ -118,7 +114,7 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
             continue
         assert again.commit_epoch(e, participants(fresh, e)) is EpochOutcome.REPLAYED
     assert again.commit_epoch(3, participants(fresh, 3)) is EpochOutcome.COMMITTED
-    assert ids(fresh) == want(range(4))
+    assert table_ids(fresh) == want(range(4))
     assert list(fresh.list_prepared(SINK)) == []
     with pytest.raises(SinkOwnedError):
         coordinator(fresh.__class__(*(  # a second query, another state
@@ -146,7 +142,7 @@ def test_a_column_added_by_another_writer_reads_null_in_txsink_s_rows(
         with backend.load_table().update_schema() as change:
             change.add_column("note", StringType())
     assert coord.commit_epoch(1, participants(backend, 1)) is EpochOutcome.COMMITTED
-    found = read_rows(backend)
+    found = table_rows(backend)
     assert sorted(r["id"] for r in found) == want(range(2))
     assert {r["note"] for r in found} == {None}
 
@@ -174,4 +170,4 @@ def test_an_iceberg_table_of_format_version_3_is_refused_before_the_decision(
     assert refused.value.field == "table"
     with pytest.raises(ConfigError, match="format version 3"):
         IcebergBackend("db.t", str(tmp_path / "wh")).preflight(SINK)
-    assert ids(backend) == want(range(1))
+    assert table_ids(backend) == want(range(1))

@@ -11,15 +11,9 @@ from txsink.backend import Backend
 from txsink.testing.conformance import BackendConformance
 from txsink_iceberg.backend import IcebergBackend
 
+from tests.lake_tables import table_ids
+
 pytestmark = pytest.mark.integration
-
-
-def read_table_ids(backend: IcebergBackend) -> list[int]:
-    table = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri).load_table()
-    if table is None:
-        return []
-    return [int(i) for i in table.scan(selected_fields=("id",)).to_arrow().column(
-        "id").to_pylist()]
 
 
 class TestIcebergConformance(BackendConformance):
@@ -32,4 +26,4 @@ class TestIcebergConformance(BackendConformance):
 
     def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
         assert isinstance(backend, IcebergBackend)
-        return read_table_ids(backend)
+        return table_ids(backend)

@@ -38,6 +38,7 @@ from txsink.writer import write_participant
 from txsink_iceberg.backend import FIELD_ID, OWNER_PROPERTY, IcebergBackend
 
 from tests.integration.delta.test_lake_files import spark_like
+from tests.lake_tables import table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +64,7 @@ def commit(b: IcebergBackend, committables: list[Committable]) -> None:
 
 
 def rows(b: IcebergBackend) -> list[tuple[object, ...]]:
-    table = IcebergBackend(b.table, b.warehouse).load_table()
-    return sorted(tuple(r.values()) for r in table.scan().to_arrow().to_pylist())
+    return sorted(tuple(r.values()) for r in table_rows(b))
 
 
 # -- field ids --------------------------------------------------------------------------

@@ -7,7 +7,6 @@ during commits, and the table dropped and recreated or the catalog lost."""
 from __future__ import annotations
 
 import logging
-import pickle
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from txsink.writer import write_participant
 from txsink_iceberg.backend import IcebergBackend
 from txsink_iceberg.testing import LocalRestCatalog, RestCatalogUnavailable
 
+from tests.lake_tables import fresh, table_ids
 from tests.long_runs import iceberg_rest_run
 
 pytestmark = pytest.mark.integration
@@ -54,24 +54,6 @@ def rest_options(rest: LocalRestCatalog, table: str | None = None) -> dict[str, 
             "table": table or f"db.t{uuid.uuid4().hex[:8]}"}
 
 
-def fresh(backend: Backend) -> IcebergBackend:
-    """The same backend as a new process would build it (no cached catalog)."""
-    copy = pickle.loads(pickle.dumps(backend))
-    assert isinstance(copy, IcebergBackend)
-    return copy
-
-
-def ids(backend: IcebergBackend) -> list[int]:
-    reader = fresh(backend)
-    try:
-        table = reader.load_table()
-        if table is None:
-            return []
-        return sorted(int(i) for i in table.scan().to_arrow().column("id").to_pylist())
-    finally:
-        reader.close()
-
-
 @iceberg_rest_run
 class TestIcebergRestConformance(BackendConformance):
     backend_name = "iceberg"
@@ -83,7 +65,7 @@ class TestIcebergRestConformance(BackendConformance):
 
     def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
         assert isinstance(backend, IcebergBackend)
-        return ids(backend)
+        return table_ids(backend)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +96,7 @@ class TestIcebergPostgresCatalogConformance(BackendConformance):
 
     def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
         assert isinstance(backend, IcebergBackend)
-        return ids(backend)
+        return table_ids(backend)
 
 
 def _coordinator(backend: Backend, state: Path, sink: str = "s") -> Coordinator:
@@ -182,10 +164,10 @@ def test_rest_server_down_between_decision_and_commit(rest: LocalRestCatalog, tm
             coord.commit_epoch(1, [message])
     finally:
         rest.start()
-    assert ids(backend) == list(range(10))
+    assert table_ids(backend) == list(range(10))
     again = get_plugins().create_backend("iceberg", opts)
     _coordinator(again, tmp_path / "state")  # recovery commits the DECIDED epoch
-    assert ids(again) == list(range(20))
+    assert table_ids(again) == list(range(20))
     assert again.table_epoch("s", 1) is not None
 
 

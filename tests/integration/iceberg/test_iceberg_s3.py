@@ -19,13 +19,8 @@ from txsink.writer import write_participant
 from txsink_iceberg.backend import IcebergBackend
 
 from tests.integration.conftest import S3Server
-from tests.integration.lake_s3 import (
-    access,
-    killed_after_decide_then_restarted,
-    orphans,
-    read_ids,
-    table_options,
-)
+from tests.integration.lake_s3 import killed_after_decide_then_restarted
+from tests.lake_tables import access, orphans, s3_options, table_ids
 from tests.long_runs import lake_s3_run
 
 pytestmark = pytest.mark.integration
@@ -46,11 +41,11 @@ class TestIcebergS3Conformance(BackendConformance):
 
     @pytest.fixture
     def backend_options(self, s3_server: S3Server, tmp_path: Path) -> Mapping[str, str]:
-        return table_options("iceberg", s3_server, tmp_path)
+        return s3_options("iceberg", s3_server, tmp_path, table="db.orders")
 
     def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
         assert isinstance(backend, IcebergBackend)
-        return read_ids(backend)
+        return table_ids(backend)
 
 
 @lake_s3_run
@@ -64,12 +59,12 @@ def test_table_files_and_metadata_live_under_the_warehouse(s3_server: S3Server,
                                                            tmp_path: Path) -> None:
     """Data and metadata are objects under the warehouse prefix; the catalog holds the
     s3:// location, and the secret keys are nowhere in the state's options."""
-    options = table_options("iceberg", s3_server, tmp_path)
+    options = s3_options("iceberg", s3_server, tmp_path, table="db.orders")
     backend = iceberg(options)
     backend.preflight("s")
     backend.commit(write_participant(backend, TransactionContext("s", 0, 0), [
         pa.record_batch({"id": pa.array(range(20), pa.int64())})]))
-    assert sorted(read_ids(backend)) == list(range(20))
+    assert table_ids(backend) == list(range(20))
     prefix = options["warehouse"].split("/", 3)[3]
     keys = s3_server.keys(prefix)
     assert any("/metadata/" in k and k.endswith(".metadata.json") for k in keys), keys

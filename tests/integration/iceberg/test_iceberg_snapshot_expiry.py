@@ -14,7 +14,7 @@ from txsink.errors import StateError
 from txsink_iceberg.backend import IcebergBackend
 
 from tests.integration.iceberg.test_iceberg_backend import backend, prepare
-from tests.integration.iceberg.test_iceberg_conformance import read_table_ids
+from tests.lake_tables import table_ids
 
 pytestmark = pytest.mark.integration
 __all__ = ["backend"]  # the fixture
@@ -45,7 +45,7 @@ def test_an_epoch_whose_snapshot_expired_is_refused_not_added_twice(
     assert again.highest_epoch("orders") == 1
     with pytest.raises(StateError, match="no snapshot marks it any more"):
         again.commit(c)
-    assert sorted(read_table_ids(backend)) == [-1, *range(20)]
+    assert table_ids(backend) == [-1, *range(20)]
     assert again.commit(prepare(backend, 2, 0, range(20, 30))) is CommitOutcome.COMMITTED
     assert backend.load_table().properties["txsink.epoch.orders"] == "2"
 
@@ -58,10 +58,10 @@ def test_a_rolled_back_epoch_is_written_again(backend: IcebergBackend) -> None:
     c = prepare(backend, 1, 0, range(10, 20))
     assert backend.commit(c) is CommitOutcome.COMMITTED
     backend.load_table().manage_snapshots().rollback_to_snapshot(first).commit()
-    assert sorted(read_table_ids(backend)) == list(range(10))
+    assert table_ids(backend) == list(range(10))
     assert backend.highest_epoch("orders") == 0
     assert backend.commit(c) is CommitOutcome.COMMITTED
-    assert sorted(read_table_ids(backend)) == list(range(20))
+    assert table_ids(backend) == list(range(20))
 
 
 
@@ -103,4 +103,4 @@ def test_orphan_file_removal_and_expiry_leave_committed_epochs_alone(
     coord = coordinator(again)
     assert coord.commit_epoch(4, [prepare(again, 4, 0, range(40, 43))]
                               ) is EpochOutcome.COMMITTED
-    assert sorted(read_table_ids(backend)) == [e * 10 + i for e in range(5) for i in range(3)]
+    assert table_ids(backend) == [e * 10 + i for e in range(5) for i in range(3)]

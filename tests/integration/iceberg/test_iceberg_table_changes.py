@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 from tests.integration.iceberg.test_iceberg_backend import backend, prepare
-from tests.integration.iceberg.test_iceberg_conformance import read_table_ids
+from tests.lake_tables import table_ids
 
 pytestmark = pytest.mark.integration
 __all__ = ["backend"]  # the fixture
@@ -36,7 +36,7 @@ def test_epochs_committed_out_of_order_are_each_recognised(backend: IcebergBacke
     again.epoch_committed("orders", 1, high)  # the table names it: no error
     assert again.commit_all(high) == [CommitOutcome.ALREADY_COMMITTED] * 2
     assert again.commit_all(low) == [CommitOutcome.ALREADY_COMMITTED] * 2
-    assert sorted(read_table_ids(backend)) == [*range(20), *range(100, 120)]
+    assert table_ids(backend) == [*range(20), *range(100, 120)]
 
 
 def test_a_table_partitioned_since_the_start_is_refused_before_the_decision(
@@ -50,7 +50,7 @@ def test_a_table_partitioned_since_the_start_is_refused_before_the_decision(
     with pytest.raises(ConfigError, match="partitioned now") as refused:
         backend.check_prepared([prepare(backend, 1, 0, range(2, 4))])
     assert refused.value.field == "table"
-    assert sorted(read_table_ids(backend)) == [0, 1]
+    assert table_ids(backend) == [0, 1]
 
 
 def test_a_rollback_takes_epochs_out_of_the_highest_the_next_commit_records(
@@ -68,7 +68,7 @@ def test_a_rollback_takes_epochs_out_of_the_highest_the_next_commit_records(
     assert backend.commit_all(one) == [CommitOutcome.COMMITTED]
     assert backend.highest_epoch("orders") == 1
     assert not backend.holds_epoch("orders", 2) and backend.holds_epoch("orders", 1)
-    assert sorted(read_table_ids(backend)) == [0, 1, 10, 11]
+    assert table_ids(backend) == [0, 1, 10, 11]
 
 
 def test_a_rollback_past_committed_epochs_stops_the_pipeline_naming_it(
@@ -93,12 +93,12 @@ def test_a_rollback_past_committed_epochs_stops_the_pipeline_naming_it(
     with pytest.raises(TxsinkError, match="rolled back past epochs") as refused:
         coord.commit_epoch(3, [prepare(backend, 3, 0, range(30, 32))])
     assert "set_current_snapshot" in str(refused.value)
-    assert sorted(read_table_ids(backend)) == [0, 1]
+    assert table_ids(backend) == [0, 1]
     with pytest.raises(TxsinkError, match="rolled back past epochs"):
         backend.preflight("orders")
     backend.load_table().manage_snapshots().set_current_snapshot(newest).commit()
     backend.preflight("orders")
     assert coord.commit_epoch(3, [prepare(backend, 3, 0, range(30, 32))]) is (
         EpochOutcome.COMMITTED)
-    assert sorted(read_table_ids(backend)) == [0, 1, 10, 11, 20, 21, 30, 31]
+    assert table_ids(backend) == [0, 1, 10, 11, 20, 21, 30, 31]
 
