@@ -4,7 +4,6 @@ Either way the table ends with the epoch's rows once, in one entry."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.lake_tables import delta_log, table_ids
+from tests.lake_tables import commit_racing, delta_log, table_ids
 
 pytestmark = pytest.mark.integration
 
@@ -90,30 +89,7 @@ def test_two_committers_of_one_epoch_racing_add_it_once(tmp_path: Path, kind: st
     msgs = [prepare(first, 0, p) for p in range(3)]
     if kind == "iceberg":
         first.commit(prepare(first, 9, 0))  # the table exists before the race
-    barrier = threading.Barrier(2, timeout=60)
-
-    class Racing(type(first)):  # type: ignore[misc]
-        reads = 0
-
-        def table_epoch(self, sink_id: str, epoch: int, table: Any = None
-                        ) -> dict[str, str] | None:
-            found = super().table_epoch(sink_id, epoch, table)
-            self.reads += 1
-            if self.reads == 1 and epoch == 0:
-                barrier.wait()
-            return found
-
-    racers = [Racing(**vars_of(first)) for _ in range(2)]
-    results: list[Any] = [None, None]
-
-    def run(i: int) -> None:
-        results[i] = racers[i].commit_all(msgs)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    results = commit_racing(first, msgs)
     outcomes = sorted(str(r[0]) for r in results)
     assert outcomes == sorted([str(CommitOutcome.COMMITTED),
                                str(CommitOutcome.ALREADY_COMMITTED)]), results
@@ -124,10 +100,3 @@ def test_two_committers_of_one_epoch_racing_add_it_once(tmp_path: Path, kind: st
         # Retries are off in txsink's own commits only, never in the user's table.
         assert "commit.retry.num-retries" not in first.load_table().properties
     assert table_ids(first) == want
-
-
-def vars_of(backend: TableBackend) -> dict[str, Any]:
-    if isinstance(backend, DeltaBackend):
-        return {"path": backend.path}
-    assert isinstance(backend, IcebergBackend)
-    return {"table": backend.table, "warehouse": backend.warehouse}

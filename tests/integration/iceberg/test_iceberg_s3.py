@@ -10,17 +10,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from txsink.backend import Backend
 from txsink.errors import ConfigError
 from txsink.model import TransactionContext
 from txsink.plugins import get_plugins
-from txsink.testing.conformance import BackendConformance
 from txsink.writer import write_participant
 from txsink_iceberg.backend import IcebergBackend
 
 from tests.integration.conftest import S3Server
 from tests.integration.lake_s3 import killed_after_decide_then_restarted
-from tests.lake_tables import access, orphans, s3_options, table_ids
+from tests.lake_tables import LakeS3Conformance, access, orphans, s3_options, table_ids
 from tests.long_runs import lake_s3_run
 
 pytestmark = pytest.mark.integration
@@ -33,19 +31,8 @@ def iceberg(options: Mapping[str, str]) -> IcebergBackend:
 
 
 @lake_s3_run
-class TestIcebergS3Conformance(BackendConformance):
+class TestIcebergS3Conformance(LakeS3Conformance):
     backend_name = "iceberg"
-    #: See the Delta-on-S3 kit: pyarrow's S3 stream costs a fixed ~80-100 MiB.
-    large_partition_bytes = 160 * 1024 * 1024
-    memory_bound_bytes = 128 * 1024 * 1024
-
-    @pytest.fixture
-    def backend_options(self, s3_server: S3Server, tmp_path: Path) -> Mapping[str, str]:
-        return s3_options("iceberg", s3_server, tmp_path, table="db.orders")
-
-    def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
-        assert isinstance(backend, IcebergBackend)
-        return table_ids(backend)
 
 
 @lake_s3_run
