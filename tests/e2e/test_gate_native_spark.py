@@ -74,6 +74,7 @@ spark:
     return path
 
 
+@pytest.mark.promise("run-releases-lease", "native")
 def test_empty_batches_commit_and_a_stream_that_ends_releases_its_lease(
         tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
@@ -158,6 +159,7 @@ def spark() -> Iterator[Any]:
     yield from local_spark("txsink-gate-native")
 
 
+@pytest.mark.promise("native-empty-epoch-normal", "native")
 def test_a_stateful_querys_no_data_batch_is_a_normal_epoch(spark: Any, tmp_path: Path) -> None:
     """Item 3: an aggregation with a watermark runs a batch without input rows (to move
     the watermark and emit what it closed); on Spark's own writer that epoch has no
@@ -184,6 +186,7 @@ def test_a_stateful_querys_no_data_batch_is_a_normal_epoch(spark: Any, tmp_path:
     assert sum(r["n"] for r in rows) <= 100 and len({r["start"] for r in rows}) == len(rows)
 
 
+@pytest.mark.promise("checkpoint-replaced-refused", "native")
 @long_run
 def test_a_native_stream_on_a_replaced_checkpoint_is_refused_on_spark(
         spark: Any, tmp_path: Path) -> None:

@@ -273,6 +273,7 @@ def test_foreach_batch_identity_is_bound_to_its_stream(servers: Servers) -> None
     assert written_ids(servers, "files", options) == IDS
 
 
+@pytest.mark.promise("remote-server-dies-stops", "cli")
 @long_run
 def test_a_group_with_a_table_target_streams_through_the_data_source_under_connect(
         servers: Servers) -> None:
@@ -369,6 +370,8 @@ def wait_while_running(what: str, check: Any, proc: subprocess.Popen[str]) -> No
         time.sleep(0.2)
 
 
+@pytest.mark.promise("remote-unreachable-stops-before-lease", "cli")
+@pytest.mark.promise("remote-second-run-refused", "cli")
 def test_a_second_remote_run_never_fences_a_healthy_query(servers: Servers,
                                                          tmp_path: Path) -> None:
     """While a query started by ``txsink run --remote`` runs: a second run with a
@@ -445,6 +448,7 @@ def test_a_second_remote_run_never_fences_a_healthy_query(servers: Servers,
     assert os.path.isdir(tmp_path / "chk")
 
 
+@pytest.mark.promise("remote-interrupt-stops-query", "cli")
 @long_run
 def test_an_interrupted_remote_run_stops_its_query_and_the_next_run_finishes(
         servers: Servers) -> None:

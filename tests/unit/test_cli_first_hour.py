@@ -64,6 +64,7 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.promise("checkpoint-deleted-with-state-refused", "cli")
 def test_deleted_checkpoint_is_refused_before_spark_with_the_way_out(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     pipeline = _pipeline(tmp_path)
@@ -81,6 +82,7 @@ def test_deleted_checkpoint_is_refused_before_spark_with_the_way_out(tmp_path: P
         assert not (tmp_path / "chk").exists()
 
 
+@pytest.mark.promise("files-sink-owner", "backend")
 def test_second_query_on_the_same_sink_is_told_to_use_its_own_sink_id(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     other = tmp_path / "other"
@@ -147,6 +149,7 @@ def test_reset_after_the_format_changed_deletes_the_files_of_both_formats(
     assert len(list((tmp_path / "out").glob("part-*"))) == 1
 
 
+@pytest.mark.promise("files-sink-owner", "backend")
 def test_reset_refuses_another_sinks_directory(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     proc = txsink("reset", str(_pipeline(tmp_path, sink_id="someone-else")), "--yes")
@@ -186,6 +189,7 @@ def test_typoed_backend_gets_did_you_mean(tmp_path: Path, name: str, hint: str) 
     assert "pip install txsink-" not in line
 
 
+@pytest.mark.promise("resolve-unknown-epoch-error", "cli")
 def test_resolve_an_epoch_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     for action in ("--abort", "--commit"):
@@ -223,6 +227,7 @@ def test_status_says_whether_the_lease_is_held_or_released(tmp_path: Path) -> No
         "held"] is True
 
 
+@pytest.mark.promise("run-server-down-one-line", "cli")
 def test_a_server_that_is_down_is_one_short_line_before_spark(tmp_path: Path) -> None:
     """PostgreSQL on a dead port took 31 s and printed 10 two-line WARNINGs (each
     starting ``postgres backend: postgres backend:``) before its error."""

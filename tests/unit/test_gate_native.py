@@ -98,6 +98,7 @@ def checksum(values: list[int]) -> str:
 
 # -- identity -------------------------------------------------------------------------------
 
+@pytest.mark.promise("checkpoint-replaced-refused", "native")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_a_native_stream_on_a_replaced_checkpoint_is_refused_not_skipped(
         tmp_path: Path, kind: str) -> None:
@@ -115,6 +116,7 @@ def test_a_native_stream_on_a_replaced_checkpoint_is_refused_not_skipped(
     assert ids(tmp_path / "a") == expected(4)
 
 
+@pytest.mark.promise("versioned-checkpoint-replaced-refused", "native")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_grouped_writes_of_a_replaced_checkpoint_are_refused_not_skipped(
         tmp_path: Path, kind: str) -> None:
@@ -129,6 +131,7 @@ def test_grouped_writes_of_a_replaced_checkpoint_are_refused_not_skipped(
     assert ids(tmp_path / "a") == expected(3)
 
 
+@pytest.mark.promise("restored-state-replay-aborted", "native")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_a_native_stream_restored_from_an_older_checkpoint_skips_what_the_targets_hold(
         tmp_path: Path, kind: str) -> None:
@@ -173,6 +176,7 @@ def test_a_restored_checkpoint_of_a_group_whose_table_got_no_row_yet_skips_the_r
     assert staged(tmp_path / "a") == []
 
 
+@pytest.mark.promise("restored-state-versioned-write-refused", "native")
 def test_grouped_writes_on_a_restored_state_are_refused_not_written_twice(
         tmp_path: Path) -> None:
     """Item 2 on the grouped-writes path: a user's ``epoch(..., version=batch_id)`` keeps
@@ -221,6 +225,7 @@ class _ConnectSession:
                            "supported in Spark Connect")
 
 
+@pytest.mark.promise("connect-grouped-write-needs-stream-checkpoint", "grouped")
 def test_grouped_writes_under_spark_connect_after_a_replaced_stream_checkpoint_are_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seen on a Spark Connect server (found by the attack pass): a user's
@@ -300,6 +305,7 @@ def test_a_native_stream_after_a_versioned_backfill_writes_every_batch(
     assert ids(tmp_path / "a") == ids(tmp_path / "b") == want
 
 
+@pytest.mark.promise("batch-into-stream-refused", "native")
 def test_a_native_stream_then_a_batch_write_is_refused(tmp_path: Path) -> None:
     """A native stream binds the state as the data source's does: a batch write would
     take the number of one of its next batches."""
@@ -317,6 +323,8 @@ def _live_owner() -> str:
     return f"{socket.gethostname()}:jvm{os.getpid()}:{started[2]}"
 
 
+@pytest.mark.promise("grouped-stream-restart-takes-over", "native")
+@pytest.mark.promise("backfill-beside-grouped-stream-refused", "native")
 def test_a_backfill_from_another_driver_beside_a_grouped_stream_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 7: it took the lease, and the stream died with ``FencedError ... stop the
@@ -467,6 +475,7 @@ def test_a_data_source_foreach_batch_stream_restarted_on_another_host_is_not_ref
 
 # -- the empty epoch ------------------------------------------------------------------------
 
+@pytest.mark.promise("native-empty-epoch-normal", "native")
 def test_an_epoch_without_rows_is_a_normal_epoch(tmp_path: Path) -> None:
     """Item 3: a files target without rows failed after the decision (``min() arg is an
     empty sequence``) and stayed DECIDED at every restart."""
@@ -481,6 +490,7 @@ def test_an_epoch_without_rows_is_a_normal_epoch(tmp_path: Path) -> None:
     assert ids(tmp_path / "a") == list(range(ROWS, 2 * ROWS))
 
 
+@pytest.mark.promise("grouped-unwritten-target-empty", "native")
 def test_a_target_whose_where_matches_nothing_takes_part_with_no_rows(
         tmp_path: Path) -> None:
     """Item 3 in a group: one target's ``where`` matches nothing in a batch."""
@@ -497,6 +507,7 @@ def test_a_target_whose_where_matches_nothing_takes_part_with_no_rows(
 
 # -- completeness ---------------------------------------------------------------------------
 
+@pytest.mark.promise("native-completeness-checked", "native")
 def test_files_written_where_the_driver_does_not_look_are_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 4: the driver committed whatever it found in the staging directory (a
@@ -523,6 +534,7 @@ def test_files_written_where_the_driver_does_not_look_are_refused(
     assert ids(tmp_path / "a") == ids(tmp_path / "b") == expected(1)
 
 
+@pytest.mark.promise("native-hardlink-probed-at-prepare", "native")
 def test_staged_files_the_driver_cannot_link_are_refused_at_prepare(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 5: ``fs.protected_hardlinks`` with executors running as another user (or
@@ -574,6 +586,7 @@ def test_a_staged_file_the_driver_cannot_link_is_refused_whichever_it_is(
 
 # -- a forced resolve of a half-published epoch ----------------------------------------------
 
+@pytest.mark.promise("native-forced-abort-unpublishes", "native")
 def test_a_forced_resolve_of_a_half_published_epoch_takes_its_files_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -633,6 +646,7 @@ def test_a_forced_resolve_of_a_group_epoch_keeps_the_table_and_takes_the_files_b
     assert ids(tmp_path / "a") == table() == expected(3)
 
 
+@pytest.mark.promise("native-forced-abort-unpublishes", "native")
 def test_a_participant_whose_files_are_all_published_is_committed(tmp_path: Path) -> None:
     """Item 6: ``is_committed`` answered False while the staging directory was still
     there, so a forced resolve took visible rows for dropped."""

@@ -43,6 +43,7 @@ def test_state_location_overrides_checkpoint() -> None:
     assert settings.state_location == "/state/x"
 
 
+@pytest.mark.promise("options-validated-before-data", "datasource")
 @pytest.mark.parametrize(("options", "field"), [
     (_opts(backend="-"), "backend"),
     (_opts(sink_id="-"), "sink_id"),
@@ -83,6 +84,7 @@ def test_the_stream_checkpoint_option_reads_the_streams_query_id(tmp_path: Path)
     assert "txnstreamcheckpoint" not in settings.backend_options
 
 
+@pytest.mark.promise("append-only-modes", "datasource")
 def test_overwrite_is_refused() -> None:
     source = TxsinkDataSource(_opts())
     with pytest.raises(ConfigError, match="complete"):

@@ -111,14 +111,21 @@ class Gate:
         jobs' ``version=N``, a backfill) are no stream's batches: the stream goes on.
         """
         c = self.coordinator
-        self.start_stream(query_id)
-        epoch = c.stream_epoch(batch_id)
+        replayed = None
         if legacy_app_id is not None and c.write_query(legacy_app_id) is not None:
             write = WriteId(legacy_app_id, batch_id, query_id)
             if c.committed_write(write) is not None:
-                c.check_write_query(write)  # another query's versions: refused
-                return Opened(epoch, f"batch {batch_id} of the query was committed as "
-                                     f"version {batch_id} of {legacy_app_id!r} before")
+                # Asked before the start binds the state to this query: versions another
+                # query wrote refuse it, and a refused batch must leave the state bound
+                # as it was, or the refusal's way out (that query's checkpoint put back)
+                # would be refused in turn.
+                c.check_write_query(write)
+                replayed = write
+        self.start_stream(query_id)
+        epoch = c.stream_epoch(batch_id)
+        if replayed is not None:
+            return Opened(epoch, f"batch {batch_id} of the query was committed as "
+                                 f"version {batch_id} of {legacy_app_id!r} before")
         record = c.store.get(epoch)
         stranger = c.epochs.stranger(epoch, record) if (
             record is None or record.state is not EpochState.RESERVED

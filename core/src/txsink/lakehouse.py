@@ -51,7 +51,7 @@ from txsink.errors import (
     StateError,
 )
 from txsink.model import Committable, TransactionContext, parse_participant
-from txsink.objectstore import S3Access, is_s3, refuse_characters, split_uri, unreachable
+from txsink.objectstore import S3Access, is_s3, split_uri, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,17 @@ def new_participant_dir(participant: str) -> str:
 def participant_of(dirname: str) -> str:
     """The participant name a directory made by :func:`new_participant_dir` belongs to."""
     return dirname.rsplit(".", 1)[0]
+
+
+def refuse_characters(location: str, why: Mapping[str, str], *, owner: str,
+                      field: str) -> None:
+    """Refuse (before anything is written) a table location holding one of the
+    characters ``why`` names, saying why that character cannot work: each format names
+    its own (Iceberg takes ``%``, Delta does not)."""
+    for ch, reason in why.items():
+        if ch in location:
+            raise ConfigError(f"{owner}: option '{field}' {location!r} holds {ch!r}: "
+                              f"{reason}. Give a location without it", field=field)
 
 
 def nullable_schema(schema: pa.Schema) -> pa.Schema:

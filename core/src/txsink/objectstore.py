@@ -36,25 +36,6 @@ DEFAULT_REGION = "us-east-1"
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,62}$")
 
 
-#: Characters a table location option must not hold: delta-rs and pyiceberg take the
-#: location as a URL (its history reads empty after ``#`` or ``?``, ``%20`` is a space),
-#: so an epoch was decided and never committed.
-URL_CHARACTERS = dict.fromkeys(
-    "#?%", "delta-rs and pyiceberg take the location as a URL, and what they read as part "
-    "of a URL (a fragment, a query, an escape) is not the directory: an epoch's files "
-    "would be written and the table never find them")
-
-
-def refuse_characters(location: str, why: Mapping[str, str], *, owner: str,
-                      field: str) -> None:
-    """Refuse (before anything is written) a table location holding one of the
-    characters ``why`` names, saying why that character cannot work."""
-    for ch, reason in why.items():
-        if ch in location:
-            raise ConfigError(f"{owner}: option '{field}' {location!r} holds {ch!r}: "
-                              f"{reason}. Give a location without it", field=field)
-
-
 def is_s3(uri: str) -> bool:
     return uri.startswith(SCHEMES)
 
@@ -257,7 +238,6 @@ def table_location(opts: Options, options: Mapping[str, str], owner: str,
     """A table backend's location option: ``s3://bucket/prefix`` (with its S3 access
     from the options) or a local directory (made absolute; S3 options refused there)."""
     location = opts.str(field, required=True)
-    refuse_characters(location, URL_CHARACTERS, owner=owner, field=field)
     if is_s3(location):
         bucket, key = split_uri(location, owner=owner, field=field)
         return f"s3://{bucket}/{key}".rstrip("/"), S3Access.from_options(opts, owner)

@@ -162,6 +162,7 @@ def _run(lake: Lake, case: Case, table: str, target: Callable[[], Any], fmt: str
     return "written"
 
 
+@pytest.mark.promise("lakehouse-spark-tables-written-or-refused", "backend")
 @pytest.mark.parametrize("case", DELTA, ids=[c.name for c in DELTA])
 def test_delta_table_spark_created(lake: Lake, tmp_path: Path, case: Case) -> None:
     from txsink.spark import target
@@ -187,6 +188,7 @@ def test_delta_table_spark_created(lake: Lake, tmp_path: Path, case: Case) -> No
             1, 2, *TXSINK_IDS]
 
 
+@pytest.mark.promise("lakehouse-spark-tables-written-or-refused", "backend")
 @pytest.mark.parametrize("case", ICEBERG, ids=[c.name for c in ICEBERG])
 def test_iceberg_table_spark_created(lake: Lake, tmp_path: Path, case: Case) -> None:
     from txsink.spark import target

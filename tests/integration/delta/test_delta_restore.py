@@ -34,6 +34,7 @@ def _setup(tmp_path: Path) -> tuple[DeltaBackend, Coordinator, Path]:
     return backend, coord, path
 
 
+@pytest.mark.promise("delta-restore-stops", "backend")
 def test_a_restore_before_an_epoch_stops_the_pipeline_naming_it(tmp_path: Path) -> None:
     backend, coord, path = _setup(tmp_path)
     prepared_before = prepare(backend, 3)

@@ -82,6 +82,7 @@ class TestIcebergPostgresCatalogConformance(LakeConformance):
                 "table": f"db.t{uuid.uuid4().hex[:8]}"}
 
 
+@pytest.mark.promise("iceberg-rest-secrets-never-stored", "backend")
 def test_rest_credentials_stay_out_of_logs_state_and_committables(
         rest: LocalRestCatalog, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
@@ -101,6 +102,7 @@ def test_rest_credentials_stay_out_of_logs_state_and_committables(
     assert "catalog_credential" not in backend.safe_options(rest_options(rest))
 
 
+@pytest.mark.promise("iceberg-rest-options-refused", "backend")
 def test_rest_options_are_checked_before_anything_moves(rest: LocalRestCatalog) -> None:
     with pytest.raises(TxsinkError, match="catalog_uri"):
         get_plugins().create_backend("iceberg", {"catalog_type": "rest", "warehouse": "/x",
@@ -110,6 +112,7 @@ def test_rest_options_are_checked_before_anything_moves(rest: LocalRestCatalog) 
                                                  "table": "db.t"})
 
 
+@pytest.mark.promise("iceberg-rest-down-stays-decided", "backend")
 @pytest.mark.parametrize("how", [
     pytest.param("restart", marks=iceberg_rest_run), "kill"])
 def test_rest_server_down_between_decision_and_commit(rest: LocalRestCatalog, tmp_path: Path,

@@ -39,6 +39,7 @@ def test_epochs_committed_out_of_order_are_each_recognised(backend: IcebergBacke
     assert table_ids(backend) == [*range(20), *range(100, 120)]
 
 
+@pytest.mark.promise("iceberg-partitioned-refused", "backend")
 def test_a_table_partitioned_since_the_start_is_refused_before_the_decision(
         backend: IcebergBackend) -> None:
     """Another writer partitions the table while the pipeline runs: add_files refused
@@ -71,6 +72,7 @@ def test_a_rollback_takes_epochs_out_of_the_highest_the_next_commit_records(
     assert table_ids(backend) == [0, 1, 10, 11]
 
 
+@pytest.mark.promise("iceberg-rollback-stops", "backend")
 def test_a_rollback_past_committed_epochs_stops_the_pipeline_naming_it(
         backend: IcebergBackend, tmp_path: Path) -> None:
     """A rollback past epochs the sink committed takes their rows out for good if the

@@ -61,6 +61,7 @@ from txsink.lakehouse import (
     marked_highest,
     marker,
     nullable_schema,
+    refuse_characters,
 )
 from txsink.model import Committable, TransactionContext
 from txsink.objectstore import (
@@ -68,7 +69,6 @@ from txsink.objectstore import (
     S3Access,
     S3Names,
     is_s3,
-    refuse_characters,
     table_location,
 )
 from txsink.options import Options

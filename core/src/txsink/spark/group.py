@@ -243,6 +243,15 @@ class TargetSet:
         put where this Spark session has no filesystem (``s3a://`` without hadoop-aws):
         Spark would fail inside the first batch with a Java error instead."""
         plugins = get_plugins()
+        # Each native target's own check of the session (Backend.native_session_conf:
+        # a jar, a filesystem, the store it reaches), here, before any claim or epoch.
+        for spec in self.specs:
+            if takes_native(spec, df):
+                member = TargetGroup.from_specs(self.sink_id, [spec]).members[spec.name]
+                try:
+                    member.backend.native_session_conf(df.sparkSession)
+                finally:
+                    member.backend.close()
         for spec in self.specs:
             if not getattr(plugins.backend_class(spec.backend), "native_parquet", False):
                 continue
