@@ -24,7 +24,7 @@ from txsink.model import Committable, TransactionContext
 from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 
-from tests.lake_tables import table_ids
+from tests.lake_tables import coordinator, table_ids
 
 pytestmark = pytest.mark.integration
 
@@ -287,9 +287,7 @@ def test_a_table_whose_log_was_deleted_is_not_made_again_empty(tmp_path: Path) -
 
     table = tmp_path / "t"
     backend = DeltaBackend(str(table))
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state", "orders")
     for e in range(2):
         coord.commit_epoch(e, prepared(backend, e, [e]))
     shutil.rmtree(table / "_delta_log")

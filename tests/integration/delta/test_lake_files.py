@@ -22,17 +22,15 @@ import pyarrow.parquet as pq
 import pytest
 from txsink import lakehouse
 from txsink.backend import CommitOutcome
-from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.coordinator import EpochOutcome
 from txsink.errors import ConfigError
 from txsink.lakehouse import TableBackend, file_stats
 from txsink.model import Committable, TransactionContext
-from txsink.plugins import build_plugins
-from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.lake_tables import table_rows
+from tests.lake_tables import coordinator, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -280,9 +278,7 @@ def test_an_epoch_without_rows_before_the_table_exists_is_a_normal_epoch(
     no and ``highest_epoch`` -1, so the consistent cut of a group stayed below it until
     rows came."""
     backend = make(kind, tmp_path)
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state", "orders")
     empty = [write_participant(backend, TransactionContext("orders", 0, p, 0), [])
              for p in range(2)]
     assert coord.commit_epoch(0, empty) is EpochOutcome.COMMITTED

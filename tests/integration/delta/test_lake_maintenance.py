@@ -14,17 +14,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.coordinator import EpochOutcome
 from txsink.errors import ConfigError, SinkOwnedError, StateError
 from txsink.lakehouse import TableBackend
 from txsink.model import Committable, TransactionContext
-from txsink.plugins import build_plugins
-from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.lake_tables import table_ids, table_rows
+from tests.lake_tables import coordinator, table_ids, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -35,12 +33,6 @@ def participants(backend: TableBackend, e: int) -> list[Committable]:
     return [write_participant(backend, TransactionContext(SINK, e, p, 0), [pa.record_batch(
         {"id": pa.array([e * 100 + p * 10 + i for i in range(3)], pa.int64())})])
         for p in range(2)]
-
-
-def coordinator(backend: TableBackend, state: Path) -> Coordinator:
-    coord = Coordinator(backend, DirectoryStateStore(state), SINK, plugins=build_plugins())
-    coord.start()
-    return coord
 
 
 def want(epochs: range) -> list[int]:
@@ -70,7 +62,7 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
     backend: TableBackend = (DeltaBackend(str(tmp_path / "t")) if kind == "delta"
                              else IcebergBackend("db.t", str(tmp_path / "wh")))
     state = tmp_path / "state"
-    coord = coordinator(backend, state)
+    coord = coordinator(backend, state, SINK)
     assert coord.commit_epoch(0, participants(backend, 0)) is EpochOutcome.COMMITTED
     shutil.copytree(state, tmp_path / "state-after-0")  # an older copy of the state
     for e in (1, 2):
@@ -101,7 +93,7 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
     shutil.copytree(tmp_path / "state-after-0", state)
     fresh = (DeltaBackend(str(tmp_path / "t")) if kind == "delta"
              else IcebergBackend("db.t", str(tmp_path / "wh")))
-    again = coordinator(fresh, state)
+    again = coordinator(fresh, state, SINK)
     for e in (1, 2):
         if kind == "iceberg":
             # Their snapshots expired (only the compaction's is kept), and the sink's
@@ -119,7 +111,7 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
     with pytest.raises(SinkOwnedError):
         coordinator(fresh.__class__(*(  # a second query, another state
             (str(tmp_path / "t"),) if kind == "delta" else ("db.t", str(tmp_path / "wh")))),
-            tmp_path / "other")
+            tmp_path / "other", SINK)
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
@@ -129,7 +121,7 @@ def test_a_column_added_by_another_writer_reads_null_in_txsink_s_rows(
     epoch was refused as "missing" a column every reader fills with null."""
     backend: TableBackend = (DeltaBackend(str(tmp_path / "t")) if kind == "delta"
                              else IcebergBackend("db.t", str(tmp_path / "wh")))
-    coord = coordinator(backend, tmp_path / "state")
+    coord = coordinator(backend, tmp_path / "state", SINK)
     assert coord.commit_epoch(0, participants(backend, 0)) is EpochOutcome.COMMITTED
     if isinstance(backend, DeltaBackend):
         from deltalake import DeltaTable, Field
@@ -154,7 +146,7 @@ def test_an_iceberg_table_of_format_version_3_is_refused_before_the_decision(
     the commit failed after the decision ("Cannot write manifest for table version:
     3"). Made here as Java's Iceberg upgrades a table: the same metadata, version 3."""
     backend = IcebergBackend("db.t", str(tmp_path / "wh"))
-    coord = coordinator(backend, tmp_path / "state")
+    coord = coordinator(backend, tmp_path / "state", SINK)
     assert coord.commit_epoch(0, participants(backend, 0)) is EpochOutcome.COMMITTED
     loaded = backend.load_table()
     path = loaded.metadata_location.removeprefix("file://")

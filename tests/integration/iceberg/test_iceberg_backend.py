@@ -9,15 +9,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from txsink.backend import CommitOutcome
-from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.coordinator import EpochOutcome
 from txsink.errors import ConfigError
 from txsink.model import Committable, TransactionContext
-from txsink.plugins import build_plugins, get_plugins
-from txsink.state import DirectoryStateStore
+from txsink.plugins import get_plugins
 from txsink.writer import write_participant
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.lake_tables import table_ids
+from tests.lake_tables import coordinator, table_ids
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +45,7 @@ def summaries(backend: IcebergBackend) -> list[dict[str, str]]:
 
 def test_an_epoch_of_many_participants_is_one_snapshot_marked_in_its_summary(
         backend: IcebergBackend, tmp_path: Path) -> None:
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state", "orders")
     for epoch in range(3):
         msgs = [prepare(backend, epoch, p, range(epoch * 1000 + p * 100,
                                                  epoch * 1000 + p * 100 + 100))

@@ -38,7 +38,7 @@ from txsink.writer import write_participant
 from txsink_iceberg.backend import FIELD_ID, OWNER_PROPERTY, IcebergBackend
 
 from tests.integration.delta.test_lake_files import spark_like
-from tests.lake_tables import table_rows
+from tests.lake_tables import coordinator, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -161,8 +161,7 @@ def test_a_not_null_column_takes_a_nullable_frame_without_nulls_and_refuses_a_nu
 
 def run(b: IcebergBackend, state: Path, e: int, ids: list[int]) -> None:
     """One start and epoch of a query whose txsink state is ``state``."""
-    coord = Coordinator(b, DirectoryStateStore(state), SINK, plugins=build_plugins())
-    coord.start()
+    coord = coordinator(b, state, SINK)
     coord.commit_epoch(e, epoch(b, e, ids, [str(i) for i in ids]))
 
 
@@ -182,8 +181,7 @@ def test_a_lost_catalog_entry_is_refused_and_registering_the_table_again_restore
     # Nothing was created over it.
     assert lost.load_table() is None
     with pytest.raises(ConfigError, match=r"has no table db\.t"):
-        Coordinator(lost, DirectoryStateStore(tmp_path / "state"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(lost, tmp_path / "state", SINK)
     # The remedy, as the message gives it.
     call = message.split("catalog.register_table(", 1)[1].split(")", 1)[0]
     name, metadata = (part.strip().strip("'") for part in call.split(","))
@@ -208,8 +206,7 @@ def test_a_table_dropped_and_created_again_is_refused_by_its_uuid(tmp_path: Path
     catalog.create_table("db.t", old.schema(), location=f"file://{tmp_path}/elsewhere")
     new = backend(tmp_path)
     with pytest.raises(ConfigError) as refused:
-        Coordinator(new, DirectoryStateStore(tmp_path / "state"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(new, tmp_path / "state", SINK)
     message = str(refused.value)
     assert str(old.metadata.table_uuid) in message
     assert str(new.load_table().metadata.table_uuid) in message
@@ -270,8 +267,7 @@ def test_a_claim_of_an_earlier_release_moves_into_the_table(tmp_path: Path) -> N
     owner.write_text(json.dumps({"sink_id": SINK, "state_id": "old-state",
                                  "state_location": "/old"}))
     with pytest.raises(SinkOwnedError, match="/old"):
-        Coordinator(backend(tmp_path), DirectoryStateStore(tmp_path / "first"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(backend(tmp_path), tmp_path / "first", SINK)
     owner.write_text(json.dumps({
         "sink_id": SINK, "state_location": str(tmp_path / "first"),
         "state_id": DirectoryStateStore(tmp_path / "first").read_meta().state_id}))
@@ -279,8 +275,7 @@ def test_a_claim_of_an_earlier_release_moves_into_the_table(tmp_path: Path) -> N
     assert OWNER_PROPERTY + SINK in b.load_table().properties
     owner.unlink()
     with pytest.raises(SinkOwnedError):
-        Coordinator(backend(tmp_path), DirectoryStateStore(tmp_path / "second"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(backend(tmp_path), tmp_path / "second", SINK)
 
 
 def test_the_refusal_s_way_out_followed_literally_lets_a_new_state_take_the_sink(
@@ -288,8 +283,7 @@ def test_the_refusal_s_way_out_followed_literally_lets_a_new_state_take_the_sink
     b = backend(tmp_path)
     run(b, tmp_path / "first", 0, [1])
     with pytest.raises(SinkOwnedError) as refused:
-        Coordinator(backend(tmp_path), DirectoryStateStore(tmp_path / "second"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(backend(tmp_path), tmp_path / "second", SINK)
     message = str(refused.value)
     key = message.split("tx.remove_properties('", 1)[1].split("'", 1)[0]
     with b.load_table().transaction() as tx:

@@ -14,7 +14,7 @@ from txsink.errors import StateError
 from txsink_iceberg.backend import IcebergBackend
 
 from tests.integration.iceberg.test_iceberg_backend import backend, prepare
-from tests.lake_tables import table_ids
+from tests.lake_tables import coordinator, table_ids
 
 pytestmark = pytest.mark.integration
 __all__ = ["backend"]  # the fixture
@@ -79,17 +79,9 @@ def test_orphan_file_removal_and_expiry_leave_committed_epochs_alone(
     import glob
     import os
 
-    from txsink.coordinator import Coordinator, EpochOutcome
-    from txsink.plugins import build_plugins
-    from txsink.state import DirectoryStateStore
+    from txsink.coordinator import EpochOutcome
 
-    def coordinator(b: IcebergBackend) -> Coordinator:
-        coord = Coordinator(b, DirectoryStateStore(tmp_path / "state"), "orders",
-                            plugins=build_plugins())
-        coord.start()
-        return coord
-
-    coord = coordinator(backend)
+    coord = coordinator(backend, tmp_path / "state", "orders")
     for epoch in range(4):
         assert coord.commit_epoch(epoch, [prepare(backend, epoch, 0, range(
             epoch * 10, epoch * 10 + 3))]) is EpochOutcome.COMMITTED
@@ -102,7 +94,7 @@ def test_orphan_file_removal_and_expiry_leave_committed_epochs_alone(
     table.maintenance.expire_snapshots().by_ids(
         [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current]).commit()
     again = IcebergBackend(backend.table, backend.warehouse)
-    coord = coordinator(again)
+    coord = coordinator(again, tmp_path / "state", "orders")
     assert coord.commit_epoch(4, [prepare(again, 4, 0, range(40, 43))]
                               ) is EpochOutcome.COMMITTED
     assert table_ids(backend) == [e * 10 + i for e in range(5) for i in range(3)]

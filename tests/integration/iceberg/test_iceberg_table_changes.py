@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 from tests.integration.iceberg.test_iceberg_backend import backend, prepare
-from tests.lake_tables import table_ids
+from tests.lake_tables import coordinator, table_ids
 
 pytestmark = pytest.mark.integration
 __all__ = ["backend"]  # the fixture
@@ -78,14 +78,10 @@ def test_a_rollback_past_committed_epochs_stops_the_pipeline_naming_it(
     """A rollback past epochs the sink committed takes their rows out for good if the
     pipeline goes on: it stops before the next decision and at its next start, naming
     the rollback; setting the current snapshot back lets it go on, exactly once."""
-    from txsink.coordinator import Coordinator, EpochOutcome
+    from txsink.coordinator import EpochOutcome
     from txsink.errors import TxsinkError
-    from txsink.plugins import build_plugins
-    from txsink.state import DirectoryStateStore
 
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state", "orders")
     for epoch in range(3):
         assert coord.commit_epoch(epoch, [prepare(backend, epoch, 0, range(
             epoch * 10, epoch * 10 + 2))]) is EpochOutcome.COMMITTED
