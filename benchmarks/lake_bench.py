@@ -124,14 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     from txsink.spark import register, target, targets
     from txsink.testing import lake_connectors as lc
     from txsink_iceberg.backend import IcebergBackend
+    from txsink_iceberg.testing import spark_jdbc_catalog
 
     work = Path(tempfile.mkdtemp(prefix="txsink-lake-bench-"))
     wh = work / "wh"
     # One catalog (a SQL catalog on a SQLite file, txsink's default) for both writers.
-    IcebergBackend("db.t", str(wh), catalog_name="bench")._catalog()
-    conf = lc.session_conf(found, lc.jars(found), iceberg_catalogs={"bench": {
-        "type": "jdbc", "uri": f"jdbc:sqlite:{wh}/txsink-catalog.db",
-        "jdbc.init-catalog-tables": "false", "warehouse": wh.as_uri()}})
+    conf = lc.session_conf(found, lc.jars(found), iceberg_catalogs={
+        "bench": spark_jdbc_catalog(IcebergBackend("db.t", str(wh), catalog_name="bench"))})
     builder = (SparkSession.builder.master("local[2]").appName("txsink-lake-bench")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")

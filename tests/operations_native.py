@@ -475,7 +475,7 @@ class NativeModel(RuleBasedStateMachine):
 
         if not (base / CATALOG_FILE).is_file():
             return None
-        return IcebergBackend("ns.t", str(base))._load()
+        return IcebergBackend("ns.t", str(base)).load_table()
 
     def wants(self, name: str, ids: set[int]) -> set[int]:
         return {i for i in ids if _keep(self.targets[name][1], i)}
@@ -965,7 +965,7 @@ def iceberg_maintenance(base: Path, op: str) -> bool:
     if op == "lose the catalog":
         catalog_file.unlink()
         return True
-    table = IcebergBackend("ns.t", str(base))._load()
+    table = IcebergBackend("ns.t", str(base)).load_table()
     if table is None:
         return False
     if op == "compact":  # another writer rewrites the table's rows into new files

@@ -21,11 +21,7 @@ from __future__ import annotations
 
 import collections
 import copy
-import json
-import os
-import urllib.parse
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -33,8 +29,6 @@ import pyarrow as pa
 KINDS = ("concurrent-append", "concurrent-compact", "commit-unknown")
 #: The key of the other writer's rows (ids below zero).
 OTHER_KEY = "other"
-SINK_KEY = "txsink.sink"
-EPOCH_KEY = "txsink.epoch"
 
 
 class CommitOutcomeUnknown(TimeoutError):
@@ -105,7 +99,7 @@ def concurrent_commit(backend: Any, *, compact: bool) -> str:
     # (a copy: the armed backend's wrapped methods cannot be pickled).
     mine = copy.copy(backend)
     mine._catalog_cache = None
-    other = mine._load()
+    other = mine.load_table()
     schema = other.schema().as_arrow()
     if compact and len(list(other.scan().plan_files())) >= 2:
         other.overwrite(other.scan().to_arrow().cast(schema))
@@ -114,30 +108,16 @@ def concurrent_commit(backend: Any, *, compact: bool) -> str:
     return "concurrent-append"
 
 
-# -- what a reader sees, and what is counted -----------------------------------------------
-
-
-def _iceberg(options: Mapping[str, str]) -> Any:
-    from txsink_iceberg.backend import IcebergBackend
-
-    return IcebergBackend.from_options(options)
+# -- what a reader sees, and what is counted (through tests.lake_tables) ------------------
 
 
 def live_files(backend: str, options: Mapping[str, str]) -> list[str]:
     """Absolute paths of the data files the table's current version names."""
-    if backend == "delta":
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
+    from tests.lake_tables import make, named_files
 
-        try:
-            table = DeltaTable(options["path"])
-        except TableNotFoundError:
-            return []
-        return [urllib.parse.unquote(u.removeprefix("file://")) for u in table.file_uris()]
-    table = _iceberg(options)._load()
-    if table is None:
-        return []
-    return [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]
+    table = make(backend, options)
+    root = table._fs()[1]
+    return sorted(f"{root}/{relative}" for relative in named_files(table))
 
 
 def rows(backend: str, options: Mapping[str, str]) -> list[tuple[int, str]]:
@@ -175,55 +155,19 @@ def epoch_rows(backend: str, options: Mapping[str, str]) -> list[tuple[int, int]
     return out
 
 
-def _delta_named(path: Path) -> set[str]:
-    """Every data file any version of the Delta log added (absolute paths)."""
-    named: set[str] = set()
-    log = path / "_delta_log"
-    for name in sorted(os.listdir(log)) if log.exists() else []:
-        if not name.endswith(".json"):
-            continue
-        for line in (log / name).read_text().splitlines():
-            add = json.loads(line).get("add")
-            if add:
-                named.add(str(path / urllib.parse.unquote(add["path"])))
-    return named
-
-
 def orphan_files(backend: str, options: Mapping[str, str]) -> list[str]:
     """Parquet files under the table's data folder that no committed version (snapshot)
     of the table names: what neither an abort nor a commit accounted for."""
-    if backend == "delta":
-        root = Path(options["path"])
-        named = _delta_named(root)
-        files = {str(p) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
-    else:
-        b = _iceberg(options)
-        table = b._load()
-        root = Path(b.data_root())
-        files = {str(p) for p in root.rglob("*.parquet")}
-        named = set()
-        for snap in (table.metadata.snapshots if table is not None else []):
-            named |= {t.file.file_path.removeprefix("file://")
-                      for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()}
-    return sorted(files - named)
+    from tests.lake_tables import make, orphans
+
+    table = make(backend, options)
+    root = table._fs()[1]
+    return [f"{root}/{relative}" for relative in orphans(table, ever=True)]
 
 
 def entries(backend: str, options: Mapping[str, str], sink_id: str) -> collections.Counter[int]:
     """Per epoch of ``sink_id``: how many log entries (Delta) / snapshots (Iceberg, every
     one the table's metadata keeps) carry its marker."""
-    found: collections.Counter[int] = collections.Counter()
-    if backend == "delta":
-        log = Path(options["path"]) / "_delta_log"
-        for name in sorted(os.listdir(log)) if log.exists() else []:
-            if name.endswith(".json"):
-                for line in (log / name).read_text().splitlines():
-                    info = json.loads(line).get("commitInfo") or {}
-                    if info.get(SINK_KEY) == sink_id:
-                        found[int(info[EPOCH_KEY])] += 1
-        return found
-    table = _iceberg(options)._load()
-    for snap in (table.metadata.snapshots if table is not None else []):
-        summary = snap.summary
-        if summary is not None and summary.get(SINK_KEY) == sink_id:
-            found[int(summary[EPOCH_KEY])] += 1
-    return found
+    from tests.lake_tables import make, marked
+
+    return collections.Counter(epoch for _, epoch in marked(make(backend, options), sink_id))

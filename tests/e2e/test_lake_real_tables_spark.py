@@ -30,6 +30,7 @@ from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
 from tests.e2e.spark_harness import local_spark
+from tests.lake_tables import KINDS, local_options, table_ids, table_rows
 from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -43,28 +44,14 @@ def spark() -> Iterator[Any]:
 def lake(where: Path, *, delta: bool = True) -> list[dict[str, Any]]:
     from txsink.spark import target
 
-    out = [target("iceberg", "iceberg", warehouse=str(where / "wh"), table="db.t")]
-    if delta:
-        out.insert(0, target("delta", "delta", path=str(where / "delta")))
-    return out
+    return [target(kind, kind, **local_options(kind, where)) for kind in KINDS
+            if delta or kind != "delta"]
 
 
 def table(where: Path, name: str) -> TableBackend:
     if name == "delta":
         return DeltaBackend(str(where / "delta"))
     return IcebergBackend("db.t", str(where / "wh"))
-
-
-def ids(backend: TableBackend) -> list[int]:
-    if isinstance(backend, DeltaBackend):
-        from deltalake import DeltaTable
-
-        found = DeltaTable(backend.table_uri()).to_pyarrow_table(columns=["id"])
-    else:
-        assert isinstance(backend, IcebergBackend)
-        loaded = IcebergBackend(backend.table, backend.warehouse)._load()
-        found = loaded.scan(selected_fields=("id",)).to_arrow()
-    return sorted(int(i) for i in found.column("id").to_pylist())
 
 
 def frame(spark: Any, start: int, end: int) -> Any:
@@ -88,7 +75,7 @@ def test_spark_writes_where_the_driver_reads_under_another_default_filesystem(
         for key in conf:
             spark.conf.unset(key)
     for name in ("delta", "iceberg"):
-        assert ids(table(tmp_path, name)) == list(range(10)), name
+        assert table_ids(table(tmp_path, name)) == list(range(10)), name
     assert not [p for p in elsewhere.rglob("*") if p.is_file()]
 
 
@@ -104,7 +91,7 @@ def test_the_native_path_writes_into_locations_with_spaces_and_unicode(
             frame(spark, start, start + 10))
     for kind in ("delta", "iceberg"):
         backend = table(where, kind)
-        assert ids(backend) == list(range(20)), kind
+        assert table_ids(backend) == list(range(20)), kind
         sink = target_sink_id("names", kind)
         assert backend.highest_epoch(sink) == 1 and backend.holds_epoch(sink, 0)
         assert list(backend.list_prepared(sink)) == []
@@ -117,8 +104,8 @@ def test_the_native_path_writes_an_iceberg_warehouse_named_with_a_percent_escape
     for where, start in ((tmp_path / "a b", 0), (tmp_path / "a%20b", 100)):
         targets("pct", lake(where, delta=False),
                 checkpoint_location=str(where / "chk")).write(frame(spark, start, start + 5))
-    assert ids(table(tmp_path / "a b", "iceberg")) == list(range(5))
-    assert ids(table(tmp_path / "a%20b", "iceberg")) == list(range(100, 105))
+    assert table_ids(table(tmp_path / "a b", "iceberg")) == list(range(5))
+    assert table_ids(table(tmp_path / "a%20b", "iceberg")) == list(range(100, 105))
 
 
 def test_an_empty_frame_is_a_normal_epoch_on_the_native_path(spark: Any,
@@ -135,7 +122,7 @@ def test_an_empty_frame_is_a_normal_epoch_on_the_native_path(spark: Any,
     for kind in ("delta", "iceberg"):
         backend, sink = table(tmp_path, kind), target_sink_id("empty", kind)
         assert [backend.holds_epoch(sink, e) for e in range(3)] == [True, True, False]
-        assert ids(backend) == [0, 1, 2]
+        assert table_ids(backend) == [0, 1, 2]
     tg = TargetGroup.from_specs("empty", parse_targets(lake(tmp_path), "empty"))
     store = get_plugins().state_store(str(tmp_path / "chk" / "txsink"))
     assert consistent_cut(tg, store, "empty").cut == 1
@@ -155,7 +142,7 @@ def test_an_empty_frame_is_a_normal_epoch_on_the_data_source(spark: Any, tmp_pat
          .options(**options).save())
     backend = table(tmp_path, kind)
     assert [backend.holds_epoch("ds", e) for e in range(3)] == [True, True, False]
-    assert backend.highest_epoch("ds") == 1 and ids(backend) == list(range(4))
+    assert backend.highest_epoch("ds") == 1 and table_ids(backend) == list(range(4))
 
 
 @pytest.mark.promise("iceberg-field-ids-written", "native")
@@ -169,12 +156,12 @@ def test_spark_s_files_carry_the_iceberg_table_s_field_ids(spark: Any,
     group.write(frame(spark, 0, 3))
     backend = table(where, "iceberg")
     assert isinstance(backend, IcebergBackend)
-    with backend._load().update_schema() as change:
+    with backend.load_table().update_schema() as change:
         change.delete_column("s")
-    with backend._load().update_schema() as change:
+    with backend.load_table().update_schema() as change:
         change.add_column("s", StringType())
     group.write(frame(spark, 3, 5))
-    found = IcebergBackend("db.t", str(where / "wh"))._load().scan().to_arrow().to_pylist()
+    found = table_rows(backend)
     assert sorted((r["id"], r["s"]) for r in found) == [
         (0, None), (1, None), (2, None), (3, "3"), (4, "4")]
 
@@ -211,7 +198,7 @@ def test_a_target_a_grouped_epoch_does_not_write_holds_the_epoch(spark: Any,
     with group.epoch(spark) as tx:
         tx.write(frame(spark, 0, 3), "delta")
     iceberg = table(tmp_path, "iceberg")
-    assert isinstance(iceberg, IcebergBackend) and iceberg._load() is None
+    assert isinstance(iceberg, IcebergBackend) and iceberg.load_table() is None
     for kind in ("delta", "iceberg"):
         assert table(tmp_path, kind).holds_epoch(target_sink_id("grouped", kind), 0), kind
     tg = TargetGroup.from_specs("grouped", parse_targets(lake(tmp_path), "grouped"))
@@ -243,4 +230,4 @@ def test_a_frame_given_the_table_s_field_ids_is_not_written_twice(spark: Any,
                 for n in names} == {b"2"}
         backend.check_prepared([committable])
         assert backend.commit_all([committable])[0].value == "committed"
-    assert ids(backend) == [0, 1, 2, 10, 11, 12]
+    assert table_ids(backend) == [0, 1, 2, 10, 11, 12]

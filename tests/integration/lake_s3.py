@@ -1,5 +1,5 @@
-"""Delta and Iceberg tables on the session's S3 server: their options, and what a reader
-of the table (delta-rs, pyiceberg) and a listing of the bucket see."""
+"""A pipeline into a Delta or Iceberg table on the session's S3 server, killed after its
+decision and restarted (the table helpers are :mod:`tests.lake_tables`)."""
 
 from __future__ import annotations
 
@@ -9,88 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
-from txsink.lakehouse import TableBackend
-from txsink.plugins import get_plugins
-from txsink_delta.backend import DeltaBackend
-from txsink_iceberg.backend import IcebergBackend
-
 from tests.integration.conftest import S3Server
+from tests.lake_tables import make, marked, orphans, s3_options, table_ids
 from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def access(s3: S3Server) -> dict[str, str]:
-    """Endpoint and keys, as the S3 backend takes them."""
-    opts = {"endpoint_url": s3.endpoint_url, "region": "us-east-1"}
-    if s3.access_key is not None and s3.secret_key is not None:
-        opts.update(access_key_id=s3.access_key, secret_access_key=s3.secret_key)
-    return opts
-
-
-def table_options(kind: str, s3: S3Server, tmp_path: Path) -> dict[str, str]:
-    """A fresh table under its own prefix (the Iceberg catalog: SQLite in ``tmp_path``)."""
-    run = f"lake-{uuid.uuid4().hex[:10]}"
-    if kind == "delta":
-        return {"path": f"s3://{s3.bucket}/{run}/table", **access(s3)}
-    return {"warehouse": f"s3://{s3.bucket}/{run}/warehouse", "table": "db.orders",
-            "catalog_uri": f"sqlite:///{tmp_path / 'catalog.db'}", **access(s3)}
-
-
-def read_ids(backend: TableBackend) -> list[int]:
-    """The ``id`` column as a reader of the table sees it (whole epochs only)."""
-    if isinstance(backend, DeltaBackend):
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            table = DeltaTable(backend.path, storage_options=backend.storage_options())
-        except TableNotFoundError:
-            return []
-        return [int(i) for i in table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()]
-    assert isinstance(backend, IcebergBackend)
-    fresh = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri,
-                           s3=backend.s3)
-    loaded = fresh._load()
-    if loaded is None:
-        return []
-    return [int(i) for i in loaded.scan(selected_fields=("id",)).to_arrow().column(
-        "id").to_pylist()]
-
-
-def named_files(backend: TableBackend) -> set[str]:
-    """Data files the table names, relative to the data root."""
-    root = backend.uri("")
-    if isinstance(backend, DeltaBackend):
-        from deltalake import DeltaTable
-
-        table = DeltaTable(backend.path, storage_options=backend.storage_options())
-        return {u.removeprefix(root) for u in table.file_uris()}
-    assert isinstance(backend, IcebergBackend)
-    loaded = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri,
-                            s3=backend.s3)._load()
-    if loaded is None or loaded.current_snapshot() is None:
-        return set()
-    return {task.file.file_path.removeprefix(root) for task in loaded.scan().plan_files()}
-
-
-def stored_files(backend: TableBackend) -> set[str]:
-    """Every object under the data root, relative to it (a listing of the bucket)."""
-    fs, root = backend._fs()
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    return {i.path[len(root) + 1:] for i in infos if i.type == pafs.FileType.File}
-
-
-def orphans(backend: TableBackend) -> list[str]:
-    """Parquet files under txsink's data folder that the table does not name."""
-    named = named_files(backend)
-    return sorted(p for p in stored_files(backend)
-                  if p.startswith("txsink/") and p.endswith(".parquet") and p not in named)
 
 
 # -- a pipeline killed after its decision, restarted ---------------------------------------
@@ -120,36 +46,24 @@ def killed_after_decide_then_restarted(kind: str, s3: S3Server, tmp_path: Path) 
 
     from tests.integration.lake_s3_crash import rows
 
-    options = table_options(kind, s3, tmp_path)
+    options = s3_options(kind, s3, tmp_path, table="db.orders")
     spec = {"backend": kind, "options": options, "sink_id": f"crash-{kind}",
             "state": str(tmp_path / "state"), "epochs": CRASH_EPOCHS,
             "partitions": CRASH_PARTITIONS}
     crashed = _crash_run(spec, tmp_path, 0, faults=f"{AFTER_DECIDE}@1:kill")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-    backend = get_plugins().create_backend(kind, options)
-    assert isinstance(backend, TableBackend)
+    backend = make(kind, options)
     assert not backend.holds_epoch(spec["sink_id"], 1)  # decided, not committed
     assert orphans(backend)  # epoch 1's files, named by no table entry yet
     restarted = _crash_run(spec, tmp_path, 1)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     want = sorted(i for e in range(CRASH_EPOCHS) for p in range(CRASH_PARTITIONS)
                   for i in rows(e, p))
-    got = sorted(read_ids(backend))
+    got = table_ids(backend)
     assert len(got) == len(want)
     assert hashlib.sha256(repr(got).encode()).digest() == hashlib.sha256(
         repr(want).encode()).digest()
     for e in range(CRASH_EPOCHS):
         assert backend.holds_epoch(spec["sink_id"], e)
     assert orphans(backend) == []
-    if isinstance(backend, IcebergBackend):
-        loaded = backend._load()
-        assert loaded is not None
-        assert sum(1 for s in loaded.snapshots()
-                   if (s.summary or {}).get("txsink.sink") == spec["sink_id"]) == CRASH_EPOCHS
-    else:
-        assert isinstance(backend, DeltaBackend)
-        from deltalake import DeltaTable
-
-        history = DeltaTable(backend.path, storage_options=backend.storage_options()).history()
-        assert sum(1 for h in history if h.get("txsink.sink") == spec["sink_id"]) == (
-            CRASH_EPOCHS)
+    assert [epoch for _, epoch in marked(backend, spec["sink_id"])] == list(range(CRASH_EPOCHS))

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from txsink.backend import Backend, Capability, CommitOutcome, Transaction
 from txsink.errors import (
     ConfigError,
+    FatalCommitError,
     ParticipantLostError,
     ServerUnavailableError,
     SinkOwnedError,
@@ -84,7 +85,8 @@ def participant_of(dirname: str) -> str:
 def refuse_characters(location: str, why: Mapping[str, str], *, owner: str,
                       field: str) -> None:
     """Refuse (before anything is written) a table location holding one of the
-    characters ``why`` names, saying why that character cannot work."""
+    characters ``why`` names, saying why that character cannot work: each format names
+    its own (Iceberg takes ``%``, Delta does not)."""
     for ch, reason in why.items():
         if ch in location:
             raise ConfigError(f"{owner}: option '{field}' {location!r} holds {ch!r}: "
@@ -110,6 +112,17 @@ def _nullable_field(field: pa.Field[Any]) -> pa.Field[Any]:
     elif pa.types.is_map(kind):
         kind = pa.map_(kind.key_field, _nullable_field(kind.item_field))
     return pa.field(field.name, kind, nullable=True, metadata=field.metadata)
+
+
+@contextlib.contextmanager
+def after_decision() -> Iterator[None]:
+    """Around a check made again at commit, after the epoch was decided: what refused the
+    epoch before its decision (a :class:`~txsink.errors.ConfigError`) stops the commit
+    now, and the epoch stays DECIDED for the next start."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
 
 
 def fsync_path(path: str, *, directory: bool = False) -> None:
@@ -143,6 +156,11 @@ class DataFile:
         stats = data.get("stats")
         return cls(str(data["path"]), int(data["size"]), int(data["rows"]),
                    None if stats is None else str(stats))
+
+
+def files_of(committables: Iterable[Committable]) -> list[DataFile]:
+    """Every data file the participants of ``committables`` wrote."""
+    return [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
 
 
 def file_stats(meta: pq.FileMetaData) -> str:
@@ -249,8 +267,14 @@ class TableBackend(Backend):
     #: Spark's own Parquet writer may write this target's files (the native data path:
     #: ``TargetSet.write_stream`` / ``write`` and grouped epochs).
     native_parquet: ClassVar[bool] = True
-    #: The option naming the table's location (for errors about it).
+    #: The option naming the table's location (for errors about it); the backend keeps
+    #: its value in the attribute of the same name (:attr:`location`).
     location_option: ClassVar[str] = "path"
+    #: Options besides the location and the endpoint that name the place of a table on
+    #: S3 (:meth:`destination`), with their defaults.
+    place_options: ClassVar[Mapping[str, str]] = {}
+    #: How the table's store is reached: None for a table on local disk.
+    s3: S3Access | None = None
     capabilities: ClassVar[frozenset[Capability]] = frozenset({
         Capability.COMMIT_FROM_ANY_PROCESS, Capability.LIST_PREPARED,
         Capability.COMMIT_MARKER, Capability.SURVIVES_RESTART})
@@ -272,6 +296,26 @@ class TableBackend(Backend):
         the table (the one a commit is about to be based on) instead of the latest."""
 
     @abc.abstractmethod
+    def load_table(self) -> Any:
+        """The table at its latest version as the format's library loads it (delta-rs's
+        ``DeltaTable``, pyiceberg's ``Table``), or None when there is no table yet."""
+
+    @abc.abstractmethod
+    def create_table(self, sink_id: str, files: Sequence[DataFile]) -> Any:
+        """Create the table from the schema of the first of ``files`` (every column
+        nullable) and load it; a racing creator may win. None when there is no file to
+        take a schema from."""
+
+    @abc.abstractmethod
+    def highest_in(self, table: Any, sink_id: str) -> int:
+        """The sink's highest epoch as the loaded ``table`` records it (-1: none)."""
+
+    @abc.abstractmethod
+    def append_to(self, table: Any, sink_id: str, epoch: int,
+                  participants: Mapping[str, Sequence[DataFile]],
+                  files: Sequence[DataFile]) -> None:
+        """:meth:`append_epoch` into ``table``, loaded (or created) just before."""
+
     def append_epoch(self, sink_id: str, epoch: int,
                      participants: Mapping[str, Sequence[DataFile]]) -> None:
         """Append ONE entry to the table adding ``participants``' files and carrying the
@@ -280,7 +324,25 @@ class TableBackend(Backend):
         markers again and retries. The markers are read again on the very version the
         entry is based on (:meth:`refuse_if_named`): a racing committer of the same epoch
         may have committed between the caller's read and this load, and the format's
-        optimistic concurrency only catches a commit made after it."""
+        optimistic concurrency only catches a commit made after it.
+
+        A table not there yet is created from the files first; an epoch without files
+        into a table that does not exist yet appends nothing (its empty
+        ``_committed.json`` records it: :meth:`epoch_committed`)."""
+        files = [f for fs in participants.values() for f in fs]
+        table = self.load_table()
+        if table is None:
+            table = self.create_table(sink_id, files)
+        if table is None:
+            return
+        self.append_to(table, sink_id, epoch, participants, files)
+
+    def highest_epoch(self, sink_id: str) -> int | None:
+        table = self.load_table()
+        if table is None:
+            # No table yet: the epochs committed without rows before it was made.
+            return max(self.empty_epochs(sink_id), default=-1)
+        return self.highest_in(table, sink_id)
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
         """Raise :class:`~txsink.errors.ConfigError` (naming a column as ``field``) when
@@ -290,7 +352,7 @@ class TableBackend(Backend):
     def check_prepared(self, committables: Sequence[Committable]) -> None:
         # Every participant's rows come from one frame: the first file's schema stands
         # for all (one footer read); the others' statistics are in the committables.
-        files = [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
+        files = files_of(committables)
         if files:
             self.check_files_schema(files)
 
@@ -303,17 +365,93 @@ class TableBackend(Backend):
             raise ConflictError(f"sink={sink_id} epoch={epoch}: {self.describe()} was "
                                 "given this epoch meanwhile by another committer")
 
+    # -- refusals: one shape each, the format giving its facts and its remedy ------------
+
+    def not_created(self, what: str, field: str) -> ConfigError:
+        """The start's refusal when there is no table (``what``) and option ``create`` is
+        false."""
+        return ConfigError(f"{self.name} backend: no {what} and create=false; create it "
+                           "first, or drop create=false", field=field)
+
+    def gone(self, what: str, *, decided: bool = True) -> Exception:
+        """The table (``what``) went away after the start, with option ``create`` false:
+        fatal once the epoch is ``decided``, a refusal of the epoch before."""
+        error = FatalCommitError if decided else ConfigError
+        return error(f"{self.name} backend: {what} is gone and create=false; create it "
+                     "again to commit")
+
+    def misfit(self, what: str, field: str) -> ConfigError:
+        """The refusal, before the decision, of an epoch whose rows do not fit the schema
+        of ``what`` (the table, and how they differ); ``field``: the first column."""
+        return ConfigError(f"{self.name} backend: the epoch's rows do not fit the schema of "
+                           f"{what}; nothing of the epoch is committed in any target: alter "
+                           "the table or write a matching frame", field=field)
+
+    def taken_back(self, what: str, undo: str, by: str) -> FatalCommitError:
+        """The stop when the table's history was set back past epochs of a sink (``what``:
+        how, and which epochs), so that they are no longer in it though they were
+        committed; ``undo``: how to put the table back; ``by``: the operation's name."""
+        return FatalCommitError(
+            f"{self.name} backend: {what}, so txsink cannot keep them exactly once. {undo} "
+            "to go on, or write with a new sink_id (and checkpoint) and replay what the "
+            f"{by} took out")
+
+    @staticmethod
+    def untold(sink_id: str, epoch: int, why: str, remedy: str, *,
+               not_again: bool = False) -> StateError:
+        """The table's history no longer says whether ``epoch`` is in it (``why``: what it
+        records and what is gone); ``not_again``: say that the epoch is not added a
+        second time either; ``remedy``: what keeps the history long enough."""
+        again = ", and does not add it a second time" if not_again else ""
+        return StateError(f"sink={sink_id} epoch={epoch}: {why}: txsink cannot tell whether "
+                          f"that epoch is in the table{again}. {remedy}",
+                          sink_id=sink_id, epoch=epoch)
+
+    # -- the location -------------------------------------------------------------------
+
+    def _locate(self, location: str, s3: S3Access | None, refused: Mapping[str, str]) -> None:
+        """For the constructor: refuse a location holding a character ``refused`` names
+        (the format's libraries cannot take it), and keep how its store is reached: ``s3``
+        as given; for an ``s3://`` location without one, the AWS environment's."""
+        refuse_characters(location, refused, owner=f"{self.name} backend",
+                          field=self.location_option)
+        self.s3 = s3 if s3 is not None or not is_s3(location) else S3Access()
+
+    @property
+    def location(self) -> str:
+        """The location option's value as this backend keeps it (absolute, ``s3://``)."""
+        return str(getattr(self, self.location_option))
+
+    @classmethod
+    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
+        # On S3 the place is the store and the table's key prefix (s3:// and s3a:// name
+        # the same objects); region and keys only say how to get there, and a rotated key
+        # is no move. Local tables keep the default.
+        location = str(options.get(cls.location_option) or "")
+        if not is_s3(location):
+            return super().destination(options)
+        return {cls.location_option: "s3://" + location.split("://", 1)[1].strip("/"),
+                **{k: str(options.get(k) or default) for k, default in cls.place_options.items()},
+                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
+
+    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
+        kept = super().safe_options(options)
+        kept[self.location_option] = self.location  # absolute: status/resolve may run elsewhere
+        return kept
+
+    def secret_values(self) -> list[str]:
+        return self.s3.secrets() if self.s3 is not None else []
+
     # -- files ----------------------------------------------------------------------------
 
     def on_s3(self) -> bool:
-        """Whether the table lives on S3 (tables whose data root needs I/O to find
-        answer from their options instead)."""
-        return is_s3(self.data_root())
+        """Whether the table lives on S3 (known from its options, without I/O)."""
+        return self.s3 is not None
 
     def s3_access(self) -> S3Access:
-        """How this table's S3 location is reached (tables on S3 override this with
-        their options; the default is the AWS environment of the process)."""
-        return S3Access()
+        """How this table's S3 location is reached (the AWS environment of the process
+        when the options say nothing)."""
+        return self.s3 if self.s3 is not None else S3Access()
 
     def _fs(self) -> tuple[pafs.FileSystem, str]:
         cached = getattr(self, "_fs_cache", None)
@@ -321,7 +459,8 @@ class TableBackend(Backend):
             root = self.data_root()
             fs: pafs.FileSystem
             if is_s3(root):
-                bucket, key = split_uri(root, owner=f"{self.name} backend", field="path")
+                bucket, key = split_uri(root, owner=f"{self.name} backend",
+                                        field=self.location_option)
                 fs, path = self.s3_access().filesystem(), f"{bucket}/{key}"
             elif "://" in root and not root.startswith("file://"):
                 fs, path = pafs.FileSystem.from_uri(root)
@@ -368,18 +507,18 @@ class TableBackend(Backend):
         fs, _ = self._fs()
         return pq.read_schema(self.absolute(relative), filesystem=fs)
 
-    def check_location(self) -> None:
+    def check_location(self, where: str | None = None) -> None:
         """Before any data moves: for a table on S3, the bucket exists, the endpoint
         answers, the credentials are accepted and an object can be written and deleted
-        under the table's data folder (a :class:`~txsink.errors.ConfigError` naming the
+        under the table's data folder, or under ``where`` (a location known without I/O,
+        when the data root is not) (a :class:`~txsink.errors.ConfigError` naming the
         option otherwise). Nothing to check on local disk."""
-        root = self.data_root()
+        root = where if where is not None else f"{self.data_root().rstrip('/')}/{DATA_FOLDER}"
         if not is_s3(root):
             return
         owner = f"{self.name} backend"
-        bucket, key = split_uri(root, owner=owner, field="path")
-        self.s3_access().check(bucket, f"{key}/{DATA_FOLDER}".lstrip("/"), owner=owner,
-                               field=self.location_option)
+        bucket, key = split_uri(root, owner=owner, field=self.location_option)
+        self.s3_access().check(bucket, key, owner=owner, field=self.location_option)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -794,8 +933,7 @@ class TableBackend(Backend):
         disk the file is created once (a link never replaces a name); on S3 it is read
         before it is written and read back after."""
         fs, _ = self._fs()
-        rel = f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
-        path = self.absolute(rel)
+        path = self.absolute(self.owner_file(sink_id))
         document = {"sink_id": sink_id, "state_id": state_id,
                     "state_location": state_location}
         owner = self._read_owner(path)
@@ -819,9 +957,13 @@ class TableBackend(Backend):
             owner = self._read_owner(path) or document
         self._refuse_owner(owner, sink_id, state_id, state_location)
 
+    def owner_file(self, sink_id: str) -> str:
+        """The sink's owner file, relative to the data root."""
+        return f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
+
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         """:meth:`claim_sink`'s refusal from the owner file as it is (a read, no write)."""
-        owner = self._read_owner(self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+        owner = self._read_owner(self.absolute(self.owner_file(sink_id)))
         if owner is not None:
             self._refuse_owner(owner, sink_id, state_id, state_location)
 
@@ -829,8 +971,7 @@ class TableBackend(Backend):
                       state_location: str, remedy: str | None = None) -> None:
         """Refuse ``state_id`` if the owner record names another state; ``remedy``: how
         to drop that record (default: delete the owner file)."""
-        rel = f"{self._sink_folder(sink_id)}/{OWNER_FILE}"
-        remedy = remedy or f"delete {self.uri(rel)}"
+        remedy = remedy or f"delete {self.uri(self.owner_file(sink_id))}"
         if str(owner.get("state_id")) != state_id:
             raise SinkOwnedError(
                 f"{self.name} backend: sink id {sink_id!r} in {self.describe()} belongs to "
@@ -877,6 +1018,21 @@ class ConflictError(StateError):
     """Another writer committed to the table between our read and our append."""
 
 
+# -- the marker of a table entry ------------------------------------------------------------
+#
+# Each entry txsink appends carries these keys (Delta: in its commit info; Iceberg: in
+# its snapshot's summary). A commit reads them first, so an entry whose outcome was
+# unknown is recognised and never added twice.
+
+SINK_KEY = "txsink.sink"
+EPOCH_KEY = "txsink.epoch"
+PARTICIPANTS_KEY = "txsink.participants"
+#: The sink's highest epoch in the table once the entry is in: an epoch may commit after
+#: a higher one (two batch writes reserve 5 and 6, 6 commits first), so the epochs of a
+#: table's entries are not in order, but these are.
+HIGHEST_KEY = "txsink.highest"
+
+
 def marker_json(participants: Iterable[str]) -> str:
     """The participant directories of one table entry, as its marker carries them."""
     return json.dumps(sorted(participants), separators=(",", ":"))
@@ -889,3 +1045,51 @@ def marker_dirs(text: str) -> dict[str, str]:
     except ValueError as exc:
         raise StateError(f"unreadable txsink marker in the table: {exc}") from exc
     return {participant_of(str(d)): str(d) for d in dirs}
+
+
+def marker(sink_id: str, epoch: int, participants: Iterable[str], highest: int
+           ) -> dict[str, str]:
+    """The marker of the entry adding ``participants`` (their directories) for ``epoch``,
+    ``highest`` being the sink's highest epoch in the table once it is in."""
+    return {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
+            PARTICIPANTS_KEY: marker_json(participants), HIGHEST_KEY: str(highest)}
+
+
+def marked_highest(entry: Mapping[str, Any] | None, sink_id: str) -> int | None:
+    """The sink's highest epoch as ``entry``'s marker records it (its epoch, for entries
+    made before that key); None when the entry is not the sink's."""
+    if entry is None or entry.get(SINK_KEY) != sink_id:
+        return None
+    return int(entry.get(HIGHEST_KEY, entry[EPOCH_KEY]))
+
+
+class EpochSearch:
+    """What a table's entries, read newest first, mark for one epoch of one sink.
+
+    :meth:`read` takes each entry's marker keys (None for an entry without any) and says
+    when to stop: an entry of the sink whose highest epoch is below the one sought was
+    made before that epoch could be committed, and so was every older one.
+    """
+
+    def __init__(self, sink_id: str, epoch: int) -> None:
+        self.sink_id = sink_id
+        self.epoch = epoch
+        #: The participant directories the entries read so far mark for the epoch
+        #: (participant -> directory), None when none does.
+        self.found: dict[str, str] | None = None
+        #: An entry of a later epoch of the sink was read (its highest epoch not below
+        #: the one sought).
+        self.later = False
+
+    def read(self, entry: Mapping[str, Any] | None) -> bool:
+        """Take the next older entry; True when no older entry can be of the epoch."""
+        if entry is None or entry.get(SINK_KEY) != self.sink_id:
+            return False
+        epoch = int(entry[EPOCH_KEY])
+        if epoch == self.epoch:
+            self.found = {**(self.found or {}), **marker_dirs(str(entry[PARTICIPANTS_KEY]))}
+        elif int(entry.get(HIGHEST_KEY, epoch)) < self.epoch:
+            return True
+        else:
+            self.later = True
+        return False

@@ -19,6 +19,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyarrow.fs as pafs
 
@@ -57,6 +58,17 @@ def split_uri(uri: str, *, owner: str, field: str) -> tuple[str, str]:
 def unreachable(text: str) -> bool:
     """An Arrow S3 filesystem error that means no connection (not a refusal)."""
     return "NETWORK_CONNECTION" in text or "curlCode" in text
+
+
+class S3Names(NamedTuple):
+    """What one S3 client library calls each setting :meth:`S3Access.properties` gives."""
+
+    region: str
+    endpoint: str
+    virtual_addressing: str
+    access_key_id: str
+    secret_access_key: str
+    session_token: str
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,24 @@ class S3Access:
     def where(self, bucket: str) -> str:
         endpoint = self.endpoint()
         return f"s3://{bucket}" + (f" at {endpoint}" if endpoint else "")
+
+    def properties(self, names: S3Names) -> dict[str, str]:
+        """This access as a client library's string settings, under its ``names``: the
+        region; the endpoint when one is known; the addressing style when one is chosen;
+        the keys when given as options (without them the library's own AWS credential
+        chain finds them, in each process)."""
+        out = {names.region: self.region_name()}
+        endpoint = self.endpoint()
+        if endpoint:
+            out[names.endpoint] = endpoint
+        if self.addressing_style != "auto":
+            out[names.virtual_addressing] = str(self.addressing_style == "virtual").lower()
+        if self.access_key_id is not None and self.secret_access_key is not None:
+            out[names.access_key_id] = self.access_key_id
+            out[names.secret_access_key] = self.secret_access_key.reveal()
+            if self.session_token is not None:
+                out[names.session_token] = self.session_token.reveal()
+        return out
 
     def filesystem(self, max_attempts: int = 5) -> pafs.S3FileSystem:
         """pyarrow's S3 filesystem for the data files (one per process: not pickled).

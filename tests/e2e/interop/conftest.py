@@ -88,21 +88,15 @@ class Lake:
         backend's default), and the name Spark reads it by: a Spark catalog of the same
         name on the same database (Iceberg's JDBC catalog keys tables by catalog name)."""
         from txsink_iceberg.backend import IcebergBackend
+        from txsink_iceberg.testing import spark_jdbc_catalog
 
         self.need_iceberg()
         name = f"c{next(_NAMES)}"
         options = {"warehouse": str(warehouse), "table": table, "catalog_name": name, **extra}
-        # txsink (pyiceberg) makes the catalog's tables; Spark must not: Iceberg's JDBC
-        # catalog leaves the SQLite transaction of that step open, and every later
-        # commit of another process fails with "database is locked" (docs/lakehouse.md).
-        IcebergBackend.from_options(options)._catalog()
-        self.catalog(name, {"type": "jdbc",
-                            "uri": f"jdbc:sqlite:{warehouse}/txsink-catalog.db",
-                            "jdbc.init-catalog-tables": "false",
-                            # Another writer's snapshots (txsink's) are seen at once,
-                            # not after the cached table expires (30 s).
-                            "cache-enabled": "false",
-                            "warehouse": warehouse.as_uri()})
+        # Another writer's snapshots (txsink's) are seen at once, not after the cached
+        # table expires (30 s).
+        self.catalog(name, spark_jdbc_catalog(IcebergBackend.from_options(options),
+                                              **{"cache-enabled": "false"}))
         return options, f"{name}.{table}"
 
     def catalog(self, name: str, props: dict[str, str]) -> None:

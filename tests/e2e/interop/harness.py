@@ -9,7 +9,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from txsink_delta.backend import DeltaBackend
+from txsink_iceberg.backend import IcebergBackend
+
 from tests.e2e.spark_harness import SCHEMA
+from tests.lake_tables import marked, table_rows
 
 #: Rows as (id, key, amount, at): the values of every column, compared whole.
 Row = tuple[int, int, int, int]
@@ -72,39 +76,25 @@ def as_rows(records: Iterable[Any]) -> list[Row]:
 
 
 def delta_rs_rows(path: Path | str, version: int | None = None) -> list[Row]:
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(path), version=version)
-    return as_rows(table.to_pyarrow_table().to_pylist())
+    """The rows of the Delta table at ``path`` (at log ``version``), as delta-rs reads
+    them."""
+    return as_rows(table_rows(DeltaBackend(str(path)), version=version))
 
 
 def delta_txsink_versions(path: Path | str, sink_id: str) -> dict[int, int]:
     """Log version -> epoch of every entry txsink committed for ``sink_id``."""
-    from deltalake import DeltaTable
-
-    out = {}
-    for entry in DeltaTable(str(path)).history():
-        if entry.get("txsink.sink") == sink_id:
-            out[int(entry["version"])] = int(entry["txsink.epoch"])
-    return out
+    return dict(marked(DeltaBackend(str(path)), sink_id))
 
 
 def pyiceberg_table(options: Mapping[str, str]) -> Any:
-    from txsink_iceberg.backend import IcebergBackend
-
-    return IcebergBackend.from_options(dict(options))._load()
+    return IcebergBackend.from_options(dict(options)).load_table()
 
 
 def pyiceberg_rows(options: Mapping[str, str], snapshot_id: int | None = None) -> list[Row]:
-    table = pyiceberg_table(options)
-    return as_rows(table.scan(snapshot_id=snapshot_id).to_arrow().to_pylist())
+    """The rows of txsink's Iceberg table (at ``snapshot_id``), as pyiceberg reads them."""
+    return as_rows(table_rows(IcebergBackend.from_options(dict(options)), version=snapshot_id))
 
 
 def iceberg_txsink_snapshots(options: Mapping[str, str], sink_id: str) -> dict[int, int]:
     """Snapshot id -> epoch of every snapshot txsink committed for ``sink_id``."""
-    out = {}
-    for snap in pyiceberg_table(options).snapshots():
-        summary = snap.summary
-        if summary is not None and summary.get("txsink.sink") == sink_id:
-            out[int(snap.snapshot_id)] = int(summary["txsink.epoch"])
-    return out
+    return dict(marked(IcebergBackend.from_options(dict(options)), sink_id))

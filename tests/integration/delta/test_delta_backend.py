@@ -11,33 +11,20 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from txsink.backend import CommitOutcome
-from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.coordinator import EpochOutcome
 from txsink.errors import ConfigError
 from txsink.model import TransactionContext
-from txsink.plugins import build_plugins, get_plugins
-from txsink.state import DirectoryStateStore
+from txsink.plugins import get_plugins
 from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 
-from tests.integration.delta.test_delta_conformance import read_table_ids
+from tests.lake_tables import coordinator, delta_log, table_ids
 
 pytestmark = pytest.mark.integration
 
 
 def batch(ids: range) -> pa.RecordBatch:
     return pa.record_batch({"id": pa.array(list(ids), pa.int64())})
-
-
-def log_entries(path: Path) -> list[dict[str, object]]:
-    """The commit info of every log entry, oldest first."""
-    out = []
-    for name in sorted(os.listdir(path / "_delta_log")):
-        if name.endswith(".json"):
-            for line in (path / "_delta_log" / name).read_text().splitlines():
-                action = json.loads(line)
-                if "commitInfo" in action:
-                    out.append(action["commitInfo"])
-    return out
 
 
 def txn_actions(path: Path) -> list[dict[str, object]]:
@@ -66,19 +53,17 @@ def prepare(backend: DeltaBackend, epoch: int, partition: int, ids: range, attem
 
 def test_an_epoch_of_many_participants_is_one_log_entry_with_the_txn(
         backend: DeltaBackend, table: Path, tmp_path: Path) -> None:
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state", "orders")
     for epoch in range(3):
         msgs = [prepare(backend, epoch, p, range(epoch * 1000 + p * 100,
                                                  epoch * 1000 + p * 100 + 100))
                 for p in range(8)]
         assert coord.commit_epoch(epoch, msgs) is EpochOutcome.COMMITTED
-    entries = [e for e in log_entries(table) if e.get("txsink.sink") == "orders"]
+    entries = [e for e in delta_log(table) if e.get("txsink.sink") == "orders"]
     assert [e["txsink.epoch"] for e in entries] == ["0", "1", "2"]
     assert [t["version"] for t in txn_actions(table)] == [0, 1, 2]
     assert {t["appId"] for t in txn_actions(table)} == {"orders"}
-    assert sorted(read_table_ids(str(table))) == sorted(
+    assert table_ids(DeltaBackend(str(table))) == sorted(
         e * 1000 + i for e in range(3) for i in range(800))
     assert backend.highest_epoch("orders") == 2
     assert backend.holds_epoch("orders", 1) and not backend.holds_epoch("orders", 3)
@@ -91,11 +76,11 @@ def test_a_commit_whose_outcome_was_unknown_is_not_added_twice(
     committing the same participants again reads the log and adds nothing."""
     msgs = [prepare(backend, 0, p, range(p * 10, p * 10 + 10)) for p in range(3)]
     assert backend.commit_all(msgs) == [CommitOutcome.COMMITTED] * 3
-    before = len(log_entries(table))
+    before = len(delta_log(table))
     again = DeltaBackend.from_options({"path": str(table)})  # another process's view
     assert again.commit_all(msgs) == [CommitOutcome.ALREADY_COMMITTED] * 3
-    assert len(log_entries(table)) == before
-    assert sorted(read_table_ids(str(table))) == list(range(30))
+    assert len(delta_log(table)) == before
+    assert table_ids(DeltaBackend(str(table))) == list(range(30))
 
 
 def test_another_writer_in_between_is_kept_and_the_epoch_commits(
@@ -108,7 +93,7 @@ def test_another_writer_in_between_is_kept_and_the_epoch_commits(
     # A compaction job or another pipeline appends between prepare and commit.
     write_deltalake(str(table), pa.table({"id": pa.array([-1], pa.int64())}), mode="append")
     assert backend.commit(c) is CommitOutcome.COMMITTED
-    assert sorted(read_table_ids(str(table))) == [-1, *range(20)]
+    assert table_ids(DeltaBackend(str(table))) == [-1, *range(20)]
     assert backend.highest_epoch("orders") == 1
 
 
@@ -127,7 +112,7 @@ def test_orphans_and_second_attempts_are_deleted_committed_files_never(
     epoch_dir = table / "txsink" / "orders" / "e0000000000"
     assert sorted(p.name for p in epoch_dir.iterdir()) == sorted(
         ["_committed.json", winner.payload["dir"]])
-    assert sorted(read_table_ids(str(table))) == list(range(10))
+    assert table_ids(DeltaBackend(str(table))) == list(range(10))
 
 
 def test_bad_options_are_refused_before_writing(tmp_path: Path) -> None:
@@ -159,7 +144,7 @@ def test_epochs_committed_out_of_order_are_each_recognised(
     again.epoch_committed("orders", 1, high)  # the table names it: no error
     assert again.commit_all(high) == [CommitOutcome.ALREADY_COMMITTED] * 2
     assert again.commit_all(low) == [CommitOutcome.ALREADY_COMMITTED] * 2
-    assert sorted(read_table_ids(str(table))) == [*range(20), *range(100, 120)]
+    assert table_ids(DeltaBackend(str(table))) == [*range(20), *range(100, 120)]
 
 
 @pytest.mark.promise("delta-not-null-checked", "backend")
@@ -190,7 +175,7 @@ def test_nulls_for_a_not_null_column_are_refused_before_the_decision(
         backend.check_prepared(with_null)
     assert refused.value.field == "id"
     assert isinstance(backend.commit_all(with_null)[0], FatalCommitError)
-    assert sorted(read_table_ids(str(table))) == [1, 2, 3]
+    assert table_ids(DeltaBackend(str(table))) == [1, 2, 3]
 
 
 @pytest.mark.promise("delta-constraints-refused", "backend")
@@ -212,7 +197,7 @@ def test_a_table_with_a_check_constraint_is_refused(backend: DeltaBackend, table
     with pytest.raises(Exception, match="failed validation"):  # what delta-rs does
         write_deltalake(str(table), pa.table({"id": pa.array([-6], pa.int64())}),
                         mode="append")
-    assert sorted(read_table_ids(str(table))) == [1, 2]
+    assert table_ids(DeltaBackend(str(table))) == [1, 2]
 
 
 def test_an_aborted_epochs_empty_folder_does_not_stop_the_orphan_scan_after_log_cleanup(
@@ -238,5 +223,5 @@ def test_an_aborted_epochs_empty_folder_does_not_stop_the_orphan_scan_after_log_
         os.unlink(name)  # delta.logRetentionDuration cleaned the oldest entries
     again = DeltaBackend.from_options({"path": str(table)})
     assert again.abort_orphans("orders", set(), None) == []
-    assert sorted(read_table_ids(str(table))) == [e * 10 + i for e in range(8) if e != 2
+    assert table_ids(DeltaBackend(str(table))) == [e * 10 + i for e in range(8) if e != 2
                                                  for i in range(3)]

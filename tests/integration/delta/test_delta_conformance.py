@@ -7,30 +7,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from txsink.backend import Backend
-from txsink.testing.conformance import BackendConformance
+
+from tests.lake_tables import LakeConformance
 
 pytestmark = pytest.mark.integration
 
 
-def read_table_ids(path: str) -> list[int]:
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(path)
-    except TableNotFoundError:
-        return []
-    return [int(i) for i in table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()]
-
-
-class TestDeltaConformance(BackendConformance):
+class TestDeltaConformance(LakeConformance):
     backend_name = "delta"
-    large_partition_bytes = 48 * 1024 * 1024
 
     @pytest.fixture
     def backend_options(self, tmp_path: Path) -> Mapping[str, str]:
         return {"path": str(tmp_path / "table")}
-
-    def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
-        return read_table_ids(backend.data_root())

@@ -20,8 +20,7 @@ from txsink_delta import backend as delta_module
 from txsink_delta.backend import DeltaBackend
 
 from tests.integration.conftest import S3Server
-from tests.integration.delta.test_delta_conformance import read_table_ids
-from tests.integration.lake_s3 import table_options
+from tests.lake_tables import s3_options, table_ids
 
 pytestmark = pytest.mark.integration
 SINK = "orders"
@@ -54,7 +53,7 @@ def test_a_prepared_file_vacuum_deleted_stops_the_commit_naming_it(tmp_path: Pat
         with pytest.raises(ParticipantLostError) as err:
             backend.commit(decided)
         assert files[0] in str(err.value)
-    assert sorted(read_table_ids(str(table))) == list(range(10))
+    assert sorted(table_ids(backend)) == list(range(10))
 
 
 @pytest.mark.promise("delta-log-cleanup-stops", "backend")
@@ -75,7 +74,7 @@ def test_an_epoch_older_than_the_cleaned_log_stops_instead_of_guessing(tmp_path:
     restored = prepare(again, 1, range(10, 13))  # the restored decision's participant
     with pytest.raises(StateError, match="no longer reaches back to epoch 1"):
         again.commit(restored)
-    assert len(read_table_ids(str(table))) == 24  # nothing added twice
+    assert len(table_ids(again)) == 24  # nothing added twice
 
 
 @pytest.mark.promise("delta-partitioned-refused", "backend")
@@ -111,7 +110,7 @@ def test_a_store_letting_two_writers_of_one_log_version_win_is_refused(
             real(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(DeltaTable, "create_write_transaction", both_win)
-    backend = delta(table_options("delta", s3_server, tmp_path))
+    backend = delta(s3_options("delta", s3_server, tmp_path))
     with pytest.raises(ConfigError, match="does not honour conditional writes") as err:
         backend.preflight(SINK)
     assert err.value.field == "endpoint_url"
@@ -125,7 +124,7 @@ def test_a_store_letting_two_writers_of_one_log_version_win_is_refused(
         "a table of reader version 4 fails the preflight with delta-rs's own DeltaError "
         "('Kernel error: Unsupported: Unsupported minimum reader version 4'), not the "
         "ConfigError on option 'path' the Delta page promises for every table it refuses "
-        "(DeltaBackend._table() opens the table before the protocol check)"))),
+        "(DeltaBackend.load_table() opens the table before the protocol check)"))),
     (1, 8)])
 def test_a_protocol_version_above_what_txsink_writes_is_refused_naming_it(
         tmp_path: Path, reader: int, writer: int) -> None:
@@ -164,4 +163,4 @@ def test_a_not_null_column_the_epochs_files_lack_is_refused_naming_it(tmp_path: 
     with pytest.raises(ConfigError, match="note") as err:
         backend.check_prepared(committables)
     assert "NOT NULL" in str(err.value)
-    assert read_table_ids(str(table)) == []
+    assert table_ids(backend) == []

@@ -24,7 +24,7 @@ from txsink.model import Committable, TransactionContext
 from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 
-from tests.integration.delta.test_delta_conformance import read_table_ids
+from tests.lake_tables import coordinator, table_ids
 
 pytestmark = pytest.mark.integration
 
@@ -169,7 +169,7 @@ def test_a_feature_turned_on_after_the_start_is_refused_before_the_decision(
     assert isinstance(answer, FatalCommitError), answer
     assert "rowTracking" in str(answer) and "stays DECIDED" in str(answer)
     assert time.monotonic() - started < 10  # no 20 tries with back-off
-    assert sorted(read_table_ids(str(table))) == [1, 2]
+    assert table_ids(DeltaBackend(str(table))) == [1, 2]
 
 
 @pytest.mark.promise("delta-partitioned-refused", "backend")
@@ -199,7 +199,7 @@ def test_a_table_partitioned_by_another_writer_is_refused_before_the_decision(
     assert refused.value.field == "path"
     (answer,) = backend.commit_all(decided)
     assert isinstance(answer, FatalCommitError) and "partition columns" in str(answer)
-    assert sorted(read_table_ids(str(table))) == [1, 2]
+    assert table_ids(DeltaBackend(str(table))) == [1, 2]
     with pytest.raises(ConfigError, match="partition columns"):
         DeltaBackend(str(table)).preflight("orders")
 
@@ -287,9 +287,7 @@ def test_a_table_whose_log_was_deleted_is_not_made_again_empty(tmp_path: Path) -
 
     table = tmp_path / "t"
     backend = DeltaBackend(str(table))
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state", "orders")
     for e in range(2):
         coord.commit_epoch(e, prepared(backend, e, [e]))
     shutil.rmtree(table / "_delta_log")
@@ -306,4 +304,4 @@ def test_a_table_whose_log_was_deleted_is_not_made_again_empty(tmp_path: Path) -
                         "orders", plugins=build_plugins())
     again.start()
     again.commit_epoch(0, prepared(DeltaBackend(str(table)), 0, [5]))
-    assert sorted(read_table_ids(str(table))) == [5, 99]
+    assert table_ids(DeltaBackend(str(table))) == [5, 99]

@@ -15,18 +15,12 @@ import pytest
 from deltalake import DeltaTable
 from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.errors import TxsinkError
-from txsink.model import TransactionContext
-from txsink.plugins import build_plugins, get_plugins
-from txsink.state import DirectoryStateStore
-from txsink.writer import write_participant
+from txsink.plugins import get_plugins
 from txsink_delta.backend import DeltaBackend
 
+from tests.lake_tables import coordinator, prepare
+
 pytestmark = pytest.mark.integration
-
-
-def _prepare(backend: DeltaBackend, epoch: int) -> object:
-    rows = pa.record_batch({"id": pa.array(range(epoch * 10, epoch * 10 + 10), pa.int64())})
-    return write_participant(backend, TransactionContext("s", epoch, 0, 0), [rows])
 
 
 def _setup(tmp_path: Path) -> tuple[DeltaBackend, Coordinator, Path]:
@@ -34,18 +28,16 @@ def _setup(tmp_path: Path) -> tuple[DeltaBackend, Coordinator, Path]:
     backend = get_plugins().create_backend("delta", {"path": str(path)})
     assert isinstance(backend, DeltaBackend)
     backend.preflight("s")
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "s",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state")
     for epoch in range(3):
-        assert coord.commit_epoch(epoch, [_prepare(backend, epoch)]) is EpochOutcome.COMMITTED
+        assert coord.commit_epoch(epoch, [prepare(backend, epoch)]) is EpochOutcome.COMMITTED
     return backend, coord, path
 
 
 @pytest.mark.promise("delta-restore-stops", "backend")
 def test_a_restore_before_an_epoch_stops_the_pipeline_naming_it(tmp_path: Path) -> None:
     backend, coord, path = _setup(tmp_path)
-    prepared_before = _prepare(backend, 3)
+    prepared_before = prepare(backend, 3)
     DeltaTable(str(path)).restore(1)  # version 1 holds epoch 0 only (0: create)
     ids = sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist())
     assert ids == list(range(10))
@@ -57,7 +49,7 @@ def test_a_restore_before_an_epoch_stops_the_pipeline_naming_it(tmp_path: Path) 
     with pytest.raises(TxsinkError, match="RESTORE"):
         again.preflight("s")
     with pytest.raises(TxsinkError, match="RESTORE"):  # a decided epoch's commit too
-        again.commit(_prepare(again, 4))
+        again.commit(prepare(again, 4))
 
 
 def test_a_restore_that_keeps_every_epoch_goes_through(tmp_path: Path) -> None:
@@ -67,6 +59,6 @@ def test_a_restore_that_keeps_every_epoch_goes_through(tmp_path: Path) -> None:
     write_deltalake(str(path), pa.table({"id": pa.array([-1], pa.int64())}), mode="append")
     DeltaTable(str(path)).restore(3)  # the sink's last entry: only the other append out
     backend.preflight("s")
-    assert coord.commit_epoch(3, [_prepare(backend, 3)]) is EpochOutcome.COMMITTED
+    assert coord.commit_epoch(3, [prepare(backend, 3)]) is EpochOutcome.COMMITTED
     ids = sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist())
     assert ids == list(range(40))

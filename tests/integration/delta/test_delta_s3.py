@@ -13,21 +13,22 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from txsink.backend import Backend, CommitOutcome
+from txsink.backend import CommitOutcome
 from txsink.errors import ConfigError
 from txsink.model import TransactionContext
 from txsink.plugins import get_plugins
-from txsink.testing.conformance import BackendConformance
 from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 
 from tests.integration.conftest import S3Server
-from tests.integration.lake_s3 import (
+from tests.integration.lake_s3 import killed_after_decide_then_restarted
+from tests.lake_tables import (
+    LakeS3Conformance,
     access,
-    killed_after_decide_then_restarted,
+    commit_racing,
     orphans,
-    read_ids,
-    table_options,
+    s3_options,
+    table_ids,
 )
 from tests.long_runs import lake_s3_run
 
@@ -45,21 +46,8 @@ def batch(ids: range) -> pa.RecordBatch:
 
 
 @lake_s3_run
-class TestDeltaS3Conformance(BackendConformance):
+class TestDeltaS3Conformance(LakeS3Conformance):
     backend_name = "delta"
-    #: Through pyarrow's S3 stream a partition costs a fixed ~80-100 MiB (a 16 MiB row
-    #: group, its encoder, the parts in flight), whatever its size (measured: 24 MiB of
-    #: Arrow data +82 MiB, 96 MiB +99 MiB, 240 MiB +82 MiB).
-    large_partition_bytes = 160 * 1024 * 1024
-    memory_bound_bytes = 128 * 1024 * 1024
-
-    @pytest.fixture
-    def backend_options(self, s3_server: S3Server, tmp_path: Path) -> Mapping[str, str]:
-        return table_options("delta", s3_server, tmp_path)
-
-    def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
-        assert isinstance(backend, DeltaBackend)
-        return read_ids(backend)
 
 
 def test_two_delta_rs_writers_of_one_log_version_on_s3_one_wins(
@@ -70,7 +58,7 @@ def test_two_delta_rs_writers_of_one_log_version_on_s3_one_wins(
     from deltalake import CommitProperties, DeltaTable
     from deltalake.exceptions import CommitFailedError
 
-    backend = delta(table_options("delta", s3_server, tmp_path))
+    backend = delta(s3_options("delta", s3_server, tmp_path))
     backend.preflight("race")
     options = backend.storage_options()
     DeltaTable.create(backend.path, schema=pa.schema([("id", pa.int64())]),
@@ -108,40 +96,17 @@ def test_two_committers_of_one_epoch_on_s3_add_it_once(s3_server: S3Server,
                                                        tmp_path: Path) -> None:
     """Two txsink committers of one epoch read the log before either appends (a barrier
     holds them): one adds the epoch, the other answers already committed."""
-    options = table_options("delta", s3_server, tmp_path)
+    options = s3_options("delta", s3_server, tmp_path)
     first = delta(options)
     first.preflight("s")
     first.commit(write_participant(first, TransactionContext("s", 9, 0), [batch(range(9000,
                                                                                    9010))]))
     msgs = [write_participant(first, TransactionContext("s", 0, p),
                               [batch(range(p * 100, p * 100 + 10))]) for p in range(3)]
-    barrier = threading.Barrier(2, timeout=60)
-
-    class Racing(DeltaBackend):
-        reads = 0
-
-        def table_epoch(self, sink_id: str, epoch: int, table: Any = None
-                        ) -> dict[str, str] | None:
-            found = super().table_epoch(sink_id, epoch, table)
-            self.reads += 1
-            if self.reads == 1 and epoch == 0:
-                barrier.wait()
-            return found
-
-    racers = [Racing(first.path, s3=first.s3) for _ in range(2)]
-    results: list[Any] = [None, None]
-
-    def run(i: int) -> None:
-        results[i] = racers[i].commit_all(msgs)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    results = commit_racing(first, msgs)
     assert sorted(str(r[0]) for r in results) == sorted(
         [str(CommitOutcome.COMMITTED), str(CommitOutcome.ALREADY_COMMITTED)]), results
-    assert sorted(read_ids(first)) == sorted(
+    assert table_ids(first) == sorted(
         [p * 100 + i for p in range(3) for i in range(10)] + list(range(9000, 9010)))
     assert orphans(first) == []
 
@@ -224,5 +189,5 @@ def test_credentials_and_endpoint_from_the_environment(s3_server: S3Server,
     backend.preflight("s")
     backend.commit(write_participant(backend, TransactionContext("s", 0, 0),
                                      [batch(range(5))]))
-    assert sorted(read_ids(backend)) == list(range(5))
+    assert table_ids(backend) == list(range(5))
     assert backend.safe_options({"path": backend.path}) == {"path": backend.path}

@@ -4,7 +4,6 @@ Either way the table ends with the epoch's rows once, in one entry."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,7 @@ from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.integration.delta.test_delta_backend import log_entries
-from tests.integration.delta.test_delta_conformance import read_table_ids
-from tests.integration.iceberg.test_iceberg_conformance import read_table_ids as read_iceberg
+from tests.lake_tables import commit_racing, delta_log, table_ids
 
 pytestmark = pytest.mark.integration
 
@@ -53,18 +50,11 @@ def make(kind: str, tmp_path: Path, cls: type[Any] | None = None) -> TableBacken
     return (cls or IcebergBackend)("db.t", str(tmp_path / "wh"))
 
 
-def rows(backend: TableBackend) -> list[int]:
-    if isinstance(backend, DeltaBackend):
-        return sorted(read_table_ids(backend.path))
-    assert isinstance(backend, IcebergBackend)
-    return sorted(read_iceberg(backend))
-
-
 def entries(backend: TableBackend, tmp_path: Path) -> int:
     if isinstance(backend, DeltaBackend):
-        return sum(1 for e in log_entries(tmp_path / "delta") if e.get("txsink.sink"))
+        return sum(1 for e in delta_log(tmp_path / "delta") if e.get("txsink.sink"))
     assert isinstance(backend, IcebergBackend)
-    return len(backend._load().snapshots())
+    return len(backend.load_table().snapshots())
 
 
 def prepare(backend: TableBackend, epoch: int, partition: int) -> Committable:
@@ -85,7 +75,7 @@ def test_a_log_write_failing_after_success_is_retried_without_a_second_entry(
     msgs = [prepare(backend, 0, p) for p in range(4)]
     assert coord.commit_epoch(0, msgs) is EpochOutcome.COMMITTED
     assert backend.failed  # the fault happened
-    assert rows(backend) == sorted(p * 100 + i for p in range(4) for i in range(10))
+    assert table_ids(backend) == sorted(p * 100 + i for p in range(4) for i in range(10))
     assert entries(backend, tmp_path) == 1
 
 
@@ -100,30 +90,7 @@ def test_two_committers_of_one_epoch_racing_add_it_once(tmp_path: Path, kind: st
     msgs = [prepare(first, 0, p) for p in range(3)]
     if kind == "iceberg":
         first.commit(prepare(first, 9, 0))  # the table exists before the race
-    barrier = threading.Barrier(2, timeout=60)
-
-    class Racing(type(first)):  # type: ignore[misc]
-        reads = 0
-
-        def table_epoch(self, sink_id: str, epoch: int, table: Any = None
-                        ) -> dict[str, str] | None:
-            found = super().table_epoch(sink_id, epoch, table)
-            self.reads += 1
-            if self.reads == 1 and epoch == 0:
-                barrier.wait()
-            return found
-
-    racers = [Racing(**vars_of(first)) for _ in range(2)]
-    results: list[Any] = [None, None]
-
-    def run(i: int) -> None:
-        results[i] = racers[i].commit_all(msgs)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    results = commit_racing(first, msgs)
     outcomes = sorted(str(r[0]) for r in results)
     assert outcomes == sorted([str(CommitOutcome.COMMITTED),
                                str(CommitOutcome.ALREADY_COMMITTED)]), results
@@ -132,12 +99,5 @@ def test_two_committers_of_one_epoch_racing_add_it_once(tmp_path: Path, kind: st
         want = sorted(want + [9000 + i for i in range(10)])
         assert isinstance(first, IcebergBackend)
         # Retries are off in txsink's own commits only, never in the user's table.
-        assert "commit.retry.num-retries" not in first._load().properties
-    assert rows(first) == want
-
-
-def vars_of(backend: TableBackend) -> dict[str, Any]:
-    if isinstance(backend, DeltaBackend):
-        return {"path": backend.path}
-    assert isinstance(backend, IcebergBackend)
-    return {"table": backend.table, "warehouse": backend.warehouse}
+        assert "commit.retry.num-retries" not in first.load_table().properties
+    assert table_ids(first) == want

@@ -22,15 +22,15 @@ import pyarrow.parquet as pq
 import pytest
 from txsink import lakehouse
 from txsink.backend import CommitOutcome
-from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.coordinator import EpochOutcome
 from txsink.errors import ConfigError
 from txsink.lakehouse import TableBackend, file_stats
 from txsink.model import Committable, TransactionContext
-from txsink.plugins import build_plugins
-from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
+
+from tests.lake_tables import coordinator, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -41,17 +41,6 @@ def make(kind: str, where: Path) -> TableBackend:
     if kind == "delta":
         return DeltaBackend(str(where / "table"))
     return IcebergBackend("db.t", str(where / "wh"))
-
-
-def read_rows(backend: TableBackend, **filters: Any) -> list[dict[str, Any]]:
-    """The rows a reader of the table sees (a fresh reader: another process's view)."""
-    if isinstance(backend, DeltaBackend):
-        from deltalake import DeltaTable
-
-        return DeltaTable(backend.table_uri()).to_pyarrow_table().to_pylist()
-    assert isinstance(backend, IcebergBackend)
-    table = IcebergBackend(backend.table, backend.warehouse)._load()
-    return [] if table is None else table.scan().to_arrow().to_pylist()
 
 
 def spark_like(backend: TableBackend, epoch: int, tables: list[pa.Table],
@@ -259,7 +248,7 @@ def test_a_location_with_spaces_unicode_or_percent_works_on_every_read(
     assert again.holds_epoch("orders", 0) and again.highest_epoch("orders") == 0
     assert again.commit_all(epoch) == [CommitOutcome.ALREADY_COMMITTED]
     assert list(again.list_prepared("orders")) == []
-    assert sorted(r["id"] for r in read_rows(again)) == [1, 2]
+    assert sorted(r["id"] for r in table_rows(again)) == [1, 2]
 
 
 def test_two_iceberg_warehouses_whose_names_decode_alike_keep_their_own_catalogs(
@@ -274,8 +263,8 @@ def test_two_iceberg_warehouses_whose_names_decode_alike_keep_their_own_catalogs
                                    [pa.record_batch({"id": pa.array(ids, pa.int64())})])]
         backend.check_prepared(epoch)
         assert backend.commit_all(epoch) == [CommitOutcome.COMMITTED]
-    assert [r["id"] for r in read_rows(plain)] == [1]
-    assert [r["id"] for r in read_rows(escaped)] == [2]
+    assert [r["id"] for r in table_rows(plain)] == [1]
+    assert [r["id"] for r in table_rows(escaped)] == [2]
     assert (tmp_path / "a%20b" / "wh" / "txsink-catalog.db").exists()
 
 
@@ -289,9 +278,7 @@ def test_an_epoch_without_rows_before_the_table_exists_is_a_normal_epoch(
     no and ``highest_epoch`` -1, so the consistent cut of a group stayed below it until
     rows came."""
     backend = make(kind, tmp_path)
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state", "orders")
     empty = [write_participant(backend, TransactionContext("orders", 0, p, 0), [])
              for p in range(2)]
     assert coord.commit_epoch(0, empty) is EpochOutcome.COMMITTED
@@ -306,7 +293,7 @@ def test_an_epoch_without_rows_before_the_table_exists_is_a_normal_epoch(
     again = make(kind, tmp_path)
     assert [again.holds_epoch("orders", e) for e in range(4)] == [True, True, True, False]
     assert again.highest_epoch("orders") == 2
-    assert [r["id"] for r in read_rows(again)] == [7]
+    assert [r["id"] for r in table_rows(again)] == [7]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -322,4 +309,4 @@ def test_spark_s_empty_file_for_an_epoch_without_rows_makes_the_table(
     backend.check_prepared(epoch)
     assert backend.commit_all(epoch) == [CommitOutcome.COMMITTED]
     backend.epoch_committed("orders", 0, epoch)
-    assert backend.holds_epoch("orders", 0) and read_rows(backend) == []
+    assert backend.holds_epoch("orders", 0) and table_rows(backend) == []

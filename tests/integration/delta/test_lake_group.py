@@ -11,15 +11,14 @@ import pytest
 from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
 from txsink.group import TargetGroup, write_group
+from txsink.lakehouse import TableBackend
 from txsink.plugins import build_plugins
 from txsink.state import DirectoryStateStore
 from txsink.targets import TargetSpec, target_sink_id
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.integration.delta.test_delta_backend import log_entries
-from tests.integration.delta.test_delta_conformance import read_table_ids
-from tests.integration.iceberg.test_iceberg_conformance import read_table_ids as read_iceberg
+from tests.lake_tables import delta_log, table_ids
 
 pytestmark = pytest.mark.integration
 
@@ -66,12 +65,12 @@ def test_one_entry_per_table_per_epoch_in_a_group(tmp_path: Path,
     delta = group.member("delta").backend
     iceberg = group.member("iceberg").backend
     assert isinstance(delta, DeltaBackend) and isinstance(iceberg, IcebergBackend)
-    assert sorted(read_table_ids(delta.path)) == want
-    assert sorted(read_iceberg(iceberg)) == want
+    assert table_ids(delta) == want
+    assert table_ids(iceberg) == want
     delta_sink = target_sink_id(GROUP, "delta")
-    assert [e["txsink.epoch"] for e in log_entries(tmp_path / "delta")
+    assert [e["txsink.epoch"] for e in delta_log(tmp_path / "delta")
             if e.get("txsink.sink") == delta_sink] == ["0", "1"]
-    snapshots = iceberg._load().snapshots()
+    snapshots = iceberg.load_table().snapshots()
     assert [s.summary["txsink.epoch"] for s in snapshots] == ["0", "1"]
     assert group.highest_epochs() == {"delta": 1, "iceberg": 1, "files": 1}
     assert delta.list_prepared(delta_sink) == []
@@ -106,9 +105,8 @@ def test_rows_that_do_not_fit_the_table_are_refused_before_the_decision(
     visible = [p for p in glob.glob(str(tmp_path / "files" / "*.parquet"))]
     assert len(visible) == 1  # epoch 0's file only
     member = group.member(table).backend
-    ids = (read_table_ids(str(tmp_path / "delta")) if table == "delta"
-           else read_iceberg(member))  # type: ignore[arg-type]
-    assert sorted(ids) == list(range(10))
+    assert isinstance(member, TableBackend)
+    assert table_ids(member) == list(range(10))
     assert member.list_prepared(target_sink_id(GROUP, table)) == []
 
 
@@ -142,9 +140,8 @@ def test_a_new_state_for_a_sink_id_the_table_holds_is_refused(
         run("state-new", range(3))  # the source read again from its start
     assert str(tmp_path / "state-new") not in str(refused.value.owner_state)
     member = TargetGroup.from_specs(GROUP, specs(tmp_path, (table,)), plugins).member(table)
-    ids = (read_table_ids(str(tmp_path / "delta")) if table == "delta"
-           else read_iceberg(member.backend))  # type: ignore[arg-type]
-    assert sorted(ids) == sorted(e * 1000 + i for e in range(3) for i in range(10))
+    assert isinstance(member.backend, TableBackend)
+    assert table_ids(member.backend) == sorted(e * 1000 + i for e in range(3) for i in range(10))
 
 
 @pytest.mark.parametrize("table", ["delta", "iceberg"])

@@ -14,17 +14,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.coordinator import EpochOutcome
 from txsink.errors import ConfigError, SinkOwnedError, StateError
 from txsink.lakehouse import TableBackend
 from txsink.model import Committable, TransactionContext
-from txsink.plugins import build_plugins
-from txsink.state import DirectoryStateStore
 from txsink.writer import write_participant
 from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.integration.delta.test_lake_files import read_rows
+from tests.lake_tables import coordinator, table_ids, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -37,24 +35,14 @@ def participants(backend: TableBackend, e: int) -> list[Committable]:
         for p in range(2)]
 
 
-def coordinator(backend: TableBackend, state: Path) -> Coordinator:
-    coord = Coordinator(backend, DirectoryStateStore(state), SINK, plugins=build_plugins())
-    coord.start()
-    return coord
-
-
 def want(epochs: range) -> list[int]:
     return sorted(e * 100 + p * 10 + i for e in epochs for p in range(2) for i in range(3))
-
-
-def ids(backend: TableBackend) -> list[int]:
-    return sorted(int(r["id"]) for r in read_rows(backend))
 
 
 def iceberg_orphan_removal(backend: IcebergBackend) -> list[str]:
     """What ``remove_orphan_files`` does under the table's data folder (age 0): every
     file that no snapshot the metadata keeps names is deleted."""
-    table = backend._load()
+    table = backend.load_table()
     named = {task.file.file_path.removeprefix("file://")
              for s in table.snapshots() for task in table.scan(snapshot_id=s.snapshot_id)
              .plan_files()}
@@ -74,7 +62,7 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
     backend: TableBackend = (DeltaBackend(str(tmp_path / "t")) if kind == "delta"
                              else IcebergBackend("db.t", str(tmp_path / "wh")))
     state = tmp_path / "state"
-    coord = coordinator(backend, state)
+    coord = coordinator(backend, state, SINK)
     assert coord.commit_epoch(0, participants(backend, 0)) is EpochOutcome.COMMITTED
     shutil.copytree(state, tmp_path / "state-after-0")  # an older copy of the state
     for e in (1, 2):
@@ -87,9 +75,9 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
         table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     else:
         assert isinstance(backend, IcebergBackend)
-        loaded = backend._load()
+        loaded = backend.load_table()
         loaded.overwrite(loaded.scan().to_arrow())  # a compaction: one file for all
-        loaded = backend._load()
+        loaded = backend.load_table()
         from datetime import UTC, datetime
 
         newest = loaded.current_snapshot().timestamp_ms
@@ -99,13 +87,13 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
         assert any(p.endswith("_owner.json") for p in removed) or not any(
             p.endswith("_owner.json") for p in map(str, tmp_path.rglob("*")))
         assert any(p.endswith("_committed.json") for p in removed)
-    assert ids(backend) == want(range(3))
+    assert table_ids(backend) == want(range(3))
     # The state restored from the older copy: epochs 1 and 2 come again (a replay).
     shutil.rmtree(state)
     shutil.copytree(tmp_path / "state-after-0", state)
     fresh = (DeltaBackend(str(tmp_path / "t")) if kind == "delta"
              else IcebergBackend("db.t", str(tmp_path / "wh")))
-    again = coordinator(fresh, state)
+    again = coordinator(fresh, state, SINK)
     for e in (1, 2):
         if kind == "iceberg":
             # Their snapshots expired (only the compaction's is kept), and the sink's
@@ -118,12 +106,12 @@ def test_compaction_and_cleanup_between_epochs_keep_every_row_once(
             continue
         assert again.commit_epoch(e, participants(fresh, e)) is EpochOutcome.REPLAYED
     assert again.commit_epoch(3, participants(fresh, 3)) is EpochOutcome.COMMITTED
-    assert ids(fresh) == want(range(4))
+    assert table_ids(fresh) == want(range(4))
     assert list(fresh.list_prepared(SINK)) == []
     with pytest.raises(SinkOwnedError):
         coordinator(fresh.__class__(*(  # a second query, another state
             (str(tmp_path / "t"),) if kind == "delta" else ("db.t", str(tmp_path / "wh")))),
-            tmp_path / "other")
+            tmp_path / "other", SINK)
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
@@ -133,7 +121,7 @@ def test_a_column_added_by_another_writer_reads_null_in_txsink_s_rows(
     epoch was refused as "missing" a column every reader fills with null."""
     backend: TableBackend = (DeltaBackend(str(tmp_path / "t")) if kind == "delta"
                              else IcebergBackend("db.t", str(tmp_path / "wh")))
-    coord = coordinator(backend, tmp_path / "state")
+    coord = coordinator(backend, tmp_path / "state", SINK)
     assert coord.commit_epoch(0, participants(backend, 0)) is EpochOutcome.COMMITTED
     if isinstance(backend, DeltaBackend):
         from deltalake import DeltaTable, Field
@@ -143,10 +131,10 @@ def test_a_column_added_by_another_writer_reads_null_in_txsink_s_rows(
         from pyiceberg.types import StringType
 
         assert isinstance(backend, IcebergBackend)
-        with backend._load().update_schema() as change:
+        with backend.load_table().update_schema() as change:
             change.add_column("note", StringType())
     assert coord.commit_epoch(1, participants(backend, 1)) is EpochOutcome.COMMITTED
-    found = read_rows(backend)
+    found = table_rows(backend)
     assert sorted(r["id"] for r in found) == want(range(2))
     assert {r["note"] for r in found} == {None}
 
@@ -158,9 +146,9 @@ def test_an_iceberg_table_of_format_version_3_is_refused_before_the_decision(
     the commit failed after the decision ("Cannot write manifest for table version:
     3"). Made here as Java's Iceberg upgrades a table: the same metadata, version 3."""
     backend = IcebergBackend("db.t", str(tmp_path / "wh"))
-    coord = coordinator(backend, tmp_path / "state")
+    coord = coordinator(backend, tmp_path / "state", SINK)
     assert coord.commit_epoch(0, participants(backend, 0)) is EpochOutcome.COMMITTED
-    loaded = backend._load()
+    loaded = backend.load_table()
     path = loaded.metadata_location.removeprefix("file://")
     metadata = json.loads(Path(path).read_text())
     metadata.update({"format-version": 3, "next-row-id": 6})
@@ -175,4 +163,4 @@ def test_an_iceberg_table_of_format_version_3_is_refused_before_the_decision(
     assert refused.value.field == "table"
     with pytest.raises(ConfigError, match="format version 3"):
         IcebergBackend("db.t", str(tmp_path / "wh")).preflight(SINK)
-    assert ids(backend) == want(range(1))
+    assert table_ids(backend) == want(range(1))

@@ -6,7 +6,6 @@ entry found by listing the table's metadata prefix, and an empty epoch's marker.
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +22,13 @@ from txsink_delta.backend import DeltaBackend
 from txsink_iceberg.backend import FIELD_ID, IcebergBackend
 
 from tests.integration.conftest import S3Server
-from tests.integration.lake_s3 import access, read_ids
+from tests.lake_tables import access, make, s3_options, table_ids
 
 pytestmark = pytest.mark.integration
 
 
-def options_on_s3(kind: str, s3: S3Server, tmp_path: Path, name: str = "table"
-                  ) -> dict[str, str]:
-    run = f"real-{uuid.uuid4().hex[:8]}"
-    if kind == "delta":
-        return {"path": f"s3://{s3.bucket}/{run}/{name}", **access(s3)}
-    return {"warehouse": f"s3://{s3.bucket}/{run}/{name}", "table": "db.t",
-            "catalog_uri": f"sqlite:///{tmp_path / 'catalog.db'}", **access(s3)}
-
-
-def create(kind: str, options: dict[str, str]) -> TableBackend:
-    backend = get_plugins().create_backend(kind, options)
-    assert isinstance(backend, TableBackend)
-    return backend
-
-
-def on_s3(kind: str, s3: S3Server, tmp_path: Path, name: str = "table") -> TableBackend:
-    return create(kind, options_on_s3(kind, s3, tmp_path, name))
+def on_s3(kind: str, s3: S3Server, tmp_path: Path, name: str | None = None) -> TableBackend:
+    return make(kind, s3_options(kind, s3, tmp_path, name=name))
 
 
 def put(backend: TableBackend, relative: str, data: bytes) -> None:
@@ -89,8 +73,8 @@ def test_a_prefix_holding_other_objects_is_not_taken_for_a_new_delta_table(
 @pytest.mark.parametrize("name", ["with space", "unicodé"])
 def test_keys_with_a_space_or_unicode_work_on_every_read(
         s3_server: S3Server, tmp_path: Path, kind: str, name: str) -> None:
-    options = options_on_s3(kind, s3_server, tmp_path, name)
-    backend = create(kind, options)
+    options = s3_options(kind, s3_server, tmp_path, name=name)
+    backend = make(kind, options)
     backend.preflight("orders")
     rows = pa.table({"id": pa.array([1, 2], pa.int64())})
     commit(backend, [write_participant(backend, TransactionContext("orders", 0, 0, 0),
@@ -98,10 +82,10 @@ def test_keys_with_a_space_or_unicode_work_on_every_read(
     ctx, dirname = spark_like_s3(backend, 1, pa.table({"id": pa.array([3], pa.int64())}))
     commit(backend, [backend.committable_for_directory(ctx, dirname)])
     assert f"/{name}/" in backend.uri("txsink")
-    again = create(kind, options)  # another process's view
+    again = make(kind, options)  # another process's view
     assert again.holds_epoch("orders", 0) and again.highest_epoch("orders") == 1
     assert list(again.list_prepared("orders")) == []
-    assert sorted(read_ids(again)) == [1, 2, 3]
+    assert table_ids(again) == [1, 2, 3]
 
 
 def test_spark_s_files_on_s3_are_written_again_with_field_ids(
@@ -120,11 +104,11 @@ def test_spark_s_files_on_s3_are_written_again_with_field_ids(
     assert pq.read_schema(path, filesystem=fs).field("x").metadata[FIELD_ID] == b"2"
     assert fs.get_file_info(path.replace(".ids.parquet", ".parquet")).type.name == "NotFound"
     commit(backend, [c])
-    with backend._load().update_schema() as change:
+    with backend.load_table().update_schema() as change:
         change.delete_column("x")
-    with backend._load().update_schema() as change:
+    with backend.load_table().update_schema() as change:
         change.add_column("x", StringType())
-    found = backend._load().scan().to_arrow().to_pylist()
+    found = backend.load_table().scan().to_arrow().to_pylist()
     assert found == [{"id": 1, "x": None}]
 
 
@@ -134,9 +118,9 @@ def test_a_lost_catalog_entry_on_s3_is_refused(s3_server: S3Server, tmp_path: Pa
     assert isinstance(backend, IcebergBackend)
     commit(backend, [write_participant(backend, TransactionContext("orders", 0, 0, 0),
                                        [pa.record_batch({"id": pa.array([1], pa.int64())})])])
-    (tmp_path / "catalog.db").unlink()
-    lost = IcebergBackend("db.t", backend.warehouse, f"sqlite:///{tmp_path / 'catalog.db'}",
-                          s3=backend.s3)
+    assert backend.catalog_uri is not None
+    Path(backend.catalog_uri.removeprefix("sqlite:///")).unlink()
+    lost = IcebergBackend("db.t", backend.warehouse, backend.catalog_uri, s3=backend.s3)
     with pytest.raises(ConfigError, match="register_table") as refused:
         lost.preflight("orders")
     assert "s3://" in str(refused.value)

@@ -9,15 +9,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from txsink.backend import CommitOutcome
-from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.coordinator import EpochOutcome
 from txsink.errors import ConfigError
 from txsink.model import Committable, TransactionContext
-from txsink.plugins import build_plugins, get_plugins
-from txsink.state import DirectoryStateStore
+from txsink.plugins import get_plugins
 from txsink.writer import write_participant
 from txsink_iceberg.backend import IcebergBackend
 
-from tests.integration.iceberg.test_iceberg_conformance import read_table_ids
+from tests.lake_tables import coordinator, table_ids
 
 pytestmark = pytest.mark.integration
 
@@ -40,15 +39,13 @@ def prepare(backend: IcebergBackend, epoch: int, partition: int, ids: range,
 
 
 def summaries(backend: IcebergBackend) -> list[dict[str, str]]:
-    table = backend._load()
+    table = backend.load_table()
     return [dict(s.summary.additional_properties) for s in table.snapshots()]
 
 
 def test_an_epoch_of_many_participants_is_one_snapshot_marked_in_its_summary(
         backend: IcebergBackend, tmp_path: Path) -> None:
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
-                        plugins=build_plugins())
-    coord.start()
+    coord = coordinator(backend, tmp_path / "state", "orders")
     for epoch in range(3):
         msgs = [prepare(backend, epoch, p, range(epoch * 1000 + p * 100,
                                                  epoch * 1000 + p * 100 + 100))
@@ -57,7 +54,7 @@ def test_an_epoch_of_many_participants_is_one_snapshot_marked_in_its_summary(
     marked = [s for s in summaries(backend) if s.get("txsink.sink") == "orders"]
     assert [s["txsink.epoch"] for s in marked] == ["0", "1", "2"]
     assert len(summaries(backend)) == 3
-    assert sorted(read_table_ids(backend)) == sorted(
+    assert table_ids(backend) == sorted(
         e * 1000 + i for e in range(3) for i in range(800))
     assert backend.highest_epoch("orders") == 2
     assert backend.holds_epoch("orders", 1) and not backend.holds_epoch("orders", 3)
@@ -71,18 +68,18 @@ def test_a_commit_whose_outcome_was_unknown_is_not_added_twice(
     again = IcebergBackend(backend.table, backend.warehouse)  # another process's view
     assert again.commit_all(msgs) == [CommitOutcome.ALREADY_COMMITTED] * 3
     assert len(summaries(backend)) == 1
-    assert sorted(read_table_ids(backend)) == list(range(30))
+    assert table_ids(backend) == list(range(30))
 
 
 def test_another_writer_in_between_is_kept_and_the_epoch_commits(
         backend: IcebergBackend) -> None:
     backend.commit(prepare(backend, 0, 0, range(10)))
     c = prepare(backend, 1, 0, range(10, 20))
-    other = backend._load()  # another pipeline appends between prepare and commit
+    other = backend.load_table()  # another pipeline appends between prepare and commit
     other.append(pa.table({"id": pa.array([-1], pa.int64()),
                            "at": pa.array([0], pa.timestamp("us", tz="UTC"))}))
     assert backend.commit(c) is CommitOutcome.COMMITTED
-    assert sorted(read_table_ids(backend)) == [-1, *range(20)]
+    assert table_ids(backend) == [-1, *range(20)]
     assert backend.highest_epoch("orders") == 1
 
 
@@ -90,7 +87,7 @@ def test_an_empty_epoch_still_makes_its_marked_snapshot(backend: IcebergBackend)
     backend.commit(prepare(backend, 0, 0, range(5)))
     assert backend.commit(prepare(backend, 1, 0, range(0))) is CommitOutcome.COMMITTED
     assert backend.holds_epoch("orders", 1)
-    assert sorted(read_table_ids(backend)) == list(range(5))
+    assert table_ids(backend) == list(range(5))
 
 
 @pytest.mark.promise("iceberg-secrets-never-stored", "backend")

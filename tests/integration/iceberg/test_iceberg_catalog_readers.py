@@ -15,21 +15,13 @@ import sqlite3
 import threading
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from txsink.coordinator import Coordinator, EpochOutcome
-from txsink.model import TransactionContext
-from txsink.plugins import build_plugins
-from txsink.state import DirectoryStateStore
-from txsink.writer import write_participant
+from txsink.coordinator import EpochOutcome
 from txsink_iceberg.backend import CATALOG_FILE, IcebergBackend
 
+from tests.lake_tables import coordinator, prepare, table_ids
+
 pytestmark = pytest.mark.integration
-
-
-def _prepare(backend: IcebergBackend, epoch: int) -> object:
-    rows = pa.record_batch({"id": pa.array(range(epoch * 10, epoch * 10 + 10), pa.int64())})
-    return write_participant(backend, TransactionContext("s", epoch, 0, 0), [rows])
 
 
 def test_a_reader_holding_the_catalog_during_a_commit_never_makes_it_look_done(
@@ -37,10 +29,8 @@ def test_a_reader_holding_the_catalog_during_a_commit_never_makes_it_look_done(
     wh = tmp_path / "wh"
     backend = IcebergBackend("db.t", str(wh))
     backend.preflight("s")
-    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "s",
-                        plugins=build_plugins())
-    coord.start()
-    assert coord.commit_epoch(0, [_prepare(backend, 0)]) is EpochOutcome.COMMITTED
+    coord = coordinator(backend, tmp_path / "state")
+    assert coord.commit_epoch(0, [prepare(backend, 0)]) is EpochOutcome.COMMITTED
 
     # A reader's open transaction (a SHARED lock) for longer than SQLite's busy timeout
     # (5 s): the commit's COMMIT fails with "database is locked".
@@ -50,12 +40,11 @@ def test_a_reader_holding_the_catalog_during_a_commit_never_makes_it_look_done(
     released = threading.Timer(7.0, lambda: reader.execute("COMMIT"))
     released.start()
     try:
-        outcome = coord.commit_epoch(1, [_prepare(backend, 1)])
+        outcome = coord.commit_epoch(1, [prepare(backend, 1)])
     finally:
         released.join()
         reader.close()
     assert outcome is EpochOutcome.COMMITTED
-    fresh = IcebergBackend("db.t", str(wh))
-    assert fresh.table_epoch("s", 1) is not None, "epoch 1 reported committed, not in table"
-    ids = sorted(fresh._load().scan().to_arrow().column("id").to_pylist())
-    assert ids == list(range(20))
+    again = IcebergBackend("db.t", str(wh))
+    assert again.table_epoch("s", 1) is not None, "epoch 1 reported committed, not in table"
+    assert table_ids(again) == list(range(20))

@@ -38,6 +38,7 @@ from txsink.writer import write_participant
 from txsink_iceberg.backend import FIELD_ID, OWNER_PROPERTY, IcebergBackend
 
 from tests.integration.delta.test_lake_files import spark_like
+from tests.lake_tables import coordinator, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +64,7 @@ def commit(b: IcebergBackend, committables: list[Committable]) -> None:
 
 
 def rows(b: IcebergBackend) -> list[tuple[object, ...]]:
-    table = IcebergBackend(b.table, b.warehouse)._load()
-    return sorted(tuple(r.values()) for r in table.scan().to_arrow().to_pylist())
+    return sorted(tuple(r.values()) for r in table_rows(b))
 
 
 # -- field ids --------------------------------------------------------------------------
@@ -83,10 +83,10 @@ def test_a_column_dropped_and_added_again_shows_no_old_values(tmp_path: Path,
         for n in names if n.endswith(".parquet")]
     assert files and all(
         pq.read_schema(f).field("x").metadata[FIELD_ID] == b"2" for f in files)
-    table = b._load()
+    table = b.load_table()
     with table.update_schema() as change:
         change.delete_column("x")
-    with b._load().update_schema() as change:
+    with b.load_table().update_schema() as change:
         change.add_column("x", StringType())
     assert rows(b) == [(1, None), (2, None)]  # the dropped values stay dropped
     fresh = backend(tmp_path)  # a new run: the table's ids now
@@ -104,9 +104,9 @@ def test_files_written_before_a_column_was_dropped_and_added_again_are_refused(
     b = backend(tmp_path)
     commit(b, epoch(b, 0, [1], ["a"]))
     stale = epoch(b, 1, [2], ["b"])
-    with b._load().update_schema() as change:
+    with b.load_table().update_schema() as change:
         change.delete_column("x")
-    with b._load().update_schema() as change:
+    with b.load_table().update_schema() as change:
         change.add_column("x", StringType())
     with pytest.raises(ConfigError, match="field id 2") as refused:
         b.check_prepared(stale)
@@ -122,7 +122,7 @@ def test_a_table_made_from_a_not_null_frame_is_nullable(tmp_path: Path) -> None:
     first = [write_participant(b, TransactionContext(SINK, 0, 0, 0), [pa.record_batch(
         [pa.array([1], pa.int64()), pa.array(["a"])], schema=strict)])]
     commit(b, first)
-    assert all(not f.required for f in b._load().schema().fields)
+    assert all(not f.required for f in b.load_table().schema().fields)
     commit(b, epoch(backend(tmp_path), 1, [2, 3], ["b", None]))
     assert rows(b) == [(1, "a"), (2, "b"), (3, None)]
 
@@ -161,8 +161,7 @@ def test_a_not_null_column_takes_a_nullable_frame_without_nulls_and_refuses_a_nu
 
 def run(b: IcebergBackend, state: Path, e: int, ids: list[int]) -> None:
     """One start and epoch of a query whose txsink state is ``state``."""
-    coord = Coordinator(b, DirectoryStateStore(state), SINK, plugins=build_plugins())
-    coord.start()
+    coord = coordinator(b, state, SINK)
     coord.commit_epoch(e, epoch(b, e, ids, [str(i) for i in ids]))
 
 
@@ -180,10 +179,9 @@ def test_a_lost_catalog_entry_is_refused_and_registering_the_table_again_restore
     assert "catalog 'txsink' (the SQLite catalog" in message
     assert "has no table db.t" in message and "register_table(" in message
     # Nothing was created over it.
-    assert lost._load() is None
+    assert lost.load_table() is None
     with pytest.raises(ConfigError, match=r"has no table db\.t"):
-        Coordinator(lost, DirectoryStateStore(tmp_path / "state"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(lost, tmp_path / "state", SINK)
     # The remedy, as the message gives it.
     call = message.split("catalog.register_table(", 1)[1].split(")", 1)[0]
     name, metadata = (part.strip().strip("'") for part in call.split(","))
@@ -201,18 +199,17 @@ def test_a_table_dropped_and_created_again_is_refused_by_its_uuid(tmp_path: Path
     b = backend(tmp_path)
     run(b, tmp_path / "state", 0, [1, 2])
     catalog = b._catalog()
-    old = b._load()
+    old = b.load_table()
     catalog.drop_table("db.t")  # its files stay (no purge)
     with pytest.raises(ConfigError, match="dropped without purging"):
         backend(tmp_path).preflight(SINK)
     catalog.create_table("db.t", old.schema(), location=f"file://{tmp_path}/elsewhere")
     new = backend(tmp_path)
     with pytest.raises(ConfigError) as refused:
-        Coordinator(new, DirectoryStateStore(tmp_path / "state"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(new, tmp_path / "state", SINK)
     message = str(refused.value)
     assert str(old.metadata.table_uuid) in message
-    assert str(new._load().metadata.table_uuid) in message
+    assert str(new.load_table().metadata.table_uuid) in message
     # The way out when the new table is meant to take the output from now on.
     removal = message.split("catalog.update_namespace_properties(", 1)[1].rsplit(")", 1)[0]
     namespace, key = removal.split(", removals={")
@@ -228,7 +225,7 @@ def test_a_table_made_again_at_the_old_location_is_refused(tmp_path: Path) -> No
     location: another table's metadata is there."""
     b = backend(tmp_path)
     run(b, tmp_path / "state", 0, [1, 2])
-    schema, location = b._load().schema(), b._load().location()
+    schema, location = b.load_table().schema(), b.load_table().location()
     os.unlink(tmp_path / "wh" / "txsink-catalog.db")
     fresh = backend(tmp_path)
     fresh._catalog().create_namespace("db")
@@ -246,7 +243,7 @@ def test_the_claim_outlives_orphan_file_removal(tmp_path: Path) -> None:
     second query (a new state) was then accepted and wrote the source again."""
     b = backend(tmp_path)
     run(b, tmp_path / "first", 0, [1])
-    claim = json.loads(b._load().properties[OWNER_PROPERTY + SINK])
+    claim = json.loads(b.load_table().properties[OWNER_PROPERTY + SINK])
     assert claim["state_location"] == str(tmp_path / "first")
     owner = Path(b.absolute(f"txsink/{SINK}/{OWNER_FILE}"))
     owner.unlink(missing_ok=True)  # what remove_orphan_files does to it
@@ -263,24 +260,22 @@ def test_a_claim_of_an_earlier_release_moves_into_the_table(tmp_path: Path) -> N
     the claim into the table property, so losing the file loses nothing."""
     b = backend(tmp_path)
     run(b, tmp_path / "first", 0, [1])
-    with b._load().transaction() as tx:  # as an earlier release left the table
+    with b.load_table().transaction() as tx:  # as an earlier release left the table
         tx.remove_properties(OWNER_PROPERTY + SINK)
     owner = Path(b.absolute(f"txsink/{SINK}/{OWNER_FILE}"))
     owner.parent.mkdir(parents=True, exist_ok=True)
     owner.write_text(json.dumps({"sink_id": SINK, "state_id": "old-state",
                                  "state_location": "/old"}))
     with pytest.raises(SinkOwnedError, match="/old"):
-        Coordinator(backend(tmp_path), DirectoryStateStore(tmp_path / "first"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(backend(tmp_path), tmp_path / "first", SINK)
     owner.write_text(json.dumps({
         "sink_id": SINK, "state_location": str(tmp_path / "first"),
         "state_id": DirectoryStateStore(tmp_path / "first").read_meta().state_id}))
     run(backend(tmp_path), tmp_path / "first", 1, [2])
-    assert OWNER_PROPERTY + SINK in b._load().properties
+    assert OWNER_PROPERTY + SINK in b.load_table().properties
     owner.unlink()
     with pytest.raises(SinkOwnedError):
-        Coordinator(backend(tmp_path), DirectoryStateStore(tmp_path / "second"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(backend(tmp_path), tmp_path / "second", SINK)
 
 
 def test_the_refusal_s_way_out_followed_literally_lets_a_new_state_take_the_sink(
@@ -288,11 +283,10 @@ def test_the_refusal_s_way_out_followed_literally_lets_a_new_state_take_the_sink
     b = backend(tmp_path)
     run(b, tmp_path / "first", 0, [1])
     with pytest.raises(SinkOwnedError) as refused:
-        Coordinator(backend(tmp_path), DirectoryStateStore(tmp_path / "second"), SINK,
-                    plugins=build_plugins()).start()
+        coordinator(backend(tmp_path), tmp_path / "second", SINK)
     message = str(refused.value)
     key = message.split("tx.remove_properties('", 1)[1].split("'", 1)[0]
-    with b._load().transaction() as tx:
+    with b.load_table().transaction() as tx:
         tx.remove_properties(key)
     leftover = message.split("and delete ", 1)[1].split(" if it is there", 1)[0]
     Path(leftover).unlink(missing_ok=True)
@@ -328,7 +322,7 @@ def test_a_table_whose_catalog_entry_and_metadata_are_gone_is_not_made_again_emp
 
     b = backend(tmp_path)
     run(b, tmp_path / "state", 0, [1, 2])
-    location = b._load().location().removeprefix("file://")
+    location = b.load_table().location().removeprefix("file://")
     os.unlink(tmp_path / "wh" / "txsink-catalog.db")
     shutil.rmtree(f"{location}/metadata")
     with pytest.raises(ConfigError, match="no metadata is left") as refused:

@@ -7,26 +7,19 @@ during commits, and the table dropped and recreated or the catalog lost."""
 from __future__ import annotations
 
 import logging
-import pickle
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
 import pytest
-from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome
 from txsink.errors import TxsinkError
 from txsink.faults import AFTER_DECIDE, FaultInjector
-from txsink.model import TransactionContext
 from txsink.plugins import build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
-from txsink.testing.conformance import BackendConformance
-from txsink.writer import write_participant
-from txsink_iceberg.backend import IcebergBackend
 from txsink_iceberg.testing import LocalRestCatalog, RestCatalogUnavailable
 
+from tests.lake_tables import LakeConformance, coordinator, fresh, prepare, table_ids
 from tests.long_runs import iceberg_rest_run
 
 pytestmark = pytest.mark.integration
@@ -54,36 +47,13 @@ def rest_options(rest: LocalRestCatalog, table: str | None = None) -> dict[str, 
             "table": table or f"db.t{uuid.uuid4().hex[:8]}"}
 
 
-def fresh(backend: Backend) -> IcebergBackend:
-    """The same backend as a new process would build it (no cached catalog)."""
-    copy = pickle.loads(pickle.dumps(backend))
-    assert isinstance(copy, IcebergBackend)
-    return copy
-
-
-def ids(backend: IcebergBackend) -> list[int]:
-    reader = fresh(backend)
-    try:
-        table = reader._load()
-        if table is None:
-            return []
-        return sorted(int(i) for i in table.scan().to_arrow().column("id").to_pylist())
-    finally:
-        reader.close()
-
-
 @iceberg_rest_run
-class TestIcebergRestConformance(BackendConformance):
+class TestIcebergRestConformance(LakeConformance):
     backend_name = "iceberg"
-    large_partition_bytes = 48 * 1024 * 1024
 
     @pytest.fixture
     def backend_options(self, rest: LocalRestCatalog) -> Mapping[str, str]:
         return rest_options(rest)
-
-    def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
-        assert isinstance(backend, IcebergBackend)
-        return ids(backend)
 
 
 @pytest.fixture(scope="module")
@@ -101,32 +71,15 @@ def pg_catalog() -> Iterator[str]:
 
 
 @iceberg_rest_run
-class TestIcebergPostgresCatalogConformance(BackendConformance):
+class TestIcebergPostgresCatalogConformance(LakeConformance):
     """pyiceberg's SQL catalog on PostgreSQL (the catalog several machines share)."""
 
     backend_name = "iceberg"
-    large_partition_bytes = 48 * 1024 * 1024
 
     @pytest.fixture
     def backend_options(self, pg_catalog: str, tmp_path: Path) -> Mapping[str, str]:
         return {"catalog_uri": pg_catalog, "warehouse": str(tmp_path / "wh"),
                 "table": f"db.t{uuid.uuid4().hex[:8]}"}
-
-    def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
-        assert isinstance(backend, IcebergBackend)
-        return ids(backend)
-
-
-def _coordinator(backend: Backend, state: Path, sink: str = "s") -> Coordinator:
-    coord = Coordinator(backend, DirectoryStateStore(state), sink, plugins=build_plugins())
-    coord.start()
-    return coord
-
-
-def _prepare(backend: Backend, epoch: int, sink: str = "s", rows: int = 10) -> Any:
-    batch = pa.record_batch({"id": pa.array(range(epoch * rows, (epoch + 1) * rows),
-                                            pa.int64())})
-    return write_participant(backend, TransactionContext(sink, epoch, 0, 0), [batch])
 
 
 @pytest.mark.promise("iceberg-rest-secrets-never-stored", "backend")
@@ -135,8 +88,8 @@ def test_rest_credentials_stay_out_of_logs_state_and_committables(
     caplog.set_level(logging.DEBUG)
     backend = get_plugins().create_backend("iceberg", rest_options(rest))
     backend.preflight("s")
-    coord = _coordinator(backend, tmp_path / "state")
-    messages = [_prepare(backend, e) for e in range(2)]
+    coord = coordinator(backend, tmp_path / "state")
+    messages = [prepare(backend, e) for e in range(2)]
     for epoch, message in enumerate(messages):
         assert coord.commit_epoch(epoch, [message]) is EpochOutcome.COMMITTED
     assert SECRET not in caplog.text
@@ -178,17 +131,17 @@ def test_rest_server_down_between_decision_and_commit(rest: LocalRestCatalog, tm
     coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "s",
                         plugins=build_plugins(), faults=FaultInjector(callback=down))
     coord.start()
-    assert coord.commit_epoch(0, [_prepare(backend, 0)]) is EpochOutcome.COMMITTED
-    message = _prepare(backend, 1)
+    assert coord.commit_epoch(0, [prepare(backend, 0)]) is EpochOutcome.COMMITTED
+    message = prepare(backend, 1)
     try:
         with pytest.raises(TxsinkError, match="DECIDED"):
             coord.commit_epoch(1, [message])
     finally:
         rest.start()
-    assert ids(backend) == list(range(10))
+    assert table_ids(backend) == list(range(10))
     again = get_plugins().create_backend("iceberg", opts)
-    _coordinator(again, tmp_path / "state")  # recovery commits the DECIDED epoch
-    assert ids(again) == list(range(20))
+    coordinator(again, tmp_path / "state")  # recovery commits the DECIDED epoch
+    assert table_ids(again) == list(range(20))
     assert again.table_epoch("s", 1) is not None
 
 
@@ -198,8 +151,8 @@ def test_a_recreated_table_or_a_lost_catalog_is_refused(rest: LocalRestCatalog,
     opts = rest_options(rest)
     backend = get_plugins().create_backend("iceberg", opts)
     backend.preflight("s")
-    coord = _coordinator(backend, tmp_path / "state")
-    assert coord.commit_epoch(0, [_prepare(backend, 0)]) is EpochOutcome.COMMITTED
+    coord = coordinator(backend, tmp_path / "state")
+    assert coord.commit_epoch(0, [prepare(backend, 0)]) is EpochOutcome.COMMITTED
     catalog = fresh(backend)._catalog()
     if how == "drop-and-recreate":
         schema = catalog.load_table(opts["table"]).schema()
@@ -210,5 +163,5 @@ def test_a_recreated_table_or_a_lost_catalog_is_refused(rest: LocalRestCatalog,
     again = get_plugins().create_backend("iceberg", opts)
     with pytest.raises(TxsinkError, match=r"uuid|recreated|lost"):  # noqa: PT012
         again.preflight("s")
-        c2 = _coordinator(again, tmp_path / "state")
-        c2.commit_epoch(1, [_prepare(again, 1)])
+        c2 = coordinator(again, tmp_path / "state")
+        c2.commit_epoch(1, [prepare(again, 1)])

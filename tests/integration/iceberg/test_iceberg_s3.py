@@ -10,22 +10,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from txsink.backend import Backend
 from txsink.errors import ConfigError
 from txsink.model import TransactionContext
 from txsink.plugins import get_plugins
-from txsink.testing.conformance import BackendConformance
 from txsink.writer import write_participant
 from txsink_iceberg.backend import IcebergBackend
 
 from tests.integration.conftest import S3Server
-from tests.integration.lake_s3 import (
-    access,
-    killed_after_decide_then_restarted,
-    orphans,
-    read_ids,
-    table_options,
-)
+from tests.integration.lake_s3 import killed_after_decide_then_restarted
+from tests.lake_tables import LakeS3Conformance, access, orphans, s3_options, table_ids
 from tests.long_runs import lake_s3_run
 
 pytestmark = pytest.mark.integration
@@ -38,19 +31,8 @@ def iceberg(options: Mapping[str, str]) -> IcebergBackend:
 
 
 @lake_s3_run
-class TestIcebergS3Conformance(BackendConformance):
+class TestIcebergS3Conformance(LakeS3Conformance):
     backend_name = "iceberg"
-    #: See the Delta-on-S3 kit: pyarrow's S3 stream costs a fixed ~80-100 MiB.
-    large_partition_bytes = 160 * 1024 * 1024
-    memory_bound_bytes = 128 * 1024 * 1024
-
-    @pytest.fixture
-    def backend_options(self, s3_server: S3Server, tmp_path: Path) -> Mapping[str, str]:
-        return table_options("iceberg", s3_server, tmp_path)
-
-    def read_ids(self, backend: Backend, sink_id: str) -> list[int]:
-        assert isinstance(backend, IcebergBackend)
-        return read_ids(backend)
 
 
 @lake_s3_run
@@ -64,17 +46,17 @@ def test_table_files_and_metadata_live_under_the_warehouse(s3_server: S3Server,
                                                            tmp_path: Path) -> None:
     """Data and metadata are objects under the warehouse prefix; the catalog holds the
     s3:// location, and the secret keys are nowhere in the state's options."""
-    options = table_options("iceberg", s3_server, tmp_path)
+    options = s3_options("iceberg", s3_server, tmp_path, table="db.orders")
     backend = iceberg(options)
     backend.preflight("s")
     backend.commit(write_participant(backend, TransactionContext("s", 0, 0), [
         pa.record_batch({"id": pa.array(range(20), pa.int64())})]))
-    assert sorted(read_ids(backend)) == list(range(20))
+    assert table_ids(backend) == list(range(20))
     prefix = options["warehouse"].split("/", 3)[3]
     keys = s3_server.keys(prefix)
     assert any("/metadata/" in k and k.endswith(".metadata.json") for k in keys), keys
     assert any("/data/txsink/s/e0000000000/" in k for k in keys), keys
-    loaded = backend._load()
+    loaded = backend.load_table()
     assert loaded is not None and loaded.location() == f"{options['warehouse']}/db/orders"
     safe = backend.safe_options(options)
     assert "secret_access_key" not in safe and "catalog_uri" not in safe

@@ -14,14 +14,14 @@ from txsink.errors import StateError
 from txsink_iceberg.backend import IcebergBackend
 
 from tests.integration.iceberg.test_iceberg_backend import backend, prepare
-from tests.integration.iceberg.test_iceberg_conformance import read_table_ids
+from tests.lake_tables import coordinator, table_ids
 
 pytestmark = pytest.mark.integration
 __all__ = ["backend"]  # the fixture
 
 
 def _other_append(backend: IcebergBackend) -> None:
-    IcebergBackend(backend.table, backend.warehouse)._load().append(pa.table({
+    IcebergBackend(backend.table, backend.warehouse).load_table().append(pa.table({
         "id": pa.array([-1], pa.int64()), "at": pa.array([0], pa.timestamp("us", tz="UTC"))}))
 
 
@@ -37,32 +37,32 @@ def test_an_epoch_whose_snapshot_expired_is_refused_not_added_twice(
     c = prepare(backend, 1, 0, range(10, 20))
     assert backend.commit(c) is CommitOutcome.COMMITTED
     _other_append(backend)
-    table = backend._load()
+    table = backend.load_table()
     current = table.current_snapshot().snapshot_id
     table.maintenance.expire_snapshots().by_ids(
         [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current]).commit()
-    assert len(backend._load().metadata.snapshots) == 1
+    assert len(backend.load_table().metadata.snapshots) == 1
     again = IcebergBackend(backend.table, backend.warehouse)
     assert again.highest_epoch("orders") == 1
     with pytest.raises(StateError, match="no snapshot marks it any more"):
         again.commit(c)
-    assert sorted(read_table_ids(backend)) == [-1, *range(20)]
+    assert table_ids(backend) == [-1, *range(20)]
     assert again.commit(prepare(backend, 2, 0, range(20, 30))) is CommitOutcome.COMMITTED
-    assert backend._load().properties["txsink.epoch.orders"] == "2"
+    assert backend.load_table().properties["txsink.epoch.orders"] == "2"
 
 
 def test_a_rolled_back_epoch_is_written_again(backend: IcebergBackend) -> None:
     """A rollback (the snapshot stays in the metadata, off the branch) takes the epoch
     out of the table: txsink treats it as not written, as documented."""
     backend.commit(prepare(backend, 0, 0, range(10)))
-    first = backend._load().current_snapshot().snapshot_id
+    first = backend.load_table().current_snapshot().snapshot_id
     c = prepare(backend, 1, 0, range(10, 20))
     assert backend.commit(c) is CommitOutcome.COMMITTED
-    backend._load().manage_snapshots().rollback_to_snapshot(first).commit()
-    assert sorted(read_table_ids(backend)) == list(range(10))
+    backend.load_table().manage_snapshots().rollback_to_snapshot(first).commit()
+    assert table_ids(backend) == list(range(10))
     assert backend.highest_epoch("orders") == 0
     assert backend.commit(c) is CommitOutcome.COMMITTED
-    assert sorted(read_table_ids(backend)) == list(range(20))
+    assert table_ids(backend) == list(range(20))
 
 
 
@@ -79,17 +79,9 @@ def test_orphan_file_removal_and_expiry_leave_committed_epochs_alone(
     import glob
     import os
 
-    from txsink.coordinator import Coordinator, EpochOutcome
-    from txsink.plugins import build_plugins
-    from txsink.state import DirectoryStateStore
+    from txsink.coordinator import EpochOutcome
 
-    def coordinator(b: IcebergBackend) -> Coordinator:
-        coord = Coordinator(b, DirectoryStateStore(tmp_path / "state"), "orders",
-                            plugins=build_plugins())
-        coord.start()
-        return coord
-
-    coord = coordinator(backend)
+    coord = coordinator(backend, tmp_path / "state", "orders")
     for epoch in range(4):
         assert coord.commit_epoch(epoch, [prepare(backend, epoch, 0, range(
             epoch * 10, epoch * 10 + 3))]) is EpochOutcome.COMMITTED
@@ -97,12 +89,12 @@ def test_orphan_file_removal_and_expiry_leave_committed_epochs_alone(
     assert len(markers) == 4
     for name in markers:
         os.unlink(name)  # remove_orphan_files
-    table = backend._load()
+    table = backend.load_table()
     current = table.current_snapshot().snapshot_id
     table.maintenance.expire_snapshots().by_ids(
         [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current]).commit()
     again = IcebergBackend(backend.table, backend.warehouse)
-    coord = coordinator(again)
+    coord = coordinator(again, tmp_path / "state", "orders")
     assert coord.commit_epoch(4, [prepare(again, 4, 0, range(40, 43))]
                               ) is EpochOutcome.COMMITTED
-    assert sorted(read_table_ids(backend)) == [e * 10 + i for e in range(5) for i in range(3)]
+    assert table_ids(backend) == [e * 10 + i for e in range(5) for i in range(3)]

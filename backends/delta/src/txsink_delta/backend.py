@@ -27,35 +27,37 @@ import json
 import logging
 import pathlib
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote
 
 import pyarrow.fs as pafs
-from txsink.errors import ConfigError, FatalCommitError, StateError
+from txsink.errors import ConfigError, FatalCommitError
 from txsink.lakehouse import (
     DATA_FOLDER,
+    EPOCH_KEY,
+    SINK_KEY,
     ConflictError,
     DataFile,
+    EpochSearch,
     TableBackend,
-    marker_dirs,
-    marker_json,
+    after_decision,
+    marker,
     nullable_schema,
-    refuse_characters,
 )
 from txsink.model import Committable
-from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
+from txsink.objectstore import (
+    SECRET_KEYS,
+    S3Access,
+    S3Names,
+    is_s3,
+    split_uri,
+    table_location,
+)
 from txsink.options import Options
 
 log = logging.getLogger(__name__)
 
-SINK_KEY = "txsink.sink"
-EPOCH_KEY = "txsink.epoch"
-PARTICIPANTS_KEY = "txsink.participants"
-#: The sink's highest epoch in the table once the entry is in (its ``txn`` version): an
-#: epoch may commit after a higher one (two batch writes reserve 5 and 6, 6 commits
-#: first), so the epochs of the log's entries are not in order, but these are.
-HIGHEST_KEY = "txsink.highest"
 #: Log entries read per step when looking back for an epoch.
 HISTORY_STEP = 32
 #: (endpoint, bucket) pairs whose conditional writes this process has seen work.
@@ -72,6 +74,9 @@ LOCATION_CHARACTERS = {
     "%": "delta-rs decodes percent-escapes in a table's location twice and finds "
          "another directory",
 }
+#: delta-rs's names of the S3 settings (its ``storage_options``).
+S3_NAMES = S3Names("AWS_REGION", "AWS_ENDPOINT_URL", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+                   "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 #: Writer features txsink's commits honour (Delta protocol, "Table Features"): appends
 #: of whole files with statistics are all these ask of a writer, and delta-rs 1.6
 #: writes (and checkpoints) tables that list them. ``invariants``, ``checkConstraints``
@@ -104,10 +109,9 @@ class DeltaBackend(TableBackend):
     secret_options: ClassVar[frozenset[str]] = SECRET_KEYS
 
     def __init__(self, path: str, *, create: bool = True, s3: S3Access | None = None) -> None:
-        refuse_characters(path, LOCATION_CHARACTERS, owner="delta backend", field="path")
+        self._locate(path, s3, LOCATION_CHARACTERS)
         self.path = path
         self.create = create
-        self.s3 = s3 if s3 is not None or not is_s3(path) else S3Access()
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> DeltaBackend:
@@ -117,36 +121,11 @@ class DeltaBackend(TableBackend):
         opts.check_unknown()
         return cls(path, create=create, s3=s3)
 
-    @classmethod
-    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
-        # On S3 the place is the store and the table's key prefix (s3:// and s3a://
-        # name the same objects); region and keys only say how to get there, and a
-        # rotated key is no move. Local tables keep the default.
-        path = str(options.get("path") or "")
-        if not is_s3(path):
-            return super().destination(options)
-        return {"path": "s3://" + path.split("://", 1)[1].strip("/"),
-                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
-
     def describe(self) -> str:
         return f"delta table {self.path}"
 
-    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
-        kept = super().safe_options(options)
-        kept["path"] = self.path  # absolute: status/resolve may run elsewhere
-        return kept
-
-    def secret_values(self) -> list[str]:
-        return self.s3.secrets() if self.s3 is not None else []
-
     def data_root(self) -> str:
         return self.path
-
-    def s3_access(self) -> S3Access:
-        return self.s3 if self.s3 is not None else S3Access()
-
-    def on_s3(self) -> bool:
-        return self.s3 is not None
 
     def table_uri(self, path: str | None = None) -> str:
         """The table's location (or ``path``, another one on the same store) as delta-rs
@@ -165,26 +144,14 @@ class DeltaBackend(TableBackend):
         does this by default on S3; stated so a changed default cannot undo it)."""
         if self.s3 is None:
             return None
-        s3 = self.s3
-        out = {"conditional_put": "etag", "AWS_REGION": s3.region_name()}
-        endpoint = s3.endpoint()
-        if endpoint:
-            out["AWS_ENDPOINT_URL"] = endpoint
-            if endpoint.startswith("http://"):
-                out["AWS_ALLOW_HTTP"] = "true"
-        if s3.addressing_style != "auto":
-            out["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = str(
-                s3.addressing_style == "virtual").lower()
-        if s3.access_key_id is not None and s3.secret_access_key is not None:
-            out["AWS_ACCESS_KEY_ID"] = s3.access_key_id
-            out["AWS_SECRET_ACCESS_KEY"] = s3.secret_access_key.reveal()
-            if s3.session_token is not None:
-                out["AWS_SESSION_TOKEN"] = s3.session_token.reveal()
+        out = {"conditional_put": "etag", **self.s3.properties(S3_NAMES)}
+        if out.get(S3_NAMES.endpoint, "").startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
         return out
 
     # -- the table ------------------------------------------------------------------------
 
-    def _table(self) -> Any:
+    def load_table(self) -> Any:
         """The table at its latest version, or None when there is none yet."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
@@ -198,12 +165,10 @@ class DeltaBackend(TableBackend):
         if self.s3 is not None:
             self.check_location()
             self._check_conditional_put()
-        table = self._table()
+        table = self.load_table()
         if table is None:
             if not self.create:
-                raise ConfigError(f"delta backend: no Delta table at {self.path} and "
-                                  "create=false; create it first, or drop create=false",
-                                  field="path")
+                raise self.not_created(f"Delta table at {self.path}", field="path")
             self._refuse_foreign_directory()
         else:
             self._refuse_unsupported(table)
@@ -233,7 +198,7 @@ class DeltaBackend(TableBackend):
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         # The owner file first: a store that is down is named there at once.
         super().check_claim(sink_id, state_id, state_location)
-        self._refuse_replaced(sink_id, self._table())
+        self._refuse_replaced(sink_id, self.load_table())
 
     def claim_sink(self, sink_id: str, state_id: str, state_location: str) -> None:
         self.check_claim(sink_id, state_id, state_location)  # refused: nothing recorded
@@ -348,38 +313,29 @@ class DeltaBackend(TableBackend):
         cut passing rows the table no longer holds). Exactly-once cannot hold then; the
         pipeline stops before anything more is decided, naming the RESTORE."""
         restore: tuple[int, int | None, Any] | None = None
-        limit = HISTORY_STEP
-        while True:
-            entries = table.history(limit)
-            for entry in entries:
-                version = int(entry.get("version", -1))
-                if entry.get(SINK_KEY) == sink_id:
-                    if restore is None:
-                        return  # the sink committed after any RESTORE
-                    at, target, when = restore
-                    if target is not None and version <= target:
-                        return  # restored to a version that holds the sink's epochs
-                    if target is None and isinstance(when, int | float) and \
-                            int(entry.get("timestamp", 0)) <= when:
-                        return
-                    to = f"version {target}" if target is not None else f"timestamp {when}"
-                    raise FatalCommitError(
-                        f"delta backend: table {self.path} was restored (RESTORE, log "
-                        f"version {at}) to {to}, "
-                        f"before epoch {entry.get(EPOCH_KEY)} of sink {sink_id!r} (log version "
-                        f"{version}): the epochs committed after it are no longer in the "
-                        "table, though its log still names them, so txsink cannot keep "
-                        "them exactly once. RESTORE the table to version "
-                        f"{version} or later to go on, or write with a new sink_id (and "
-                        "checkpoint) and replay what the RESTORE took out")
-                if restore is None and entry.get("operation") == "RESTORE":
-                    params = entry.get("operationParameters") or {}
-                    target = params.get("version")
-                    restore = (version, int(target) if target is not None else None,
-                               _millis(params.get("timestamp")))
-            if len(entries) < limit:
-                return
-            limit *= 4
+        for entry in _history(table):
+            version = int(entry.get("version", -1))
+            if entry.get(SINK_KEY) == sink_id:
+                if restore is None:
+                    return  # the sink committed after any RESTORE
+                at, target, when = restore
+                if target is not None and version <= target:
+                    return  # restored to a version that holds the sink's epochs
+                if target is None and isinstance(when, int | float) and \
+                        int(entry.get("timestamp", 0)) <= when:
+                    return
+                to = f"version {target}" if target is not None else f"timestamp {when}"
+                raise self.taken_back(
+                    f"table {self.path} was restored (RESTORE, log version {at}) to {to}, "
+                    f"before epoch {entry.get(EPOCH_KEY)} of sink {sink_id!r} (log version "
+                    f"{version}): the epochs committed after it are no longer in the "
+                    "table, though its log still names them",
+                    f"RESTORE the table to version {version} or later", "RESTORE")
+            if restore is None and entry.get("operation") == "RESTORE":
+                params = entry.get("operationParameters") or {}
+                target = params.get("version")
+                restore = (version, int(target) if target is not None else None,
+                           _millis(params.get("timestamp")))
 
     def _check_conditional_put(self) -> None:
         """Two writers of one log version on a scratch table under the data folder: the
@@ -423,65 +379,45 @@ class DeltaBackend(TableBackend):
 
     def table_epoch(self, sink_id: str, epoch: int, table: Any = None
                     ) -> dict[str, str] | None:
-        table = table if table is not None else self._table()
+        table = table if table is not None else self.load_table()
         if table is None:
             return None
         version = table.transaction_version(sink_id)
         if version is None or version < epoch:
             return None  # Delta's own record: nothing of this epoch yet
-        found: dict[str, str] | None = None
-        limit = HISTORY_STEP
-        while True:
-            entries = table.history(limit)
-            for entry in entries:
-                if entry.get(SINK_KEY) != sink_id:
-                    continue
-                e = int(entry[EPOCH_KEY])
-                if e == epoch:
-                    found = {**(found or {}), **marker_dirs(str(entry[PARTICIPANTS_KEY]))}
-                elif int(entry.get(HIGHEST_KEY, e)) < epoch:
-                    return found  # no older entry can be of this epoch
-            if len(entries) < limit:
-                break
-            limit *= 4
-        if found is not None:
-            return found
-        earliest = min((int(e.get("version", 0)) for e in entries), default=0)
+        search = EpochSearch(sink_id, epoch)
+        versions = []
+        for entry in _history(table):
+            if search.read(entry):
+                return search.found  # no older entry can be of this epoch
+            versions.append(int(entry.get("version", 0)))
+        if search.found is not None:
+            return search.found
+        earliest = min(versions, default=0)
         if earliest == 0:
             return None  # the whole log read: this epoch number was never committed
-        raise StateError(
-            f"sink={sink_id} epoch={epoch}: {self.describe()} records epoch {version} of "
-            "this sink, but its log no longer reaches back to epoch "
-            f"{epoch} (cleaned up before version {earliest}): txsink cannot tell whether "
-            "that epoch is in the table. Raise delta.logRetentionDuration above the longest "
-            "time a pipeline may be down", sink_id=sink_id, epoch=epoch)
+        raise self.untold(
+            sink_id, epoch, f"{self.describe()} records epoch {version} of this sink, but its "
+            f"log no longer reaches back to epoch {epoch} (cleaned up before version "
+            f"{earliest})", "Raise delta.logRetentionDuration above the longest time a "
+            "pipeline may be down")
 
-    def highest_epoch(self, sink_id: str) -> int | None:
-        table = self._table()
-        if table is None:
-            return max(self.empty_epochs(sink_id), default=-1)
+    def highest_in(self, table: Any, sink_id: str) -> int:
         version = table.transaction_version(sink_id)
         return -1 if version is None else int(version)
 
-    def append_epoch(self, sink_id: str, epoch: int,
-                     participants: Mapping[str, Sequence[DataFile]]) -> None:
+    def append_to(self, table: Any, sink_id: str, epoch: int,
+                  participants: Mapping[str, Sequence[DataFile]],
+                  files: Sequence[DataFile]) -> None:
         from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import AddAction
 
-        files = [f for fs in participants.values() for f in fs]
-        table = self._table()
-        if table is None:
-            table = self._create(files)
-        if table is None:
-            return  # an empty epoch into a table that does not exist yet: nothing to name
         self.refuse_if_named(table, sink_id, epoch, participants)
         self.refuse_restored(table, sink_id)
-        try:
+        with after_decision():
             self._refuse_unsupported(table, since="was changed since the epoch was decided: "
                                      "it now ")
-        except ConfigError as exc:
-            raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
         schema = table.schema()
         self._check_schema(schema, files)
         # The txn version stays the sink's highest epoch when a lower one commits after
@@ -495,9 +431,7 @@ class DeltaBackend(TableBackend):
             actions.append(AddAction(f.path, f.size, {}, mtime, True,
                                      f.stats or f'{{"numRecords":{f.rows}}}'))
         props = CommitProperties(
-            custom_metadata={SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
-                             PARTICIPANTS_KEY: marker_json(participants),
-                             HIGHEST_KEY: str(highest)},
+            custom_metadata=marker(sink_id, epoch, participants, highest),
             app_transactions=[Transaction(sink_id, highest)],
             # delta-rs would retry a lost race itself, on the new log version, without
             # looking at the winner's txn: two committers of one epoch then both add it
@@ -515,15 +449,14 @@ class DeltaBackend(TableBackend):
                     "epoch stays DECIDED") from exc
             raise ConflictError(str(exc)) from exc
 
-    def _create(self, files: Sequence[DataFile]) -> Any:
+    def create_table(self, sink_id: str, files: Sequence[DataFile]) -> Any:
         """Create the table from the first file's schema (a racing creator may win)."""
         from deltalake import DeltaTable
 
         if not files:
             return None
         if not self.create:
-            raise FatalCommitError(f"delta backend: the table at {self.path} is gone and "
-                                   "create=false; create it again to commit")
+            raise self.gone(f"the table at {self.path}")
         # Every column nullable: a frame's NOT NULL columns (Spark's range, a literal)
         # would otherwise refuse every later frame that may hold a null.
         schema = nullable_schema(self.read_schema(files[0].path))
@@ -532,7 +465,7 @@ class DeltaBackend(TableBackend):
                               storage_options=self.storage_options())
         except Exception as exc:
             log.info("delta table %s: create raced with another writer (%s)", self.path, exc)
-        return self._table()
+        return self.load_table()
 
     def _schema_mismatch(self, schema: Any, files: Sequence[DataFile]) -> tuple[str, str] | None:
         """(first offending column, what differs) when the files do not fit ``schema``."""
@@ -569,14 +502,14 @@ class DeltaBackend(TableBackend):
             f"epoch's files: {', '.join(nulls)}")
 
     def check_prepared(self, committables: Sequence[Committable]) -> None:
-        table = self._table()
+        table = self.load_table()
         if table is not None:  # restored since the start, by another writer
             for sink_id in sorted({c.sink_id for c in committables}):
                 self.refuse_restored(table, sink_id)
         super().check_prepared(committables)
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
-        table = self._table()
+        table = self.load_table()
         if table is not None:
             # Changed since the start by another writer (a feature turned on, columns
             # mapped, partitions): refused before the decision, never after it.
@@ -585,10 +518,7 @@ class DeltaBackend(TableBackend):
             self._refuse_foreign_directory()
         mismatch = self._schema_mismatch(table.schema(), files) if table is not None else None
         if mismatch is not None:
-            raise ConfigError(
-                f"delta backend: the epoch's rows do not fit the schema of {self.path} "
-                f"(columns {mismatch[1]}); nothing of the epoch is committed in any target: "
-                "alter the table or write a matching frame", field=mismatch[0])
+            raise self.misfit(f"{self.path} (columns {mismatch[1]})", field=mismatch[0])
 
     def _check_schema(self, schema: Any, files: Sequence[DataFile]) -> None:
         # Again at commit: the table may have been altered since the epoch was decided.
@@ -598,6 +528,19 @@ class DeltaBackend(TableBackend):
                 f"delta backend: the epoch's files do not match the schema of {self.path} "
                 f"(columns {mismatch[1]}); the epoch stays DECIDED: alter the table or "
                 "write a matching frame")
+
+
+def _history(table: Any) -> Iterator[dict[str, Any]]:
+    """The table's log entries, newest first, read :data:`HISTORY_STEP` at first and four
+    times more each time the caller reads on (a longer read starts again at the newest:
+    what the callers take from an entry is the same when they see it twice)."""
+    limit = HISTORY_STEP
+    while True:
+        entries = table.history(limit)
+        yield from entries
+        if len(entries) < limit:
+            return
+        limit *= 4
 
 
 def _millis(value: Any) -> float | None:

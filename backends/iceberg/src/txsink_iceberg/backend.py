@@ -50,28 +50,31 @@ import pyarrow.parquet as pq
 from txsink.backend import Transaction
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
-    OWNER_FILE,
+    EPOCH_KEY,
+    SINK_KEY,
     ConflictError,
     DataFile,
+    EpochSearch,
     TableBackend,
-    marker_dirs,
-    marker_json,
+    after_decision,
+    files_of,
+    marked_highest,
+    marker,
     nullable_schema,
     refuse_characters,
 )
 from txsink.model import Committable, TransactionContext
-from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
+from txsink.objectstore import (
+    SECRET_KEYS,
+    S3Access,
+    S3Names,
+    is_s3,
+    table_location,
+)
 from txsink.options import Options
 
 log = logging.getLogger(__name__)
 
-SINK_KEY = "txsink.sink"
-EPOCH_KEY = "txsink.epoch"
-PARTICIPANTS_KEY = "txsink.participants"
-#: The sink's highest epoch in the table once the snapshot is in: an epoch may commit
-#: after a higher one (two batch writes reserve 5 and 6, 6 commits first), so the
-#: epochs along the ancestry are not in order, but these are.
-HIGHEST_KEY = "txsink.highest"
 #: Table property prefix: ``txsink.epoch.<sink id>`` = the sink's highest committed epoch.
 EPOCH_PROPERTY = "txsink.epoch."
 CATALOG_FILE = "txsink-catalog.db"
@@ -92,6 +95,12 @@ TABLE_PROPERTY = "txsink.table."
 _NO_URL = ("pyiceberg reads a data file at such a location as a URL and finds another "
            "file, and Java's Iceberg does not (no spelling works for both)")
 LOCATION_CHARACTERS = {"#": _NO_URL, "?": _NO_URL}
+#: What keeps an epoch's marker long enough (the remedy when it is gone).
+KEEP_DECIDED = ("Keep snapshots longer than the longest time a pipeline may be down with a "
+                "decided epoch")
+#: pyiceberg's names of the S3 settings (its FileIO properties).
+S3_NAMES = S3Names("s3.region", "s3.endpoint", "s3.force-virtual-addressing",
+                   "s3.access-key-id", "s3.secret-access-key", "s3.session-token")
 #: Parquet's field-id key in Arrow field metadata.
 FIELD_ID = b"PARQUET:field_id"
 
@@ -103,6 +112,7 @@ class IcebergBackend(TableBackend):
     secret_options: ClassVar[frozenset[str]] = frozenset(
         {"catalog_uri", "catalog_credential", "catalog_token", *SECRET_KEYS})
     location_option: ClassVar[str] = "warehouse"
+    place_options: ClassVar[Mapping[str, str]] = {"table": "", "catalog_name": "txsink"}
 
     def __init__(self, table: str, warehouse: str, catalog_uri: str | None = None, *,
                  catalog_name: str = "txsink", create: bool = True,
@@ -110,8 +120,7 @@ class IcebergBackend(TableBackend):
                  catalog_credential: str | None = None, catalog_token: str | None = None,
                  catalog_warehouse: str | None = None,
                  catalog_oauth2_uri: str | None = None) -> None:
-        refuse_characters(warehouse, LOCATION_CHARACTERS, owner="iceberg backend",
-                          field="warehouse")
+        self._locate(warehouse, s3, LOCATION_CHARACTERS)
         refuse_characters(table, {**LOCATION_CHARACTERS, "/": "a table name is no path"},
                           owner="iceberg backend", field="table")
         self.table = table
@@ -124,7 +133,6 @@ class IcebergBackend(TableBackend):
         self.catalog_warehouse = catalog_warehouse
         self.catalog_oauth2_uri = catalog_oauth2_uri
         self.create = create
-        self.s3 = s3 if s3 is not None or not is_s3(warehouse) else S3Access()
         if catalog_type == "rest" and not catalog_uri:
             raise ConfigError("iceberg backend: catalog_type 'rest' needs option "
                               "'catalog_uri', the REST catalog's URL (e.g. "
@@ -176,18 +184,6 @@ class IcebergBackend(TableBackend):
                    catalog_token=token.reveal() if token else None,
                    catalog_warehouse=rest_warehouse, catalog_oauth2_uri=oauth2)
 
-    @classmethod
-    def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
-        # As Delta's: on S3 the store, the warehouse prefix and the table (in its
-        # catalog); region and keys are no part of the place.
-        warehouse = str(options.get("warehouse") or "")
-        if not is_s3(warehouse):
-            return super().destination(options)
-        return {"warehouse": "s3://" + warehouse.split("://", 1)[1].strip("/"),
-                "table": str(options.get("table") or ""),
-                "catalog_name": str(options.get("catalog_name") or "txsink"),
-                "endpoint_url": str(options.get("endpoint_url") or "").rstrip("/")}
-
     def describe(self) -> str:
         return f"iceberg table {self.table} (warehouse {self.warehouse})"
 
@@ -196,40 +192,19 @@ class IcebergBackend(TableBackend):
         if self.catalog_credential and ":" in self.catalog_credential:
             rest.append(self.catalog_credential.split(":", 1)[1])  # the secret alone
         return ([self.catalog_uri] if self.catalog_uri else []) + rest + (
-            self.s3.secrets() if self.s3 is not None else [])
-
-    def s3_access(self) -> S3Access:
-        return self.s3 if self.s3 is not None else S3Access()
-
-    def on_s3(self) -> bool:
-        return self.s3 is not None
+            super().secret_values())
 
     def file_io_properties(self) -> dict[str, str]:
         """pyiceberg's FileIO properties for a warehouse on S3 (pyarrow's S3 client)."""
         if self.s3 is None:
             return {}
-        s3 = self.s3
-        out = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
-               "s3.region": s3.region_name()}
-        endpoint = s3.endpoint()
-        if endpoint:
-            out["s3.endpoint"] = endpoint
-        if s3.addressing_style != "auto":
-            out["s3.force-virtual-addressing"] = str(s3.addressing_style == "virtual").lower()
-        if s3.access_key_id is not None and s3.secret_access_key is not None:
-            out["s3.access-key-id"] = s3.access_key_id
-            out["s3.secret-access-key"] = s3.secret_access_key.reveal()
-            if s3.session_token is not None:
-                out["s3.session-token"] = s3.session_token.reveal()
-        return out
+        return {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
+                **self.s3.properties(S3_NAMES)}
 
-    def _warehouse_uri(self) -> str:
-        return self.warehouse if self.s3 is not None else f"file://{self.warehouse}"
-
-    def safe_options(self, options: Mapping[str, str]) -> dict[str, str]:
-        kept = super().safe_options(options)
-        kept["warehouse"] = self.warehouse
-        return kept
+    def _uri(self, location: str) -> str:
+        """A location (an absolute path on local disk) as the catalog and pyiceberg take
+        it: ``s3://...``, or a ``file://`` URI."""
+        return location if self.s3 is not None else f"file://{location}"
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -250,7 +225,7 @@ class IcebergBackend(TableBackend):
             if not self.catalog_uri:
                 os.makedirs(self.warehouse, exist_ok=True)
             self._catalog_cache = SqlCatalog(self.catalog_name, uri=uri,
-                                             warehouse=self._warehouse_uri(),
+                                             warehouse=self._uri(self.warehouse),
                                              **self.file_io_properties())
         return self._catalog_cache
 
@@ -282,10 +257,7 @@ class IcebergBackend(TableBackend):
             f"the SQLite catalog {self.catalog_file()}")
         return f"catalog {self.catalog_name!r} ({where})"
 
-    def _file_uri(self, relative: str) -> str:
-        return self.uri(relative) if self.s3 is not None else f"file://{self.absolute(relative)}"
-
-    def _load(self) -> Any:
+    def load_table(self) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
@@ -301,10 +273,8 @@ class IcebergBackend(TableBackend):
         """The table's data folder (read from the catalog once; a table not created yet
         gets the catalog's default location, which :meth:`append_epoch` creates it at)."""
         if self._root is None:
-            table = self._load()
-            location = (table.location() if table is not None else self._location())
-            if location.startswith("file:"):  # file:///x, or Java's file:/x
-                location = "/" + location.removeprefix("file:").lstrip("/")
+            table = self.load_table()
+            location = _local_path(table.location() if table is not None else self._location())
             refuse_characters(location, LOCATION_CHARACTERS, owner="iceberg backend",
                               field="table")  # the catalog's location for the table
             if is_s3(location) and self.s3 is not None:
@@ -319,13 +289,10 @@ class IcebergBackend(TableBackend):
 
     def preflight(self, sink_id: str) -> None:
         if self.s3 is not None:
-            bucket, key = split_uri(self.warehouse, owner="iceberg backend", field="warehouse")
-            self.s3.check(bucket, key, owner="iceberg backend", field="warehouse")
-        table = self._load()
+            self.check_location(self.warehouse)  # before the catalog: known without I/O
+        table = self.load_table()
         if table is None and not self.create:
-            raise ConfigError(f"iceberg backend: no table {self.table} in the catalog and "
-                              "create=false; create it first, or drop create=false",
-                              field="table")
+            raise self.not_created(f"table {self.table} in the catalog", field="table")
         if table is not None:
             self._refuse_unsupported(table)
             self.refuse_rolled_back(table, sink_id)
@@ -433,15 +400,10 @@ class IcebergBackend(TableBackend):
 
     def _fs_path(self, location: str) -> str:
         """A location (URI or path) as this backend's filesystem names it."""
-        if is_s3(location):
-            return location.split("://", 1)[1]
-        return "/" + location.removeprefix("file:").lstrip("/") if location.startswith(
-            "file:") else location
+        return location.split("://", 1)[1] if is_s3(location) else _local_path(location)
 
     def _metadata_uri(self, name: str) -> str:
-        location = self._location()
-        return (f"{location}/metadata/{name}" if self.s3 is not None
-                else f"file://{location}/metadata/{name}")
+        return self._uri(f"{self._location()}/metadata/{name}")
 
     def _other_tables_at(self, table: Any) -> list[str]:
         """First metadata files (version 0: one per table ever created there) under
@@ -476,17 +438,17 @@ class IcebergBackend(TableBackend):
                                      f"{sink_id} of {self.table} is not JSON ({exc})") from exc
                 if isinstance(found, dict):
                     return found
-        return self._read_owner(self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+        return self._read_owner(self.absolute(self.owner_file(sink_id)))
 
     def _owner_remedy(self, sink_id: str) -> str:
         return (f"remove table property {OWNER_PROPERTY}{sink_id} of {self.table} (pyiceberg: "
                 f"with table.transaction() as tx: tx.remove_properties("
                 f"'{OWNER_PROPERTY}{sink_id}'); Spark: ALTER TABLE ... UNSET TBLPROPERTIES) "
-                f"and delete {self.uri(self._sink_folder(sink_id) + '/' + OWNER_FILE)} if "
+                f"and delete {self.uri(self.owner_file(sink_id))} if "
                 "it is there")
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
-        table = self._load()
+        table = self.load_table()
         self.check_identity(sink_id, table)
         owner = self._owner_claim(sink_id, table)
         if owner is not None:
@@ -502,7 +464,7 @@ class IcebergBackend(TableBackend):
 
         claim = {"sink_id": sink_id, "state_id": state_id, "state_location": state_location}
         for _ in range(5):
-            table = self._load()
+            table = self.load_table()
             self.check_claim(sink_id, state_id, state_location)
             self._claims[sink_id] = claim
             if table is None:
@@ -514,7 +476,7 @@ class IcebergBackend(TableBackend):
                         tx.set_properties({OWNER_PROPERTY + sink_id: json.dumps(claim)})
                 except CommitFailedException:
                     continue  # another commit (maybe another claim) won: read again
-                table = self._load()
+                table = self.load_table()
             self._bind(sink_id, table)
             self.check_claim(sink_id, state_id, state_location)
             return
@@ -534,22 +496,19 @@ class IcebergBackend(TableBackend):
         if on_branch >= recorded or not _marked_anywhere(table, sink_id, recorded):
             return
         current = table.current_snapshot()
-        raise FatalCommitError(
-            f"iceberg backend: table {self.table} was rolled back past epochs of sink "
-            f"{sink_id!r}: it records epoch {recorded} (property {EPOCH_PROPERTY}{sink_id}) "
-            f"but its current snapshot "
+        raise self.taken_back(
+            f"table {self.table} was rolled back past epochs of sink {sink_id!r}: it records "
+            f"epoch {recorded} (property {EPOCH_PROPERTY}{sink_id}) but its current snapshot "
             f"{current.snapshot_id if current is not None else None} holds epochs up to "
             f"{on_branch} only; the later epochs' snapshots are off the branch, their rows "
-            "gone from the table, so txsink cannot keep them exactly once. Set the current "
-            "snapshot back to the sink's newest (CALL system.set_current_snapshot) to go "
-            "on, or write with a new sink_id (and checkpoint) and replay what the rollback "
-            "took out")
+            "gone from the table", "Set the current snapshot back to the sink's newest "
+            "(CALL system.set_current_snapshot)", "rollback")
 
     # -- markers --------------------------------------------------------------------------
 
     def table_epoch(self, sink_id: str, epoch: int, table: Any = None
                     ) -> dict[str, str] | None:
-        table = table if table is not None else self._load()
+        table = table if table is not None else self.load_table()
         if table is None:
             return None
         found = self._walk(table, sink_id, epoch)
@@ -559,36 +518,25 @@ class IcebergBackend(TableBackend):
             # own commit), and its snapshot expired since. (A rolled-back epoch keeps its
             # snapshot, off the branch: that one is not in the table, and is written
             # again.)
-            raise StateError(
-                f"sink={sink_id} epoch={epoch}: table {self.table} records epoch {recorded} "
-                f"of this sink (property {EPOCH_PROPERTY}{sink_id}), but no snapshot marks "
-                "it any more (expired): txsink cannot tell whether that epoch is in the "
-                "table, and does not add it a second time. Keep snapshots longer than the "
-                "longest time a pipeline may be down with a decided epoch",
-                sink_id=sink_id, epoch=epoch)
+            raise self.untold(
+                sink_id, epoch, f"table {self.table} records epoch {recorded} of this sink "
+                f"(property {EPOCH_PROPERTY}{sink_id}), but no snapshot marks it any more "
+                "(expired)", KEEP_DECIDED, not_again=True)
         return found
 
     def _walk(self, table: Any, sink_id: str, epoch: int) -> dict[str, str] | None:
         """The participant directories the current snapshot's ancestry marks for
         ``epoch``, read back to the sink's next older epoch."""
-        found: dict[str, str] | None = None
-        later = False
+        search = EpochSearch(sink_id, epoch)
         snapshot = table.current_snapshot()
         while snapshot is not None:
-            summary = snapshot.summary
-            if summary is not None and summary.get(SINK_KEY) == sink_id:
-                e = int(summary[EPOCH_KEY])
-                if e == epoch:
-                    found = {**(found or {}), **marker_dirs(summary[PARTICIPANTS_KEY])}
-                elif int(summary.get(HIGHEST_KEY, e)) < epoch:
-                    return found  # no older snapshot can be of this epoch
-                else:
-                    later = True
+            if search.read(snapshot.summary):
+                return search.found  # no older snapshot can be of this epoch
             parent = snapshot.parent_snapshot_id
             older = table.snapshot_by_id(parent) if parent is not None else None
-            if older is None and (found is not None or _first_of_table(snapshot)):
-                return found  # found, or the whole ancestry read
-            if older is None and not later:
+            if older is None and (search.found is not None or _first_of_table(snapshot)):
+                return search.found  # found, or the whole ancestry read
+            if older is None and not search.later:
                 # Cut short by expiry with no marker of the sink on the branch (another
                 # writer's snapshots since, a compaction): that tells "never written"
                 # only when the sink never recorded an epoch this high (the property
@@ -598,56 +546,40 @@ class IcebergBackend(TableBackend):
                 # to be committed again.
                 recorded = _recorded_epoch(table, sink_id)
                 if recorded < epoch or _marked_anywhere(table, sink_id, epoch):
-                    return found
-                raise StateError(
-                    f"sink={sink_id} epoch={epoch}: table {self.table} records epochs of this "
-                    f"sink up to {recorded} (property {EPOCH_PROPERTY}{sink_id}), but no "
-                    "snapshot marks it any more (expired): txsink cannot tell whether that "
-                    "epoch is in the table, and does not add it a second time. Keep "
-                    "snapshots longer than the longest time a pipeline may be down with a "
-                    "decided epoch", sink_id=sink_id, epoch=epoch)
+                    return search.found
+                raise self.untold(
+                    sink_id, epoch, f"table {self.table} records epochs of this sink up to "
+                    f"{recorded} (property {EPOCH_PROPERTY}{sink_id}), but no snapshot marks "
+                    "it any more (expired)", KEEP_DECIDED, not_again=True)
             snapshot = older
             if snapshot is None:
                 # Expired: the parent is gone, or (pyiceberg's expiry) no longer named.
-                raise StateError(
-                    f"sink={sink_id} epoch={epoch}: table {self.table} holds later epochs of "
-                    f"this sink, but its snapshots no longer reach back to epoch {epoch} "
-                    "(expired): txsink cannot tell whether that epoch is in the table. Keep "
-                    "snapshots longer than the longest time a pipeline may be down",
-                    sink_id=sink_id, epoch=epoch)
-        return found
+                raise self.untold(
+                    sink_id, epoch, f"table {self.table} holds later epochs of this sink, "
+                    f"but its snapshots no longer reach back to epoch {epoch} (expired)",
+                    "Keep snapshots longer than the longest time a pipeline may be down")
+        return search.found
 
-    def highest_epoch(self, sink_id: str) -> int | None:
-        table = self._load()
-        if table is None:
-            return max(self.empty_epochs(sink_id), default=-1)
+    def highest_in(self, table: Any, sink_id: str) -> int:
         return _highest(table, sink_id)
 
     # -- commit ---------------------------------------------------------------------------
 
-    def append_epoch(self, sink_id: str, epoch: int,
-                     participants: Mapping[str, Sequence[DataFile]]) -> None:
+    def append_to(self, table: Any, sink_id: str, epoch: int,
+                  participants: Mapping[str, Sequence[DataFile]],
+                  files: Sequence[DataFile]) -> None:
+        # (A table is made before the decision: check_prepared.)
         from pyiceberg.exceptions import CommitFailedException
 
-        files = [f for fs in participants.values() for f in fs]
-        table = self._load()
-        if table is None:
-            table = self._create(sink_id, files)  # (tables are made before the decision)
-        if table is None:
-            return  # an empty epoch into a table that does not exist yet
-        try:
+        with after_decision():
             self._check_uuid(sink_id, table)
             self._refuse_unsupported(table, since=True)
-        except ConfigError as exc:
-            raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
         self.refuse_if_named(table, sink_id, epoch, participants)
         recorded = _recorded_epoch(table, sink_id)
         # The branch's own highest (a rollback takes epochs out of it; the property
         # keeps them).
-        props = {SINK_KEY: sink_id, EPOCH_KEY: str(epoch),
-                 PARTICIPANTS_KEY: marker_json(participants),
-                 HIGHEST_KEY: str(max(epoch, _highest(table, sink_id)))}
-        paths = [self._file_uri(f.path) for f in files]
+        props = marker(sink_id, epoch, participants, max(epoch, _highest(table, sink_id)))
+        paths = [self._uri(self.uri(f.path)) for f in files]
         table = _without_retries(table)
         try:
             with table.transaction() as tx:
@@ -706,19 +638,19 @@ class IcebergBackend(TableBackend):
         if it does not: an empty table made for an epoch that then fails is harmless, and
         so a table is never made after a decision, where a refusal would come too late),
         is still the sink's, unpartitioned, and takes the files' columns by field id."""
-        files = [DataFile.from_json(f) for c in committables for f in c.payload.get("files", ())]
+        files = files_of(committables)
         if not files:
             return
         sink_id = committables[0].sink_id
-        table = self._load()
+        table = self.load_table()
         if table is None:
-            table = self._create(sink_id, files, decided=False)
+            table = self.create_table(sink_id, files, decided=False)
         self._check_uuid(sink_id, table)
         self.refuse_rolled_back(table, sink_id)  # since the start, by another writer
         self._check_files(table, files)
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
-        table = self._load()
+        table = self.load_table()
         if table is not None:
             self._check_files(table, files)
 
@@ -765,14 +697,11 @@ class IcebergBackend(TableBackend):
         except ValueError as exc:
             known = {f.name for f in table.schema().fields}
             extra = [n for n in theirs.names if n not in known]
-            raise ConfigError(
-                f"iceberg backend: the epoch's rows do not fit the schema of table "
-                f"{self.table}: {exc}; nothing of the epoch is committed in any target: "
-                "alter the table or write a matching frame",
-                field=(extra or list(theirs.names) or ["?"])[0]) from None
+            raise self.misfit(f"table {self.table}: {exc}",
+                              field=(extra or list(theirs.names) or ["?"])[0]) from None
 
-    def _create(self, sink_id: str, files: Sequence[DataFile], *,
-                decided: bool = True) -> Any:
+    def create_table(self, sink_id: str, files: Sequence[DataFile], *,
+                     decided: bool = True) -> Any:
         """Create the table from the first file's schema, every column nullable (a
         frame's NOT NULL columns would refuse every later frame that may hold a null),
         carrying the sink's claim; never where a table's metadata is (a lost catalog
@@ -782,28 +711,21 @@ class IcebergBackend(TableBackend):
         if not files:
             return None
         if not self.create:
-            error = FatalCommitError if decided else ConfigError
-            raise error(f"iceberg backend: table {self.table} is gone and create=false; "
-                        "create it again to commit")
-        try:
+            raise self.gone(f"table {self.table}", decided=decided)
+        with after_decision() if decided else contextlib.nullcontext():
             self.check_identity(sink_id, None)
-        except ConfigError as exc:
-            if decided:
-                raise FatalCommitError(f"{exc}; the epoch stays DECIDED") from None
-            raise
         schema = nullable_schema(self.read_schema(files[0].path))
         claim = self._claims.get(sink_id) or self._read_owner(
-            self.absolute(f"{self._sink_folder(sink_id)}/{OWNER_FILE}"))
+            self.absolute(self.owner_file(sink_id)))
         properties = {OWNER_PROPERTY + sink_id: json.dumps(claim)} if claim else {}
         catalog = self._catalog()
         catalog.create_namespace_if_not_exists(self.table.split(".")[0])
         location = self.table_dir()
         try:
             table = catalog.create_table(self.table, schema=schema,
-                                         location=location if self.s3 is not None
-                                         else f"file://{location}", properties=properties)
+                                         location=self._uri(location), properties=properties)
         except TableAlreadyExistsError:
-            table = self._load()
+            table = self.load_table()
             self.check_identity(sink_id, table)
             return table
         self._bind(sink_id, table)
@@ -829,11 +751,11 @@ class IcebergBackend(TableBackend):
         a column by id, and a file without ids is read by name, so after a column is
         dropped and another of the same name added, the old files' values showed under
         the new column. A table not created yet gets the ids it will be created with
-        (:meth:`_create` makes it from this schema: the same ids, which the check
+        (:meth:`create_table` makes it from this schema: the same ids, which the check
         before the decision compares)."""
         target = self._file_target
         if target is None:
-            table = self._load()
+            table = self.load_table()
             target = (_ids_of_table(table.schema()) if table is not None
                       else _fresh_ids(nullable_schema(schema)))
             self._file_target = target
@@ -901,6 +823,13 @@ class IcebergBackend(TableBackend):
         return super().committable_for_directory(ctx, dirname)
 
 
+def _local_path(location: str) -> str:
+    """``file:///x`` (or Java's ``file:/x``) as the path ``/x``; any other as it is."""
+    if location.startswith("file:"):
+        return "/" + location.removeprefix("file:").lstrip("/")
+    return location
+
+
 def _first_of_table(snapshot: Any) -> bool:
     """Whether ``snapshot`` is the table's first: the ancestry read to it is whole.
     (Expiry leaves the oldest kept snapshot without a parent too; its sequence number
@@ -914,9 +843,9 @@ def _highest(table: Any, sink_id: str) -> int:
     epochs were all rolled back; the table property when their snapshots expired."""
     snapshot = table.current_snapshot()
     while snapshot is not None:
-        summary = snapshot.summary
-        if summary is not None and summary.get(SINK_KEY) == sink_id:
-            return int(summary.get(HIGHEST_KEY, summary[EPOCH_KEY]))
+        highest = marked_highest(snapshot.summary, sink_id)
+        if highest is not None:
+            return highest
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None
     if any(_is_marker(s, sink_id) for s in table.metadata.snapshots):

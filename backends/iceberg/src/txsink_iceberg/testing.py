@@ -1,4 +1,6 @@
-"""Apache Iceberg's own REST catalog server on 127.0.0.1, for tests and benchmarks.
+"""Apache Iceberg's own REST catalog server on 127.0.0.1, for tests and benchmarks; and
+Spark's Iceberg catalog over the catalog an Iceberg target keeps by default
+(:func:`spark_jdbc_catalog`).
 
 The server is ``org.apache.iceberg.rest.RESTCatalogServer`` from the test fixtures of
 ``org.apache.iceberg:iceberg-open-api`` (what the ``apache/iceberg-rest-fixture``
@@ -31,11 +33,27 @@ from types import TracebackType
 
 from txsink.testing.maven import Jar, cache_dir, resolve
 
+from txsink_iceberg.backend import IcebergBackend
+
 #: 1.12.0's test fixtures are not on Maven Central (checked 2026-11-27); 1.11.0's are.
 ICEBERG_VERSION = "1.11.0"
 JETTY_VERSION = "12.1.5"
 LAUNCHER = "org.apache.iceberg.rest.LoopbackRESTCatalogServer"
 _SOURCE = Path(__file__).parent / "java" / "LoopbackRESTCatalogServer.java"
+
+
+def spark_jdbc_catalog(backend: IcebergBackend, **extra: str) -> dict[str, str]:
+    """The properties of a Spark Iceberg catalog (``txsink.testing.lake_connectors.
+    iceberg_catalog_conf``) over ``backend``'s default catalog, the SQLite file in its
+    warehouse: Iceberg's JDBC catalog on the same database sees the same tables.
+
+    The catalog's tables are made here, by pyiceberg; Spark must not make them: Iceberg's
+    JDBC catalog leaves the SQLite transaction of that step open, and every later commit
+    of another process fails with "database is locked" (docs/lakehouse.md)."""
+    backend._catalog()
+    return {"type": "jdbc", "uri": f"jdbc:sqlite:{backend.catalog_file()}",
+            "jdbc.init-catalog-tables": "false",
+            "warehouse": Path(backend.warehouse).as_uri(), **extra}
 
 
 class RestCatalogUnavailable(RuntimeError):
