@@ -47,17 +47,41 @@ from typing import Any
 import pyarrow as pa
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator
-from txsink.model import TransactionContext
+from txsink.model import Committable, TransactionContext
 from txsink.plugins import get_plugins
 from txsink.state import DirectoryStateStore, new_owner_token
 from txsink.writer import write_participant
 
-BACKENDS = ("files", "postgres", "s3")
+BACKENDS = ("files", "postgres", "s3", "s3-native")
 PARTICIPANTS = (2, 32, 128)
 ROWS = 10
 
 #: Makes a backend for a new sink: (sink_id) -> Backend, already preflighted.
 Factory = Callable[[str], Backend]
+#: Prepares one epoch's participants: (backend, sink_id, epoch, participants).
+Prepare = Callable[[Backend, str, int, int], list[Committable]]
+
+
+def prepare_each(backend: Backend, sink: str, epoch: int, participants: int
+                 ) -> list[Committable]:
+    """txsink's own writer: one participant per partition, one small batch each."""
+    return [write_participant(backend, TransactionContext(sink, epoch, p, 0),
+                              iter([batch(epoch, p)]))
+            for p in range(participants)]
+
+
+def prepare_native(backend: Backend, sink: str, epoch: int, participants: int
+                   ) -> list[Committable]:
+    """The S3 native path (``writer: spark``): what Spark's writer leaves for one job of
+    ``participants`` tasks (:func:`txsink_s3.testing.spark_native_job`), read into one
+    participant per pending upload as the driver reads it."""
+    from txsink_s3.testing import spark_native_job
+
+    ctx = TransactionContext(sink, epoch, 0, 1)
+    path, dirname = backend.native_staging(ctx)
+    tasks = [pa.Table.from_batches([batch(epoch, p)]) for p in range(participants)]
+    spark_native_job(backend, path, tasks, first_attempt=epoch * 1000 + 1)
+    return backend.committables_for_directory(ctx, dirname)
 
 
 def batch(epoch: int, partition: int) -> pa.RecordBatch:
@@ -76,7 +100,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_epochs(factory: Factory, work: Path, participants: int,
-               epochs: int) -> tuple[list[float], list[float]]:
+               epochs: int, prepare: Prepare = prepare_each
+               ) -> tuple[list[float], list[float]]:
     """Commit ``epochs`` epochs of ``participants`` each: the seconds each commit took,
     and the seconds each coordinator's start (with recovery) took before it."""
     sink = f"bench-{uuid.uuid4().hex[:8]}"
@@ -88,16 +113,13 @@ def run_epochs(factory: Factory, work: Path, participants: int,
     starts: list[float] = []
     try:
         for epoch in range(epochs):
-            committables = [
-                write_participant(backend, TransactionContext(sink, epoch, p, 0),
-                                  iter([batch(epoch, p)]))
-                for p in range(participants)]
             coordinator = Coordinator(backend, DirectoryStateStore(state), sink,
                                       owner=owner, plugins=plugins)
             started = time.perf_counter()
             # What the streaming writer does before each commit.
             coordinator.start(recover=True, up_to_epoch=epoch - 1)
             starts.append(time.perf_counter() - started)
+            committables = prepare(backend, sink, epoch, participants)
             started = time.perf_counter()
             coordinator.commit_epoch(epoch, committables)
             latencies.append(time.perf_counter() - started)
@@ -151,7 +173,7 @@ def postgres_target(work: Path, max_participants: int) -> Iterator[Factory]:
 
 
 @contextmanager
-def s3_target(work: Path) -> Iterator[Factory]:
+def s3_target(work: Path, **extra: str) -> Iterator[Factory]:
     server: Any = None
     endpoint = os.environ.get("TXSINK_S3_ENDPOINT")
     bucket = os.environ.get("TXSINK_S3_BUCKET", "txsink-bench")
@@ -159,7 +181,7 @@ def s3_target(work: Path) -> Iterator[Factory]:
     if endpoint is None:
         from txsink_s3.testing import LocalSeaweedFS
 
-        server = LocalSeaweedFS(work / "weed")
+        server = LocalSeaweedFS(work / f"weed-{uuid.uuid4().hex[:6]}")
         server.start()
         print(f"started local SeaweedFS at {server.endpoint_url}", flush=True)
         endpoint = server.endpoint_url
@@ -169,7 +191,7 @@ def s3_target(work: Path) -> Iterator[Factory]:
         def make(sink: str) -> Backend:
             backend = get_plugins().create_backend("s3", {
                 "bucket": bucket, "prefix": sink, "endpoint_url": str(endpoint),
-                "region": "us-east-1", **creds})
+                "region": "us-east-1", **creds, **extra})
             backend.preflight(sink)
             return backend
 
@@ -189,11 +211,14 @@ def measure(backends: list[str], work: Path, per_count: int, long_epochs: int,
                 factory = stack.enter_context(files_target(work))
             elif name == "postgres":
                 factory = stack.enter_context(postgres_target(work, max(PARTICIPANTS)))
-            else:
+            elif name == "s3":
                 factory = stack.enter_context(s3_target(work))
+            else:
+                factory = stack.enter_context(s3_target(work, writer="spark"))
+            prepare = prepare_native if name == "s3-native" else prepare_each
             for n in PARTICIPANTS:
                 # Epoch 0 warms up (first files, first statements): not counted.
-                commits, starts = run_epochs(factory, work, n, per_count + 1)
+                commits, starts = run_epochs(factory, work, n, per_count + 1, prepare)
                 ms = [s * 1000 for s in commits[1:]]
                 row = {"backend": name, "participants": n, "epoch": None,
                        "p50_ms": statistics.median(ms), "p95_ms": percentile(ms, 0.95)}
@@ -201,7 +226,8 @@ def measure(backends: list[str], work: Path, per_count: int, long_epochs: int,
                 print(f"{name:<9} {n:>4} participants: p50 {row['p50_ms']:7.1f} ms  "
                       f"p95 {row['p95_ms']:7.1f} ms  (start+recover p50 "
                       f"{statistics.median(starts[1:]) * 1000:.1f} ms)", flush=True)
-            commits, starts = run_epochs(factory, work, long_participants, long_epochs)
+            commits, starts = run_epochs(factory, work, long_participants, long_epochs,
+                                         prepare)
             ms = [s * 1000 for s in commits]
             for lo, hi in windows:
                 window = ms[lo:hi]

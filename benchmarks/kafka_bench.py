@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,8 @@ class TxsinkWrite:
     open_ms: list[float]
     wait_ms: list[float]
     reused: int
+    #: Per participant: where its task's time went (exactly-once payloads say it).
+    phases: list[dict[str, float]] = field(default_factory=list)
 
 
 def txsink_sink(df: Any, bootstrap: str, topic: str, markers: str, chk: Path, sink_id: str,
@@ -147,11 +149,38 @@ def txsink_sink(df: Any, bootstrap: str, topic: str, markers: str, chk: Path, si
     record = records[max(records)]
     assert record.committed_at is not None
     payloads = [c.payload for c in record.committables]
+    phases = [{"task_ms": (float(p["prepared_at"]) - float(p["began_at"])) * 1000,
+               "open_wait_ms": float(p.get("open_wait_ms", 0.0)),
+               "write_ms": float(p["write_ms"]), "flush_ms": float(p["flush_ms"])}
+              for p in payloads if "write_ms" in p and "began_at" in p]
     return TxsinkWrite(elapsed, record.committed_at - record.decided_at
                        if guarantee == "exactly_once" else None,
                        [float(p.get("open_ms", 0.0)) for p in payloads],
                        [float(p.get("open_wait_ms", 0.0)) for p in payloads],
-                       sum(1 for p in payloads if p.get("reused_producer")))
+                       sum(1 for p in payloads if p.get("reused_producer")), phases)
+
+
+def breakdown(writes: list[TxsinkWrite]) -> dict[str, float] | None:
+    """Where an exactly-once write's time goes, medians over ``writes``: its slowest
+    task (waiting for its open, for Spark to hand over rows, producing, flushing), the
+    driver's commit, and the rest (Spark's job and task scheduling, the driver's epoch
+    bookkeeping before the tasks)."""
+    rows = []
+    for w in writes:
+        if not w.phases or w.commit_s is None:
+            continue
+        slowest = max(w.phases, key=lambda p: p["task_ms"])
+        handed = max(0.0, slowest["task_ms"] - slowest["open_wait_ms"] - slowest["write_ms"]
+                     - slowest["flush_ms"])
+        rows.append({"write_ms": w.seconds * 1000, "task_ms": slowest["task_ms"],
+                     "open_wait_ms": slowest["open_wait_ms"],
+                     "rows_from_spark_ms": handed, "produce_ms": slowest["write_ms"],
+                     "flush_ms": slowest["flush_ms"], "commit_ms": w.commit_s * 1000,
+                     "rest_ms": max(0.0, w.seconds * 1000 - slowest["task_ms"]
+                                    - w.commit_s * 1000)})
+    if not rows:
+        return None
+    return {k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0]}
 
 
 def plain_producer(bootstrap: str, topic: str, batches: list[pa.RecordBatch]) -> float:
@@ -433,6 +462,16 @@ def run(bootstrap: str, broker: str, args: argparse.Namespace) -> dict[str, Any]
               f"waited for it: first {', '.join(f'{x:.0f}' for x in first.wait_ms)} ms, "
               f"later p50 {o['later_wait_p50_ms']} / p95 {o['later_wait_p95_ms']} ms "
               f"({reused} of {len(later)} later participants on a kept producer)")
+    split = breakdown(opens["txsink"][1:])
+    if split is not None:
+        print(f"where an exactly-once write's {split['write_ms']:.0f} ms go (medians): its "
+              f"slowest task {split['task_ms']:.0f} ms = open wait {split['open_wait_ms']:.0f}"
+              f" + rows handed over by Spark {split['rows_from_spark_ms']:.0f} + producing "
+              f"{split['produce_ms']:.0f} + flushing {split['flush_ms']:.0f}; the driver's "
+              f"commit {split['commit_ms']:.0f} ms; the rest (Spark's job and task "
+              f"scheduling, the epoch's bookkeeping) {split['rest_ms']:.0f} ms; a plain "
+              f"transactional producer's write {statistics.median(seconds['plain_txn']) * 1000:.0f}"
+              " ms")
     for g, o in direct.items():
         print(f"txsink {g} without Spark ({o['epochs']} epochs, {args.open_gap_ms} ms apart), "
               f"begin_transaction start -> first batch accepted: first {o['first_ms']} ms, "
@@ -462,6 +501,7 @@ def run(bootstrap: str, broker: str, args: argparse.Namespace) -> dict[str, Any]
                     for n in NAMES},
         "ratios": ratios, "commit_latency": commit,
         "open_cost": {"spark": spark_open, "direct": direct},
+        "exactly_once_breakdown_ms": split,
         "read_back": {"records": plain_n, "plain_consumer_records_per_s": plain_n / plain_s,
                       "source_read_range_records_per_s": source_n / source_s},
     }

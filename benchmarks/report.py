@@ -42,6 +42,9 @@ TITLES = {"kafka": "Kafka", "postgres": "PostgreSQL", "s3": "S3", "files": "file
 TARGET_RATIO = {"kafka": 0.8, "postgres": 0.8, "s3": 0.8, "files": 0.85}
 #: txsink exactly-once / the no-op Arrow Python writer (files only).
 NOOP_TARGET = 0.9
+#: txsink on Spark's own Parquet writer (the native path) / Spark's Parquet writer:
+#: S3 from issue 41, files from files_bench.
+NATIVE_TARGET = {"s3": 1.0, "files": 0.9}
 
 
 class Sizes(dict[str, int]):
@@ -78,6 +81,10 @@ class Writer:
 
 def verdict(w: Writer) -> tuple[str, str]:
     """(target text, met text) of a row; only txsink exactly-once has targets."""
+    if w.key == "txsink-native" and w.target in NATIVE_TARGET:
+        goal = NATIVE_TARGET[w.target]
+        met = w.vs_builtin is not None and w.vs_builtin >= goal
+        return f"≥ {goal:.2f} of Spark", "yes" if met else "**no**"
     if w.key != "txsink":
         return "", ""
     goal = TARGET_RATIO[w.target]
@@ -115,17 +122,18 @@ def chart(results: dict[str, list[Writer]], path: Path, subtitle: str) -> None:
     import matplotlib.pyplot as plt
 
     series = [("txsink", "txsink exactly-once", "#1f77b4"),
+              ("txsink-native", "txsink exactly-once, Spark's own writer", "#2ca02c"),
               ("txsink-alo", "txsink at-least-once", "#9ecae1"),
               ("py-noop", "no-op Arrow Python writer", "#bbbbbb")]
     targets = list(results)
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    width = 0.26
+    width = 0.2
     for n, (key, label, color) in enumerate(series):
         xs, ys = [], []
         for t, target in enumerate(targets):
             w = next((w for w in results[target] if w.key == key), None)
             if w is not None and w.vs_builtin is not None:
-                xs.append(t + (n - 1) * width)
+                xs.append(t + (n - 1.5) * width)
                 ys.append(w.vs_builtin)
         if xs:
             bars = ax.bar(xs, ys, width, label=label, color=color)
@@ -206,11 +214,11 @@ def miss_notes(goals: list[Target], results: dict[str, list[Writer]],
         notes.append(
             "* Kafka exactly-once open cost: an exactly-once participant's transaction stays "
             "open after `pre_commit` until the driver ends it with `EndTxn`, and librdkafka "
-            "can neither begin another transaction on that producer nor initialise it twice "
-            "(and initialising the id early would abort the prepared transaction), so every "
-            "participant pays a new producer, `init_transactions` and its begin marker "
-            "(see docs/backends/kafka.md). An at-least-once worker keeps its producer "
-            "between tasks instead: its rows in the table above.")
+            "can neither begin another transaction on that producer nor initialise it twice, "
+            "so every participant needs a new producer with `init_transactions` done. A "
+            "worker opens it between tasks (`producer.init.ahead`), but only for the sink "
+            "and partition it just wrote: a task Spark hands to a worker without one opens "
+            "its producer itself (see docs/backends/kafka.md).")
     if any(m.startswith("s3: commit p50 per epoch") for m in missed):
         notes.append(
             "* S3 at 128 participants: each participant is one `CompleteMultipartUpload`; the "
@@ -265,6 +273,11 @@ def targets_of(results: dict[str, list[Writer]], commit: list[dict[str, Any]] | 
                           source="multi_bench"))
     for target, writers in results.items():
         for w in writers:
+            if w.key == "txsink-native" and target in NATIVE_TARGET:
+                out.append(Target("5. yardsticks", f"{TITLES[target]}: txsink exactly-once on "
+                                  "Spark's own writer (native path) / Spark built-in",
+                                  w.vs_builtin, NATIVE_TARGET[target], True,
+                                  source="run_all (Spark)"))
             if w.key != "txsink":
                 continue
             out.append(Target("5. yardsticks", f"{TITLES[target]}: txsink exactly-once / "
@@ -279,7 +292,7 @@ def targets_of(results: dict[str, list[Writer]], commit: list[dict[str, Any]] | 
         if epoch is None and n == 128:
             out.append(Target("2. commit cost", f"{backend}: commit p50 per epoch, 128 "
                               "participants", float(row["p50_ms"]),
-                              200.0 if backend == "s3" else 50.0, False, " ms",
+                              200.0 if str(backend).startswith("s3") else 50.0, False, " ms",
                               "commit_bench"))
     for backend in dict.fromkeys(r.get("backend") for r in commit or []):
         windows = [r for r in commit or [] if r.get("backend") == backend and r.get("epoch")]
@@ -312,11 +325,188 @@ def targets_of(results: dict[str, list[Writer]], commit: list[dict[str, Any]] | 
     return sorted(out, key=lambda t: t.item)
 
 
+#: The page's section of each benchmark that runs after the yardsticks, by results name.
+SECTION_TITLES = {
+    "kafka_bench": "### Kafka against plain producers (`benchmarks/kafka_bench.py`)",
+    "postgres_bench": "### PostgreSQL without Spark (`benchmarks/postgres_bench.py`)",
+    "multi_bench": "### One epoch across three systems (`benchmarks/multi_bench.py`)",
+    "lake_bench": "### Delta Lake and Iceberg tables (`benchmarks/lake_bench.py`)",
+    "realtime_bench": "### Real-time Mode latency (`benchmarks/realtime_bench.py`)",
+    "s3_bench": "### S3 without Spark's writers (`benchmarks/s3_bench.py`)",
+}
+RESULT_TITLE = "## Result (`benchmarks/run_all.py`)"
+COMMIT_TITLE = "## Commit latency (`benchmarks/commit_bench.py`)"
+GOALS_TITLE = "## Goals of issue 41"
+
+
+@dataclass
+class Goal:
+    """One goal of issue 41 with this run's value: met, missed (and why), or not measured
+    (and why not)."""
+
+    item: str
+    goal: str
+    value: str
+    met: bool | None
+    why: str = ""
+
+    def row(self) -> str:
+        met = {True: "met", False: "**missed**", None: "not measured"}[self.met]
+        return f"| {self.item} | {self.goal} | {self.value} | {met} | {self.why or '-'} |"
+
+
+GOALS_HEAD = "| item | goal | this run | met | why |\n|---|---|---|---|---|"
+
+
+def _load_text(loads: list[float]) -> str:
+    return (f"load average {statistics.median(loads):.1f} on {os.cpu_count()} cores"
+            if loads else f"{os.cpu_count()} cores")
+
+
+def issue41_goals(results: dict[str, list[Writer]], commit: list[dict[str, Any]] | None,
+                  libs: dict[str, tuple[dict[str, Any] | None, str]],
+                  notes: dict[str, str], loads: list[float]) -> list[Goal]:
+    """Every goal of issue 41, from this run: value, met or missed, and why."""
+    out: list[Goal] = []
+    expected = [*SECTION_TITLES, "commit_bench"]
+    missing = {n: notes.get(n, "not run") for n in expected
+               if (libs.get(n, (None, ""))[0] if n != "commit_bench" else commit) is None}
+    out.append(Goal("1. one page from one run", "every benchmark of `run_all.py` measured "
+                    "in this run", f"{len(expected) + 1 - len(missing)} of "
+                    f"{len(expected) + 1}", not missing,
+                    "; ".join(f"{n}: {why}" for n, why in missing.items())))
+    native = next((w for w in results.get("s3", []) if w.key == "txsink-native"), None)
+    spark = next((w for w in results.get("s3", []) if w.key == "spark"), None)
+    ratio = native.vs_builtin if native is not None else None
+    why = ""
+    if native is None:
+        why = "the S3 yardstick did not run (`--only` without s3?)"
+    elif ratio is not None and ratio < 1.0 and spark is not None:
+        why = (f"per round, the native write took {', '.join(f'{x:.1f}' for x in native.seconds)}"
+               f" s and Spark's {', '.join(f'{x:.1f}' for x in spark.seconds)} s "
+               f"({_load_text(loads)}): the native path is Spark's own write (through S3A's "
+               "magic committer, without renames) plus txsink's fixed cost per epoch "
+               "(reservation, owner check, decision, commit, manifest), which a short write "
+               "does not amortise")
+    out.append(Goal("2. S3 on Spark's own writer", "≥ 1.0 of Spark's s3a Parquet writer",
+                    "not measured" if ratio is None else f"{ratio:.2f}",
+                    None if ratio is None else ratio >= 1.0, why))
+    rows = {(r.get("backend"), r.get("participants")): r for r in commit or []
+            if r.get("epoch") is None}
+    for backend, label in (("s3-native", "S3 on Spark's own writer"), ("s3", "S3, txsink's "
+                                                                         "writer")):
+        r = rows.get((backend, 128))
+        value = None if r is None else float(r["p50_ms"])
+        why = notes.get("commit_bench", "not run") if r is None else ""
+        if value is not None and value > 200:
+            why = ("each participant is one `CompleteMultipartUpload`: about 1 ms of client "
+                   "CPU each in botocore plus the server's, overlapped "
+                   "`commit_concurrency` at a time, with SeaweedFS on the same cores "
+                   f"({_load_text(loads)}); see docs/backends/s3.md, *Commit cost per epoch*")
+        out.append(Goal(f"2. {label}", "commit p50 at 128 participants ≤ 200 ms",
+                        "not measured" if value is None else f"{value:.0f} ms",
+                        None if value is None else value <= 200, why))
+    realtime, rt_note = libs.get("realtime_bench", (None, notes.get("realtime_bench",
+                                                                     "not run")))
+    if realtime is not None:  # it ran: a rate it has no result for was not asked for
+        rt_note = "realtime_bench measured no such rate in this run (its `--rates`)"
+    by = {(r["writer"], r["rate"]): r for r in (realtime or {}).get("results", [])}
+    ratios = (realtime or {}).get("p99_ratio_to_spark_at_least_once", {})
+    for writer, target in (("txsink-rt-kafka", "Kafka"), ("txsink-rt-postgres", "PostgreSQL")):
+        for rate in (1000, 10000):
+            r = by.get((writer, rate))
+            p99 = None if r is None else r.get("p99_s")
+            out.append(Goal("3. Real-time Mode", f"{target} at {rate:,} records/s: p99 append "
+                            "to visible ≤ 0.5 s", "not measured" if p99 is None
+                            else f"{p99:.2f} s", None if p99 is None else p99 <= 0.5,
+                            rt_note if r is None else ("" if p99 is not None and p99 <= 0.5
+                                                       else "see the Real-time Mode section "
+                                                       "(where the p99 goes)")))
+            ratio_rt = ratios.get(f"{writer}@{rate}")
+            out.append(Goal("3. Real-time Mode", f"{target} at {rate:,} records/s: p99 ≤ 3x "
+                            "Spark's at-least-once real-time Kafka sink",
+                            "not measured" if ratio_rt is None else f"{ratio_rt:.2f}x",
+                            None if ratio_rt is None else ratio_rt <= 3.0,
+                            rt_note if ratio_rt is None else (
+                                "" if ratio_rt <= 3.0 else "see the Real-time Mode section "
+                                "(where the p99 goes)")))
+    kafka, k_note = libs.get("kafka_bench", (None, notes.get("kafka_bench", "not run")))
+    k_ratio = (kafka or {}).get("ratios", {}).get("txsink_vs_plain_transactional")
+    why = k_note if k_ratio is None else ""
+    if k_ratio is not None and k_ratio < 0.9:
+        writers = kafka["writers"]  # type: ignore[index]
+        spark_rate = writers["spark"]["records_per_s"] / writers["plain_txn"]["records_per_s"]
+        why = (f"Spark's own Kafka sink reaches {spark_rate:.2f} of the plain transactional "
+               "producer in the same run: the plain producers run in one process on records "
+               "collected before the clock starts, without Spark's scan, task scheduling "
+               "and Arrow hand-over to Python workers; txsink's own share is its distance to "
+               "Spark's sink")
+        split = kafka.get("exactly_once_breakdown_ms")  # type: ignore[union-attr]
+        if split:
+            why += (f". Where the write's {split['write_ms']:.0f} ms go: its slowest task "
+                    f"{split['task_ms']:.0f} ms (open wait {split['open_wait_ms']:.0f}, rows "
+                    f"handed over by Spark {split['rows_from_spark_ms']:.0f}, producing "
+                    f"{split['produce_ms']:.0f}, flushing {split['flush_ms']:.0f}), the "
+                    f"driver's commit {split['commit_ms']:.0f}, Spark's scheduling and the "
+                    f"epoch's bookkeeping {split['rest_ms']:.0f}")
+    out.append(Goal("4. Kafka's open cost", "exactly-once write ≥ 0.9 of a plain "
+                    "transactional producer", "not measured" if k_ratio is None
+                    else f"{k_ratio:.2f}", None if k_ratio is None else k_ratio >= 0.9, why))
+    opens = (kafka or {}).get("open_cost", {})
+    direct = opens.get("direct", {}).get("exactly_once", {}).get("later_p50_ms")
+    waited = opens.get("spark", {}).get("exactly_once", {}).get("later_wait_p50_ms")
+    for value, what in ((direct, "open cost p50 ≤ 10 ms (begin_transaction to the first "
+                                 "batch accepted, no Spark)"),
+                        (waited, "a Spark task's wait for its open p50 ≤ 10 ms")):
+        why = k_note if value is None else ""
+        if value is not None and value > 10:
+            why = ("an exactly-once producer cannot begin again once the driver ended its "
+                   "transaction, so each participant needs one with `init_transactions` "
+                   "done: a writer process opens it between tasks (`producer.init.ahead`), "
+                   "but Spark hands a task to any idle Python worker, and a worker without "
+                   "one for that partition opens it in the task")
+        out.append(Goal("4. Kafka's open cost", what, "not measured" if value is None
+                        else f"{value:.1f} ms", None if value is None else value <= 10, why))
+    return out
+
+
+def s3_lines(s3: tuple[dict[str, Any] | None, str]) -> list[str]:
+    """The S3 backend on its own (``s3_bench.py``)."""
+    result, note = s3
+    lines = ["", SECTION_TITLES["s3_bench"], ""]
+    if result is None:
+        return [*lines, f"Not measured in this run: {note}."]
+    t, lat, mem = result.get("throughput"), result.get("commit"), result.get("memory")
+    if t:
+        lines.append(f"* One partition of {t['object_mib']:.0f} MiB Parquet: txsink encodes "
+                     f"and uploads it at {t['txsink_mb_s']:.0f} MB/s, boto3's managed upload of "
+                     f"the same finished bytes at {t['boto3_mb_s']:.0f} MB/s (ratio "
+                     f"{t['ratio']:.2f}, goal 0.8).")
+    if lat:
+        lines.append(f"* Commit per epoch of {lat['partitions']:.0f} participants: p50 "
+                     f"{lat['median_ms']:.0f} ms, p95 {lat['p95_ms']:.0f} ms.")
+    if mem:
+        lines.append(f"* A Python worker streaming {mem['object_mib']:.0f} MiB of Parquet in "
+                     f"{mem['part_mib']:.0f} MiB parts grew by {mem['peak_growth_mib']:.0f} MiB "
+                     f"({mem['growth_over_part']:.1f} x the part size).")
+    spark = result.get("spark")
+    if spark:
+        lines += ["", f"With Spark, {spark['rows']:,} rows per write, median of "
+                  f"{spark['rounds']} round(s):", "",
+                  "| writer | records/s | vs Spark's s3a writer |", "|---|---:|---:|"]
+        for key, rate in spark["records_per_s"].items():
+            ratio = spark["ratio_vs_spark"].get(key)
+            lines.append(f"| {key} | {rate:,.0f} | "
+                         f"{'1.00 (baseline)' if ratio is None else f'{ratio:.2f}'} |")
+    return lines
+
+
 def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds: int,
               info: dict[str, str], versions: dict[str, str], loads: list[float],
               commit: tuple[list[dict[str, Any]] | None, str], quick: bool,
               command: str, goals: list[Target],
-              libs: dict[str, tuple[dict[str, Any] | None, str]]) -> None:
+              libs: dict[str, tuple[dict[str, Any] | None, str]],
+              issue41: list[Goal] | None = None) -> None:
     lines = ["# Performance", ""]
     if quick:
         lines += ["!!! warning", "    A `--quick` smoke run: sizes too small for stable "
@@ -332,7 +522,7 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         "It starts its own Apache Kafka, PostgreSQL and SeaweedFS on 127.0.0.1, resolves "
         "Spark's connector jars with Maven into `~/.m2` on the first run, and writes this "
         "page and `docs/performance.png`.", "",
-        "## Result", "",
+        RESULT_TITLE, "",
         "![txsink throughput relative to Spark's built-in sinks](performance.png)", "",
         TABLE_HEAD,
     ]
@@ -345,6 +535,9 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         "Targets (from the performance issue): txsink exactly-once at least 0.8 of each Spark "
         "built-in at-least-once sink; for files at least 0.85 of Spark's Parquet writer and "
         "0.9 of the no-op Python writer.", "",
+        *([GOALS_TITLE, "", "Each goal of the issue this run was made for, with this run's "
+           "value; a missed goal says why, from the run's own figures where they show it.",
+           "", GOALS_HEAD, *[g.row() for g in issue41], ""] if issue41 else []),
         "## How it was measured", "",
         f"* One Spark session, `local[2]`, bound to 127.0.0.1; every target writes one "
         f"generated DataFrame in 2 partitions, cached before timing. Each writer runs once "
@@ -359,10 +552,15 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         "(`COPY`, prepared transactions for exactly-once).",
         "* S3 (SeaweedFS): the same four columns as snappy Parquet. Spark's writer through "
         "hadoop-aws `s3a://` with Spark's default commit protocol (FileOutputCommitter, "
-        "rename by copy); txsink with multipart uploads completed at commit.",
+        "rename by copy); txsink with multipart uploads completed at commit, through its "
+        "data source (its Python writer) and on the native path (`writer: spark`: Spark's "
+        "own Parquet writer through `s3a://`, each task's file a multipart upload S3A's "
+        "magic committer leaves pending, one sink and one epoch per write).",
         "* files: the same four columns as snappy Parquet into a local directory; the "
         "no-op writer is a Python Arrow data source that reads every batch and writes "
-        "nothing (`files_bench._DrainWriter`), the floor of any Python sink.",
+        "nothing (`files_bench._DrainWriter`), the floor of any Python sink; txsink "
+        "through its data source and on the native path (Spark's own Parquet writer "
+        "stages the files, txsink links them at commit).",
         "* The output of every writer is checked after the rounds (record counts in Kafka "
         "and PostgreSQL, Parquet objects/files present for S3 and files).",
         "",
@@ -386,8 +584,9 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
     if notes:
         lines += ["", "### Why the missed targets were missed", "", *notes]
     for name, (data, note) in libs.items():
-        if data is None:
-            lines += ["", f"{name}: not measured in this run: {note}."]
+        if data is None and name in SECTION_TITLES and name not in (
+                "lake_bench", "realtime_bench", "s3_bench"):
+            lines += ["", SECTION_TITLES[name], "", f"Not measured in this run: {note}."]
     kafka = libs.get("kafka_bench", (None, ""))[0]
     if kafka is not None:
         lines += ["", "### Kafka against plain producers (`benchmarks/kafka_bench.py`)", "",
@@ -405,6 +604,17 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
         lines += ["", f"Per-epoch commit latency (decided to committed): p50 "
                   f"{commit_ms.get('p50_ms', float('nan')):.0f} ms, p95 "
                   f"{commit_ms.get('p95_ms', float('nan')):.0f} ms."]
+        split = kafka.get("exactly_once_breakdown_ms")
+        if split:
+            lines += ["", "Where an exactly-once write's time goes (medians over the writes "
+                      "after the first; ms):", "",
+                      "| whole write | slowest task | of it: open wait | rows handed over "
+                      "by Spark | producing | flushing | driver's commit | the rest |",
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|",
+                      f"| {split['write_ms']:.0f} | {split['task_ms']:.0f} | "
+                      f"{split['open_wait_ms']:.0f} | {split['rows_from_spark_ms']:.0f} | "
+                      f"{split['produce_ms']:.0f} | {split['flush_ms']:.0f} | "
+                      f"{split['commit_ms']:.0f} | {split['rest_ms']:.0f} |"]
     multi = libs.get("multi_bench", (None, ""))[0]
     if multi is not None:
         ways = multi["ways"]
@@ -442,8 +652,9 @@ def write_doc(path: Path, results: dict[str, list[Writer]], sizes: Sizes, rounds
                   f"{rates['txsink_rows']:,.0f} |"]
     lines += lake_lines(libs.get("lake_bench", (None, "not run")))
     lines += realtime_lines(libs.get("realtime_bench", (None, "not run")))
+    lines += s3_lines(libs.get("s3_bench", (None, "not run")))
     rows, note = commit
-    lines += ["", "## Commit latency", ""]
+    lines += ["", COMMIT_TITLE, ""]
     if rows:
         lines += [f"Per-epoch commit latency ({note}).", "",
                   "| backend | participants | epoch | p50 ms | p95 ms |",
@@ -701,9 +912,9 @@ def render(results: Path, out_dir: Path) -> list[Target]:
     libs: dict[str, tuple[dict[str, Any] | None, str]] = {}
     for name, file in (("kafka_bench", "kafka.json"), ("postgres_bench", "postgres.json"),
                        ("multi_bench", "multi.json"), ("lake_bench", "lake.json"),
-                       ("realtime_bench", "realtime.json")):
-        if name in notes:
-            libs[name] = (_load(results, file), notes[name])
+                       ("realtime_bench", "realtime.json"), ("s3_bench", "s3.json")):
+        # Every benchmark has its section: what it measured, or why it did not.
+        libs[name] = (_load(results, file), notes.get(name, "not run in this run"))
     goals = targets_of(writers, commit[0], libs.get("kafka_bench", (None, ""))[0],
                        libs.get("postgres_bench", (None, ""))[0],
                        libs.get("multi_bench", (None, ""))[0],
@@ -717,7 +928,8 @@ def render(results: Path, out_dir: Path) -> list[Target]:
     page = out_dir / "performance.md"
     kept = soak_section(page.read_text()) if page.exists() else ""
     write_doc(page, writers, sizes, run["rounds"], info,
-              run["versions"], run["loads"], commit, run["quick"], run["command"], goals, libs)
+              run["versions"], run["loads"], commit, run["quick"], run["command"], goals, libs,
+              issue41_goals(writers, commit[0], libs, notes, run["loads"]))
     if kept:
         page.write_text(splice_soak(page.read_text(), kept))
     return goals

@@ -9,9 +9,12 @@ timing:
 * Kafka: Spark's Kafka sink (at-least-once) vs txsink exactly-once / at-least-once;
 * PostgreSQL: Spark's JDBC writer (defaults: ``batchsize`` 1000, no
   ``reWriteBatchedInserts``) vs txsink exactly-once / at-least-once;
-* S3: Spark's Parquet writer through ``s3a://`` (default commit protocol) vs txsink;
+* S3: Spark's Parquet writer through ``s3a://`` (default commit protocol) vs txsink,
+  on its data source (txsink's Python writer) and on the native path (``writer:
+  spark``: Spark's own Parquet writer, each task's file a pending multipart upload);
 * files: Spark's Parquet writer to a local directory, a no-op Arrow Python data
-  source (``files_bench._DrainWriter``: the floor of any Python sink) and txsink.
+  source (``files_bench._DrainWriter``: the floor of any Python sink) and txsink, on
+  its data source and on the native path (Spark's writer stages, txsink links).
 
 Each writer runs once as warm-up, then ``--rounds`` times in turn (the timing loop and
 the per-round ratios are ``files_bench.compare``); records/s is the median. It prints
@@ -19,9 +22,11 @@ progress as it goes. Then it runs the benchmarks that measure the other targets 
 the performance issue against baselines of their own, each in a subprocess with
 ``--json``: ``commit_bench.py`` (driver commit latency vs participants and epochs),
 ``kafka_bench.py`` (a plain transactional producer, the per-participant open cost),
-``postgres_bench.py`` (vectorised vs per-row COPY) and ``multi_bench.py`` (one epoch
+``postgres_bench.py`` (vectorised vs per-row COPY), ``multi_bench.py`` (one epoch
 across Kafka, PostgreSQL and S3: a group of targets vs three separate sinks vs three
-Spark built-in writes). Every result goes as JSON into a
+Spark built-in writes), ``lake_bench.py``, ``realtime_bench.py`` and ``s3_bench.py``
+(:data:`BENCHES` lists them all; the page has a section for each). Every result goes
+as JSON into a
 results directory (``--keep-results DIR`` keeps it); ``report.py`` then turns that
 directory into ``docs/performance.md`` (machine, versions, date, the tables, every
 target with its measured value) and ``docs/performance.png`` (ratios vs the Spark
@@ -61,6 +66,12 @@ from report import TABLE_HEAD, TARGETS_HEAD, TITLES, Writer, markdown_rows, rend
 
 TARGETS = ("kafka", "postgres", "s3", "files")
 BUCKET = "txsink-bench"
+#: Every benchmark one run measures, by script, with the results file it writes: the
+#: page has a section for each (tests/unit/test_bench_report.py checks it).
+BENCHES = {"run_all.py": "run.json", "commit_bench.py": "commit.json",
+           "kafka_bench.py": "kafka.json", "postgres_bench.py": "postgres.json",
+           "multi_bench.py": "multi.json", "lake_bench.py": "lake.json",
+           "realtime_bench.py": "realtime.json", "s3_bench.py": "s3.json"}
 
 
 @dataclass(frozen=True)
@@ -198,13 +209,21 @@ def s3_writers(env: Env, df: Any) -> tuple[dict[str, Callable[[int], None]],
             "region": "us-east-1", "addressing_style": "path",
             "access_key_id": env.s3_access_key, "secret_access_key": env.s3_secret_key})
 
+    from txsink.spark import target, targets
+
+    native = targets(f"bench-s3-native-{run}", [target("s3", "s3", **{
+        "bucket": BUCKET, "prefix": f"{run}/native", "endpoint_url": env.s3_endpoint,
+        "region": "us-east-1", "addressing_style": "path", "writer": "spark",
+        "access_key_id": env.s3_access_key, "secret_access_key": env.s3_secret_key})],
+        checkpoint_location=str(env.work / "chk" / f"s3-native-{run}"))
+
     def check(writes: int) -> None:
         import boto3  # type: ignore[import-untyped,unused-ignore]
 
         client = boto3.client("s3", endpoint_url=env.s3_endpoint, region_name="us-east-1",
                               aws_access_key_id=env.s3_access_key,
                               aws_secret_access_key=env.s3_secret_key)
-        for prefix in ("spark", "exactly_once", "at_least_once"):
+        for prefix in ("spark", "exactly_once", "at_least_once", "native"):
             pages = client.get_paginator("list_objects_v2").paginate(
                 Bucket=BUCKET, Prefix=f"{run}/{prefix}/")
             parquet = [o["Key"] for p in pages for o in p.get("Contents", [])
@@ -212,6 +231,7 @@ def s3_writers(env: Env, df: Any) -> tuple[dict[str, Callable[[int], None]],
             assert parquet, f"no Parquet objects under {run}/{prefix}/"
 
     return {"spark": spark_s3a, "txsink": tx("exactly_once"),
+            "txsink-native": lambda i: native.write(df),
             "txsink-alo": tx("at_least_once")}, check
 
 
@@ -230,12 +250,19 @@ def files_writers(env: Env, df: Any) -> tuple[dict[str, Callable[[int], None]],
         return lambda i: txsink_write(env, df, "files", guarantee, {
             "path": str(out / f"{guarantee}-{i + 1}"), "format": "parquet"})
 
+    from txsink.spark import target, targets
+
+    native = targets(f"bench-files-native-{uuid.uuid4().hex[:6]}",
+                     [target("files", "files", path=str(out / "native-1"))],
+                     checkpoint_location=str(env.work / "chk" / "files-native"))
+
     def check(writes: int) -> None:
-        for name in ("spark", "exactly_once", "at_least_once"):
+        for name in ("spark", "exactly_once", "at_least_once", "native"):
             assert any(out.glob(f"{name}-*/**/*.parquet")), f"no Parquet files for {name}"
         shutil.rmtree(out, ignore_errors=True)
 
     return {"spark": spark_parquet, "py-noop": noop, "txsink": tx("exactly_once"),
+            "txsink-native": lambda i: native.write(df),
             "txsink-alo": tx("at_least_once")}, check
 
 
@@ -247,6 +274,8 @@ WRITER_NAMES = {
               "py-noop": ("no-op Arrow Python data source", "none")},
 }
 TXSINK_NAMES = {"txsink": ("txsink", "exactly-once"),
+                "txsink-native": ("txsink on Spark's own Parquet writer (native path)",
+                                  "exactly-once"),
                 "txsink-alo": ("txsink", "at-least-once")}
 FACTORIES = {"kafka": kafka_writers, "postgres": postgres_writers, "s3": s3_writers,
              "files": files_writers}
@@ -360,6 +389,8 @@ KAFKA_BENCH = (["--records", "300000", "--rounds", "5"],
 POSTGRES_BENCH = (["--epochs", "10", "--rows", "100000"], ["--epochs", "3", "--rows", "20000"])
 MULTI_BENCH = (["--rows", "100000", "--epochs", "4", "--rounds", "3"], ["--quick"])
 LAKE_BENCH = ([], ["--quick"])
+#: Its Spark part (the native path vs Spark's s3a writer) is the yardstick table's S3 rows.
+S3_BENCH = (["--no-spark"], ["--no-spark", "--quick"])
 REALTIME_BENCH = (["--rates", "1000,10000", "--seconds", "20", "--batch", "1 second",
                    "--buffer-size", "512"],
                   ["--rates", "1000", "--seconds", "10", "--batch", "1 second",
@@ -394,6 +425,12 @@ def environment(stack: contextlib.ExitStack[Any], targets: list[str]) -> Env:
         versions["pyarrow"] = version("pyarrow")
     print("resolving Spark's connector jars (Maven, cached in ~/.m2) ...", flush=True)
     jars = resolve(pyspark.__version__)
+    native_jar: list[str] = []
+    if "s3" in targets:
+        from txsink_s3.jvm import build
+
+        # The native S3 path's commit protocol (compiled once from backends/s3/jvm).
+        native_jar = [str(build())]
     work = Path(tempfile.mkdtemp(prefix="txsink-run-all-"))
     stack.callback(shutil.rmtree, work, ignore_errors=True)
 
@@ -439,7 +476,7 @@ def environment(stack: contextlib.ExitStack[Any], targets: list[str]) -> Env:
     from pyspark.sql import SparkSession
     from txsink.spark import register
 
-    classpath = ":".join(jars.classpath())
+    classpath = ":".join([*jars.classpath(), *native_jar])
     builder = (SparkSession.builder.master("local[2]").appName("txsink-run-all")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
@@ -455,6 +492,10 @@ def environment(stack: contextlib.ExitStack[Any], targets: list[str]) -> Env:
                                    secret_key=s3_secret).items():
             if not key.endswith("extraClassPath"):
                 builder = builder.config(key, value)
+        # The native path's pending uploads stay in task memory until task commit (not
+        # as objects beside the output): what docs/backends/s3.md advises.
+        builder = builder.config(
+            "spark.hadoop.fs.s3a.committer.magic.track.commits.in.memory.enabled", "true")
     spark = builder.getOrCreate()
     stack.callback(spark.stop)
     register(spark)
@@ -523,10 +564,13 @@ def main(argv: list[str] | None = None) -> int:
                                          out / "multi.json")[1]
     if "files" in targets and not args.no_library_benches:
         notes["lake_bench"] = sub_bench("lake_bench.py", LAKE_BENCH[args.quick],
-                                        out / "lake.json")[1]
+                                        out / "lake.json", timeout_s=3600)[1]
     if {"kafka", "postgres"} <= set(targets) and not args.no_library_benches:
         notes["realtime_bench"] = sub_bench("realtime_bench.py", REALTIME_BENCH[args.quick],
                                             out / "realtime.json")[1]
+    if "s3" in targets and not args.no_library_benches:
+        notes["s3_bench"] = sub_bench("s3_bench.py", S3_BENCH[args.quick],
+                                      out / BENCHES["s3_bench.py"])[1]
     minutes = (time.monotonic() - started) / 60
     info["duration of the run"] = f"{minutes:.1f} min"
     (out / "notes.json").write_text(json.dumps(notes, indent=1))

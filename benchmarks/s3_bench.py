@@ -8,7 +8,16 @@ Measures, in one run on the same data:
 2. commit latency per epoch through the coordinator (decide, complete every
    upload, write the manifest, mark COMMITTED): median and p95;
 3. peak memory of a fresh Python worker streaming one partition ten times the
-   part size (RSS growth over the worker's baseline, vs the part size).
+   part size (RSS growth over the worker's baseline, vs the part size);
+4. with Spark (``--spark``, on unless ``--no-spark``): the native path (``writer:
+   spark``: Spark's own Parquet writer, each task's file a pending multipart upload that
+   txsink completes at commit) and txsink's data source, against Spark's Parquet writer
+   through ``s3a://`` with its default commit protocol, on one cached DataFrame, the
+   writers in turn each round; records/s and the median of the per-round ratios
+   (target for the native path: >= 1.0).
+
+``--json PATH`` writes every figure as JSON (``run_all.py`` puts it on the performance
+page); ``--quick`` is a smoke run with small sizes.
 
 Uses ``TXSINK_S3_ENDPOINT`` (+ ``TXSINK_S3_BUCKET``, credentials from the usual AWS
 chain) when set, else starts a local SeaweedFS and stops it at the end.
@@ -20,12 +29,14 @@ import argparse
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -292,6 +303,88 @@ def worker_memory(target: Target, args: argparse.Namespace) -> dict[str, float]:
             "growth_over_part": growth / part}
 
 
+def spark_writers(target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    """Spark's s3a Parquet writer vs txsink's native path and data source, in turn."""
+    import pyspark
+    from pyspark.sql import SparkSession
+    from txsink.spark import register, targets
+    from txsink.spark import target as tx_target
+    from txsink.testing.s3a import s3a_classpath, s3a_conf
+    from txsink_s3.jvm import build
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    jars = [*s3a_classpath(), str(build())]
+    creds = target.creds
+    conf = s3a_conf(jars, endpoint_url=target.endpoint,
+                    access_key=creds.get("access_key_id"),
+                    secret_key=creds.get("secret_access_key"))
+    # S3A keeps the magic committer's pending uploads in the task's memory, not as
+    # objects beside the output (what txsink's docs advise for the native path).
+    conf["spark.hadoop.fs.s3a.committer.magic.track.commits.in.memory.enabled"] = "true"
+    builder = (SparkSession.builder.master("local[2]").appName("txsink-s3-bench")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.log.level", "ERROR")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.memory", "3g"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    rows = args.spark_rows
+    run = uuid.uuid4().hex[:6]
+    work = tempfile.mkdtemp(prefix="txsink-s3-bench-")
+    try:
+        df = (spark.range(0, rows, 1, args.spark_partitions)
+              .selectExpr("id", "CAST(id % 1000 AS INT) AS key",
+                          "CAST(id AS DOUBLE) * 0.5 AS amount",
+                          "concat('customer-', CAST(id % 50000 AS STRING)) AS name").cache())
+        assert df.count() == rows
+        opts = target.options(f"{run}/native", writer="spark")
+        native = targets("bench-native", [tx_target("s3", "s3", **opts)],
+                         checkpoint_location=f"{work}/native-chk")
+        ds_opts = target.options(f"{run}/datasource")
+
+        def spark_s3a(i: int) -> None:
+            df.write.mode("overwrite").parquet(f"s3a://{target.bucket}/{run}/spark/{i}")
+
+        def datasource(i: int) -> None:
+            (df.write.format("txsink").mode("append").option("backend", "s3")
+             .option("sink_id", "bench-ds").options(**ds_opts)
+             .option("checkpointLocation", f"{work}/ds-chk").save())
+
+        writers = {"spark": spark_s3a, "txsink-native": lambda i: native.write(df),
+                   "txsink": datasource}
+        seconds: dict[str, list[float]] = {k: [] for k in writers}
+        for r in range(-1, args.spark_rounds):
+            order = list(writers)
+            order = order[r % len(order):] + order[:r % len(order)]
+            took = {}
+            for key in order:
+                started = time.perf_counter()
+                writers[key](r + 1)
+                took[key] = time.perf_counter() - started
+                if r >= 0:
+                    seconds[key].append(took[key])
+            label = "warm-up" if r < 0 else f"round {r + 1}/{args.spark_rounds}"
+            print(f"  {label}: " + ", ".join(f"{k} {v:.2f}s" for k, v in took.items())
+                  + f" (load {os.getloadavg()[0]:.1f})", flush=True)
+        writes = args.spark_rounds + 1
+        got = spark.read.parquet(f"s3a://{target.bucket}/{run}/native/bench-native--s3").count()
+        assert got == rows * writes, (got, rows * writes)
+        ratios = {k: statistics.median(spark_s / s for spark_s, s in
+                                       zip(seconds["spark"], seconds[k], strict=True))
+                  for k in writers if k != "spark"}
+        return {"rows": rows, "partitions": args.spark_partitions, "rounds": args.spark_rounds,
+                "pyspark": pyspark.__version__, "seconds": seconds,
+                "records_per_s": {k: rows / statistics.median(v) for k, v in seconds.items()},
+                "ratio_vs_spark": ratios, "target_native_vs_spark": 1.0}
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=8_000_000,
@@ -301,8 +394,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the native path and the data source against "
+                             "Spark's s3a Parquet writer")
+    parser.add_argument("--spark-rows", type=int, default=3_000_000)
+    parser.add_argument("--spark-partitions", type=int, default=2)
+    parser.add_argument("--spark-rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = parser.parse_args()
+    if args.quick:
+        args.rows, args.repeats, args.epochs = 1_000_000, 1, 5
+        args.spark_rows, args.spark_rounds = 300_000, 1
     target = Target()
+    results: dict[str, Any] = {"benchmark": "s3", "cores": os.cpu_count(),
+                               "load_before": list(os.getloadavg())}
     try:
         print(f"server: {target.endpoint} bucket={target.bucket} part_size={args.part_mib} MiB "
               f"upload_concurrency={args.concurrency}")
@@ -321,8 +427,24 @@ def main() -> None:
         print(f"worker peak memory, one partition of {mem['object_mib']:.0f} MiB Parquet "
               f"({mem['parts']:.0f} parts of {mem['part_mib']:.0f} MiB): RSS grew "
               f"{mem['peak_growth_mib']:.1f} MiB = {mem['growth_over_part']:.1f} x part size")
+        results.update(throughput=t, commit=lat, memory=mem)
+        if args.spark:
+            print(f"with Spark: {args.spark_rows:,} rows per write, {args.spark_partitions} "
+                  f"partitions, {args.spark_rounds} round(s) after a warm-up", flush=True)
+            sp = spark_writers(target, args)
+            for key, rate in sp["records_per_s"].items():
+                ratio = sp["ratio_vs_spark"].get(key)
+                print(f"  {key:<14} {rate:>12,.0f} records/s"
+                      + (f"  {ratio:.2f} of Spark's s3a writer" if ratio else "  (baseline)"))
+            print(f"native path / Spark's s3a Parquet writer = "
+                  f"{sp['ratio_vs_spark']['txsink-native']:.2f} (target >= 1.0)")
+            results["spark"] = sp
     finally:
         target.close()
+    results["load_after"] = list(os.getloadavg())
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"results written to {args.json}")
 
 
 if __name__ == "__main__":

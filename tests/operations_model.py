@@ -33,6 +33,15 @@ time). Each stops loudly or is covered alone.
 The default run (``tests/unit/test_operations_model.py``) takes a few hundred
 sequences; ``tox -e operations-long`` runs tens of thousands
 (``TXSINK_OPERATIONS_EXAMPLES``) and prints the rules fired.
+
+The other machines of the operations model, each with the same oracle:
+:mod:`tests.operations_entry_points` (every public entry point: the data source, grouped
+epochs, the CLI's resolve, reset and cut, on one sink or a group),
+:mod:`tests.operations_native` (Spark's own Parquet writer into files, Delta and Iceberg:
+restored and replaced checkpoints as Spark plans after them, table maintenance, a lost
+catalog) and :mod:`tests.operations_realtime` (Real-time Mode: positions kept in the
+target, kills and zombies, start-overs, a recreated source topic). All count their
+rules in :data:`FIRED`.
 """
 
 from __future__ import annotations

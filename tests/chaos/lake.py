@@ -20,6 +20,7 @@ key ``other``, left out), the data files under the table no committed version na
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import os
 import urllib.parse
@@ -99,7 +100,12 @@ def concurrent_commit(backend: Any, *, compact: bool) -> str:
         return "concurrent-append"
     from txsink_iceberg.backend import IcebergBackend
 
-    other = IcebergBackend(backend.table, backend.warehouse, backend.catalog_uri)._load()
+    assert isinstance(backend, IcebergBackend)
+    # Its own client: the same options (a REST catalog's too), no shared connection
+    # (a copy: the armed backend's wrapped methods cannot be pickled).
+    mine = copy.copy(backend)
+    mine._catalog_cache = None
+    other = mine._load()
     schema = other.schema().as_arrow()
     if compact and len(list(other.scan().plan_files())) >= 2:
         other.overwrite(other.scan().to_arrow().cast(schema))

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txsink.faults import POINTS
+from txsink.faults import AFTER_DECIDE, POINTS
 
 from tests.chaos import driver
 from tests.chaos.lake import KINDS as LAKE_KINDS
@@ -124,9 +124,11 @@ class Plan:
 
 
 def plan_run(rng: random.Random, faults: int, can_restart: bool, can_kill: bool = False,
-             server_faults: int = 0, lake_kinds: Sequence[str] = ()) -> Plan:
+             server_faults: int = 0, lake_kinds: Sequence[str] = (),
+             points: Sequence[str] = POINTS) -> Plan:
     """``server_faults``: how many the target had before this run (kill comes first).
-    ``lake_kinds``: a table's own kinds, drawn with the others (one per epoch)."""
+    ``lake_kinds``: a table's own kinds, drawn with the others (one per epoch).
+    ``points``: the driver's crash points, in protocol order."""
     kinds = [k for k in KINDS if can_restart or k != "server-restart"] + list(lake_kinds)
     driver_faults: list[tuple[int, str, str]] = []
     task_faults: dict[str, str] = {}
@@ -144,28 +146,33 @@ def plan_run(rng: random.Random, faults: int, can_restart: bool, can_kill: bool 
                     if f"{e}:{p}" not in task_faults]
             task_faults[rng.choice(free)] = kind
         elif kind == "driver-kill":
-            driver_faults.append((epoch, rng.choice(POINTS), ""))
+            driver_faults.append((epoch, rng.choice(points), ""))
         else:  # the server goes down while participants are prepared or half committed
             kill = can_kill and server_faults % 2 == 0
             server_faults += 1
             driver_faults.append((epoch, rng.choice(POINTS[:3]),
                                   "server-kill" if kill else "server-restart"))
-    driver_faults.sort(key=lambda f: (f[0], POINTS.index(f[1])))
+    driver_faults.sort(key=lambda f: (f[0], points.index(f[1])))
     return Plan(driver_faults, task_faults, lake=lake)
 
 
 def plan_every_point(can_restart: bool, can_kill: bool = False,
-                     lake_kinds: Sequence[str] = ()) -> Plan:
+                     lake_kinds: Sequence[str] = (),
+                     points: Sequence[tuple[int, str]] | None = None) -> Plan:
     """One crash at every protocol step, in one run of ``EPOCHS`` epochs: the driver
     killed at each coordinator point (one per epoch, in protocol order), a writer killed
     before and after its prepare, and a speculative twin. A target with a server has it
     go down (SIGKILL where it can be killed) with a decided epoch still uncommitted.
-    What the default run keeps of chaos (``test_a_crash_at_every_protocol_step``)."""
+    What the default run keeps of chaos (``test_a_crash_at_every_protocol_step``).
+    ``points``: the (epoch, point) deaths when they are not one coordinator point per
+    epoch (a target with crash points of its own)."""
     assert len(POINTS) <= EPOCHS
-    driver_faults = [(epoch, point, "") for epoch, point in enumerate(POINTS)]
-    if can_restart:
-        epoch, point, _ = driver_faults[1]
-        driver_faults[1] = (epoch, point, "server-kill" if can_kill else "server-restart")
+    driver_faults = [(epoch, point, "") for epoch, point in
+                     (points or list(enumerate(POINTS)))]
+    if can_restart:  # the server goes down with a decided epoch not committed
+        at = [p for _, p, _ in driver_faults].index(AFTER_DECIDE)
+        epoch, point, _ = driver_faults[at]
+        driver_faults[at] = (epoch, point, "server-kill" if can_kill else "server-restart")
     task_faults = {"0:1": "task-dies-before-prepare", "2:0": "task-dies-after-prepare",
                    "3:2": "speculative-twin"}
     # A table's own faults: a compaction racing the commit that recovery makes after the
@@ -260,14 +267,15 @@ def run_backend(name: str, *, faults: int, seed: int, faults_per_run: int | None
                 lake_kinds = getattr(target, "lake_kinds", ())
                 if every_point:
                     plan = plan_every_point(target.can_restart, target.can_kill_server,
-                                            lake_kinds)
+                                            lake_kinds, target.every_point)
                 elif own is not None:
                     plan = Plan([], {}, own)
                 else:
                     plan = plan_run(rng, faults_per_run, target.can_restart,
                                     target.can_kill_server,
                                     report.faults["server-restart"]
-                                    + report.faults["server-kill"], lake_kinds)
+                                    + report.faults["server-kill"], lake_kinds,
+                                    target.points)
                 try:
                     run_once(target, plan, report, Path(tmp))
                 except Exception as exc:  # the harness or a server: fail the report,

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from txsink.faults import NATIVE_BEFORE_RECORD, POINTS, S3_NATIVE_AFTER_WRITE
 from txsink.plugins import get_plugins
 
 from tests.chaos.failover import KINDS as FAILOVER_KINDS
@@ -45,6 +46,10 @@ class Target:
     can_kill_server = False
     #: Set by the runner before stop() when the run found a problem (keep the logs).
     failed = False
+    #: The driver's crash points, in protocol order (random runs draw from them).
+    points: tuple[str, ...] = POINTS
+    #: (epoch, point) of the every-step run when it differs from one point per epoch.
+    every_point: tuple[tuple[int, str], ...] | None = None
 
     def start(self) -> None: ...
 
@@ -204,6 +209,52 @@ class S3Target(Target):
                 t = pq.read_table(io.BytesIO(body), columns=["id", "key"])
                 out += zip(t.column("id").to_pylist(), t.column("key").to_pylist(), strict=True)
         return out
+
+
+class S3NativeTarget(S3Target):
+    """The S3 target on the native path (``writer: spark``): the driver is
+    :mod:`tests.integration.s3_native_driver`, the real grouped-epoch code over a stand-in
+    for Spark's writer that leaves what txsink-s3's commit protocol leaves (pending uploads
+    at the task keys, failed and twin attempts' uploads beside them, the job document).
+    Its driver also dies before the job document is read and before the uploads are
+    recorded; a pre-decision death gives the epoch number up (the version's next try
+    takes the next number)."""
+
+    key = "s3-native"
+    note = ("Spark's writer is a stand-in leaving what its commit protocol leaves; "
+            "tests/e2e/test_s3_native_spark.py runs the real one")
+    points = (S3_NATIVE_AFTER_WRITE, NATIVE_BEFORE_RECORD, *POINTS)
+    #: One death at every step: before the decision each takes an epoch number with it.
+    every_point = ((0, S3_NATIVE_AFTER_WRITE), (1, NATIVE_BEFORE_RECORD),
+                   *((2 + i, p) for i, p in enumerate(POINTS)))
+
+    def options(self, run: str) -> dict[str, str]:
+        return {**super().options(run), "writer": "spark"}
+
+    def run_driver(self, cmd: Sequence[str], env: dict[str, str], state: Path,
+                   timeout_s: float) -> subprocess.CompletedProcess[str]:
+        import json
+
+        spec = json.loads(Path(cmd[-1]).read_text())
+        native = {"options": spec["options"], "state": str(state / "txsink"),
+                  "sink_id": spec["sink_id"], "epochs": spec["epochs"],
+                  "partitions": spec["partitions"], "run": spec["run"],
+                  "task_faults": spec["task_faults"],
+                  "faults_log": str(state / "faults.log")}
+        state.mkdir(parents=True, exist_ok=True)
+        return subprocess.run([cmd[0], "-m", "tests.integration.s3_native_driver",
+                               json.dumps(native)], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+
+    def leftovers(self, options: dict[str, str], sink_id: str) -> int:
+        """Uploads left pending, and what native writes leave besides them."""
+        client = self.server.client()
+        base = f"{options['prefix']}/{sink_id}"
+        left = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=base + "/")
+                for o in page.get("Contents", [])
+                if "/_txsink/native/" in o["Key"] or "/__magic" in o["Key"]]
+        return super().leftovers(options, sink_id) + len(left)
 
 
 class KafkaTarget(Target):
@@ -552,14 +603,50 @@ class IcebergTarget(LakeTarget):
         return {"warehouse": str(self.dir / "warehouse"), "table": f"chaos.t{run}"}
 
 
+class IcebergRestTarget(IcebergTarget):
+    """An Iceberg table behind Iceberg's own REST catalog server (from Maven Central):
+    the table's faults, and the catalog's server restarted or SIGKILLed mid-protocol."""
+
+    key = "iceberg-rest"
+    can_restart = True
+    can_kill_server = True
+    kinds = (*LakeTarget.kinds, "server-restart", "server-kill")
+
+    def __init__(self) -> None:
+        super().__init__()
+        if self.unavailable is None and (shutil.which("java") is None
+                                         or shutil.which("mvn") is None):
+            self.unavailable = "Java and Maven are needed for Iceberg's REST catalog server"
+
+    def start(self) -> None:
+        from txsink_iceberg.testing import LocalRestCatalog
+
+        super().start()
+        self.rest = LocalRestCatalog(self.dir / "rest")
+        self.rest.start()
+
+    def stop(self) -> None:
+        self.rest.stop()
+        super().stop()
+
+    def restart_server(self, hard: bool = False) -> None:
+        (self.rest.kill if hard else self.rest.stop)()
+        self.rest.start()
+
+    def options(self, run: str) -> dict[str, str]:
+        return {"catalog_type": "rest", "catalog_uri": self.rest.uri,
+                "catalog_credential": "chaos:not-a-real-secret",
+                "warehouse": str(self.rest.warehouse), "table": f"chaos.t{run}"}
+
+
 TARGETS: dict[str, type[Target]] = {
     t.key or t.name: t
-    for t in (FilesTarget, PostgresTarget, S3Target, KafkaTarget, KafkaClusterTarget,
-              DeltaTarget, IcebergTarget)
+    for t in (FilesTarget, PostgresTarget, S3Target, S3NativeTarget, KafkaTarget,
+              KafkaClusterTarget, DeltaTarget, IcebergTarget, IcebergRestTarget)
 }
 #: What ``python -m tests.chaos`` runs unless told otherwise (kafka-cluster is named:
 #: its own tox environment, ``kafka-cluster-long``).
-DEFAULT_TARGETS = ("files", "postgres", "s3", "kafka", "delta", "iceberg")
+DEFAULT_TARGETS = ("files", "postgres", "s3", "s3-native", "kafka", "delta", "iceberg")
 
 
 def digest(rows: list[tuple[int, str]]) -> dict[str, int]:

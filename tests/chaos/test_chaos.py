@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from txsink.faults import POINTS
 
 from tests.chaos.runner import EPOCHS, TASK_KINDS, kinds_of, run_backend, table
 from tests.chaos.targets import DEFAULT_TARGETS, TARGETS
@@ -31,15 +30,16 @@ def test_a_crash_at_every_protocol_step(backend: str,
     format: another writer appending and compacting before our commit, and a log write
     failing after it took effect): then every record exactly once and nothing left
     prepared (a table: no orphan data file, one entry per epoch)."""
-    report = run_backend(backend, faults=len(POINTS) + len(TASK_KINDS), seed=SEED,
-                         every_point=True)
+    report = run_backend(backend, faults=len(TARGETS[backend].points) + len(TASK_KINDS),
+                         seed=SEED, every_point=True)
     with capsys.disabled():
         print(f"\n{table([report], kinds_of(backend))}")
     if report.skipped:
         pytest.skip(f"chaos on {backend}: {report.skipped}")
     assert report.failures == []
     assert report.runs == 1
-    assert sorted(report.points) == sorted({*POINTS, *TASK_KINDS}), report.points
+    assert sorted(report.points) == sorted({*TARGETS[backend].points, *TASK_KINDS}), (
+        report.points)
     assert (report.lost, report.duplicated, report.leftovers) == (0, 0, 0)
     assert report.records > 0
     if TARGETS[backend].can_restart:

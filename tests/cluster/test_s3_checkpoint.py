@@ -84,6 +84,7 @@ def _read_output(client: Any, prefix: str) -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.promise("driver-restarted-elsewhere-exactly-once", "datasource")
 def test_checkpoint_state_and_output_on_s3_resume_exactly_once_elsewhere(
         spark_cluster: SparkStandaloneCluster, weed: Any, s3a_jars: list[str],
         tmp_path: Path) -> None:

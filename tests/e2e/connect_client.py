@@ -12,6 +12,8 @@ Connect session (gRPC threads, pandas) next to the classic sessions of other tes
 * ``foreach``: ``{"input": DIR, "checkpoint": CHK, "options": {...}}``: a stream over
   the input (one file per batch) whose ``foreachBatch`` writes each batch with the
   options plus ``txnVersion=batch_id``; the result is ``"ok"`` or the query's error.
+* ``group_stream``: ``TargetSet.write_stream`` of a group with one Delta target (see
+  :func:`group_stream`); the result is ``"ok"`` or the query's error.
 """
 
 from __future__ import annotations
@@ -79,6 +81,28 @@ def foreach(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
     return {"query": outcome, "query_id": str(query.id)}
 
 
+def group_stream(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """``txsink.spark.targets(...).write_stream(df)`` of a group with one Delta target
+    (``{"input", "checkpoint", "state", "path", "sink_id"}``), until the input is read."""
+    from txsink.spark import target, targets
+
+    group = targets(spec["sink_id"], [target("t", "delta", path=spec["path"])],
+                    checkpoint_location=spec["checkpoint"], state_location=spec["state"])
+    stream = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+              .json(spec["input"]).selectExpr(*TRANSFORM))
+    query = group.write_stream(stream).trigger(availableNow=True).start()
+    refusal = None
+    try:
+        query.awaitTermination()
+        outcome = "ok"
+    except Exception as exc:
+        outcome = error_text(exc)
+        # txsink's own words, wherever Spark's wrapping put them
+        refusal = next((line.strip() for line in str(exc).splitlines()
+                        if "txsink" in line and "Error" in line), None)
+    return {"query": outcome, "query_id": str(query.id), "refusal": refusal}
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
     from pyspark.sql.connect.session import SparkSession
@@ -87,7 +111,8 @@ def main() -> int:
     spark = SparkSession.builder.remote(spec["remote"]).create()
     try:
         register(spark)
-        result = {"batch": batch, "foreach": foreach}[spec["action"]](spark, spec)
+        result = {"batch": batch, "foreach": foreach,
+                  "group_stream": group_stream}[spec["action"]](spark, spec)
     finally:
         spark.stop()
     print(json.dumps(result), flush=True)

@@ -28,6 +28,8 @@ def _ids(path: Path) -> list[int]:
     return sorted(r["id"] for r in read_files_output(path)) if path.exists() else []
 
 
+@pytest.mark.promise("backfill-then-stream-above", "datasource")
+@pytest.mark.promise("batch-into-stream-refused", "datasource")
 def test_a_batch_write_beside_a_stream_is_one_line_and_writes_nothing(
         spark: Any, tmp_path: Path) -> None:
     """A backfill, then a stream through the same TargetSet, then another batch write:

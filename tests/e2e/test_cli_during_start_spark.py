@@ -66,6 +66,7 @@ def _exact(data: Path) -> list[int]:
     return ids
 
 
+@pytest.mark.promise("cli-refuses-while-run-starts", "cli")
 @long_run
 def test_status_and_reset_while_spark_starts_see_the_run(tmp_path: Path) -> None:
     demo = tmp_path / "demo"

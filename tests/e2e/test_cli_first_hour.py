@@ -170,6 +170,8 @@ def test_a_mistake_in_the_sql_is_one_line_naming_it(tmp_path: Path) -> None:
         assert "\n" not in answer and "Traceback" not in answer, (name, answer)
 
 
+@pytest.mark.promise("run-releases-lease", "datasource")
+@pytest.mark.promise("run-error-one-line", "cli")
 @long_run
 def test_crash_resume_and_interrupts_print_a_summary_and_exit_status(tmp_path: Path) -> None:
     demo = tmp_path / "demo"

@@ -93,6 +93,7 @@ def driven(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DriverRun]:
     return tmp, run
 
 
+@pytest.mark.promise("batch-into-stream-refused", "datasource")
 def test_a_backfill_then_the_stream_and_a_batch_write_between_its_runs(
         driven: tuple[Path, DriverRun]) -> None:
     tmp, run = driven
@@ -113,6 +114,7 @@ def test_a_backfill_then_the_stream_and_a_batch_write_between_its_runs(
     assert epochs == set(records)
 
 
+@pytest.mark.promise("app-id-one-writer", "grouped")
 def test_a_batch_jobs_version_and_a_streams_batch_ids_on_one_group_are_refused(
         driven: tuple[Path, DriverRun]) -> None:
     tmp, run = driven

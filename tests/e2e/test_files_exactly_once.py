@@ -47,6 +47,9 @@ def _spark_committed(chk: Path, batch: int) -> bool:
     return (chk / "commits" / str(batch)).exists()
 
 
+@pytest.mark.promise("committed-replay-aborted", "datasource")
+@pytest.mark.promise("decided-epoch-recommitted", "datasource")
+@pytest.mark.promise("undecided-rolled-back", "datasource")
 @long_run
 @pytest.mark.fault
 def test_driver_killed_at_every_coordinator_point_then_exactly_once(tmp_path: Path) -> None:
@@ -100,6 +103,7 @@ def test_driver_killed_at_every_coordinator_point_then_exactly_once(tmp_path: Pa
     assert all(len(_finals(out, e)) == 2 for e in range(EPOCHS))
 
 
+@pytest.mark.promise("orphans-aborted", "datasource")
 @pytest.mark.fault
 def test_task_failures_and_speculative_twins_then_batch_write(tmp_path: Path) -> None:
     expected = make_input(tmp_path / "in", files=4, rows_per_file=200)

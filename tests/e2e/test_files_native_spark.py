@@ -59,6 +59,7 @@ def stream(spark: Any, sink: TargetSet, tmp_path: Path) -> None:
     assert query.exception() is None
 
 
+@pytest.mark.promise("checkpoint-deleted-with-state-refused", "native")
 @long_run
 def test_a_reset_checkpoint_of_a_native_files_sink_is_refused(spark: Any,
                                                               tmp_path: Path) -> None:

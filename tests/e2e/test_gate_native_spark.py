@@ -74,6 +74,7 @@ spark:
     return path
 
 
+@pytest.mark.promise("run-releases-lease", "native")
 def test_empty_batches_commit_and_a_stream_that_ends_releases_its_lease(
         tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
@@ -109,11 +110,56 @@ def test_empty_batches_commit_and_a_stream_that_ends_releases_its_lease(
     assert state["lease"]["held"] is False, state["lease"]
 
 
+#: A JVM that starts a command twice, one run after the other, as a CI agent or a
+#: scheduler (Jenkins, Oozie, Rundeck: JVMs) runs a job twice while it lives itself.
+_LAUNCHER = """
+public class Launch {
+    public static void main(String[] args) throws Exception {
+        for (int run = 0; run < 2; run++) {
+            Process p = new ProcessBuilder(args).inheritIO().start();
+            System.out.println("LAUNCHER run " + run + " exit " + p.waitFor());
+        }
+    }
+}
+"""
+
+
+@long_run
+@pytest.mark.skipif(shutil.which("java") is None, reason="needs a java launcher on PATH")
+def test_txsink_run_started_by_another_jvm_releases_its_lease(tmp_path: Path) -> None:
+    """The native path's driver side named the nearest JVM above it as the lease owner:
+    the launching JVM, not Spark's. ``txsink run`` released its Spark JVM's lease, so the
+    launcher's stayed held, and the launcher's second run was refused (``checkpoint ...
+    is in use by another run``) for as long as the launcher lived."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "0.json").write_text(
+        "".join(json.dumps({"id": i, "amount": 5}) + "\n" for i in range(40)))
+    launcher = tmp_path / "Launch.java"
+    launcher.write_text(_LAUNCHER)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("TXSINK_FAULTS", None)
+    env.pop("TXSINK_OWNER", None)
+    proc = subprocess.Popen(["java", str(launcher), *TXSINK, "run", str(_pipeline(tmp_path))],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        kill_group(proc.pid)
+    assert "LAUNCHER run 0 exit 0" in stdout, stdout + stderr[-4000:]
+    assert "in use by another run" not in stdout + stderr, stdout + stderr[-4000:]
+    assert "LAUNCHER run 1 exit 0" in stdout, stdout + stderr[-4000:]
+    assert sorted(r["id"] for r in read_files_output(tmp_path / "all")) == list(range(40))
+    assert DirectoryStateStore(tmp_path / "chk" / "txsink").lease_info().get(
+        "released_at") is not None
+
+
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     yield from local_spark("txsink-gate-native")
 
 
+@pytest.mark.promise("native-empty-epoch-normal", "native")
 def test_a_stateful_querys_no_data_batch_is_a_normal_epoch(spark: Any, tmp_path: Path) -> None:
     """Item 3: an aggregation with a watermark runs a batch without input rows (to move
     the watermark and emit what it closed); on Spark's own writer that epoch has no
@@ -140,6 +186,7 @@ def test_a_stateful_querys_no_data_batch_is_a_normal_epoch(spark: Any, tmp_path:
     assert sum(r["n"] for r in rows) <= 100 and len({r["start"] for r in rows}) == len(rows)
 
 
+@pytest.mark.promise("checkpoint-replaced-refused", "native")
 @long_run
 def test_a_native_stream_on_a_replaced_checkpoint_is_refused_on_spark(
         spark: Any, tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ def nothing_in(tmp: Path, *names: str) -> None:
         assert not d.exists() or (read_files_output(d) == [] and leftover_files(d) == []), name
 
 
+@pytest.mark.promise("group-unshaped-frame-refused", "datasource")
 def test_the_data_source_refuses_a_frame_not_shaped_for_its_targets(
         spark: Any, tmp_path: Path) -> None:
     """Before: every row and the secret column went to the public target."""
@@ -71,6 +72,7 @@ def test_the_data_source_refuses_a_frame_not_shaped_for_its_targets(
     nothing_in(tmp_path, "public", "private")
 
 
+@pytest.mark.promise("group-epoch-column-clash-refused", "datasource", "grouped")
 def test_an_epoch_column_named_like_a_rows_column_is_one_line_before_any_job(
         spark: Any, tmp_path: Path) -> None:
     """Before: the JSON lines lost the rows' own value (Parquet: unreadable files)."""
@@ -92,6 +94,8 @@ def test_an_epoch_column_named_like_a_rows_column_is_one_line_before_any_job(
     nothing_in(tmp_path, "private", "archive")
 
 
+@pytest.mark.promise("group-refusal-before-anything", "datasource", "grouped")
+@pytest.mark.promise("group-targets-changed-refused", "datasource", "grouped")
 def test_changed_targets_are_one_line_and_touch_no_target(spark: Any, tmp_path: Path) -> None:
     """Before: a stream failed with a PicklingError traceback, and a grouped write had
     already claimed the new target's directory when it refused."""

@@ -51,6 +51,7 @@ def test_exactly_once_under_the_faults(tmp_path: Path) -> None:
     assert leftover_files(out) == []
 
 
+@pytest.mark.promise("at-least-once-orphans-aborted", "datasource")
 def test_at_least_once_under_the_faults_loses_nothing_and_says_so(tmp_path: Path) -> None:
     make_input(tmp_path / "in", files=4, rows_per_file=200)
     expected_ids = sorted(i for i in range(800))

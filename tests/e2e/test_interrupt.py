@@ -120,6 +120,7 @@ def _committed(checkpoint: Path) -> bool:
     return epochs.is_dir() and any("committed" in p.name for p in epochs.iterdir())
 
 
+@pytest.mark.promise("run-interrupt-within-10s", "cli")
 @long_run
 @pytest.mark.spark
 def test_txsink_run_stops_on_sigint_and_sigterm_and_leaves_nothing(tmp_path: Path) -> None:
@@ -170,6 +171,7 @@ def test_txsink_run_stops_on_sigint_and_sigterm_and_leaves_nothing(tmp_path: Pat
             shutil.rmtree(run.tmp, ignore_errors=True)
 
 
+@pytest.mark.promise("run-interrupt-within-10s", "cli")
 @long_run
 @pytest.mark.spark
 def test_txsink_run_stops_within_10s_while_a_batch_hangs_and_the_next_run_is_exact(

@@ -99,6 +99,7 @@ class Watcher(threading.Thread):
             self.seen.add(tuple(sorted(reported.items())))
 
 
+@pytest.mark.promise("kafka-source-offsets-never-ahead", "backend")
 @long_run
 def test_group_offsets_follow_spark_commits_across_a_driver_crash(
         bootstrap: str, tmp_path: Path) -> None:

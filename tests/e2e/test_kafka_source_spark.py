@@ -154,6 +154,7 @@ def test_starting_offsets_latest_and_json(spark: Any, bootstrap: str, tmp_path: 
     assert sorted(json.loads(r["value"])["id"] for r in rows) == [10, 12, 14, 16, 18]
 
 
+@pytest.mark.promise("kafka-source-replays-exact", "backend")
 @long_run
 def test_aborted_upstream_transactions_never_reach_the_sink(
         spark: Any, bootstrap: str, tmp_path: Path) -> None:
@@ -226,6 +227,7 @@ def test_aborted_upstream_transactions_never_reach_the_sink(
     assert not out_log.open_transactions
 
 
+@pytest.mark.promise("kafka-source-offset-options-refused", "backend")
 def test_bad_source_options(spark: Any, bootstrap: str) -> None:
     from txsink.errors import ConfigError
     from txsink_kafka.source import SourceSettings

@@ -158,6 +158,7 @@ def test_an_empty_frame_is_a_normal_epoch_on_the_data_source(spark: Any, tmp_pat
     assert backend.highest_epoch("ds") == 1 and ids(backend) == list(range(4))
 
 
+@pytest.mark.promise("iceberg-field-ids-written", "native")
 def test_spark_s_files_carry_the_iceberg_table_s_field_ids(spark: Any,
                                                            tmp_path: Path) -> None:
     from pyiceberg.types import StringType

@@ -105,6 +105,7 @@ def test_spark_driver_killed_after_decide_writes_each_row_once(
     assert orphans(backend) == []
 
 
+@pytest.mark.promise("native-s3a-session-checked", "native")
 def test_native_path_without_s3a_is_refused_before_the_stream_starts(
         s3: LocalSeaweedFS, tmp_path: Path) -> None:
     """A session without hadoop-aws: the group names the table's option at

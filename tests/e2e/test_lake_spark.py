@@ -118,6 +118,8 @@ def test_group_stream_into_delta_and_iceberg_on_spark_writer(spark: Any, tmp_pat
     assert len(read_files_output(tmp_path / "files")) == 400
 
 
+@pytest.mark.promise("backfill-then-stream-above", "native")
+@pytest.mark.promise("committed-replay-aborted", "native")
 def test_one_files_sink_batch_then_stream_with_a_replay_on_spark_writer(
         spark: Any, tmp_path: Path) -> None:
     """The files backend on the native path (tests/e2e/test_files_native_spark.py has

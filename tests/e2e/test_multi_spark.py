@@ -125,6 +125,7 @@ def recipe(name: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.promise("kafka-reader-stops-at-cut", "backend")
 @long_run
 def test_driver_killed_mid_commit_then_every_target_exact_and_readers_stop_at_the_cut(
         servers: Group, tmp_path: Path) -> None:
@@ -186,6 +187,8 @@ def test_driver_killed_mid_commit_then_every_target_exact_and_readers_stop_at_th
     assert [e.epoch for e in epochs_up_to(options, f"{sink}--archive", cut)] == [0]
 
 
+@pytest.mark.promise("orphans-aborted", "datasource")
+@pytest.mark.promise("group-all-or-none", "datasource")
 @long_run
 @pytest.mark.fault
 @pytest.mark.parametrize("mode", ["stream", "foreach"])

@@ -75,6 +75,8 @@ def check_exact(tmp: Path, sink: str, state: Path) -> None:
     assert cut.cut == max(records) and set(cut.targets.values()) == {max(records)}
 
 
+@pytest.mark.promise("versioned-checkpoint-replaced-refused", "grouped", "native")
+@pytest.mark.promise("grouped-exception-aborts", "grouped", "native")
 @long_run
 def test_foreach_block_that_raises_aborts_every_target_and_versions_stay_bound(
         tmp_path: Path) -> None:
@@ -100,6 +102,10 @@ def test_foreach_block_that_raises_aborts_every_target_and_versions_stay_bound(
     check_exact(tmp_path, "fb-group", tmp_path / "group-state")
 
 
+@pytest.mark.promise("group-all-or-none", "grouped", "native")
+@pytest.mark.promise("committed-replay-aborted", "grouped", "native")
+@pytest.mark.promise("decided-epoch-recommitted", "grouped", "native")
+@pytest.mark.promise("undecided-rolled-back", "grouped", "native")
 @long_run
 @pytest.mark.fault
 @pytest.mark.parametrize("point", ["native-before-record", "before-decide", "after-decide",

@@ -255,6 +255,7 @@ def test_two_queries_on_one_sink_id_and_a_broker_restart_between_batches(
     assert sum(got) == sum(range(1600))
 
 
+@pytest.mark.promise("realtime-record-rows-one-commit", "realtime")
 def test_explode_with_kept_producers_keeps_each_records_rows_together_once(
         spark: Any, broker: tuple[str, Any], tmp_path: Path) -> None:
     """rows_per_record='many': three rows per record (an explode), short batches, workers
@@ -335,6 +336,7 @@ def test_more_source_partitions_than_task_slots_are_named_not_silent(
         query.stop()
 
 
+@pytest.mark.promise("realtime-unread-partitions-stop", "realtime")
 def test_txsink_run_stops_naming_the_slots_when_partitions_go_unread(
         broker: tuple[str, Any], tmp_path: Path) -> None:
     """``txsink run`` with ``local[2]`` (the example pipeline's) and a four-partition

@@ -132,6 +132,7 @@ class World:
                               capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.promise("realtime-group-each-target-exactly-once", "realtime")
 @long_run
 def test_a_kafka_and_postgres_group_survives_a_killed_driver_exactly_once(
         bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
@@ -177,6 +178,7 @@ def test_a_kafka_and_postgres_group_survives_a_killed_driver_exactly_once(
         n: {f"{w.src}-0": 349, f"{w.src}-1": 349} for n in ("events", "totals")}
 
 
+@pytest.mark.promise("realtime-target-added-refused", "realtime")
 @long_run
 def test_a_target_added_to_a_group_that_ran_is_refused_then_caught_up_from_earliest(
         bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
@@ -244,6 +246,9 @@ def spark() -> Iterator[Any]:
         stop_jvm()
 
 
+@pytest.mark.promise("realtime-feedback-topic-refused", "realtime")
+@pytest.mark.promise("realtime-bad-expression-refused", "realtime")
+@pytest.mark.promise("microbatch-set-refused-by-start-realtime", "realtime")
 @long_run
 def test_the_python_api_writes_a_group_and_refuses_what_is_unsound_before_it_starts(
         spark: Any, bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:

@@ -192,6 +192,8 @@ def test_the_example_pipeline_file_runs_in_real_time_mode_and_resumes_exactly_on
 
 
 @long_run
+@pytest.mark.promise("realtime-until-idle", "realtime")
+@pytest.mark.promise("realtime-timeout-bounded", "realtime")
 def test_a_real_time_run_prints_its_numbers_stops_when_idle_and_within_its_timeout(
         bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
     """``txsink run`` of a real-time pipeline prints, per line and in its summary, the
@@ -263,6 +265,7 @@ def test_a_real_time_run_prints_its_numbers_stops_when_idle_and_within_its_timeo
     assert ids() == list(range(300))
 
 
+@pytest.mark.promise("realtime-replay-skipped", "realtime")
 def test_kills_and_restarts_lose_and_duplicate_nothing_in_kafka_and_postgres(
         kafka: tuple[str, Any], pg: pgtesting.LocalPostgres, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -355,6 +358,8 @@ def test_kafka_to_postgres_exactly_once_across_a_checkpoint_reset(
     assert progress == [(0, half), (1, half)]
 
 
+@pytest.mark.promise("realtime-position-columns-required", "realtime")
+@pytest.mark.promise("realtime-unsound-plan-refused", "realtime")
 @pytest.mark.parametrize(("build", "reason"), [
     (lambda df: df.groupBy("key").count(), "an aggregation"),
     (lambda df: df.join(df.select("key"), "key"), "a join"),
@@ -390,6 +395,7 @@ def test_unsound_pipelines_are_refused_before_anything_runs(
         timeout=10).topics  # nothing was created: refused before any data moved
 
 
+@pytest.mark.promise("realtime-non-kafka-source-refused", "realtime")
 def test_a_source_other_than_kafka_is_refused(spark: Any, tmp_path: Path) -> None:
     from txsink.spark.realtime import start_realtime
 
@@ -450,6 +456,7 @@ def id_frame(spark: Any, bootstrap: str, src: str) -> Any:
         "topic", "partition", "offset")
 
 
+@pytest.mark.promise("realtime-recreated-source-topic-refused", "realtime")
 def test_a_recreated_source_topic_is_refused_before_data_moves_then_reset_by_topic(
         spark: Any, bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
     """Positions are offsets *of* a topic: the run records the source topic's id with
@@ -504,6 +511,7 @@ def test_a_recreated_source_topic_is_refused_before_data_moves_then_reset_by_top
     assert spec.stored()[SourcePartition(src, 0)].offset == 4
 
 
+@pytest.mark.promise("realtime-old-positions-checked", "realtime")
 def test_positions_stored_before_topic_ids_past_the_topics_end_are_refused(
         spark: Any, bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
     """A progress row of an older release (no topic id) whose offset lies past the end
@@ -533,6 +541,7 @@ def test_positions_stored_before_topic_ids_past_the_topics_end_are_refused(
     assert spark.streams.active == [] and table_ids(pg, table) == []
 
 
+@pytest.mark.promise("realtime-feedback-topic-refused", "realtime")
 @pytest.mark.parametrize("how", ["subscribePattern", "assign", "assign-other-partition",
                                  "subscribe-through-an-alias"])
 @pytest.mark.parametrize("shape", ["single", "group"])
@@ -585,6 +594,56 @@ def test_a_kafka_target_writing_a_topic_the_query_reads_is_refused_in_every_form
         timeout=10).topics
 
 
+@pytest.mark.promise("feedback-topic-refused", "datasource", "native")
+@pytest.mark.parametrize("how", ["subscribe", "subscribePattern", "assign",
+                                 "subscribe-through-an-alias"])
+@pytest.mark.parametrize("shape", ["single", "group", "native-group"])
+def test_a_micro_batch_kafka_target_writing_a_topic_the_query_reads_is_refused(
+        spark: Any, bootstrap: str, tmp_path: Path, how: str, shape: str) -> None:
+    """The same loop in micro-batches (issue 39 item 17 on the other paths): a stream
+    whose Kafka target writes a topic its Kafka source reads (any of the source's three
+    forms, through any name of the broker) fed itself without end. Refused by the gate
+    before the query starts: the data source (a single sink, a group) and the native
+    path (a group with a Parquet files target beside the Kafka one)."""
+    import txsink.spark as ts
+    from txsink.spark.group import TargetSet
+    from txsink.targets import TargetSpec
+
+    tag = uuid.uuid4().hex[:6]
+    src, out = f"mb-loop-{tag}-in", f"mb-loop-{tag}-out"
+    kt.create_topic(bootstrap, src)
+    kt.create_topic(bootstrap, out)
+    reader = spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+    if how == "subscribe":
+        reader = reader.option("subscribe", f"{src},{out}")
+    elif how == "subscribe-through-an-alias":
+        reader = reader.option("kafka.bootstrap.servers",
+                               bootstrap.replace("127.0.0.1", "localhost")).option(
+                                   "subscribe", out)
+    elif how == "subscribePattern":
+        reader = reader.option("subscribePattern", f"mb-loop-{tag}-.*")
+    else:
+        reader = reader.option("assign", json.dumps({out: [0]}))
+    df = reader.load().selectExpr("key", "value")
+    options = {"topic": out, "kafka.bootstrap.servers": bootstrap}
+    if shape == "single":
+        sink = TargetSet(f"mb-{tag}", [TargetSpec(f"mb-{tag}", "kafka", options)],
+                         checkpoint_location=str(tmp_path / "chk"), single=True)
+        field = "sink.options.topic"
+    else:
+        items = [ts.target("echo", "kafka", **options)]
+        if shape == "native-group":
+            items.append(ts.target("copy", "files", path=str(tmp_path / "copy")))
+        sink = ts.targets(f"mb-{tag}", items, checkpoint_location=str(tmp_path / "chk"))
+        field = "targets[echo].options.topic"
+    with pytest.raises(ConfigError) as info:
+        sink.write_stream(df)
+    assert info.value.field == field and "the topic the query reads" in str(info.value)
+    assert "without end" in str(info.value) and "\n" not in str(info.value)
+    assert spark.streams.active == [] and not (tmp_path / "chk").exists()
+
+
+@pytest.mark.promise("realtime-kafka-output-columns-refused", "realtime")
 def test_kafka_headers_of_another_type_are_refused_before_the_query_starts(
         spark: Any, bootstrap: str, tmp_path: Path) -> None:
     from txsink.spark.realtime import start_realtime
@@ -627,6 +686,7 @@ def cli(*args: str, password: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.promise("realtime-position-columns-renamed", "realtime")
 def test_position_columns_renamed_from_the_sources_own_are_accepted_computed_refused(
         spark: Any) -> None:
     """``position_columns=`` names the source's own columns under other names (the
@@ -777,3 +837,25 @@ def test_a_source_topic_deleted_under_a_running_query_stops_it_and_the_restart_i
     with pytest.raises(ConfigError, match=f"source topic {src!r} is not the topic whose"):
         start()
     assert table_ids(pg, table) == list(range(20))
+
+
+@pytest.mark.promise("realtime-unfinished-offsets-file-removed", "realtime")
+def test_an_unfinished_first_offsets_entry_is_removed_and_a_finished_one_kept(
+        spark: Any, tmp_path: Path) -> None:
+    """A driver killed while the first real-time batch's offsets were written leaves
+    ``offsets/.0.<uuid>.tmp``, on which Spark refuses every later start: removed when
+    the offset log has no finished entry; with one, nothing is touched."""
+    from txsink.spark.realtime import clear_unfinished_first_batch
+
+    df = spark.range(1)
+    offsets = tmp_path / "chk" / "offsets"
+    offsets.mkdir(parents=True)
+    unfinished = offsets / f".0.{uuid.uuid4()}.tmp"
+    unfinished.write_text("v1\n")
+    assert clear_unfinished_first_batch(df, str(tmp_path / "chk")) == [unfinished.name]
+    assert list(offsets.iterdir()) == []
+    (offsets / "0").write_text("v1\n")
+    again = offsets / f".1.{uuid.uuid4()}.tmp"
+    again.write_text("v1\n")
+    assert clear_unfinished_first_batch(df, str(tmp_path / "chk")) == []
+    assert sorted(p.name for p in offsets.iterdir()) == sorted(["0", again.name])

@@ -13,6 +13,8 @@ every input row once (ids compared whole), nothing else.
 * ``foreachBatch`` writes with ``txnAppId`` + ``txnVersion=batch_id``: under Spark
   Connect their tasks cannot report the stream, so ``txnStreamCheckpoint`` binds them:
   a reset stream checkpoint is refused instead of taking new batches for written ones;
+* ``TargetSet.write_stream`` of a group with a Delta target: through the data source
+  (Spark's own writer is not used under Connect), a replaced checkpoint refused;
 * the server SIGKILLed mid-epoch (its committer paused after the decision), started
   again, and the pipeline run again: the decided epoch is committed, nothing twice;
 * a second ``txsink run --remote`` while a query runs: with a mistyped address it
@@ -271,6 +273,43 @@ def test_foreach_batch_identity_is_bound_to_its_stream(servers: Servers) -> None
     assert written_ids(servers, "files", options) == IDS
 
 
+@pytest.mark.promise("remote-server-dies-stops", "cli")
+@long_run
+def test_a_group_with_a_table_target_streams_through_the_data_source_under_connect(
+        servers: Servers) -> None:
+    """``TargetSet.write_stream`` of a Delta group from a Connect client. It took Spark's
+    own writer, whose ``errorifexists`` the Connect client refuses: every batch failed.
+    Nor could its ``foreachBatch`` function learn the stream's query id there (no
+    SparkContext; a ``file:`` checkpoint is not read as a path): a replaced checkpoint's
+    new batches 0, 1, ... were taken for replays and skipped. Under Connect the group
+    streams through txsink's data source, whose tasks report the query."""
+    base = servers.work / f"group-{uuid.uuid4().hex[:6]}"
+    spec = {"remote": servers.connect.url, "action": "group_stream",
+            "input": str(input_dir(base)), "checkpoint": f"file:{base / 'chk'}",
+            "state": str(base / "state"), "path": str(base / "delta"),
+            "sink_id": f"scg-{uuid.uuid4().hex[:6]}"}
+
+    def table_ids() -> list[int]:
+        from deltalake import DeltaTable
+
+        return sorted(DeltaTable(spec["path"]).to_pyarrow_table().column("id").to_pylist())
+
+    first = client(spec)
+    assert first["query"] == "ok", first
+    assert table_ids() == IDS
+    # The checkpoint replaced (the state kept apart), and the source moved on: the new
+    # query's batch 0 holds other rows than the old one's.
+    shutil.rmtree(base / "chk")
+    for f in Path(spec["input"]).iterdir():
+        f.unlink()
+    (Path(spec["input"]) / "later.json").write_text(
+        "".join(json.dumps({"id": 1000 + i}) + "\n" for i in range(PER_FILE)))
+    second = client(spec)
+    assert second["query"] != "ok", second
+    assert "deleted or replaced" in (second["refusal"] or servers.connect.log_tail(400)), second
+    assert table_ids() == IDS
+
+
 @long_run
 def test_server_killed_mid_epoch_then_restarted_exactly_once(servers: Servers) -> None:
     spec = pipeline(servers, "postgres")
@@ -331,6 +370,8 @@ def wait_while_running(what: str, check: Any, proc: subprocess.Popen[str]) -> No
         time.sleep(0.2)
 
 
+@pytest.mark.promise("remote-unreachable-stops-before-lease", "cli")
+@pytest.mark.promise("remote-second-run-refused", "cli")
 def test_a_second_remote_run_never_fences_a_healthy_query(servers: Servers,
                                                          tmp_path: Path) -> None:
     """While a query started by ``txsink run --remote`` runs: a second run with a
@@ -407,6 +448,7 @@ def test_a_second_remote_run_never_fences_a_healthy_query(servers: Servers,
     assert os.path.isdir(tmp_path / "chk")
 
 
+@pytest.mark.promise("remote-interrupt-stops-query", "cli")
 @long_run
 def test_an_interrupted_remote_run_stops_its_query_and_the_next_run_finishes(
         servers: Servers) -> None:

@@ -47,6 +47,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.promise("versioned-write-skipped", "datasource")
 @long_run
 @pytest.mark.fault
 def test_batch_write_identity_is_committed_once_across_a_crash_and_reruns(
@@ -103,6 +104,7 @@ def test_two_batch_writes_at_once_reserve_distinct_epochs(tmp_path: Path) -> Non
     assert leftover_files(out) == []
 
 
+@pytest.mark.promise("versioned-write-skipped", "datasource")
 @long_run
 @pytest.mark.fault
 def test_foreach_batch_with_write_identity_is_exactly_once(tmp_path: Path) -> None:
@@ -124,6 +126,8 @@ def test_foreach_batch_with_write_identity_is_exactly_once(tmp_path: Path) -> No
     assert leftover_files(out) == []
 
 
+@pytest.mark.promise("checkpoint-replaced-stops-before-tasks", "datasource")
+@pytest.mark.promise("checkpoint-replaced-refused", "datasource")
 @long_run
 def test_deleted_checkpoint_with_kept_state_stops_instead_of_dropping_rows(
     tmp_path: Path,
@@ -150,6 +154,7 @@ def test_deleted_checkpoint_with_kept_state_stops_instead_of_dropping_rows(
     assert leftover_files(out) == []
 
 
+@pytest.mark.promise("versioned-checkpoint-replaced-refused", "datasource")
 @long_run
 def test_foreach_batch_after_a_checkpoint_reset_stops_instead_of_dropping_rows(
     tmp_path: Path,
@@ -190,6 +195,7 @@ def test_foreach_batch_after_a_checkpoint_reset_stops_instead_of_dropping_rows(
     assert leftover_files(out) == []
 
 
+@pytest.mark.promise("checkpoint-replaced-remote-rolled-back", "datasource")
 @long_run
 def test_a_reset_checkpoint_named_by_the_session_setting_is_refused(tmp_path: Path) -> None:
     """Operations hole 3: the query id came from ``<checkpointLocation>/metadata`` on a
@@ -229,6 +235,7 @@ def test_a_reset_checkpoint_named_by_the_session_setting_is_refused(tmp_path: Pa
     assert leftover_files(out) == []
 
 
+@pytest.mark.promise("fenced-run-stops", "datasource")
 @long_run
 @pytest.mark.fault
 def test_older_run_is_fenced_once_a_newer_run_took_over(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ class _Writer:
 
     def parquet(self, path: str) -> None:
         out = Path(path.removeprefix("file://"))
-        out.mkdir()  # errorifexists
+        out.mkdir(parents=True)  # errorifexists (Spark makes the parents)
         job = uuid.uuid4()
         step = -(-self.table.num_rows // (TASKS - 1))
         for task in range(TASKS):

@@ -18,6 +18,7 @@ from txsink.faults import NATIVE_POINTS, POINTS
 
 from tests.chaos.lake import KINDS as LAKE_KINDS
 from tests.chaos.runner import TASK_KINDS, plan_every_point
+from tests.chaos.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("files", "postgres", "s3", "kafka", "delta", "iceberg")
@@ -69,6 +70,20 @@ def coverage_map() -> dict[tuple[str, str, str], str]:
         out[("files", "exactly_once", step)] = (
             "tests/integration/test_files_native.py::"
             "test_driver_killed_at_every_native_step_in_turn_then_exact")
+    # S3 on Spark's writer (writer: spark): every coordinator step, the native path's own
+    # deaths and the task faults, over the real grouped-epoch code; and Spark itself.
+    for step in (*STEPS, *TARGETS["s3-native"].points):
+        out[("s3-native", "exactly_once", step)] = (
+            "tests/chaos/test_chaos.py::test_a_crash_at_every_protocol_step[s3-native]")
+    out[("s3-native", "exactly_once", "spark")] = (
+        "tests/e2e/test_s3_native_spark.py::"
+        "test_batch_and_stream_on_sparks_writer_each_row_once")
+    out[("s3-native", "exactly_once", "commit")] = (
+        "tests/integration/s3/test_s3_native.py::"
+        "test_each_upload_becomes_the_participant_txsinks_own_writer_would_make")
+    out[("s3-native", "exactly_once", "recovery")] = (
+        "tests/integration/s3/test_s3_native.py::"
+        "test_the_orphan_scan_aborts_dead_attempts_never_the_decided_uploads")
     out[("files", "at_least_once", "spark")] = (
         "tests/e2e/test_guarantee_spark.py::"
         "test_at_least_once_under_the_faults_loses_nothing_and_says_so")
@@ -107,5 +122,5 @@ def test_every_cell_of_the_map_runs_in_the_default_run() -> None:
     missing = {cell: n for cell, n in cells.items()
                if n not in running and not any(r.startswith(f"{n}[") for r in running)}
     assert missing == {}, "cells of the coverage map the default run does not cover"
-    assert {b for b, _, _ in cells} == set(BACKENDS)
+    assert {b for b, _, _ in cells} == {*BACKENDS, "s3-native"}
     assert {g for _, g, _ in cells} == {"exactly_once", "at_least_once"}

@@ -83,6 +83,7 @@ def test_prepare_records_each_staged_file_and_commit_publishes_whole_epochs(
     assert read(backend.base)[0] == ROWS
 
 
+@pytest.mark.promise("native-commit-whole-never-twice", "native")
 def test_a_commit_stopped_mid_renames_is_finished_by_the_next(backend: FilesBackend) -> None:
     ctx, dirname = stage(backend, 3, 0)
     c = backend.committable_for_directory(ctx, dirname)
@@ -108,6 +109,8 @@ def test_a_commit_stopped_mid_renames_is_finished_by_the_next(backend: FilesBack
     assert backend.leftovers() == [] and read(backend.base)[0] == 2 * ROWS
 
 
+@pytest.mark.promise("native-commit-whole-never-twice", "native")
+@pytest.mark.promise("vanished-participant-stops", "native")
 def test_a_changed_or_missing_staged_file_publishes_nothing(backend: FilesBackend) -> None:
     ctx, dirname = stage(backend, 0, 0)
     c = backend.committable_for_directory(ctx, dirname)
@@ -123,6 +126,7 @@ def test_a_changed_or_missing_staged_file_publishes_nothing(backend: FilesBacken
     assert not list(backend.base.glob("part-*"))
 
 
+@pytest.mark.promise("native-commit-whole-never-twice", "native")
 def test_a_final_name_holding_other_content_is_never_overwritten(
         backend: FilesBackend) -> None:
     ctx, dirname = stage(backend, 0, 0)
@@ -134,6 +138,7 @@ def test_a_final_name_holding_other_content_is_never_overwritten(
         c.payload["files"][1]["final"]]
 
 
+@pytest.mark.promise("orphans-aborted", "native")
 def test_abort_and_orphan_scan_delete_staging_and_leave_other_epochs(
         backend: FilesBackend) -> None:
     ctx0, dir0 = stage(backend, 0, 0)
@@ -182,6 +187,8 @@ NATIVE_STEPS = ["native-before-record", "before-decide", "after-decide",
                 "native-mid-publish", "after-mark-committed"]
 
 
+@pytest.mark.promise("decided-epoch-recommitted", "native")
+@pytest.mark.promise("undecided-rolled-back", "native")
 @pytest.mark.fault
 def test_driver_killed_at_every_native_step_in_turn_then_exact(tmp_path: Path) -> None:
     """One run per step, each killed at its step in the next epoch, so each recovery
@@ -270,6 +277,7 @@ def test_a_reader_during_a_commit_takes_whole_epochs_up_to_the_cut(tmp_path: Pat
     assert read(out) == expected(EPOCHS) and staging_leftovers(out) == []
 
 
+@pytest.mark.promise("fenced-run-stops", "native")
 @long_run  # 16 s under load
 def test_two_drivers_of_one_sink_at_once_then_exact(tmp_path: Path) -> None:
     """Two drivers run the same writes (versions 0..n-1) on one state and target at

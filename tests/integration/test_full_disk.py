@@ -78,6 +78,7 @@ def output_ids(backend: FilesBackend) -> list[int]:
                   for i in pq.read_table(f).column("id").to_pylist())
 
 
+@pytest.mark.promise("state-write-full-disk", "backend")
 def test_decision_on_a_full_state_disk_fails_whole_and_commits_nothing(
     tmpfs: Path, tmp_path: Path
 ) -> None:
@@ -152,6 +153,7 @@ def test_a_short_write_never_renames_a_truncated_record_into_place(
     assert store.get(3) == record
 
 
+@pytest.mark.promise("state-write-full-disk", "backend")
 def test_read_only_state_directory_is_a_clear_error(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     state = tmp_path / f"ro-{uuid.uuid4().hex[:6]}"

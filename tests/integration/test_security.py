@@ -212,6 +212,7 @@ def s3_options(server: Any, secret: str) -> dict[str, str]:
             "access_key_id": server.access_key, "secret_access_key": secret}
 
 
+@pytest.mark.promise("s3-secrets-never-stored", "backend")
 @pytest.mark.integration
 def test_s3_secret_key_never_leaks(s3: Any, tmp_path: Path,
                                    all_logs: pytest.LogCaptureFixture) -> None:
@@ -316,6 +317,7 @@ def sasl_options(bootstrap: str, topic: str, password: str) -> dict[str, str]:
             "marker.topic": f"m-{topic}"}
 
 
+@pytest.mark.promise("kafka-secrets-never-stored", "backend")
 def test_kafka_secret_options_are_never_kept_or_printed() -> None:
     """Every SASL/SSL/OAuth secret setting, not only sasl.password."""
     options = {"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "t",
@@ -332,6 +334,7 @@ def test_kafka_secret_options_are_never_kept_or_printed() -> None:
     assert SENTINEL not in error_texts(info.value)
 
 
+@pytest.mark.promise("kafka-secrets-never-stored", "backend")
 @pytest.mark.integration
 def test_kafka_sasl_password_never_leaks(sasl_kafka: tuple[str, str], tmp_path: Path,
                                          all_logs: pytest.LogCaptureFixture,
@@ -359,6 +362,7 @@ def test_kafka_sasl_password_never_leaks(sasl_kafka: tuple[str, str], tmp_path: 
     assert_no_secret(texts, all_logs.text, SENTINEL)
 
 
+@pytest.mark.promise("wrong-credentials-fail-at-once", "backend")
 @pytest.mark.integration
 def test_kafka_wrong_sasl_password_error_is_clear_and_clean(
         sasl_kafka: tuple[str, str], all_logs: pytest.LogCaptureFixture) -> None:

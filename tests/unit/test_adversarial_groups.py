@@ -132,6 +132,7 @@ def test_a_state_without_recorded_destinations_keeps_working_and_refuses_a_move(
     assert "put path back" in refusal.lower() and "\n" not in refusal
 
 
+@pytest.mark.promise("group-target-moved-refused", "cli")
 def test_the_cut_of_a_moved_target_is_refused(tmp_path: Path) -> None:
     """The cut read the new place and named epochs it never held."""
     f = pipeline(tmp_path)
@@ -314,6 +315,7 @@ def test_rows_with_a_column_twice_are_refused_by_a_group_and_a_single_sink(
     assert _written(tmp_path / "one") == []
 
 
+@pytest.mark.promise("group-target-moved-refused", "cli")
 def test_reset_after_a_target_moved_refuses_or_deletes_what_the_state_wrote(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Reset after a move deleted the new (empty) place and the checkpoint, and left the
@@ -331,6 +333,7 @@ def test_reset_after_a_target_moved_refuses_or_deletes_what_the_state_wrote(
     assert _ids(tmp_path / "totals") == [], "reset left the epochs the state wrote"
 
 
+@pytest.mark.promise("resolve-unknown-epoch-error", "cli")
 def test_resolve_of_a_negative_epoch_is_refused_not_called_committed(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`txsink resolve CHK --epoch -1 --abort` answered "epoch -1 of sink 'shop' is

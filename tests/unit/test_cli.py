@@ -108,6 +108,10 @@ def test_status_shows_in_doubt_and_pending(sink: tuple[Path, Path, FilesBackend]
     assert {e["epoch"]: e["state"] for e in data["epochs"]} == {0: "committed", 1: "decided"}
 
 
+@pytest.mark.promise("resolve-abort-decided-needs-force", "cli")
+@pytest.mark.promise("resolve-abort-undecided", "cli")
+@pytest.mark.promise("resolve-commit", "cli")
+@pytest.mark.promise("resolve-commit-undecided-refused", "cli")
 def test_resolve_commit_and_abort(sink: tuple[Path, Path, FilesBackend],
                                   capsys: pytest.CaptureFixture[str]) -> None:
     out, chk, _ = sink
@@ -134,6 +138,7 @@ def test_resolve_commit_and_abort(sink: tuple[Path, Path, FilesBackend],
     assert code == 0 and "already committed" in text
 
 
+@pytest.mark.promise("resolve-abort-decided-needs-force", "cli")
 def test_resolve_force_abort_drops_decided_epoch(sink: tuple[Path, Path, FilesBackend],
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out, chk, _ = sink
@@ -204,6 +209,7 @@ def test_the_run_loop_reports_each_newly_committed_epoch_once(tmp_path: Path) ->
     assert committed_since(store, seen) == []
 
 
+@pytest.mark.promise("remote-metrics-port-refused", "cli")
 @pytest.mark.parametrize(("argv", "says"), [
     (["--remote", "localhost:15002"], "--remote / SPARK_REMOTE: 'localhost:15002' is not a "
      "Spark Connect address; give sc://HOST:PORT"),
@@ -219,6 +225,7 @@ def test_run_remote_refuses_what_it_cannot_do_before_spark(
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.promise("remote-server-error-reported", "cli")
 def test_a_query_error_from_the_connect_server_is_not_called_a_lost_server() -> None:
     """Every error the server answers with reaches a Connect client as a PySpark error;
     only a server that does not answer (or lost the session) is "failed or stopped

@@ -51,6 +51,8 @@ def _output(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "out").glob("part-*"))
 
 
+@pytest.mark.promise("resolve-refused-while-running", "cli")
+@pytest.mark.promise("cli-refuses-while-run-starts", "cli")
 def test_while_spark_starts_the_run_holds_the_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -64,6 +64,7 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.promise("checkpoint-deleted-with-state-refused", "cli")
 def test_deleted_checkpoint_is_refused_before_spark_with_the_way_out(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     pipeline = _pipeline(tmp_path)
@@ -81,6 +82,7 @@ def test_deleted_checkpoint_is_refused_before_spark_with_the_way_out(tmp_path: P
         assert not (tmp_path / "chk").exists()
 
 
+@pytest.mark.promise("files-sink-owner", "backend")
 def test_second_query_on_the_same_sink_is_told_to_use_its_own_sink_id(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     other = tmp_path / "other"
@@ -122,6 +124,32 @@ def test_reset_deletes_output_and_checkpoint_after_confirmation(tmp_path: Path) 
     _earlier_run(tmp_path, epochs=1)
 
 
+def test_reset_after_the_format_changed_deletes_the_files_of_both_formats(
+        tmp_path: Path) -> None:
+    """A pipeline's files sink switched from JSON lines to Parquet (``format`` may change:
+    Spark's own writer takes Parquet, docs/backends/files.md), then ``txsink reset``: it
+    deleted only ``part-*.parquet`` and left the JSON-lines epochs, with the owner record
+    and the markers gone, so the run from the source's start wrote those rows twice."""
+    _earlier_run(tmp_path)  # two epochs in JSON lines
+    options = {"path": str(tmp_path / "out"), "format": "parquet"}
+    backend = FilesBackend.from_options(options)
+    coordinator = Coordinator(backend, DirectoryStateStore(tmp_path / "chk" / "txsink"), SINK,
+                              backend_options=options)
+    coordinator.start()
+    batch = pa.RecordBatch.from_pylist([{"id": 2}])
+    coordinator.commit_epoch(2, [write_participant(backend, TransactionContext(SINK, 2, 0, 0),
+                                                   [batch])])
+    assert coordinator.store.release(coordinator.lease)
+    pipeline = _pipeline(tmp_path)
+    pipeline.write_text(pipeline.read_text().replace("format: jsonl", "format: parquet"))
+    proc = txsink("reset", str(pipeline), "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").glob("part-*")) == []
+    _earlier_run(tmp_path, epochs=1)  # the run from the start: each row once
+    assert len(list((tmp_path / "out").glob("part-*"))) == 1
+
+
+@pytest.mark.promise("files-sink-owner", "backend")
 def test_reset_refuses_another_sinks_directory(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     proc = txsink("reset", str(_pipeline(tmp_path, sink_id="someone-else")), "--yes")
@@ -161,6 +189,7 @@ def test_typoed_backend_gets_did_you_mean(tmp_path: Path, name: str, hint: str) 
     assert "pip install txsink-" not in line
 
 
+@pytest.mark.promise("resolve-unknown-epoch-error", "cli")
 def test_resolve_an_epoch_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     for action in ("--abort", "--commit"):
@@ -198,6 +227,7 @@ def test_status_says_whether_the_lease_is_held_or_released(tmp_path: Path) -> No
         "held"] is True
 
 
+@pytest.mark.promise("run-server-down-one-line", "cli")
 def test_a_server_that_is_down_is_one_short_line_before_spark(tmp_path: Path) -> None:
     """PostgreSQL on a dead port took 31 s and printed 10 two-line WARNINGs (each
     starting ``postgres backend: postgres backend:``) before its error."""

@@ -53,6 +53,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "chk"
 
 
+@pytest.mark.promise("cli-reader-gone-exits-quietly", "cli")
 @pytest.mark.parametrize("argv", [
     ("status", "{chk}"),
     ("status", "{chk}", "--json"),

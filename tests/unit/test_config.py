@@ -64,6 +64,7 @@ def test_env_interpolation_with_default_and_escape() -> None:
         "a": "db:5432", "b": ["${NOT}", 3], "c": {"d": "xdb"}}
 
 
+@pytest.mark.promise("env-reference-unset-error", "cli")
 def test_missing_env_var_names_field(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("source: {type: rate}\ncheckpoint: /tmp/c\n"
@@ -166,6 +167,7 @@ def test_missing_file() -> None:
         load_pipeline("/nonexistent/pipeline.yaml")
 
 
+@pytest.mark.promise("secrets-never-printed", "cli")
 def test_secret_options_are_masked_in_summary() -> None:
     cfg = parse_pipeline(_base())
     assert "path=/tmp/x" in cfg.summary()
@@ -226,6 +228,7 @@ def test_a_misspelled_required_key_is_named() -> None:
     assert err.value.field == "source.type"
 
 
+@pytest.mark.promise("pipeline-suffix-checked", "cli")
 def test_a_json_pipeline_is_read_as_json_and_another_suffix_is_refused(tmp_path: Path) -> None:
     body = ('{"source": {"type": "rate"}, "checkpoint": "/tmp/c", "sink": {"backend": '
             '"files", "sink_id": "s", "options": {"path": "/tmp/x"}}}')

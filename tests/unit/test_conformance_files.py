@@ -20,6 +20,7 @@ from txsink.testing.conformance import BackendConformance
 from txsink.writer import write_participant
 
 
+@pytest.mark.promise("files-replay-never-duplicates", "backend")
 class TestFilesParquetConformance(BackendConformance):
     backend_name = "files"
 
@@ -119,6 +120,7 @@ def test_commit_all_syncs_each_directory_once_per_epoch(
     assert backend.commit_all(committables) == [CommitOutcome.ALREADY_COMMITTED] * 16
 
 
+@pytest.mark.promise("files-commit-never-overwrites", "backend")
 def test_commit_all_answers_per_participant_and_completes_a_half_done_commit(
         tmp_path: Path) -> None:
     backend = FilesBackend(str(tmp_path / "out"))

@@ -108,6 +108,7 @@ def test_state_is_bound_to_one_sink_and_backend(env: Env) -> None:
         Coordinator(env.backend, env.store(), "another-sink", plugins=env.plugins).start()
 
 
+@pytest.mark.promise("observer-hook-errors-ignored", "backend")
 def test_failing_observer_does_not_change_the_outcome(env: Env,
                                                       caplog: pytest.LogCaptureFixture) -> None:
     from txsink.hookspecs import hookimpl
@@ -125,6 +126,7 @@ def test_failing_observer_does_not_change_the_outcome(env: Env,
     assert "observer bug" in caplog.text
 
 
+@pytest.mark.promise("secret-in-committable-refused", "backend")
 def test_secret_in_committable_is_refused(env: Env) -> None:
     class Leaky(MemoryBackend):
         def secret_values(self) -> list[str]:

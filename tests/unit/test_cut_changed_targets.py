@@ -28,6 +28,7 @@ checkpoint: {tmp_path / 'checkpoint'}
     return f
 
 
+@pytest.mark.promise("group-targets-changed-refused", "cli")
 def test_cut_refuses_a_file_whose_targets_are_not_the_recorded_ones(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from txsink.spark.pipeline import check_ownership

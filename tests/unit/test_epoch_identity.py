@@ -50,6 +50,7 @@ def _wait(event: threading.Event, what: str) -> None:
     assert event.wait(WAIT_S), f"timed out waiting for {what}"
 
 
+@pytest.mark.promise("cut-below-unfinished", "cli")
 def test_the_cut_never_names_an_epoch_a_stream_is_still_committing(env: Env) -> None:
     """A reader's cut taken while epoch 1 is committed one participant after the other
     (the state read before the decision, the target after its first commit) named
@@ -87,6 +88,7 @@ def test_the_cut_never_names_an_epoch_a_stream_is_still_committing(env: Env) -> 
     assert consistent_cut(env.backend, env.store(), "unit-sink").cut == 1
 
 
+@pytest.mark.promise("cut-below-unfinished", "cli")
 def test_the_cut_never_passes_a_grouped_write_still_in_flight(tmp_path: Path) -> None:
     """Two batch writes of a group: the later one committed in every target while the
     earlier one is still preparing. The cut named the later epoch, so readers skipped

@@ -54,6 +54,7 @@ def test_two_forced_resolves_of_one_foreach_batch_write_never_write_a_kept_parti
 # decision'): Backend.abort_orphans asks `in protected` before its up_to_epoch filter, so
 # recover(up_to_epoch=N-1) refuses the replay's own participants of N; the documented
 # remedy never works
+@pytest.mark.promise("forced-resolve-replay-writes-rest", "datasource")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_a_data_source_stream_replays_an_epoch_given_up_by_a_forced_resolve(
         world: EntryPointsModel, kind: str) -> None:
@@ -80,6 +81,7 @@ def test_a_data_source_stream_replays_an_epoch_given_up_by_a_forced_resolve(
 # Found (F3): a grouped foreachBatch replay after a forced resolve writes the other targets' rows
 # under a new epoch, so one write is epoch 0 in target a and epoch 1 in target b; the cut
 # names epoch 0, which b lacks
+@pytest.mark.promise("forced-resolve-replay-writes-rest", "grouped")
 @pytest.mark.parametrize("parts", [1, 2])
 def test_a_grouped_foreach_batch_replay_keeps_one_epoch_number_in_every_target(
         world: EntryPointsModel, parts: int) -> None:
@@ -103,6 +105,8 @@ def test_a_grouped_foreach_batch_replay_keeps_one_epoch_number_in_every_target(
 # Found (F4): the kept partitions are matched by partition index only; a replay with another
 # partitioning (same rows) drops the rows that moved out of the kept partition's index,
 # and reports success (only a WARNING)
+@pytest.mark.promise("forced-resolve-replay-partitioned-differently-refused", "datasource",
+                     "grouped")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_a_replay_with_another_partitioning_loses_no_row(
         world: EntryPointsModel, kind: str) -> None:
@@ -153,6 +157,7 @@ def test_a_batch_write_racing_the_streams_first_bind_never_takes_its_epoch(
     world.exact_or_loud()
 
 
+@pytest.mark.promise("forced-resolve-kept-version-new-query-refused", "datasource", "grouped")
 @pytest.mark.parametrize("kind", ["single", "group"])
 def test_a_new_querys_write_of_a_kept_identity_is_refused_not_partly_dropped(
         world: EntryPointsModel, kind: str) -> None:

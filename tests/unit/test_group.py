@@ -328,6 +328,7 @@ class _SecretMemory(MemoryBackend):
         return dataclasses.replace(c, payload={**c.payload, "note": self.note})
 
 
+@pytest.mark.promise("secret-in-committable-refused", "backend")
 def test_each_target_is_checked_for_its_own_secrets(genv: GroupEnv) -> None:
     """A bucket may be named like another target's password; a target's own secret in
     its committable is refused, naming the target."""
@@ -355,6 +356,7 @@ def test_each_target_is_checked_for_its_own_secrets(genv: GroupEnv) -> None:
     assert genv.ids("events") == want(range(2), partitions=1)
 
 
+@pytest.mark.promise("reset-all-or-none", "cli")
 def test_a_group_resets_every_target_or_none(genv: GroupEnv, tmp_path: Path) -> None:
     """A target whose backend cannot delete what it wrote is named before anything goes."""
     from txsink.files.backend import FilesBackend

@@ -116,6 +116,7 @@ def test_bad_target_options_are_one_line_naming_the_target(
     assert not (tmp_path / "chk").exists()
 
 
+@pytest.mark.promise("group-at-least-once-refused", "cli")
 def test_a_group_refuses_a_non_transactional_guarantee(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
@@ -166,6 +167,7 @@ def test_status_resolve_and_cut_of_a_group(tmp_path: Path,
     assert {r["txsink_epoch"] for r in rows if r["id"] >= 200} == {2}
 
 
+@pytest.mark.promise("resolve-abort-undecided", "cli")
 def test_resolve_abort_rolls_back_every_target(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     f = pipeline(tmp_path)
@@ -198,6 +200,7 @@ def test_a_group_option_without_a_target_is_refused(tmp_path: Path,
     assert "--option password: the options of a group go to one target: TARGET.KEY=VALUE" in err
 
 
+@pytest.mark.promise("reset-all-or-none", "cli")
 def test_reset_deletes_every_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = pipeline(tmp_path)
     run_epochs(f, range(2))
@@ -209,6 +212,7 @@ def test_reset_deletes_every_target(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert not (tmp_path / "chk").exists()
 
 
+@pytest.mark.promise("forced-resolve-keeps-committed", "cli")
 def test_resolve_force_abort_keeps_what_a_target_committed_and_the_replay_adds_the_rest(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = pipeline(tmp_path)
@@ -232,6 +236,7 @@ def test_resolve_force_abort_keeps_what_a_target_committed_and_the_replay_adds_t
         assert not list((tmp_path / name / "_txsink" / "pending").iterdir())
 
 
+@pytest.mark.promise("group-targets-changed-refused", "cli")
 def test_reset_after_a_target_was_renamed_refuses_before_deleting_anything(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: events was reset, the renamed totals not ("nothing deleted"), and the
@@ -287,6 +292,7 @@ def test_a_run_with_changed_targets_is_refused_before_claiming_the_new_one(
     preflight(load_pipeline(f), get_plugins(), 1)
 
 
+@pytest.mark.promise("resolve-abort-drops-reservation", "cli")
 def test_resolve_abort_of_a_crashed_grouped_write_drops_its_reservation_and_lease(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: the reserved epoch stayed listed, and resolve's own lease read as "held by

@@ -276,6 +276,7 @@ checkpoint: {tmp_path / 'checkpoint'}
     assert "txsink reset" in message and f"txsink reset {file}" not in message, message
 
 
+@pytest.mark.promise("reset-refuses-others-output", "cli")
 def test_reset_of_a_refused_group_deletes_no_other_querys_output(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A group refused because a target is another live query's (same sink id and
@@ -323,6 +324,7 @@ def test_two_targets_in_one_directory_through_a_link_claim_nothing(tmp_path: Pat
     assert not (tmp_path / "linked" / "checkpoint").exists()
 
 
+@pytest.mark.promise("reset-all-or-none", "cli")
 def test_reset_of_a_group_with_a_table_target_deletes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A group's reset checks that every target can delete its output before it deletes

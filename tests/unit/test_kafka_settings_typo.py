@@ -16,6 +16,7 @@ from txsink.plugins import get_plugins
 pytest.importorskip("confluent_kafka", reason="the Kafka backend's client is not installed")
 
 
+@pytest.mark.promise("kafka-unknown-setting-refused", "backend")
 @pytest.mark.parametrize(("typo", "meant"), [
     ("kafka.sasl.pasword", "kafka.sasl.password"),
     ("kafka.trasaction.timeout.ms", "kafka.transaction.timeout.ms"),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import socket
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def test_delta_refuses_bad_s3_options_naming_the_field(options: dict[str, str],
     assert "wJalr" not in str(info.value)
 
 
+@pytest.mark.promise("delta-secrets-never-stored", "backend")
 def test_delta_on_s3_gives_delta_rs_conditional_put_and_keeps_secrets_out_of_state() -> None:
     options = {"path": "s3a://bucket/lake/orders/", **KEYS}
     backend = create("delta", options)
@@ -71,6 +73,7 @@ def test_delta_on_local_disk_has_no_storage_options(tmp_path: object) -> None:
     assert backend.spark_path("x") == f"file://{tmp_path}/t/x"
 
 
+@pytest.mark.promise("iceberg-secrets-never-stored", "backend")
 def test_iceberg_warehouse_on_s3_needs_a_catalog_uri_and_gets_pyarrow_file_io() -> None:
     with pytest.raises(ConfigError) as info:
         create("iceberg", {"warehouse": "s3://bucket/wh", "table": "db.t", **KEYS})
@@ -158,3 +161,27 @@ def test_an_owner_file_that_cannot_be_read_is_not_advised_for_deletion(
     (tmp_path / "t" / "txsink" / "s" / "_owner.json").mkdir(parents=True)  # not a file
     with pytest.raises(StateError, match="do not delete it"):
         local.check_claim("s", "state-1", "/one")
+
+
+@pytest.mark.parametrize(("kind", "char"), [
+    ("delta", "#"), ("delta", "?"), ("delta", "%20"), ("delta", "%"),
+    ("iceberg", "#"), ("iceberg", "?")])
+def test_a_table_location_the_table_libraries_read_as_a_url_is_refused(
+        tmp_path: Path, kind: str, char: str) -> None:
+    """A table directory named with ``#``, ``?`` or ``%``: Spark and txsink's writers put
+    the epoch's files there, the decision was recorded, and then delta-rs (its history
+    is empty under such a path, or ``%20`` read as a space) and pyiceberg (the files read
+    under a cut path) never found them: the epoch stayed DECIDED, refused again at every
+    restart (seen on both the native path and the data source). Refused before anything
+    is written, naming the option. (Iceberg takes ``%``: its SQLite URL is escaped.)"""
+    location = tmp_path / f"lake{char}x" / "t"
+    options = ({"path": str(location)} if kind == "delta"
+               else {"warehouse": str(location), "table": "db.t"})
+    with pytest.raises(ConfigError, match=re.escape(f"holds {char[0]!r}")) as info:
+        create(kind, options)
+    assert info.value.field == ("path" if kind == "delta" else "warehouse")
+    assert not location.parent.exists()
+    with pytest.raises(ConfigError, match=re.escape(f"holds {char[0]!r}") + "|glob"):
+        create(kind, {**options, ("path" if kind == "delta" else "warehouse"):
+                      f"s3://bucket/lake{char}x", "endpoint_url": "http://127.0.0.1:1",
+                      **({"catalog_uri": "sqlite:////tmp/c.db"} if kind == "iceberg" else {})})

@@ -71,6 +71,7 @@ def test_a_running_process_is_running_and_a_reused_pid_is_not(running: int) -> N
     assert _proc.lease_holder({"owner": token, "released_at": 1.0}) == "free"
 
 
+@pytest.mark.promise("zombie-driver-taken-over", "cli")
 def test_run_takes_over_from_a_zombie_driver(tmp_path: Path, zombie: int) -> None:
     """SIGKILL a `txsink run` and start it again before PID 1 reaps it: the restart
     must not be refused (it was in 8 of 17 crash-loop runs)."""
@@ -99,6 +100,7 @@ def test_run_refuses_a_driver_running_on_this_host(tmp_path: Path, running: int)
         check_ownership(cfg, get_plugins(), store, "p.yaml")
 
 
+@pytest.mark.promise("reset-refused-while-running", "cli")
 def test_reset_never_deletes_under_a_driver_on_another_host(tmp_path: Path) -> None:
     _earlier_run(tmp_path)
     pipeline = _pipeline(tmp_path)
@@ -120,6 +122,7 @@ def test_reset_never_deletes_under_a_driver_on_another_host(tmp_path: Path) -> N
     assert not (tmp_path / "chk").exists()
 
 
+@pytest.mark.promise("reset-refused-while-running", "cli")
 def test_reset_refuses_a_running_driver_even_with_force(tmp_path: Path, running: int) -> None:
     _earlier_run(tmp_path)
     token = _proc.jvm_owner_token(running)
@@ -131,6 +134,7 @@ def test_reset_refuses_a_running_driver_even_with_force(tmp_path: Path, running:
     assert len(list((tmp_path / "out").glob("part-*"))) == 2
 
 
+@pytest.mark.promise("zombie-driver-taken-over", "cli")
 def test_reset_after_a_zombie_driver(tmp_path: Path, zombie: int) -> None:
     _earlier_run(tmp_path)
     token = _proc.jvm_owner_token(zombie)
@@ -142,6 +146,7 @@ def test_reset_after_a_zombie_driver(tmp_path: Path, zombie: int) -> None:
 
 
 
+@pytest.mark.promise("remote-second-run-refused", "cli")
 def test_a_remote_client_token_is_running_while_the_client_lives_and_unknown_after(
         zombie: int) -> None:
     """``txsink run --remote`` names its client process in the lease: a second run on

@@ -30,6 +30,7 @@ def test_participant_names_parse_back(sink: str, epoch: int, part: int, attempt:
     assert ctx == TransactionContext(sink, epoch, part, attempt)
 
 
+@pytest.mark.promise("newer-committable-refused", "backend")
 def test_committable_round_trip_and_versioning() -> None:
     ctx = TransactionContext("s", 3, 1, 2)
     c = Committable.for_context("files", ctx, {"k": [1, "x"]}, rows=5)

@@ -115,6 +115,7 @@ def _exact_or_loud(world: EntryPointsModel, op: Op) -> None:
 _LOUD = {"StateError", "CheckpointChangedError", "ConfigError", "FencedError"}
 
 
+@pytest.mark.promise("backfill-then-stream-above", "datasource")
 def test_a_stream_after_a_backfill_on_one_groups_state_writes_its_batches(
         world: EntryPointsModel) -> None:
     """Found by the model: ``TargetSet.write(df)`` (a backfill) then ``write_stream(df)``
@@ -124,6 +125,7 @@ def test_a_stream_after_a_backfill_on_one_groups_state_writes_its_batches(
     _exact_or_loud(world, world.run_one("stream"))
 
 
+@pytest.mark.promise("batch-into-stream-refused", "datasource")
 def test_a_batch_write_between_two_stream_batches_does_not_drop_the_next_batch(
         world: EntryPointsModel) -> None:
     """Found by the model, on one sink: stream batch 0, a batch write (epoch 1), then
@@ -135,6 +137,7 @@ def test_a_batch_write_between_two_stream_batches_does_not_drop_the_next_batch(
     _exact_or_loud(world, world.run_one("stream"))
 
 
+@pytest.mark.promise("app-id-one-writer", "datasource", "grouped")
 @pytest.mark.parametrize("kind", ["group", "single"])
 def test_foreach_batch_versions_are_not_skipped_for_a_batch_jobs_version(
         world: EntryPointsModel, kind: str) -> None:
@@ -147,6 +150,7 @@ def test_foreach_batch_versions_are_not_skipped_for_a_batch_jobs_version(
         _exact_or_loud(world, world.run_one("stream"))
 
 
+@pytest.mark.promise("given-up-epoch-never-reused", "grouped")
 def test_an_epoch_number_given_up_by_a_forced_resolve_is_never_reused(
         world: EntryPointsModel) -> None:
     """The model's operations as item 3 tells it: a grouped write is killed with target
@@ -191,6 +195,7 @@ def _cut_around(world: EntryPointsModel, race: Any) -> int:
         ResettableMemory.before_highest = None
 
 
+@pytest.mark.promise("cut-below-unfinished", "cli")
 def test_a_cut_read_while_a_stream_batch_commits_never_names_it_in_part(
         world: EntryPointsModel) -> None:
     """The model's cut read around a write's steps: the cut reads the state
@@ -259,6 +264,7 @@ def test_a_backfill_started_while_a_stream_batch_is_in_flight_leaves_the_batch_a
     _exact_or_loud(world, stream)
 
 
+@pytest.mark.promise("forced-resolve-replay-writes-rest", "datasource", "grouped")
 @pytest.mark.parametrize("kind", ["group", "single"])
 def test_a_foreach_batch_replay_after_a_forced_resolve_skips_the_kept_partitions(
         world: EntryPointsModel, kind: str) -> None:
@@ -311,6 +317,7 @@ def test_a_stream_start_failing_after_its_first_state_write_is_not_taken_for_an_
     world.exact_or_loud()
 
 
+@pytest.mark.promise("cut-only-grows", "cli")
 def test_a_cut_stays_below_an_epoch_a_forced_resolve_kept_in_part(
         world: EntryPointsModel) -> None:
     """Found by the 20,000-sequence model run: stream batch 1 (two partitions) is killed

@@ -76,6 +76,7 @@ def test_third_party_backend_is_found(fake_modules: dict[str, types.ModuleType])
     assert backend.name == "postgres"
 
 
+@pytest.mark.promise("duplicate-backend-name-error", "backend")
 def test_two_plugins_claiming_one_backend_name_both_named(
     fake_modules: dict[str, types.ModuleType],
 ) -> None:
@@ -97,6 +98,7 @@ def test_plugins_can_be_disabled_by_environment(
     assert plugins.backend_registration("kafka").origin.distribution == "txsink-kafka"
 
 
+@pytest.mark.promise("broken-plugin-isolated", "backend")
 def test_unknown_backend_lists_installed_and_broken_ones(
     fake_modules: dict[str, types.ModuleType], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -69,6 +69,7 @@ def test_a_failed_query_is_named_as_failed() -> None:
     assert "failed: source topic 'orders'" in holding(text, now + 1).line
 
 
+@pytest.mark.promise("realtime-reset-refused-while-held", "cli")
 def test_reset_refuses_while_a_query_holds_the_sink_and_deletes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     checkpoint = tmp_path / "chk"

@@ -64,6 +64,7 @@ def test_a_real_time_pipeline_gets_spark_settings_for_latency_unless_it_sets_the
     assert realtime_defaults(parse_pipeline(micro)) == {}
 
 
+@pytest.mark.promise("realtime-kafka-output-columns-refused", "realtime")
 @pytest.mark.parametrize(("columns", "field", "words"), [
     ({"body": "string"}, "value", "has no 'value' column"),
     ({"value": "string", "id": "bigint"}, "id", "would not be written"),
@@ -95,6 +96,7 @@ def _progress(start: str, end: str, latest: str) -> dict[str, Any]:
                                        "latestOffset": latest}]}
 
 
+@pytest.mark.promise("realtime-unread-partitions-stop", "realtime")
 def test_source_partitions_no_task_reads_are_named() -> None:
     """As Spark reported them with four task slots and six source partitions: 0 and 2
     never read (their records waited), the others read or idle."""

@@ -56,6 +56,10 @@ def other(target: Mapping[str, Any], **changes: Any) -> dict[str, Any]:
     return {**target, **changes}
 
 
+@pytest.mark.promise("options-validated-before-data", "realtime")
+@pytest.mark.promise("realtime-micro-batch-options-refused", "realtime")
+@pytest.mark.promise("realtime-backend-without-path-refused", "realtime")
+@pytest.mark.promise("realtime-same-place-refused", "realtime")
 @pytest.mark.parametrize(("sink", "field", "words"), [
     (group(KAFKA, other(KAFKA, options={"topic": "o2", "kafka.bootstrap.servers": "b:9092"})),
      "sink.targets[events].name", "two targets are named 'events'"),
@@ -100,6 +104,7 @@ KAFKA_HERE = {"name": "events", "backend": "kafka",
               "options": {"topic": "out", "kafka.bootstrap.servers": "localhost:9092"}}
 
 
+@pytest.mark.promise("realtime-same-place-refused", "realtime")
 @pytest.mark.parametrize(("first", "second"), [
     # One server under two names: the loopback name and its address.
     (PG_HERE, other(PG_HERE, name="again", options={
@@ -138,6 +143,8 @@ def test_two_postgres_targets_on_other_servers_are_not_the_same_place() -> None:
     assert len(parse_pipeline(group(PG, second)).sink.targets) == 2
 
 
+@pytest.mark.promise("realtime-duplicate-target-name-refused", "realtime")
+@pytest.mark.promise("realtime-set-refuses-microbatch-calls", "datasource")
 def test_the_python_target_set_is_checked_for_real_time_mode() -> None:
     import txsink.spark as ts
 
@@ -170,6 +177,7 @@ class Failing(MemoryTarget):
         raise RuntimeError("server gone")
 
 
+@pytest.mark.promise("realtime-group-each-target-exactly-once", "realtime")
 def test_each_target_keeps_its_own_positions_and_a_filtered_record_still_moves_them() -> None:
     kafka, pg, clock = Store(), Store(), Clock()
     w = GroupWriter({"events": lambda s: MemoryTarget(kafka, s),
@@ -183,6 +191,7 @@ def test_each_target_keeps_its_own_positions_and_a_filtered_record_still_moves_t
     assert kafka.offsets == pg.offsets == {A: 3}  # the filtered record 2 counts as passed
 
 
+@pytest.mark.promise("realtime-claim-before-commit", "realtime")
 def test_a_source_partition_is_claimed_in_every_target_before_any_commits() -> None:
     order: list[str] = []
 
@@ -207,6 +216,7 @@ def test_a_source_partition_is_claimed_in_every_target_before_any_commits() -> N
     assert order[:2] == ["claim a", "claim b"] and order.index("commit a") > 1
 
 
+@pytest.mark.promise("realtime-target-down-stops", "realtime")
 def test_a_target_that_fails_does_not_hold_the_other_back_and_catches_up_on_replay() -> None:
     good, bad, clock = Store(), Store(), Clock()
     w = GroupWriter({"good": lambda s: MemoryTarget(good, s),
@@ -256,6 +266,7 @@ def judge(positions: Mapping[str, Mapping[SP, int]], *, fresh: bool = False,
                          StartPoint(fresh, earliest), prefix="sink.targets")
 
 
+@pytest.mark.promise("realtime-target-added-refused", "realtime")
 def test_a_target_added_to_a_group_that_ran_is_refused() -> None:
     refusal, _ = judge({"a": {A: 99, B: 50}, "c": {}}, recorded=["a"])
     assert refusal is not None and refusal.field == "sink.targets[c]"
@@ -266,12 +277,15 @@ def test_a_target_added_to_a_group_that_ran_is_refused() -> None:
     assert refusal is not None and "holds no position of source partition in-0" in str(refusal)
 
 
+@pytest.mark.promise("realtime-claim-before-commit", "realtime")
 def test_a_crash_between_two_targets_commits_is_not_taken_for_a_new_target() -> None:
     # "c" claimed in-0 (NOTHING) before "a" committed; then the driver died.
     refusal, warnings = judge({"a": {A: 7}, "c": {A: NOTHING}}, recorded=["a", "c"])
     assert refusal is None and warnings == []
 
 
+@pytest.mark.promise("realtime-target-behind-refused", "realtime")
+@pytest.mark.promise("realtime-target-removed-warns", "realtime")
 def test_a_removed_target_is_allowed_and_adding_it_back_is_refused() -> None:
     refusal, warnings = judge({"a": {A: 99}}, recorded=["a", "c"])
     assert refusal is None and "target(s) c left the group" in warnings[0]
@@ -279,6 +293,7 @@ def test_a_removed_target_is_allowed_and_adding_it_back_is_refused() -> None:
     assert refusal is not None and refusal.field == "sink.targets[c]"
 
 
+@pytest.mark.promise("realtime-target-moved-refused", "realtime")
 def test_a_target_moved_under_the_same_name_is_refused() -> None:
     refusal, _ = judge({"a": {A: 9}, "c": {A: 9}}, recorded=["a", "c"],
                        places={"c": "topic elsewhere"})
@@ -288,6 +303,7 @@ def test_a_target_moved_under_the_same_name_is_refused() -> None:
     assert "\n" not in str(refusal)
 
 
+@pytest.mark.promise("realtime-new-checkpoint-uneven-refused", "realtime")
 def test_a_new_checkpoint_replaying_from_earliest_lets_a_target_catch_up_loudly() -> None:
     refusal, warnings = judge({"a": {A: 99, B: 5}, "c": {}}, fresh=True, earliest=True,
                               recorded=["a"])
@@ -314,6 +330,7 @@ def test_another_sinks_record_in_the_checkpoint_is_not_this_groups() -> None:
     assert refusal is None
 
 
+@pytest.mark.promise("realtime-target-moved-refused", "realtime")
 def test_a_target_renamed_over_the_same_place_is_refused_with_the_name_to_keep() -> None:
     # "sums" writes the table "totals" wrote: under a new name its positions start anew,
     # and a new checkpoint from earliest would write every record there a second time.
@@ -388,6 +405,7 @@ class Reads(SourceTopics):
         return "test source"
 
 
+@pytest.mark.promise("realtime-feedback-topic-refused", "realtime")
 @pytest.mark.parametrize(("source", "loops"), [
     (Reads("b:9092", subscribe=["out"]), True),
     (Reads("x:1, b:9092", subscribe=["in", "out"]), True),
@@ -408,6 +426,7 @@ def test_a_kafka_target_knows_when_it_would_feed_the_topic_the_query_reads(
     assert not pg.feeds(source)
 
 
+@pytest.mark.promise("realtime-cut-resolve-refused", "cli")
 @pytest.mark.parametrize("command", ["cut", "resolve", "resolve-checkpoint"])
 def test_cut_and_resolve_say_in_one_line_that_real_time_has_no_epochs(
         command: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -453,6 +472,7 @@ def test_status_of_a_single_real_time_target_file(tmp_path: Any,
     assert "positions: unknown" in out and "s3cret-pw" not in out
 
 
+@pytest.mark.promise("realtime-sink-id-double-dash-refused", "realtime")
 def test_a_single_real_time_sink_named_like_a_group_target_is_refused() -> None:
     """"orders-rt--events" is where group "orders-rt"'s target "events" keeps its
     positions: a single sink with that id would skip the records the target wrote."""
@@ -530,6 +550,7 @@ def test_a_group_targets_identity_refusals_name_the_target() -> None:
                                   {"topic": "out"}, {"in": "id-2"}, None, field="x") is None
 
 
+@pytest.mark.promise("realtime-sink-id-reused-refused", "realtime")
 @pytest.mark.parametrize(("target", "option", "value"), [
     (PG, "progress_table", "public.other_progress"),
     (KAFKA, "progress.topic", "other-progress"),

@@ -67,6 +67,7 @@ def writer(store: Store, clock: Clock, **kw: Any) -> PositionWriter:
 A, B = SP("in", 0), SP("in", 1)
 
 
+@pytest.mark.promise("realtime-replay-skipped", "realtime")
 def test_commits_every_interval_and_a_replay_skips_what_the_target_holds() -> None:
     store, clock = Store(), Clock()
     w = writer(store, clock, commit_interval_s=0.25)
@@ -90,6 +91,7 @@ def test_commits_every_interval_and_a_replay_skips_what_the_target_holds() -> No
     assert w2.stats.skipped == 3 and store.offsets == {A: 8, B: 0}
 
 
+@pytest.mark.promise("realtime-out-of-order-stops", "realtime")
 def test_offsets_going_backwards_are_refused_loudly() -> None:
     store, clock = Store(), Clock()
     w = writer(store, clock)
@@ -100,6 +102,7 @@ def test_offsets_going_backwards_are_refused_loudly() -> None:
     assert store.rows == []
 
 
+@pytest.mark.promise("realtime-record-rows-one-commit", "realtime")
 def test_rows_of_one_record_never_split_across_commits() -> None:
     store, clock = Store(), Clock()
     w = writer(store, clock, commit_interval_s=0.0, rows_per_record="many")
@@ -112,6 +115,7 @@ def test_rows_of_one_record_never_split_across_commits() -> None:
     assert [r["id"] for r in store.rows] == ["0a", "0b", "1a"] and store.offsets[A] == 1
 
 
+@pytest.mark.promise("realtime-two-drivers-fenced", "realtime")
 def test_a_fenced_writer_commits_nothing_and_says_so() -> None:
     store, clock = Store(), Clock()
     old = writer(store, clock)
@@ -172,6 +176,7 @@ def test_a_kept_session_serves_the_next_batch_without_claiming_again() -> None:
     assert KeptTarget.claims == 2 and len(pool) == 2
 
 
+@pytest.mark.promise("realtime-kept-producer-fenced-reclaims", "realtime")
 def test_a_kept_session_fenced_while_idle_claims_again_and_skips_what_is_held() -> None:
     store, clock = Store(), Clock()
     pool = SessionPool(clock=clock)
@@ -215,6 +220,7 @@ def test_a_session_is_kept_only_after_a_clean_end_and_idle_ones_expire() -> None
         w.close()
 
 
+@pytest.mark.promise("realtime-deleted-position-is-no-position", "realtime")
 def test_a_kept_session_whose_positions_were_deleted_while_idle_stops_without_writing() -> None:
     """A kept session fenced while idle is claimed again and goes on; but when the new
     claim finds a lower position than the session knew, the positions were deleted

@@ -19,6 +19,7 @@ def test_defaults_and_size_units() -> None:
     assert S3Backend.from_options({"bucket": "abc", "part_size": "1g"}).part_size == 2**30
 
 
+@pytest.mark.promise("s3-bad-options-without-io", "backend")
 @pytest.mark.parametrize(("options", "field", "message"), [
     ({}, "bucket", "required"),
     ({"bucket": "s3://x/y"}, "bucket", "not a valid bucket name"),
@@ -81,3 +82,62 @@ def test_auto_dictionary_skips_nearly_unique_columns() -> None:
     assert dictionary_columns(batch, "all") is True
     assert dictionary_columns(batch, "none") is False
     assert dictionary_columns(batch.slice(0, 10), "auto") is True  # too small to judge
+
+
+def test_writer_spark_takes_the_native_path_for_parquet_only() -> None:
+    """``writer: spark`` (Spark's own Parquet writer): what it takes and what it refuses,
+    without I/O; the write options it hands Spark."""
+    from txsink_s3 import native
+
+    assert S3Backend.native_parquet_for({"bucket": "abc", "writer": "spark"})
+    assert not S3Backend.native_parquet_for({"bucket": "abc"})
+    b = S3Backend.from_options({"bucket": "abc", "writer": "spark", "compression": "lz4",
+                                "parquet_dictionary": "none", "prefix": "odd dir/#1/ünï"})
+    assert b.writer == "spark" and "writer=spark" in b.describe()
+    assert b.native_write_options() == {
+        "txsink.s3.native": "true", "maxRecordsPerFile": "0", "compression": "lz4_raw",
+        "fs.s3a.committer.abort.pending.uploads": "false", "parquet.enable.dictionary": "false"}
+    ctx = TransactionContext("s1", 7, 0, 123)
+    path, dirname = b.native_staging(ctx)
+    assert path == f"s3a://abc/odd dir/#1/ünï/s1/_txsink/native/epoch=7/{dirname}"
+    assert native._epoch_of(f"_txsink/native/epoch=7/{dirname}/job.json") == 7
+    assert native._epoch_of(f"__magic_job-{dirname}/job-x/00/tasks/a/x.pending") == 7
+    assert native._epoch_of("epoch=7/part-00000-a1.parquet") is None
+    # A change of writer is no move of the output.
+    assert S3Backend.destination({"bucket": "abc", "writer": "spark"}) == \
+        S3Backend.destination({"bucket": "abc"})
+    for options, field, words in (
+            ({"format": "jsonl"}, "writer", "format parquet only"),
+            ({"prefix": "a%20b"}, "prefix", "'%'"),
+            ({"prefix": "a:b"}, "prefix", "':'"),
+            ({"writer": "jvm"}, "writer", "txsink, spark")):
+        with pytest.raises(ConfigError, match=words) as info:
+            S3Backend.from_options({"bucket": "abc", "writer": "spark", **options})
+        assert info.value.field == field
+
+
+def test_writer_spark_is_kept_for_exactly_once_and_a_jvm(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """As docs/backends/s3.md says: a pipeline file's S3 sink with ``writer: spark`` takes
+    Spark's writer for exactly-once; at-least-once and Spark Connect keep txsink's."""
+    from txsink.config import parse_pipeline
+    from txsink.spark.frames import native_targets
+    from txsink.spark.group import takes_native
+    from txsink.targets import TargetSpec
+
+    def pipeline(**sink: object) -> object:
+        return parse_pipeline({
+            "name": "p", "source": {"type": "rate"}, "checkpoint": str(tmp_path / "chk"),
+            "sink": {"backend": "s3", "sink_id": "p1",
+                     "options": {"bucket": "abc", "writer": "spark"}, **sink}})
+
+    native = native_targets(pipeline(), {}, stream=False)  # type: ignore[arg-type]
+    assert native is not None and native.single
+    assert native_targets(pipeline(guarantee="at_least_once"), {},  # type: ignore[arg-type]
+                           stream=False) is None
+    spec = TargetSpec("p1", "s3", {"bucket": "abc", "writer": "spark"})
+
+    class ConnectFrame:
+        pass
+
+    ConnectFrame.__module__ = "pyspark.sql.connect.dataframe"
+    assert takes_native(spec) and not takes_native(spec, ConnectFrame())  # type: ignore[arg-type]

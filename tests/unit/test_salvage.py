@@ -165,6 +165,7 @@ def test_a_backend_without_salvage_keeps_the_loss(env: Env,
     assert record.salvaged == () and set(lost) <= record.participants
 
 
+@pytest.mark.promise("kafka-salvage-never-twice", "backend")
 def test_a_replay_of_a_salvaged_epoch_is_not_written_twice(env: Env) -> None:
     crash_after_first_commit(env)
     coord = env.coordinator()

@@ -43,6 +43,7 @@ def test_state_location_overrides_checkpoint() -> None:
     assert settings.state_location == "/state/x"
 
 
+@pytest.mark.promise("options-validated-before-data", "datasource")
 @pytest.mark.parametrize(("options", "field"), [
     (_opts(backend="-"), "backend"),
     (_opts(sink_id="-"), "sink_id"),
@@ -83,6 +84,7 @@ def test_the_stream_checkpoint_option_reads_the_streams_query_id(tmp_path: Path)
     assert "txnstreamcheckpoint" not in settings.backend_options
 
 
+@pytest.mark.promise("append-only-modes", "datasource")
 def test_overwrite_is_refused() -> None:
     source = TxsinkDataSource(_opts())
     with pytest.raises(ConfigError, match="complete"):
@@ -118,3 +120,31 @@ def test_owner_token_names_the_ancestor_jvm(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(procfs, "stat", lambda pid: fake.get(pid))
     assert _proc.driver_jvm() == (50, 777)
     assert _proc.owner_token().endswith(":jvm50:777")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_driver_started_by_another_jvm_names_its_own_sparks_jvm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver process (``txsink run``, a notebook) started by a JVM that is not Spark's
+    (a CI agent, a scheduler: Jenkins, Oozie, Rundeck) has that JVM as its nearest
+    ancestor. Its native path and grouped writes took the lease under that JVM's token,
+    which ``txsink run`` did not release (it releases its Spark JVM's), and the next run
+    was refused (``checkpoint ... is in use by another run``) for as long as the
+    launching JVM lived. The token names the JVM of the driver's own SparkContext."""
+    from types import SimpleNamespace
+
+    from pyspark.core.context import SparkContext
+
+    monkeypatch.delenv(_proc.OWNER_ENV, raising=False)
+    me = os.getpid()
+    fake = {me: ("python3", 50, 1, "R"), 50: ("java", 1, 777, "S"),  # the CI agent
+            60: ("java", me, 888, "S")}  # the JVM this driver started for Spark
+    monkeypatch.setattr(procfs, "stat", lambda pid: fake.get(pid))
+    context = SimpleNamespace(_gateway=SimpleNamespace(proc=SimpleNamespace(pid=60)))
+    monkeypatch.setattr(SparkContext, "_active_spark_context", context)
+    assert _proc.owner_token().endswith(":jvm60:888")
+    assert _proc.owner_token() == _proc.jvm_owner_token(60)  # what `txsink run` releases
+    # A Python worker of that JVM (no SparkContext of its own) names it as its ancestor.
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    fake[me] = ("python3", 60, 1, "R")
+    assert _proc.owner_token().endswith(":jvm60:888")

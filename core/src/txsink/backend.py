@@ -20,6 +20,8 @@ from txsink.model import Committable, DeliveryGuarantee, TransactionContext
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from txsink.realtime.source import SourceTopics
+
 log = logging.getLogger(__name__)
 
 
@@ -115,6 +117,12 @@ class Backend(abc.ABC):
         into the directory :meth:`native_staging` named (the native data path). It
         makes them durable and records what a commit checks (names, sizes)."""
         raise NotImplementedError(f"backend {self.name!r} has no native data path")
+
+    def feeds(self, source: SourceTopics) -> bool:
+        """Whether this target writes a topic the stream reads (``source``: the topics
+        of the query's Kafka source): every record written would be read again and
+        written again, without end. Default: False (a target that writes no topic)."""
+        return False
 
     def native_frame(self, df: Any) -> Any:
         """The Spark frame ``df`` as Spark's Parquet writer should write it for this target

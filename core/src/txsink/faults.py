@@ -57,6 +57,9 @@ POINTS = (BEFORE_DECIDE, AFTER_DECIDE, AFTER_FIRST_COMMIT, BEFORE_MARK_COMMITTED
 NATIVE_BEFORE_RECORD = "native-before-record"
 NATIVE_MID_PUBLISH = "native-mid-publish"
 NATIVE_POINTS = (NATIVE_BEFORE_RECORD, NATIVE_MID_PUBLISH)
+#: The S3 target's native path (``writer: spark``): Spark's job committed (its uploads
+#: pending, its job document written), nothing of it read by the driver yet.
+S3_NATIVE_AFTER_WRITE = "s3-native-after-write"
 
 #: Salvage points (:meth:`txsink.backend.Backend.salvage`), in order: a replacement
 #: prepared and not yet recorded in the decision; recorded and not committed;

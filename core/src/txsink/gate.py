@@ -36,9 +36,11 @@ non-local ``fs.defaultFS``) are refused, never committed in part.
 participant (:meth:`Gate.with_empty_participants`), so every target records every epoch
 and the consistent cut passes it.
 
-Real-time Mode has no epochs: its targets keep source positions. Its identity checks
-(the target a sink id writes, the source topic's identity) are the ones
-:mod:`txsink.targets` and the backends provide to every path.
+Real-time Mode has no epochs: its targets keep source positions in the transactions
+that write the rows. Its adapter asks the gate for identity all the same: whether the
+stored positions are this run's (:func:`position_refusal`: the source topic by its id,
+the destination by the check micro-batch sinks use), and, for every stream path,
+whether a target writes a topic the stream reads (:func:`feedback_refusal`).
 """
 
 from __future__ import annotations
@@ -46,14 +48,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome, record_prepared
 from txsink.coordinator.identity import STREAM, kept
-from txsink.errors import StateError
+from txsink.errors import ConfigError, StateError
 from txsink.group import TargetGroup, write_group
 from txsink.model import Committable
+from txsink.realtime.positions import SourcePartition, StoredPosition
+from txsink.realtime.source import SourceTopics
 from txsink.state import EpochRecord, EpochState, WriteId
 
 log = logging.getLogger(__name__)
@@ -102,17 +107,25 @@ class Gate:
 
         ``legacy_app_id``: the app id under which an earlier release wrote this stream's
         batches as versioned batch writes (reserved epochs, version = batch id); a batch
-        whose version it committed is a replay of it.
+        whose version it committed is a replay of it. Versions no stream drove (batch
+        jobs' ``version=N``, a backfill) are no stream's batches: the stream goes on.
         """
         c = self.coordinator
-        self.start_stream(query_id)
-        epoch = c.stream_epoch(batch_id)
-        if legacy_app_id is not None:
+        replayed = None
+        if legacy_app_id is not None and c.write_query(legacy_app_id) is not None:
             write = WriteId(legacy_app_id, batch_id, query_id)
             if c.committed_write(write) is not None:
-                c.check_write_query(write)  # another query's versions: refused
-                return Opened(epoch, f"batch {batch_id} of the query was committed as "
-                                     f"version {batch_id} of {legacy_app_id!r} before")
+                # Asked before the start binds the state to this query: versions another
+                # query wrote refuse it, and a refused batch must leave the state bound
+                # as it was, or the refusal's way out (that query's checkpoint put back)
+                # would be refused in turn.
+                c.check_write_query(write)
+                replayed = write
+        self.start_stream(query_id)
+        epoch = c.stream_epoch(batch_id)
+        if replayed is not None:
+            return Opened(epoch, f"batch {batch_id} of the query was committed as "
+                                 f"version {batch_id} of {legacy_app_id!r} before")
         record = c.store.get(epoch)
         stranger = c.epochs.stranger(epoch, record) if (
             record is None or record.state is not EpochState.RESERVED
@@ -209,9 +222,17 @@ class Gate:
         assert newest.write is not None
         if (write is not None and write.app_id == newest.write.app_id) or (
                 query_id is not None and query_id == newest.write.query_id):
-            # The stream's own writes, from a driver that took its place (a restart on
-            # another host): it takes the lease, as any newer run of a query does. A
-            # replaced checkpoint with the same app id is refused by the version check.
+            # The stream's own writes, from a driver that took its place (its driver
+            # died, possibly on another host, while the lease still names it; or a batch
+            # job ran while it was stopped): it takes the lease, as any newer run of a
+            # query does, and a run of it still going elsewhere is fenced at its next
+            # step. A replaced checkpoint with the same app id is refused by the version
+            # check.
+            if alive:
+                log.warning("sink=%s: the streaming query %s runs again from the driver "
+                            "%s; the lease holder %s still runs and is fenced at its next "
+                            "write", self.sink_id, query_id or newest.write.query_id,
+                            c.owner, holder)
             return
         age = time.time() - (newest.committed_at or newest.decided_at)
         if alive is None and age > STREAM_QUIET_S:
@@ -224,7 +245,8 @@ class Gate:
                  f"on another host, its last batch committed {age:.0f} s ago")
         raise StateError(
             f"sink={self.sink_id}: the streaming query {newest.write.query_id} writes this "
-            "sink's state through foreachBatch grouped writes from the driver "
+            "sink's state through foreachBatch writes with an identity (grouped writes "
+            "with a version, or txnAppId/txnVersion) from the driver "
             f"{holder}, which holds the state's lease ({where}); a batch write from this "
             f"driver ({c.owner}) would take the lease over and stop that stream. Nothing "
             "was written. Run this write in the stream's own driver (its writes share the "
@@ -269,7 +291,7 @@ class Gate:
                 c.check_write_query(dataclasses.replace(write, query_id=query_id))
             log.warning("sink=%s: write %s is already committed; skipping it, nothing is "
                         "written", self.sink_id, write)
-            return Opened(-1, f"{write} is committed already")
+            return Opened(-1, "committed already")
         return Opened(c.reserve_epoch(write))
 
     def _refuse_behind_targets(self, write: WriteId) -> None:
@@ -279,9 +301,15 @@ class Gate:
         be taken for a new write and its rows written twice: refused. (A micro-batch of
         a stream is recognised by its epoch number instead: :meth:`open_stream_batch`.)"""
         c = self.coordinator
-        if c.epochs.committed_version(write.app_id) < 0:
-            return  # this writer has no history in this state: nothing to replay
-        known, held = c.epochs.used_in_state(), c.epochs.held_by_targets()
+        known = c.epochs.used_in_state()
+        if known < 0:
+            # A state that used no epoch yet: a new query's (on a sink id its old owner
+            # released, whose epochs the targets hold); its writes are above them. A
+            # state that used some and knows fewer than the targets hold is older than
+            # them, whether or not it saw this app id (a copy taken before its first
+            # version knows none of them).
+            return
+        held = c.epochs.held_by_targets()
         if held <= known:
             return
         raise StateError(
@@ -364,4 +392,52 @@ class Gate:
         return record
 
 
-__all__ = ["DRIVER_ATTEMPT", "Gate", "Opened"]
+def feedback_refusal(source: SourceTopics, feeding: Sequence[tuple[str, str]], *,
+                     sink_id: str) -> ConfigError | None:
+    """Identity of the source, for every stream path (micro-batch and Real-time Mode):
+    the refusal of a target that writes a topic the stream reads (``subscribe``, a
+    ``subscribePattern`` matching it, an ``assign`` naming it, on the same brokers):
+    every record it writes would be read and written again, without end. ``feeding``:
+    (option field, place) of each such target, as its path judged it (``Backend.feeds``,
+    ``RealtimeTargetSpec.feeds``); ``None`` when there is none."""
+    if not feeding:
+        return None
+    where, place = feeding[0]
+    return ConfigError(
+        f"{where}: the target writes {place}, the topic the query reads "
+        f"({source.describe()}): every record it writes would be read again and written "
+        "again, without end; nothing was written. Write another topic, or read without it",
+        field=where, sink_id=sink_id)
+
+
+def refuse_feedback(backend: Backend, sink_id: str, source: SourceTopics, *,
+                    field: str = "sink") -> None:
+    """:func:`feedback_refusal` for a micro-batch sink (one backend or a group)."""
+    if isinstance(backend, TargetGroup):
+        feeding = [(f"targets[{m.name}].options.topic", m.backend.describe())
+                   for m in backend.members.values() if m.backend.feeds(source)]
+    else:
+        feeding = ([(f"{field}.options.topic", backend.describe())]
+                   if backend.feeds(source) else [])
+    refusal = feedback_refusal(source, feeding, sink_id=sink_id)
+    if refusal is not None:
+        raise refusal
+
+
+def position_refusal(sink_id: str, stored: Mapping[SourcePartition, StoredPosition],
+                     destination: Mapping[str, str], topic_ids: Mapping[str, str],
+                     ends: Callable[[str], Mapping[int, int]] | None, *,
+                     field: str) -> ConfigError | None:
+    """Identity in Real-time Mode, asked on the driver before any data moves: whether
+    the positions a real-time target stored are this run's (the same source topic, by
+    its id; the same destination, by :func:`txsink.targets.moved_target`, the check of
+    every micro-batch path). Each task's claim asks the same of the position it reads
+    (:func:`txsink.realtime.identity.claim_refusal`)."""
+    from txsink.realtime.identity import start_identity_refusal
+
+    return start_identity_refusal(sink_id, stored, destination, topic_ids, ends,
+                                  field=field)
+
+
+__all__ = ["DRIVER_ATTEMPT", "Gate", "Opened", "feedback_refusal", "position_refusal",
+           "refuse_feedback"]

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from txsink.plugins import Plugins
+    from txsink.realtime.source import SourceTopics
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -316,6 +317,13 @@ class TargetGroup(Backend):
 
     def is_committed(self, committable: Committable) -> bool | None:
         return self.member(committable.target).backend.is_committed(committable)
+
+    def feeds(self, source: SourceTopics) -> bool:
+        return any(m.backend.feeds(source) for m in self.members.values())
+
+    def feeding(self, source: SourceTopics) -> list[str]:
+        """The targets that write a topic the stream reads."""
+        return [m.name for m in self.members.values() if m.backend.feeds(source)]
 
     def take_back(self, committable: Committable) -> bool:
         return self.member(committable.target).backend.take_back(committable)

@@ -84,6 +84,7 @@ def test_an_epoch_of_many_participants_is_one_log_entry_with_the_txn(
     assert backend.holds_epoch("orders", 1) and not backend.holds_epoch("orders", 3)
 
 
+@pytest.mark.promise("delta-commit-never-twice", "backend")
 def test_a_commit_whose_outcome_was_unknown_is_not_added_twice(
         backend: DeltaBackend, table: Path) -> None:
     """The first commit landed but its caller saw an error (a timeout after success):
@@ -161,6 +162,8 @@ def test_epochs_committed_out_of_order_are_each_recognised(
     assert sorted(read_table_ids(str(table))) == [*range(20), *range(100, 120)]
 
 
+@pytest.mark.promise("delta-not-null-checked", "backend")
+@pytest.mark.promise("delta-schema-checked-before-decision", "backend")
 def test_nulls_for_a_not_null_column_are_refused_before_the_decision(
         backend: DeltaBackend, table: Path) -> None:
     """The table's column is NOT NULL (its owner made it so); a frame is nullable. Rows
@@ -190,6 +193,7 @@ def test_nulls_for_a_not_null_column_are_refused_before_the_decision(
     assert sorted(read_table_ids(str(table))) == [1, 2, 3]
 
 
+@pytest.mark.promise("delta-constraints-refused", "backend")
 def test_a_table_with_a_check_constraint_is_refused(backend: DeltaBackend, table: Path) -> None:
     """txsink adds files without reading their rows: a CHECK constraint (which delta-rs's
     own writer enforces) would be broken by the first row that fails it. Refused at

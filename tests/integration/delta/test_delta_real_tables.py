@@ -85,6 +85,7 @@ SUPPORTED = [
 ]
 
 
+@pytest.mark.promise("delta-unsupported-features-refused", "backend")
 @pytest.mark.parametrize(("feature", "readers"), REFUSED, ids=[f for f, _ in REFUSED])
 def test_a_table_feature_txsink_cannot_write_is_refused_at_the_start(
         tmp_path: Path, feature: str, readers: list[str]) -> None:
@@ -116,6 +117,7 @@ def test_a_table_feature_an_append_honours_is_written(
     assert [a["stats"] for a in added] and all('"numRecords":2' in a["stats"] for a in added)
 
 
+@pytest.mark.promise("delta-unsupported-features-refused", "backend")
 def test_identity_columns_of_a_legacy_protocol_are_refused(tmp_path: Path) -> None:
     table = tmp_path / "t"
     write_log(table, 0, protocol(2, 6), metadata())
@@ -123,6 +125,7 @@ def test_identity_columns_of_a_legacy_protocol_are_refused(tmp_path: Path) -> No
         DeltaBackend(str(table)).preflight("orders")
 
 
+@pytest.mark.promise("delta-column-mapping-refused", "backend")
 @pytest.mark.parametrize("mode", ["name", "id"])
 def test_column_mapping_is_refused_at_the_start(tmp_path: Path, mode: str) -> None:
     """Under column mapping a file names its columns by their physical names (and field
@@ -140,6 +143,7 @@ def test_column_mapping_is_refused_at_the_start(tmp_path: Path, mode: str) -> No
     assert "NULL" in str(refused.value)
 
 
+@pytest.mark.promise("delta-table-checked-before-each-epoch", "backend")
 def test_a_feature_turned_on_after_the_start_is_refused_before_the_decision(
         tmp_path: Path) -> None:
     """Another writer turns on row tracking while the pipeline runs: the next epoch is
@@ -168,6 +172,7 @@ def test_a_feature_turned_on_after_the_start_is_refused_before_the_decision(
     assert sorted(read_table_ids(str(table))) == [1, 2]
 
 
+@pytest.mark.promise("delta-partitioned-refused", "backend")
 def test_a_table_partitioned_by_another_writer_is_refused_before_the_decision(
         tmp_path: Path) -> None:
     """Seen: the epochs after another writer re-partitioned the table were added without
@@ -199,6 +204,7 @@ def test_a_table_partitioned_by_another_writer_is_refused_before_the_decision(
         DeltaBackend(str(table)).preflight("orders")
 
 
+@pytest.mark.promise("delta-foreign-directory-refused", "backend")
 def test_a_directory_with_other_files_is_not_taken_for_a_new_table(tmp_path: Path) -> None:
     """A later VACUUM of a table made in it deletes every file its log does not name:
     the owner's. Refused at the start, and before the decision when the files came
@@ -219,6 +225,7 @@ def test_a_directory_with_other_files_is_not_taken_for_a_new_table(tmp_path: Pat
     assert not (table / "_delta_log").exists()
 
 
+@pytest.mark.promise("delta-created-table-nullable", "backend")
 def test_a_table_made_from_a_not_null_frame_takes_nullable_frames(tmp_path: Path) -> None:
     """Seen: the table kept the first frame's NOT NULL columns and refused every later
     nullable frame (without a null) as "of another type"."""
@@ -246,6 +253,7 @@ def test_a_table_made_from_a_not_null_frame_takes_nullable_frames(tmp_path: Path
     assert sorted(got, key=str) == sorted([1, 2, 3, None], key=str)
 
 
+@pytest.mark.promise("delta-not-null-checked", "backend")
 def test_a_nested_not_null_the_files_cannot_prove_is_refused_naming_it(
         tmp_path: Path) -> None:
     from deltalake import DeltaTable
@@ -265,6 +273,7 @@ def test_a_nested_not_null_the_files_cannot_prove_is_refused_naming_it(
     assert refused.value.field == "tags"
 
 
+@pytest.mark.promise("delta-lost-log-refused", "backend")
 def test_a_table_whose_log_was_deleted_is_not_made_again_empty(tmp_path: Path) -> None:
     """The log is gone (deleted, or the table made again by another writer): txsink's
     folder still says a table here held the sink's epochs. Refused at the start and at

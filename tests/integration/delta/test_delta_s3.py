@@ -184,6 +184,7 @@ def test_a_bad_endpoint_is_named(s3_server: S3Server) -> None:
     assert err.field == "endpoint_url" and "cannot reach" in str(err)
 
 
+@pytest.mark.promise("delta-secrets-never-stored", "backend")
 def test_wrong_credentials_are_named_without_the_secret(s3_server: S3Server) -> None:
     s3_server.require_local()
     prefix = f"lake-{uuid.uuid4().hex[:8]}"

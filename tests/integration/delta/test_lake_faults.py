@@ -89,6 +89,7 @@ def test_a_log_write_failing_after_success_is_retried_without_a_second_entry(
     assert entries(backend, tmp_path) == 1
 
 
+@pytest.mark.promise("delta-commit-never-twice", "backend")
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_two_committers_of_one_epoch_racing_add_it_once(tmp_path: Path, kind: str) -> None:
     """Both read the table before either appends (a barrier holds them there). Seen

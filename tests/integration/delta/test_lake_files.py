@@ -140,6 +140,7 @@ def stats_of(table: pa.Table, where: Path, row_group_size: int | None = None
     return dict(json.loads(file_stats(pq.ParquetFile(where).metadata)))
 
 
+@pytest.mark.promise("delta-statistics-hold-for-every-row", "backend")
 def test_statistics_give_bounds_only_when_they_hold_for_every_row_and_column(
         tmp_path: Path) -> None:
     # A row group without min/max for s: no bounds (for s, and so for any column).
@@ -160,6 +161,7 @@ def test_statistics_give_bounds_only_when_they_hold_for_every_row_and_column(
     assert "minValues" not in stats and stats["nullCount"]["n"] == 2
 
 
+@pytest.mark.promise("delta-statistics-hold-for-every-row", "backend")
 @pytest.mark.parametrize("writer", ["native", "txsink"])
 def test_a_filtered_read_finds_a_row_of_a_row_group_without_statistics(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str) -> None:
@@ -186,6 +188,7 @@ def test_a_filtered_read_finds_a_row_of_a_row_group_without_statistics(
     assert table.to_pyarrow_table(filters=[("n", "=", 2)]).num_rows == 1
 
 
+@pytest.mark.promise("delta-statistics-hold-for-every-row", "backend")
 def test_a_filtered_read_on_a_column_without_bounds_finds_its_rows(tmp_path: Path) -> None:
     """Found while fixing the above: delta-rs's pyarrow reader takes a column missing
     from ``minValues`` beside others as all null, and a filter on a timestamp column of
@@ -209,6 +212,8 @@ def test_a_filtered_read_on_a_column_without_bounds_finds_its_rows(tmp_path: Pat
 # -- locations --------------------------------------------------------------------------
 
 
+@pytest.mark.promise("iceberg-hostile-location-refused", "backend")
+@pytest.mark.promise("delta-hostile-location-refused", "backend")
 @pytest.mark.parametrize(("kind", "char"), [
     ("delta", "#"), ("delta", "?"), ("delta", "%"), ("iceberg", "#"), ("iceberg", "?")])
 def test_a_location_with_a_character_that_cannot_work_is_refused_naming_it(

@@ -78,6 +78,8 @@ def test_one_entry_per_table_per_epoch_in_a_group(tmp_path: Path,
     assert iceberg.list_prepared(target_sink_id(GROUP, "iceberg")) == []
 
 
+@pytest.mark.promise("iceberg-schema-checked-before-decision", "backend")
+@pytest.mark.promise("delta-schema-checked-before-decision", "backend")
 @pytest.mark.parametrize("table", ["delta", "iceberg"])
 def test_rows_that_do_not_fit_the_table_are_refused_before_the_decision(
         tmp_path: Path, table: str) -> None:
@@ -110,6 +112,8 @@ def test_rows_that_do_not_fit_the_table_are_refused_before_the_decision(
     assert member.list_prepared(target_sink_id(GROUP, table)) == []
 
 
+@pytest.mark.promise("iceberg-sink-owner", "backend")
+@pytest.mark.promise("delta-sink-owner", "backend")
 @pytest.mark.parametrize("table", ["delta", "iceberg"])
 def test_a_new_state_for_a_sink_id_the_table_holds_is_refused(
         tmp_path: Path, table: str) -> None:

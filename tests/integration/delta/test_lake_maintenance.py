@@ -151,6 +151,7 @@ def test_a_column_added_by_another_writer_reads_null_in_txsink_s_rows(
     assert {r["note"] for r in found} == {None}
 
 
+@pytest.mark.promise("iceberg-format-version-3-refused", "backend")
 def test_an_iceberg_table_of_format_version_3_is_refused_before_the_decision(
         tmp_path: Path) -> None:
     """pyiceberg 0.12 writes no version 3 manifest: seen, such a table was accepted and

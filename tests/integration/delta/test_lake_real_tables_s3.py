@@ -73,6 +73,7 @@ def commit(backend: TableBackend, epoch: list[Committable]) -> None:
     backend.epoch_committed(epoch[0].sink_id, epoch[0].epoch, epoch)
 
 
+@pytest.mark.promise("delta-foreign-directory-refused", "backend")
 def test_a_prefix_holding_other_objects_is_not_taken_for_a_new_delta_table(
         s3_server: S3Server, tmp_path: Path) -> None:
     backend = on_s3("delta", s3_server, tmp_path)
@@ -127,6 +128,7 @@ def test_spark_s_files_on_s3_are_written_again_with_field_ids(
     assert found == [{"id": 1, "x": None}]
 
 
+@pytest.mark.promise("iceberg-lost-catalog-entry-refused", "backend")
 def test_a_lost_catalog_entry_on_s3_is_refused(s3_server: S3Server, tmp_path: Path) -> None:
     backend = on_s3("iceberg", s3_server, tmp_path)
     assert isinstance(backend, IcebergBackend)

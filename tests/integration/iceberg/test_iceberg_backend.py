@@ -63,6 +63,7 @@ def test_an_epoch_of_many_participants_is_one_snapshot_marked_in_its_summary(
     assert backend.holds_epoch("orders", 1) and not backend.holds_epoch("orders", 3)
 
 
+@pytest.mark.promise("iceberg-commit-never-twice", "backend")
 def test_a_commit_whose_outcome_was_unknown_is_not_added_twice(
         backend: IcebergBackend) -> None:
     msgs = [prepare(backend, 0, p, range(p * 10, p * 10 + 10)) for p in range(3)]
@@ -92,6 +93,7 @@ def test_an_empty_epoch_still_makes_its_marked_snapshot(backend: IcebergBackend)
     assert sorted(read_table_ids(backend)) == list(range(5))
 
 
+@pytest.mark.promise("iceberg-secrets-never-stored", "backend")
 def test_bad_options_are_refused_before_writing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'table'"):
         IcebergBackend.from_options({"warehouse": str(tmp_path)})

@@ -70,6 +70,7 @@ def rows(b: IcebergBackend) -> list[tuple[object, ...]]:
 # -- field ids --------------------------------------------------------------------------
 
 
+@pytest.mark.promise("iceberg-field-ids-written", "backend")
 @pytest.mark.parametrize("writer", ["txsink", "native"])
 def test_a_column_dropped_and_added_again_shows_no_old_values(tmp_path: Path,
                                                               writer: str) -> None:
@@ -93,6 +94,7 @@ def test_a_column_dropped_and_added_again_shows_no_old_values(tmp_path: Path,
     assert rows(b) == [(1, None), (2, None), (3, "new3")]
 
 
+@pytest.mark.promise("iceberg-field-ids-written", "backend")
 def test_files_written_before_a_column_was_dropped_and_added_again_are_refused(
         tmp_path: Path) -> None:
     """The epoch's files carry the old column's id: refused before its decision, naming
@@ -125,6 +127,7 @@ def test_a_table_made_from_a_not_null_frame_is_nullable(tmp_path: Path) -> None:
     assert rows(b) == [(1, "a"), (2, "b"), (3, None)]
 
 
+@pytest.mark.promise("iceberg-not-null-checked", "backend")
 @pytest.mark.parametrize("writer", ["txsink", "native"])
 def test_a_not_null_column_takes_a_nullable_frame_without_nulls_and_refuses_a_null(
         tmp_path: Path, writer: str) -> None:
@@ -163,6 +166,7 @@ def run(b: IcebergBackend, state: Path, e: int, ids: list[int]) -> None:
     coord.commit_epoch(e, epoch(b, e, ids, [str(i) for i in ids]))
 
 
+@pytest.mark.promise("iceberg-lost-catalog-entry-refused", "backend")
 def test_a_lost_catalog_entry_is_refused_and_registering_the_table_again_restores_it(
         tmp_path: Path) -> None:
     b = backend(tmp_path)
@@ -192,6 +196,7 @@ def test_a_lost_catalog_entry_is_refused_and_registering_the_table_again_restore
     assert again.holds_epoch(SINK, 1) and again.highest_epoch(SINK) == 2
 
 
+@pytest.mark.promise("iceberg-table-uuid-checked", "backend")
 def test_a_table_dropped_and_created_again_is_refused_by_its_uuid(tmp_path: Path) -> None:
     b = backend(tmp_path)
     run(b, tmp_path / "state", 0, [1, 2])
@@ -217,6 +222,7 @@ def test_a_table_dropped_and_created_again_is_refused_by_its_uuid(tmp_path: Path
     assert rows(new) == [(3, "3")]
 
 
+@pytest.mark.promise("iceberg-table-uuid-checked", "backend")
 def test_a_table_made_again_at_the_old_location_is_refused(tmp_path: Path) -> None:
     """The catalog was lost and someone made the table again by hand, at its old
     location: another table's metadata is there."""
@@ -234,6 +240,7 @@ def test_a_table_made_again_at_the_old_location_is_refused(tmp_path: Path) -> No
 # -- claims -----------------------------------------------------------------------------
 
 
+@pytest.mark.promise("iceberg-sink-owner", "backend")
 def test_the_claim_outlives_orphan_file_removal(tmp_path: Path) -> None:
     """Seen: orphan-file removal deleted ``_owner.json`` (no snapshot names it), and a
     second query (a new state) was then accepted and wrote the source again."""
@@ -294,6 +301,7 @@ def test_the_refusal_s_way_out_followed_literally_lets_a_new_state_take_the_sink
     assert rows(b) == [(1, "1"), (5, "5")]
 
 
+@pytest.mark.promise("iceberg-table-uuid-checked", "backend")
 def test_a_table_dropped_with_its_files_is_not_made_again_silently(tmp_path: Path) -> None:
     """Dropped and purged: nothing is left at its location, and only the catalog's own
     record (the namespace property) says the sink wrote a table by that name."""
@@ -313,6 +321,7 @@ def test_a_table_dropped_with_its_files_is_not_made_again_silently(tmp_path: Pat
     assert rows(b) == [(3, "3")]
 
 
+@pytest.mark.promise("iceberg-lost-table-refused", "backend")
 def test_a_table_whose_catalog_entry_and_metadata_are_gone_is_not_made_again_empty(
         tmp_path: Path) -> None:
     import shutil

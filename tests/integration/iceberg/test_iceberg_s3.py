@@ -88,6 +88,7 @@ def test_a_warehouse_on_s3_needs_a_catalog_uri(s3_server: S3Server) -> None:
     assert info.value.field == "catalog_uri"
 
 
+@pytest.mark.promise("iceberg-s3-preflight", "backend")
 def test_a_missing_bucket_is_named_before_the_catalog_is_touched(s3_server: S3Server,
                                                                  tmp_path: Path) -> None:
     catalog = tmp_path / "catalog.db"
@@ -100,6 +101,7 @@ def test_a_missing_bucket_is_named_before_the_catalog_is_touched(s3_server: S3Se
     assert not catalog.exists()
 
 
+@pytest.mark.promise("iceberg-s3-preflight", "backend")
 def test_wrong_credentials_are_named_without_the_secret(s3_server: S3Server,
                                                         tmp_path: Path) -> None:
     s3_server.require_local()

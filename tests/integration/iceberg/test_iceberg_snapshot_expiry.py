@@ -25,6 +25,7 @@ def _other_append(backend: IcebergBackend) -> None:
         "id": pa.array([-1], pa.int64()), "at": pa.array([0], pa.timestamp("us", tz="UTC"))}))
 
 
+@pytest.mark.promise("iceberg-expired-snapshot-refused", "backend")
 def test_an_epoch_whose_snapshot_expired_is_refused_not_added_twice(
         backend: IcebergBackend) -> None:
     """Seen: epoch 1 committed, another writer appended, snapshot expiry kept only the
@@ -65,6 +66,7 @@ def test_a_rolled_back_epoch_is_written_again(backend: IcebergBackend) -> None:
 
 
 
+@pytest.mark.promise("iceberg-orphan-removal-stops", "backend")
 def test_orphan_file_removal_and_expiry_leave_committed_epochs_alone(
         backend: IcebergBackend, tmp_path: Path) -> None:
     """Routine maintenance: orphan-file removal deletes each epoch's ``_committed.json``

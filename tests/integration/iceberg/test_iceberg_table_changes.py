@@ -5,10 +5,15 @@ measures this process's growth, which earlier tables' allocations shift.)"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 from txsink.backend import CommitOutcome
 from txsink.errors import ConfigError
 from txsink_iceberg.backend import IcebergBackend
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 from tests.integration.iceberg.test_iceberg_backend import backend, prepare
 from tests.integration.iceberg.test_iceberg_conformance import read_table_ids
@@ -34,6 +39,7 @@ def test_epochs_committed_out_of_order_are_each_recognised(backend: IcebergBacke
     assert sorted(read_table_ids(backend)) == [*range(20), *range(100, 120)]
 
 
+@pytest.mark.promise("iceberg-partitioned-refused", "backend")
 def test_a_table_partitioned_since_the_start_is_refused_before_the_decision(
         backend: IcebergBackend) -> None:
     """Another writer partitions the table while the pipeline runs: add_files refused
@@ -64,3 +70,37 @@ def test_a_rollback_takes_epochs_out_of_the_highest_the_next_commit_records(
     assert backend.highest_epoch("orders") == 1
     assert not backend.holds_epoch("orders", 2) and backend.holds_epoch("orders", 1)
     assert sorted(read_table_ids(backend)) == [0, 1, 10, 11]
+
+
+@pytest.mark.promise("iceberg-rollback-stops", "backend")
+def test_a_rollback_past_committed_epochs_stops_the_pipeline_naming_it(
+        backend: IcebergBackend, tmp_path: Path) -> None:
+    """A rollback past epochs the sink committed takes their rows out for good if the
+    pipeline goes on: it stops before the next decision and at its next start, naming
+    the rollback; setting the current snapshot back lets it go on, exactly once."""
+    from txsink.coordinator import Coordinator, EpochOutcome
+    from txsink.errors import TxsinkError
+    from txsink.plugins import build_plugins
+    from txsink.state import DirectoryStateStore
+
+    coord = Coordinator(backend, DirectoryStateStore(tmp_path / "state"), "orders",
+                        plugins=build_plugins())
+    coord.start()
+    for epoch in range(3):
+        assert coord.commit_epoch(epoch, [prepare(backend, epoch, 0, range(
+            epoch * 10, epoch * 10 + 2))]) is EpochOutcome.COMMITTED
+    newest = backend._load().current_snapshot().snapshot_id
+    first = backend._load().snapshots()[0].snapshot_id
+    backend._load().manage_snapshots().rollback_to_snapshot(first).commit()
+    with pytest.raises(TxsinkError, match="rolled back past epochs") as refused:
+        coord.commit_epoch(3, [prepare(backend, 3, 0, range(30, 32))])
+    assert "set_current_snapshot" in str(refused.value)
+    assert sorted(read_table_ids(backend)) == [0, 1]
+    with pytest.raises(TxsinkError, match="rolled back past epochs"):
+        backend.preflight("orders")
+    backend._load().manage_snapshots().set_current_snapshot(newest).commit()
+    backend.preflight("orders")
+    assert coord.commit_epoch(3, [prepare(backend, 3, 0, range(30, 32))]) is (
+        EpochOutcome.COMMITTED)
+    assert sorted(read_table_ids(backend)) == [0, 1, 10, 11, 20, 21, 30, 31]
+

@@ -59,6 +59,7 @@ def restart_later(broker: LocalKafka) -> threading.Thread:
     return thread
 
 
+@pytest.mark.promise("target-restart-retried", "backend")
 def test_preflight_writer_and_commit_ride_out_a_broker_restart(
         kafka: LocalKafka, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="txsink_kafka")
@@ -123,6 +124,7 @@ def test_preflight_writer_and_commit_ride_out_a_broker_restart(
     _a_group_claim_with_its_broker_stopped_says_server_down(kafka, tmp_path)
 
 
+@pytest.mark.promise("wrong-credentials-fail-at-once", "backend")
 def test_a_wrong_host_is_a_config_error_at_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="txsink_kafka")
     backend = get_plugins().create_backend(

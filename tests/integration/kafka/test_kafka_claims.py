@@ -39,6 +39,7 @@ def options(kafka_broker: Broker, topic: str, marker_topic: str) -> dict[str, st
             "claim.topic": f"c-{uuid.uuid4().hex[:8]}"}
 
 
+@pytest.mark.promise("kafka-sink-owner", "backend")
 def test_the_claim_holds_after_other_sinks_filled_the_marker_partition(
         options: dict[str, str], tmp_path: Path) -> None:
     sink = f"cl-{uuid.uuid4().hex[:8]}"

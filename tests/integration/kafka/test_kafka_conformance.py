@@ -51,6 +51,7 @@ def broker_open_participants(backend: KafkaBackend, sink_id: str) -> set[str]:
     return out
 
 
+@pytest.mark.promise("kafka-read-committed-exactly-once", "backend")
 class TestKafkaConformance(BackendConformance):
     backend_name = "kafka"
     large_partition_bytes = 48 * 1024 * 1024

@@ -25,6 +25,7 @@ def committed_values(bootstrap: str, topic: str) -> list[bytes]:
     return sorted(m.value() for m in kt.read_topic(bootstrap, topic))
 
 
+@pytest.mark.promise("kafka-status-lists-open-transactions", "cli")
 def test_status_shows_a_hanging_transaction_and_resolve_lets_readers_on(
         kafka_broker: Broker, marker_topic: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,9 +45,12 @@ def sink_id() -> str:
 @pytest.fixture
 def backend(kafka_broker: Broker, topic: str, marker_topic: str,
             sink_id: str) -> Iterator[KafkaBackend]:
+    """Hand-driven writers in this process: the producer a writer process opens ahead
+    of its next participant is off here (the slot each probe picks is the subject);
+    :func:`test_producers_opened_ahead_never_take_a_slot_a_decision_holds` has it on."""
     b = get_plugins().create_backend("kafka", {
         "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
-        "marker.topic": marker_topic})
+        "marker.topic": marker_topic, "producer.init.ahead": "false"})
     assert isinstance(b, KafkaBackend)
     b.preflight(sink_id)
     try:
@@ -103,6 +106,7 @@ def test_distinct_transactional_ids_stay_bounded_over_many_epochs(
     assert keys == sorted(e * 100 + p * 10 for e in range(EPOCHS) for p in range(PARTITIONS))
 
 
+@pytest.mark.promise("kafka-decided-slot-never-taken", "backend")
 def test_a_slot_held_by_a_decided_epoch_is_not_reused_until_recovery_commits_it(
         backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path) -> None:
     state = DirectoryStateStore(tmp_path / "state")
@@ -197,3 +201,71 @@ def test_two_attempts_that_chose_the_same_slot_still_end_exactly_once(
     assert backend.broker_transactions(sink_id) == {}
     keys = sorted(int(m.key()) for m in kt.read_topic(backend.config.bootstrap, topic))
     assert keys == list(range(10))
+
+
+@pytest.mark.promise("kafka-init-ahead-never-fences", "backend")
+def test_producers_opened_ahead_never_take_a_slot_a_decision_holds(
+        kafka_broker: Broker, topic: str, marker_topic: str, sink_id: str,
+        tmp_path: Path) -> None:
+    """With ``producer.init.ahead`` (the default): the producer each writer process opens
+    for its next participant probes like any writer, so a slot whose transaction is
+    prepared, decided or not, is never initialised (fenced); over many epochs the ids
+    stay bounded (one more per partition: the one opened ahead); every row once."""
+    from txsink_kafka import backend as kb
+    b = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+        "marker.topic": marker_topic})
+    assert isinstance(b, KafkaBackend)
+    b.preflight(sink_id)
+    kb.close_kept_producers()
+    try:
+        state = DirectoryStateStore(tmp_path / "state")
+        crash = FaultInjector([FaultRule(AFTER_DECIDE, 0, "raise")])
+        coord = Coordinator(b, state, sink_id, plugins=build_plugins(), faults=crash)
+        coord.start()
+        decided = prepare(b, sink_id, 0, 0)
+        with pytest.raises(InjectedFault):
+            coord.commit_epoch(0, [decided])
+        held = str(decided.payload["transactional_id"])
+        for epoch in range(1, 4):  # writers while the decided slot waits for recovery
+            c = prepare(b, sink_id, epoch, 0)
+            assert c.payload["transactional_id"] != held
+            assert c.payload.get("open_ms") is not None
+            assert b.commit(c).value in ("committed", "already-committed")
+        assert held in (b.broker_transactions(sink_id) or {})  # still open, not fenced
+        restarted = Coordinator(b, state, sink_id, plugins=build_plugins())
+        assert restarted.start(up_to_epoch=0).recommitted_epochs == [0]
+        for epoch in range(4, 30):
+            msgs = [prepare(b, sink_id, epoch, p) for p in range(PARTITIONS)]
+            assert restarted.commit_epoch(epoch, msgs) is EpochOutcome.COMMITTED
+        assert kb.PRODUCER_COUNTS["warmed"] > 0 and kb.PRODUCER_COUNTS["reused"] > 0
+        ids = known_ids(b, sink_id)
+        assert len(ids) <= PARTITIONS * 3 + 1, sorted(ids)
+        assert b.broker_transactions(sink_id) == {}
+        keys = sorted(int(m.key()) for m in kt.read_topic(b.config.bootstrap, topic))
+        assert keys == sorted([0, 100, 200, 300] + [e * 100 + p * 10 for e in range(4, 30)
+                                                    for p in range(PARTITIONS)])
+    finally:
+        kb.close_kept_producers()
+        b.close()
+
+
+@pytest.mark.promise("kafka-pool-exhausted-named", "backend")
+def test_a_writer_that_finds_every_slot_open_fails_naming_them(
+        kafka_broker: Broker, topic: str, marker_topic: str, sink_id: str) -> None:
+    from txsink.errors import TxsinkError
+
+    small = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+        "marker.topic": marker_topic, "transactional.id.pool.size": "1"})
+    assert isinstance(small, KafkaBackend)
+    try:
+        small.preflight(sink_id)
+        held = prepare(small, sink_id, 0, 0)  # prepared: its transaction stays open
+        with pytest.raises(TxsinkError, match="all 1 pooled transactional ids") as err:
+            prepare(small, sink_id, 0, 0, attempt=1)  # another attempt of partition 0
+        assert str(held.payload["transactional_id"]) in str(err.value)
+        assert "transactional.id.pool.size" in str(err.value)
+        small.abort(held)
+    finally:
+        small.close()

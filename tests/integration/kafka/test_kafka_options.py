@@ -42,6 +42,7 @@ def test_reserved_producer_settings(key: str) -> None:
     assert info.value.field == f"kafka.{key}"
 
 
+@pytest.mark.promise("kafka-timeout-checked", "backend")
 def test_timeout_below_trigger_interval_is_an_error_with_numbers() -> None:
     with pytest.raises(ConfigError, match=r"30000 ms.*60000 ms") as info:
         make(**{"kafka.transaction.timeout.ms": "30000", "trigger.interval.ms": "60000"})

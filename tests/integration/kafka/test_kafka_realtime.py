@@ -32,6 +32,7 @@ def values(broker: Broker, topic: str) -> list[int]:
     return sorted(int(m.value()) for m in kt.read_topic(broker.bootstrap, topic))
 
 
+@pytest.mark.promise("realtime-replay-skipped", "realtime")
 def test_records_and_progress_commit_together_and_a_replay_is_skipped(
         kafka_broker: Broker, topic: str) -> None:
     if kt.tansu_selected():
@@ -72,6 +73,7 @@ def test_a_full_producer_queue_writes_each_record_once(
     assert spec.stored_positions() == {SRC: 49}
 
 
+@pytest.mark.promise("realtime-two-drivers-fenced", "realtime")
 def test_a_second_writer_fences_the_first(kafka_broker: Broker, topic: str) -> None:
     if kt.tansu_selected():
         pytest.skip(kt.TANSU_CANNOT)
@@ -86,6 +88,7 @@ def test_a_second_writer_fences_the_first(kafka_broker: Broker, topic: str) -> N
     assert values(kafka_broker, topic) == [0]
 
 
+@pytest.mark.promise("realtime-progress-topic-compacted", "realtime")
 def test_a_progress_topic_that_is_not_compacted_is_refused(
         kafka_broker: Broker, topic: str) -> None:
     progress = f"p-{uuid.uuid4().hex[:8]}"
@@ -97,6 +100,7 @@ def test_a_progress_topic_that_is_not_compacted_is_refused(
         spec.prepare()
 
 
+@pytest.mark.promise("realtime-kept-producer-fenced-reclaims", "realtime")
 def test_a_kept_producer_fenced_while_idle_is_claimed_again_on_a_real_broker(
         kafka_broker: Broker, topic: str) -> None:
     """The broker's answer to a kept producer that another worker fenced between two

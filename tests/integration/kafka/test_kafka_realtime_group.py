@@ -28,6 +28,7 @@ def spec_for(broker: Broker, topic: str, sink: str) -> KafkaRealtimeSpec:
     return spec
 
 
+@pytest.mark.promise("realtime-claim-before-commit", "realtime")
 def test_a_claim_is_stored_before_any_target_commits_and_each_keeps_its_own(
         kafka_broker: Broker, topic: str) -> None:
     if kt.tansu_selected():

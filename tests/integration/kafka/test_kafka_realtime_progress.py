@@ -71,6 +71,7 @@ def progress(tag: str = "p") -> str:
     return f"{tag}-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.mark.promise("realtime-deleted-position-is-no-position", "realtime")
 def test_a_tombstone_means_no_position_in_claims_and_status(
         kafka_broker: Broker, topic: str) -> None:
     """A tombstone for a marker's key (what an operator deleting a position writes) is
@@ -100,6 +101,7 @@ def test_a_record_without_an_offset_is_no_position_not_offset_zero(
     assert values(kafka_broker, topic) == [0, 1, 2]
 
 
+@pytest.mark.promise("realtime-progress-topic-compacted", "realtime")
 @pytest.mark.parametrize("policy", ["compact,delete", "delete", "delete,compact"])
 def test_a_progress_topic_with_retention_is_refused_naming_the_fix_which_works(
         kafka_broker: Broker, topic: str, policy: str) -> None:
@@ -131,6 +133,7 @@ def test_a_progress_topic_with_retention_is_refused_naming_the_fix_which_works(
     make_spec(kafka_broker, topic, name)
 
 
+@pytest.mark.promise("realtime-progress-markers-in-partition-0", "realtime")
 def test_partitions_added_to_the_progress_topic_do_not_move_the_markers(
         kafka_broker: Broker, topic: str) -> None:
     name = progress()
@@ -149,6 +152,7 @@ def test_partitions_added_to_the_progress_topic_do_not_move_the_markers(
     assert spec.stored_positions() == {SRC: 11}
 
 
+@pytest.mark.promise("realtime-progress-markers-in-partition-0", "realtime")
 def test_a_marker_an_older_release_placed_by_key_hash_is_found_and_moved(
         kafka_broker: Broker, topic: str) -> None:
     """Markers of releases before partition pinning live where the key hashed to (and
@@ -213,6 +217,7 @@ def write_around(spec: rt.KafkaRealtimeSpec, broker: Broker) -> Producer:
     return other
 
 
+@pytest.mark.promise("realtime-claim-reads-to-log-end", "realtime")
 def test_a_claim_reads_markers_committed_behind_another_writers_open_transaction(
         kafka_broker: Broker, topic: str) -> None:
     """Another pipeline's transaction open on the shared progress topic pins its last
@@ -233,6 +238,7 @@ def test_a_claim_reads_markers_committed_behind_another_writers_open_transaction
     assert values(kafka_broker, topic) == list(range(12))
 
 
+@pytest.mark.promise("realtime-claim-reads-to-log-end", "realtime")
 def test_a_transaction_that_stays_open_is_a_loud_error_naming_the_way_out(
         kafka_broker: Broker, topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = make_spec(kafka_broker, topic, progress())
@@ -246,6 +252,7 @@ def test_a_transaction_that_stays_open_is_a_loud_error_naming_the_way_out(
         other.abort_transaction(30)
 
 
+@pytest.mark.promise("realtime-reset-fences-and-deletes-positions", "cli")
 def test_a_zombie_writer_is_fenced_by_the_claim_after_its_positions_were_deleted(
         kafka_broker: Broker, topic: str) -> None:
     """Start over while a task of the dead driver still writes: ``delete_positions``
@@ -266,6 +273,7 @@ def test_a_zombie_writer_is_fenced_by_the_claim_after_its_positions_were_deleted
     assert spec.stored_positions() == {SRC: 102}
 
 
+@pytest.mark.promise("realtime-deleted-position-is-no-position", "realtime")
 def test_a_tombstone_by_hand_fences_nothing_as_the_docs_say(
         kafka_broker: Broker, topic: str) -> None:
     """docs/realtime.md: a Kafka tombstone written by hand does not fence the task that
@@ -284,6 +292,7 @@ def test_a_tombstone_by_hand_fences_nothing_as_the_docs_say(
     assert spec.stored_positions() == {SRC: 3}
 
 
+@pytest.mark.promise("realtime-recreated-source-topic-refused", "realtime")
 def test_a_position_of_a_recreated_source_topic_is_refused_at_the_claim(
         kafka_broker: Broker, topic: str) -> None:
     spec = make_spec(kafka_broker, topic, progress())
@@ -302,6 +311,7 @@ def test_a_position_of_a_recreated_source_topic_is_refused_at_the_claim(
     assert spec.stored()[SRC].topic_id == "id-before"
 
 
+@pytest.mark.promise("realtime-sink-id-reused-refused", "realtime")
 def test_a_sink_id_reused_for_another_topic_is_refused_at_the_claim(
         kafka_broker: Broker, topic: str) -> None:
     name = progress()
@@ -320,6 +330,7 @@ def test_a_sink_id_reused_for_another_topic_is_refused_at_the_claim(
     assert values(kafka_broker, other) == []
 
 
+@pytest.mark.promise("realtime-reset-fences-and-deletes-positions", "cli")
 def test_the_start_over_runbook_with_txsink_reset_lands_every_record_once(
         kafka_broker: Broker, topic: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

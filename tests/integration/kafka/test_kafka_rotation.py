@@ -54,6 +54,7 @@ def identity_of(c: Committable) -> ProducerIdentity:
     return ProducerIdentity(int(c.payload["producer_id"]), int(c.payload["producer_epoch"]))
 
 
+@pytest.mark.promise("kafka-producer-id-rotation", "backend")
 def test_a_pooled_id_commits_and_recovers_across_its_producer_id_rotation(
         short_timeout_kafka: LocalKafka, tmp_path: Path) -> None:
     bootstrap = short_timeout_kafka.bootstrap

@@ -114,6 +114,7 @@ def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
     assert producer.flush(30) == 0
 
 
+@pytest.mark.promise("kafka-recreated-topic-detected", "backend")
 def test_a_recreated_output_topic_is_a_loud_loss_and_the_remedy_ends_exactly_once(
         short_timeout_kafka: LocalKafka, tmp_path: Path) -> None:
     bootstrap = short_timeout_kafka.bootstrap
@@ -167,6 +168,7 @@ def test_a_recreated_output_topic_is_a_loud_loss_and_the_remedy_ends_exactly_onc
     assert kt.unstable_partitions(bootstrap, [topic]) == {}
 
 
+@pytest.mark.promise("kafka-salvage-crash-safe", "backend")
 def test_a_driver_superseded_while_salvaging_leaves_no_transaction_open(
         short_timeout_kafka: LocalKafka, tmp_path: Path) -> None:
     """A restarted driver salvages a decided epoch; while its replacement is prepared

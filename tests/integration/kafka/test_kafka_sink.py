@@ -86,6 +86,7 @@ def committed_keys(caps: kt.BrokerCapabilities, bootstrap: str, topic: str) -> l
     return sorted(int(r.key or b"") for r in kt.committed_view(caps, bootstrap, topic))
 
 
+@pytest.mark.promise("kafka-read-committed-exactly-once", "backend")
 def test_read_uncommitted_sees_at_once_read_committed_only_after_the_epoch_commits(
         backend: KafkaBackend, sink_id: str, topic: str, tmp_path: Path,
         broker_caps: kt.BrokerCapabilities) -> None:
@@ -201,6 +202,7 @@ def test_a_second_writer_with_the_same_sink_id_is_fenced(
     assert backend.commit(c) is CommitOutcome.COMMITTED
 
 
+@pytest.mark.promise("kafka-commit-confirmed", "backend")
 def test_commit_is_reported_only_once_the_markers_reached_every_partition(
         options: dict[str, str], sink_id: str, topic: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,6 +234,7 @@ def test_commit_is_reported_only_once_the_markers_reached_every_partition(
         backend.close()
 
 
+@pytest.mark.promise("kafka-commit-confirmed", "backend")
 def test_commit_markers_unconfirmed_while_the_broker_does_not_answer(
         options: dict[str, str], sink_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A DescribeProducers that fails (a broker restarting) is no confirmation; one the
@@ -263,6 +266,7 @@ def test_commit_markers_unconfirmed_while_the_broker_does_not_answer(
         backend.close()
 
 
+@pytest.mark.promise("kafka-aborted-participant-reported", "backend")
 def test_fenced_participant_is_reported_as_lost_not_committed(
         backend: KafkaBackend, sink_id: str, broker_caps: kt.BrokerCapabilities) -> None:
     c = prepare(backend, sink_id, 0, 0, range(10))
@@ -284,6 +288,7 @@ def test_fenced_participant_is_reported_as_lost_not_committed(
         backend.commit(c)
 
 
+@pytest.mark.promise("kafka-salvage", "backend")
 def test_a_fenced_participant_is_salvaged_as_it_was_written(
         kafka_broker: Broker, marker_topic: str, sink_id: str,
         broker_caps: kt.BrokerCapabilities) -> None:
@@ -332,6 +337,7 @@ def test_a_fenced_participant_is_salvaged_as_it_was_written(
         b.close()
 
 
+@pytest.mark.promise("kafka-old-committables-read", "backend")
 def test_a_committable_written_before_salvage_still_commits_and_cannot_be_salvaged(
         backend: KafkaBackend, sink_id: str, broker_caps: kt.BrokerCapabilities) -> None:
     """Payload version 1 (no offsets, no transaction version): what a state written by
@@ -353,6 +359,7 @@ def test_a_committable_written_before_salvage_still_commits_and_cannot_be_salvag
         backend.salvage(lost, TransactionContext(sink_id, 1, 0, 10**13 + 2))
 
 
+@pytest.mark.promise("kafka-timeout-checked", "backend")
 def test_commit_warns_when_a_prepared_transaction_nears_its_timeout(
         backend: KafkaBackend, sink_id: str, caplog: pytest.LogCaptureFixture) -> None:
     c = prepare(backend, sink_id, 0, 0, range(10))
@@ -412,6 +419,7 @@ def test_missing_topic(options: dict[str, str], sink_id: str) -> None:
     assert info.value.field == "topic"
 
 
+@pytest.mark.promise("kafka-timeout-checked", "backend")
 def test_transaction_timeout_above_the_broker_maximum(
         options: dict[str, str], sink_id: str) -> None:
     b = get_plugins().create_backend("kafka", {**options,
@@ -440,6 +448,7 @@ def test_no_value_column(backend: KafkaBackend, sink_id: str) -> None:
         backend.discard(txn)
 
 
+@pytest.mark.promise("kafka-sink-owner", "backend")
 def test_a_second_query_with_the_same_sink_id_fails_at_start(
         options: dict[str, str], sink_id: str, tmp_path: Path) -> None:
     first = get_plugins().create_backend("kafka", options)
@@ -576,19 +585,65 @@ def test_a_kept_producer_whose_id_was_taken_over_is_replaced(
     assert backend.list_prepared(sink_id) == []
 
 
-def test_exactly_once_never_keeps_a_producer(backend: KafkaBackend, sink_id: str) -> None:
+def test_exactly_once_never_reuses_a_prepared_producer_and_opens_the_next_ahead(
+        backend: KafkaBackend, sink_id: str, topic: str,
+        broker_caps: kt.BrokerCapabilities) -> None:
     """A prepared producer's transaction is ended by the driver, after which librdkafka
-    refuses to begin on it: exactly_once opens a producer per participant."""
+    refuses to begin on it: each exactly_once participant needs a producer with
+    ``init_transactions`` done. The writer process initialises it between tasks, on a
+    slot with no open transaction, so the next participant only begins and writes its
+    marker; every row once, each participant on its own producer epoch."""
     kb.close_kept_producers()
-    before = kb.PRODUCER_COUNTS["init_transactions"]
-    for epoch in range(2):
+    before = dict(kb.PRODUCER_COUNTS)
+    done = []
+    for epoch in range(3):
         c = prepare(backend, sink_id, epoch, 0, range(epoch * 10, epoch * 10 + 10))
         assert backend.commit(c) is CommitOutcome.COMMITTED
         _until_ended(backend, str(c.payload["transactional_id"]))
-    assert kb.PRODUCER_COUNTS["init_transactions"] - before == 2
-    assert not kwriter._PRODUCERS
+        done.append(c)
+    deadline = time.monotonic() + 30  # the one ahead of a next task that never comes
+    while kwriter._WARMING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    counts = {k: kb.PRODUCER_COUNTS[k] - before.get(k, 0)
+              for k in ("init_transactions", "warmed", "reused")}
+    # One producer opened by the first task, one ahead of each later task (and of the
+    # task after the last): three inits, the later two participants on warmed ones.
+    assert counts == {"init_transactions": 4, "warmed": 3, "reused": 2}, counts
+    identities = [(c.payload["transactional_id"], c.payload["producer_id"],
+                   c.payload["producer_epoch"]) for c in done]
+    assert len(set(identities)) == 3  # never a prepared producer again
+    assert all(float(c.payload["open_ms"]) >= 0 for c in done)
+    assert committed_keys(broker_caps, backend.config.bootstrap, topic) == list(range(30))
+    assert backend.list_prepared(sink_id) == []
+    assert broker_open_participants(backend, sink_id) == set()
+    # The producer kept for the next participant holds no transaction; closing it is all.
+    assert len(kwriter._PRODUCERS) == 1
+    kb.close_kept_producers()
 
 
+def test_exactly_once_without_opening_ahead_opens_each_producer_in_the_task(
+        kafka_broker: Broker, topic: str, sink_id: str) -> None:
+    """``producer.init.ahead=false``: no producer is initialised between tasks."""
+    b = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+        "producer.init.ahead": "false"})
+    assert isinstance(b, KafkaBackend)
+    b.preflight(sink_id)
+    try:
+        kb.close_kept_producers()
+        before = dict(kb.PRODUCER_COUNTS)
+        for epoch in range(2):
+            c = prepare(b, sink_id, epoch, 0, range(epoch * 10, epoch * 10 + 10))
+            assert b.commit(c) is CommitOutcome.COMMITTED
+        assert kb.PRODUCER_COUNTS["init_transactions"] - before.get("init_transactions", 0) \
+            == 2
+        assert kb.PRODUCER_COUNTS["warmed"] == before.get("warmed", 0)
+        assert not kwriter._PRODUCERS and not kwriter._WARMING
+    finally:
+        b.close()
+
+
+@pytest.mark.promise("kafka-marker-topics-compacted", "backend")
 @pytest.mark.parametrize("policy", ["delete", "compact,delete"])
 def test_an_existing_marker_topic_that_is_not_compacted_is_refused(
         kafka_broker: Broker, topic: str, sink_id: str, policy: str) -> None:
@@ -636,6 +691,7 @@ def test_an_orphan_marker_without_producer_id_never_fences_a_live_writer(
     assert keys(kafka_broker.bootstrap, topic) == list(range(10))
 
 
+@pytest.mark.promise("kafka-old-committables-read", "backend")
 def test_committable_payload_versions() -> None:
     """Version 1 is read with no offsets (never salvaged); an unknown one is refused."""
     from txsink.errors import StateError
@@ -655,6 +711,7 @@ EAGER_COMPACTION = {"segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
                     "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
 
 
+@pytest.mark.promise("kafka-compacted-markers-ask-output", "backend")
 def test_a_committed_participant_whose_markers_were_compacted_away_stays_committed(
         kafka_broker: Broker, sink_id: str, tmp_path: Path) -> None:
     """Markers are keyed by the pooled transactional id in a compacted topic: once the
@@ -679,11 +736,14 @@ def test_a_committed_participant_whose_markers_were_compacted_away_stays_committ
         tid, identity, (_, mpart, moffset) = b.payload(first)
         epoch = 1
         deadline = time.monotonic() + 180
-        # Later epochs reuse the slot; the cleaner (every log.cleaner.backoff.ms, 15 s by
-        # default) then keeps only the newest marker of the key.
+        # Later epochs reuse the slot (every other one: the producer initialised ahead
+        # of each next participant takes the other slot while this one is prepared);
+        # the cleaner (every log.cleaner.backoff.ms, 15 s by default) then keeps only
+        # the newest marker of the key.
+        reused = 0
         while True:
             c = prepare(b, sink_id, epoch, 0, range(10 * epoch, 10 * epoch + 10))
-            assert c.payload["transactional_id"] == tid
+            reused += c.payload["transactional_id"] == tid
             assert coord.commit_epoch(epoch, [c]) is EpochOutcome.COMMITTED
             epoch += 1
             gone = b.committer.marker_status(first) == kb.MarkerStatus.MISSING
@@ -692,6 +752,7 @@ def test_a_committed_participant_whose_markers_were_compacted_away_stays_committ
                 break
             assert time.monotonic() < deadline, "the log cleaner never compacted the markers"
             time.sleep(1.0)
+        assert reused
         assert b.commit(first) is CommitOutcome.ALREADY_COMMITTED
         assert b.is_committed(first) is True
         assert keys(bootstrap, out) == list(range(10 * epoch))

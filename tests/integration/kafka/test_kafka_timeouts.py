@@ -73,6 +73,8 @@ def write_interleaved(bootstrap: str, topic: str, partitions: int, tag: bytes,
     return values if commit else []
 
 
+@pytest.mark.promise("kafka-salvage", "backend")
+@pytest.mark.promise("kafka-salvage-crash-safe", "backend")
 def test_a_driver_down_past_the_timeout_salvages_through_every_crash_exactly_once(
         short_timeout_kafka: LocalKafka, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -139,6 +141,7 @@ def test_a_driver_down_past_the_timeout_salvages_through_every_crash_exactly_onc
           f"{msgs[1].participant} twice through 3 crashes; {len(got)} records exactly once")
 
 
+@pytest.mark.promise("kafka-salvage-data-gone-reported", "backend")
 def test_records_deleted_by_retention_are_lost_loudly_and_the_remedy_ends_exactly_once(
         short_timeout_kafka: LocalKafka, tmp_path: Path) -> None:
     """The driver commits one participant, stays down past the timeout, and retention
@@ -274,6 +277,7 @@ def recreate_topic(bootstrap: str, name: str) -> None:
             time.sleep(0.5)
 
 
+@pytest.mark.promise("kafka-salvage-data-gone-reported", "backend")
 def test_a_deleted_output_topic_is_a_loud_loss(short_timeout_kafka: LocalKafka,
                                                 tmp_path: Path) -> None:
     bootstrap = short_timeout_kafka.bootstrap

@@ -114,6 +114,7 @@ def test_wrong_password_is_clear_and_not_echoed(pg_server: PgServer, table_name:
     assert_nothing_left(pg_server, sink_id)
 
 
+@pytest.mark.promise("postgres-secrets-never-stored", "backend")
 def test_password_never_in_logs_state_or_committables(
     pg_server: PgServer, table_name: str, sink_id: str,
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
@@ -154,6 +155,7 @@ def no_prepared_server() -> Iterator[PgServer]:
         server.stop()
 
 
+@pytest.mark.promise("postgres-max-prepared-checked", "backend")
 def test_max_prepared_transactions_zero(no_prepared_server: PgServer, sink_id: str) -> None:
     backend = make(no_prepared_server.options("public.t"))
     with pytest.raises(ConfigError) as err:
@@ -199,6 +201,7 @@ def test_bad_data_mid_copy_leaves_nothing(pg_server: PgServer, table_name: str,
     backend.close()
 
 
+@pytest.mark.promise("postgres-sink-owner", "backend")
 def test_second_query_on_the_same_sink_id_is_refused(
     pg_server: PgServer, table_name: str, sink_id: str, tmp_path: Path
 ) -> None:

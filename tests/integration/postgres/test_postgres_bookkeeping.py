@@ -17,6 +17,7 @@ from txsink_postgres import PostgresBackend
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.promise("postgres-orphans-exact-sink", "backend")
 def test_list_prepared_is_exact_per_sink_id(pg_server: PgServer, table_name: str) -> None:
     backend = get_plugins().create_backend("postgres", pg_server.options(table_name))
     assert isinstance(backend, PostgresBackend)

@@ -13,6 +13,7 @@ from txsink_postgres import PostgresBackend
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.promise("postgres-exactly-once", "backend")
 class TestPostgresConformance(BackendConformance):
     backend_name = "postgres"
 

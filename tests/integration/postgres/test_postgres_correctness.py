@@ -125,6 +125,7 @@ def _while_down(pg: pgtesting.LocalPostgres, action: str, backend: PostgresBacke
         up.join()
 
 
+@pytest.mark.promise("target-restart-retried", "backend")
 @pytest.mark.fault
 @pytest.mark.parametrize("action", ["preflight", "claim", "writer"])
 def test_postgres_restart_is_waited_for_not_reported_as_config_error(
@@ -146,6 +147,7 @@ def test_postgres_restart_is_waited_for_not_reported_as_config_error(
         backend.close()
 
 
+@pytest.mark.promise("wrong-credentials-fail-at-once", "backend")
 @pytest.mark.parametrize("what", ["password", "host"])
 def test_wrong_password_or_host_is_an_immediate_config_error(
     restartable: pgtesting.LocalPostgres, what: str, caplog: pytest.LogCaptureFixture,

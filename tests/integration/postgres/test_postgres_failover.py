@@ -92,6 +92,7 @@ def _expected(epochs: range) -> list[int]:
                   for e in epochs for p in range(PARTITIONS) for i in range(ROWS))
 
 
+@pytest.mark.promise("decided-rolled-forward", "backend")
 @pytest.mark.parametrize("pruned", [False, True], ids=["record-retained", "record-pruned"])
 def test_restored_data_directory_rolls_the_committed_epoch_forward(
         server: pgtesting.LocalPostgres, tmp_path: Path, pruned: bool,
@@ -132,6 +133,7 @@ def test_restored_data_directory_rolls_the_committed_epoch_forward(
     sink.backend.close()
 
 
+@pytest.mark.promise("decided-rolled-forward", "backend")
 def test_promoted_streaming_replica_rolls_the_committed_epoch_forward(
         server: pgtesting.LocalPostgres, tmp_path: Path) -> None:
     standby = server.start_standby()

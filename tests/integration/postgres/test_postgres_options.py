@@ -54,6 +54,7 @@ def test_bad_table_name_names_the_option() -> None:
     assert err.value.field == "table"
 
 
+@pytest.mark.promise("postgres-secrets-never-stored", "backend")
 def test_password_in_dsn_is_moved_out_and_never_shown() -> None:
     backend = PostgresBackend.from_options({
         "dsn": f"postgresql://u:{PASSWORD}@127.0.0.1:5/db", "table": "t"})

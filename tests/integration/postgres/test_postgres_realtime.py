@@ -33,6 +33,7 @@ def ids(server: PgServer, table: str) -> list[int]:
         return [r[0] for r in conn.execute(f"SELECT id FROM {table} ORDER BY id")]
 
 
+@pytest.mark.promise("realtime-replay-skipped", "realtime")
 def test_rows_and_progress_commit_together_and_a_replay_is_skipped(
         pg_server: PgServer, table_name: str) -> None:
     sink = f"rt-{uuid.uuid4().hex[:8]}"
@@ -50,6 +51,7 @@ def test_rows_and_progress_commit_together_and_a_replay_is_skipped(
     assert replay.stats.skipped == 5 and target.stored_positions() == {SRC: 14}
 
 
+@pytest.mark.promise("realtime-two-drivers-fenced", "realtime")
 def test_a_second_writer_fences_the_first_before_it_writes_a_row(
         pg_server: PgServer, table_name: str) -> None:
     sink = f"rt-{uuid.uuid4().hex[:8]}"

@@ -44,6 +44,7 @@ def row(off: int, who: str = "a") -> dict[str, Any]:
     return {"id": off, "name": who, "amount": 1.0}
 
 
+@pytest.mark.promise("realtime-deleted-position-is-no-position", "realtime")
 @pytest.mark.parametrize("delete", ["sql", "delete_positions"])
 def test_a_zombie_writer_stays_fenced_after_its_positions_are_deleted_to_start_over(
         pg_server: PgServer, table_name: str, delete: str) -> None:
@@ -101,6 +102,7 @@ def test_generations_of_an_older_progress_table_are_carried_into_the_sequence(
     assert generation > 41 and topic_id is None and table_name.split(".")[-1] in dest
 
 
+@pytest.mark.promise("realtime-sink-id-reused-refused", "realtime")
 def test_a_sink_id_reused_for_another_table_is_refused_not_skipped(
         pg_server: PgServer, table_name: str) -> None:
     """A copy of the pipeline (a new checkpoint) or the same one with ``table``
@@ -126,6 +128,7 @@ def test_a_sink_id_reused_for_another_table_is_refused_not_skipped(
     assert ids(pg_server, table_name) == list(range(10))
 
 
+@pytest.mark.promise("realtime-recreated-source-topic-refused", "realtime")
 def test_a_position_of_a_recreated_source_topic_is_refused_at_the_claim(
         pg_server: PgServer, table_name: str) -> None:
     sink = f"rt-{uuid.uuid4().hex[:8]}"
@@ -165,6 +168,7 @@ def test_deleting_positions_of_one_topic_keeps_the_others(
     assert target.stored_positions() == {SourcePartition("b", 0): 7}
 
 
+@pytest.mark.promise("realtime-reset-fences-and-deletes-positions", "cli")
 def test_the_start_over_runbook_with_txsink_reset_lands_every_row_once(
         pg_server: PgServer, table_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -117,6 +117,7 @@ def test_restart_between_prepare_and_commit(server: pgtesting.LocalPostgres, tmp
         conn.execute(f"DELETE FROM {TABLE}")
 
 
+@pytest.mark.promise("postgres-lost-participant-reported", "backend")
 def test_participant_rolled_back_by_hand_is_reported_not_dropped(
     server: pgtesting.LocalPostgres, tmp_path: Path
 ) -> None:

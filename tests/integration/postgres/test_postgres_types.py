@@ -193,6 +193,7 @@ def test_time_column_round_trips_through_csv(pg_server: PgServer, new_table: str
     assert [r[0] for r in rows] == EDGE_ROWS.column("t").to_pylist()
 
 
+@pytest.mark.promise("postgres-dates-before-year-1-refused", "backend")
 def test_auto_copies_whole_batches_as_csv_and_refuses_dates_before_year_one(
     pg_server: PgServer, new_table: str
 ) -> None:
@@ -223,6 +224,7 @@ def test_auto_copies_whole_batches_as_csv_and_refuses_dates_before_year_one(
     backend.close()
 
 
+@pytest.mark.promise("postgres-csv-refuses-inexact", "backend")
 def test_copy_format_csv_refuses_columns_it_cannot_write_exactly(
     pg_server: PgServer, new_table: str
 ) -> None:

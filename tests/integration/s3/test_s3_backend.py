@@ -55,6 +55,8 @@ def coordinator(backend: S3Backend, state: Path, sink: str,
 # -- bad input: clear errors, nothing written ---------------------------------------------
 
 
+@pytest.mark.promise("s3-preflight-checks", "backend")
+@pytest.mark.promise("s3-never-creates-buckets", "backend")
 def test_missing_bucket_fails_preflight_naming_the_bucket(s3_server: S3Server,
                                                           prefix: str) -> None:
     backend = make(s3_server.options(prefix, bucket="txsink-no-such-bucket"))
@@ -65,6 +67,7 @@ def test_missing_bucket_fails_preflight_naming_the_bucket(s3_server: S3Server,
     assert "txsink-no-such-bucket" not in names
 
 
+@pytest.mark.promise("s3-preflight-checks", "backend")
 def test_bad_credentials_fail_preflight_without_leaking_the_secret(
     s3_server: S3Server, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -80,12 +83,14 @@ def test_bad_credentials_fail_preflight_without_leaking_the_secret(
     assert s3_server.keys(prefix) == [] and s3_server.uploads(prefix) == []
 
 
+@pytest.mark.promise("s3-bad-options-without-io", "backend")
 def test_part_size_below_five_mib_is_refused_before_any_io() -> None:
     with pytest.raises(ConfigError, match=r"part_size.*at least 5 MiB") as info:
         S3Backend.from_options({"bucket": "abc", "part_size": "4MiB"})
     assert info.value.field == "part_size"
 
 
+@pytest.mark.promise("s3-preflight-checks", "backend")
 def test_unreachable_endpoint_names_the_option(prefix: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,6 +103,7 @@ def test_unreachable_endpoint_names_the_option(prefix: str) -> None:
     assert info.value.field == "endpoint_url"
 
 
+@pytest.mark.promise("s3-preflight-checks", "backend")
 def test_preflight_leaves_nothing_behind(s3_server: S3Server, prefix: str) -> None:
     backend = make(s3_server.options(prefix))
     backend.preflight("sink1")
@@ -152,6 +158,7 @@ def test_commit_after_a_lost_reply_is_already_committed(s3_server: S3Server,
     assert sorted(s3_server.read_ids(f"{prefix}/")) == list(range(10))
 
 
+@pytest.mark.promise("s3-lost-upload-reported", "backend")
 def test_vanished_upload_is_a_lost_participant(s3_server: S3Server, prefix: str) -> None:
     backend = make(s3_server.options(prefix))
     c = prepare(backend, "sink1", 0, 0, range(10))
@@ -190,6 +197,7 @@ def test_manifest_written_once_an_epoch_is_committed(s3_server: S3Server, prefix
     assert sum(o["rows"] for o in manifest["objects"]) == len(s3_server.read_ids(f"{prefix}/"))
 
 
+@pytest.mark.promise("s3-sink-owner", "backend")
 def test_second_state_for_the_same_sink_id_is_refused(s3_server: S3Server, prefix: str,
                                                       tmp_path: Path) -> None:
     backend = make(s3_server.options(prefix))
@@ -217,6 +225,7 @@ def test_credentials_from_the_environment_chain(s3_server: S3Server, prefix: str
     assert backend.commit(c) is CommitOutcome.COMMITTED
 
 
+@pytest.mark.promise("s3-secrets-never-stored", "backend")
 def test_secrets_stay_out_of_logs_committables_state_and_pickles(
     s3_server: S3Server, prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -290,6 +299,7 @@ def test_orphan_listing_is_exact_per_sink_id(s3_server: S3Server, prefix: str) -
         backend.abort(other)
 
 
+@pytest.mark.promise("s3-lifecycle-rule-warned", "backend")
 def test_lifecycle_rule_aborting_uploads_is_warned_about(
     s3_server: S3Server, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.integration
 RACES = 15
 
 
+@pytest.mark.promise("s3-sink-owner", "backend")
 def test_two_claims_at_once_never_both_win(s3_server: S3Server, prefix: str) -> None:
     backends = [S3Backend.from_options(s3_server.options(prefix)) for _ in range(2)]
     try:
@@ -80,6 +81,7 @@ def _drop_conditions(request: Any, **_: Any) -> None:
             del request.headers[header]
 
 
+@pytest.mark.promise("s3-claim-without-conditional-writes", "backend")
 def test_a_server_ignoring_if_none_match_cannot_give_one_sink_id_to_two_queries(
         s3_server: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:

@@ -14,6 +14,7 @@ from .conftest import PART, S3Server
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.promise("s3-memory-bounded", "backend")
 class TestS3Conformance(BackendConformance):
     backend_name = "s3"
     # 40 parts' worth of Arrow data (over 100 MiB of Parquet, 20+ parts): holding the

@@ -54,6 +54,7 @@ def slow_down_once(backend: S3Backend) -> list[str]:
     return failed
 
 
+@pytest.mark.promise("s3-failed-prune-finished-later", "backend")
 def test_a_failed_prune_is_retried_and_readers_skip_no_epoch(
         s3_server: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:

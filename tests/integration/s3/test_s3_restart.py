@@ -114,6 +114,7 @@ def test_server_crash_during_commit_then_recovery(s3_server: S3Server, prefix: s
     check_output(s3_server, backend, [0])
 
 
+@pytest.mark.promise("target-restart-retried", "backend")
 def test_commit_retries_ride_over_a_server_restart(s3_server: S3Server, prefix: str,
                                                    tmp_path: Path) -> None:
     """The server is back while the coordinator is still retrying: no error at all."""

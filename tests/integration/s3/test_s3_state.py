@@ -66,6 +66,7 @@ def test_bad_locations_are_refused_before_any_request(location: str, message: st
     assert info.value.field == "state_location"
 
 
+@pytest.mark.promise("s3-state-needs-conditional-writes", "backend")
 def test_an_endpoint_ignoring_conditional_writes_is_refused(
         s3_server: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real server behind a client that drops If-Match/If-None-Match, as an old

@@ -43,6 +43,7 @@ from txsink.lakehouse import (
     nullable_schema,
     refuse_characters,
 )
+from txsink.model import Committable
 from txsink.objectstore import SECRET_KEYS, S3Access, is_s3, split_uri, table_location
 from txsink.options import Options
 
@@ -206,6 +207,7 @@ class DeltaBackend(TableBackend):
             self._refuse_foreign_directory()
         else:
             self._refuse_unsupported(table)
+            self.refuse_restored(table, sink_id)
         self._refuse_replaced(sink_id, table)
 
     def _refuse_replaced(self, sink_id: str, table: Any) -> None:
@@ -323,18 +325,61 @@ class DeltaBackend(TableBackend):
         constraints, column invariants, generated columns): txsink adds Spark's or its
         own Parquet files as they are, and a row breaking the rule would go in (delta-rs's
         own writer refuses it)."""
-        rules = sorted(k.removeprefix("delta.constraints.")
+        kinds = {"delta.invariants": "column invariant on",
+                 "delta.generationExpression": "generated column"}
+        rules = sorted("CHECK constraint " + k.removeprefix("delta.constraints.")
                        for k in table.metadata().configuration
                        if k.startswith("delta.constraints."))
-        rules += sorted(f"{f.name} ({key.removeprefix('delta.')})"
-                        for f in table.schema().fields for key in f.metadata
-                        if key in ("delta.invariants", "delta.generationExpression"))
+        rules += sorted(f"{kinds[key]} {f.name}" for f in table.schema().fields
+                        for key in f.metadata if key in kinds)
         if rules:
             raise ConfigError(
                 f"delta backend: table {self.path} has rules every written row must pass "
                 f"({', '.join(rules)}); txsink commits files without checking rows against "
                 "them, so a row breaking one would go in. Drop them, or write this table "
                 "with a writer that enforces them", field="path")
+
+    def refuse_restored(self, table: Any, sink_id: str) -> None:
+        """Stop when a RESTORE since the sink's last entry took its epochs out.
+
+        RESTORE TABLE ... TO VERSION AS OF v removes what later entries added, but keeps
+        their ``txn`` action and their commit info in the log: read as they are, the
+        sink's epochs after ``v`` would still look committed (a replay skipped, a group's
+        cut passing rows the table no longer holds). Exactly-once cannot hold then; the
+        pipeline stops before anything more is decided, naming the RESTORE."""
+        restore: tuple[int, int | None, Any] | None = None
+        limit = HISTORY_STEP
+        while True:
+            entries = table.history(limit)
+            for entry in entries:
+                version = int(entry.get("version", -1))
+                if entry.get(SINK_KEY) == sink_id:
+                    if restore is None:
+                        return  # the sink committed after any RESTORE
+                    at, target, when = restore
+                    if target is not None and version <= target:
+                        return  # restored to a version that holds the sink's epochs
+                    if target is None and isinstance(when, int | float) and \
+                            int(entry.get("timestamp", 0)) <= when:
+                        return
+                    to = f"version {target}" if target is not None else f"timestamp {when}"
+                    raise FatalCommitError(
+                        f"delta backend: table {self.path} was restored (RESTORE, log "
+                        f"version {at}) to {to}, "
+                        f"before epoch {entry.get(EPOCH_KEY)} of sink {sink_id!r} (log version "
+                        f"{version}): the epochs committed after it are no longer in the "
+                        "table, though its log still names them, so txsink cannot keep "
+                        "them exactly once. RESTORE the table to version "
+                        f"{version} or later to go on, or write with a new sink_id (and "
+                        "checkpoint) and replay what the RESTORE took out")
+                if restore is None and entry.get("operation") == "RESTORE":
+                    params = entry.get("operationParameters") or {}
+                    target = params.get("version")
+                    restore = (version, int(target) if target is not None else None,
+                               _millis(params.get("timestamp")))
+            if len(entries) < limit:
+                return
+            limit *= 4
 
     def _check_conditional_put(self) -> None:
         """Two writers of one log version on a scratch table under the data folder: the
@@ -431,6 +476,7 @@ class DeltaBackend(TableBackend):
         if table is None:
             return  # an empty epoch into a table that does not exist yet: nothing to name
         self.refuse_if_named(table, sink_id, epoch, participants)
+        self.refuse_restored(table, sink_id)
         try:
             self._refuse_unsupported(table, since="was changed since the epoch was decided: "
                                      "it now ")
@@ -522,6 +568,13 @@ class DeltaBackend(TableBackend):
             nulls[0], f"NOT NULL in the table, with nulls (or maybe nulls) in the "
             f"epoch's files: {', '.join(nulls)}")
 
+    def check_prepared(self, committables: Sequence[Committable]) -> None:
+        table = self._table()
+        if table is not None:  # restored since the start, by another writer
+            for sink_id in sorted({c.sink_id for c in committables}):
+                self.refuse_restored(table, sink_id)
+        super().check_prepared(committables)
+
     def check_files_schema(self, files: Sequence[DataFile]) -> None:
         table = self._table()
         if table is not None:
@@ -545,6 +598,23 @@ class DeltaBackend(TableBackend):
                 f"delta backend: the epoch's files do not match the schema of {self.path} "
                 f"(columns {mismatch[1]}); the epoch stays DECIDED: alter the table or "
                 "write a matching frame")
+
+
+def _millis(value: Any) -> float | None:
+    """A RESTORE's timestamp parameter as milliseconds since the epoch (None: unknown)."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    from datetime import datetime, timezone
+
+    try:
+        parsed = datetime.fromisoformat(str(value).replace(" ", "T"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp() * 1000
 
 
 def _nulls_in_required(schema: Any, theirs: Any, files: Sequence[DataFile]) -> list[str]:

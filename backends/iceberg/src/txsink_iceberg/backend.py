@@ -23,7 +23,11 @@ dropped and made again, or a catalog entry lost over existing metadata, is refus
 before anything is written.
 
 The catalog is pyiceberg's SQL catalog: by default on a SQLite file in the warehouse
-(one machine); ``catalog_uri`` names a PostgreSQL database for shared use. A warehouse
+(one machine); ``catalog_uri`` names a PostgreSQL database for shared use. With
+``catalog_type: rest`` it is an Iceberg REST catalog (Polaris, Gravitino, Lakekeeper,
+Nessie, Unity, Glue's endpoint, Iceberg's own server) at ``catalog_uri``, reached with
+``catalog_credential`` (OAuth2 client credentials) or ``catalog_token``; all three
+are secrets. A warehouse
 on S3 (``s3://bucket/prefix``) keeps data and metadata files there, written through
 pyiceberg's pyarrow FileIO with the S3 backend's options; its catalog is always given
 by ``catalog_uri`` (a SQLite file cannot live on S3). A commit is the catalog's
@@ -32,6 +36,7 @@ compare-and-swap of the table's metadata location, so no conditional PUT is need
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -70,6 +75,8 @@ HIGHEST_KEY = "txsink.highest"
 #: Table property prefix: ``txsink.epoch.<sink id>`` = the sink's highest committed epoch.
 EPOCH_PROPERTY = "txsink.epoch."
 CATALOG_FILE = "txsink-catalog.db"
+#: The kinds of catalog (option ``catalog_type``).
+CATALOG_TYPES = ("sql", "rest")
 #: Table property ``txsink.owner.<sink id>``: which txsink state owns the sink id in this
 #: table. A property, not a file: orphan-file removal deletes any file no snapshot names
 #: (the ``_owner.json`` of earlier releases), and expiry never touches properties.
@@ -93,12 +100,16 @@ class IcebergBackend(TableBackend):
     """An Iceberg table ``namespace.name`` in a SQL catalog, data on local disk or S3."""
 
     name: ClassVar[str] = "iceberg"
-    secret_options: ClassVar[frozenset[str]] = frozenset({"catalog_uri", *SECRET_KEYS})
+    secret_options: ClassVar[frozenset[str]] = frozenset(
+        {"catalog_uri", "catalog_credential", "catalog_token", *SECRET_KEYS})
     location_option: ClassVar[str] = "warehouse"
 
     def __init__(self, table: str, warehouse: str, catalog_uri: str | None = None, *,
                  catalog_name: str = "txsink", create: bool = True,
-                 s3: S3Access | None = None) -> None:
+                 s3: S3Access | None = None, catalog_type: str = "sql",
+                 catalog_credential: str | None = None, catalog_token: str | None = None,
+                 catalog_warehouse: str | None = None,
+                 catalog_oauth2_uri: str | None = None) -> None:
         refuse_characters(warehouse, LOCATION_CHARACTERS, owner="iceberg backend",
                           field="warehouse")
         refuse_characters(table, {**LOCATION_CHARACTERS, "/": "a table name is no path"},
@@ -107,8 +118,17 @@ class IcebergBackend(TableBackend):
         self.warehouse = warehouse
         self.catalog_uri = catalog_uri
         self.catalog_name = catalog_name
+        self.catalog_type = catalog_type
+        self.catalog_credential = catalog_credential
+        self.catalog_token = catalog_token
+        self.catalog_warehouse = catalog_warehouse
+        self.catalog_oauth2_uri = catalog_oauth2_uri
         self.create = create
         self.s3 = s3 if s3 is not None or not is_s3(warehouse) else S3Access()
+        if catalog_type == "rest" and not catalog_uri:
+            raise ConfigError("iceberg backend: catalog_type 'rest' needs option "
+                              "'catalog_uri', the REST catalog's URL (e.g. "
+                              "https://catalog.example.com/api/catalog)", field="catalog_uri")
         if self.s3 is not None and catalog_uri is None:
             raise ConfigError("iceberg backend: a warehouse on S3 needs option "
                               "'catalog_uri' (the default SQLite catalog lives in the "
@@ -136,9 +156,25 @@ class IcebergBackend(TableBackend):
         secret = opts.secret("catalog_uri")
         name = opts.str("catalog_name", "txsink")
         create = opts.bool("create", True)
+        kind = opts.choice("catalog_type", CATALOG_TYPES, "sql")
+        credential = opts.secret("catalog_credential")
+        token = opts.secret("catalog_token")
+        rest_warehouse = opts.optional("catalog_warehouse")
+        oauth2 = opts.optional("catalog_oauth2_uri")
+        if kind != "rest":
+            for key, given in (("catalog_credential", credential), ("catalog_token", token),
+                               ("catalog_warehouse", rest_warehouse),
+                               ("catalog_oauth2_uri", oauth2)):
+                if given is not None:
+                    raise ConfigError(f"iceberg backend: option {key!r} is for a REST "
+                                      "catalog; add catalog_type: rest, or drop it",
+                                      field=key)
         opts.check_unknown()
         return cls(table, warehouse, secret.reveal() if secret is not None else None,
-                   catalog_name=name, create=create, s3=s3)
+                   catalog_name=name, create=create, s3=s3, catalog_type=kind,
+                   catalog_credential=credential.reveal() if credential else None,
+                   catalog_token=token.reveal() if token else None,
+                   catalog_warehouse=rest_warehouse, catalog_oauth2_uri=oauth2)
 
     @classmethod
     def destination(cls, options: Mapping[str, str]) -> dict[str, str]:
@@ -156,7 +192,10 @@ class IcebergBackend(TableBackend):
         return f"iceberg table {self.table} (warehouse {self.warehouse})"
 
     def secret_values(self) -> list[str]:
-        return ([self.catalog_uri] if self.catalog_uri else []) + (
+        rest = [v for v in (self.catalog_credential, self.catalog_token) if v]
+        if self.catalog_credential and ":" in self.catalog_credential:
+            rest.append(self.catalog_credential.split(":", 1)[1])  # the secret alone
+        return ([self.catalog_uri] if self.catalog_uri else []) + rest + (
             self.s3.secrets() if self.s3 is not None else [])
 
     def s3_access(self) -> S3Access:
@@ -200,6 +239,8 @@ class IcebergBackend(TableBackend):
     # -- the catalog ----------------------------------------------------------------------
 
     def _catalog(self) -> Any:
+        if self._catalog_cache is None and self.catalog_type == "rest":
+            self._catalog_cache = self._rest_catalog()
         if self._catalog_cache is None:
             from pyiceberg.catalog.sql import SqlCatalog
 
@@ -212,6 +253,24 @@ class IcebergBackend(TableBackend):
                                              warehouse=self._warehouse_uri(),
                                              **self.file_io_properties())
         return self._catalog_cache
+
+    def _rest_catalog(self) -> Any:
+        """pyiceberg's REST client; the credentials go only to it (never to a log)."""
+        from pyiceberg.catalog.rest import RestCatalog
+
+        props = {"uri": str(self.catalog_uri), **self.file_io_properties()}
+        if self.catalog_credential:
+            props["credential"] = self.catalog_credential
+            # Where the client credentials are exchanged for a token: the catalog's own
+            # endpoint unless an identity provider is named (pyiceberg's guess of it is
+            # deprecated, and drops the slash).
+            props["oauth2-server-uri"] = (self.catalog_oauth2_uri or
+                                          f"{str(self.catalog_uri).rstrip('/')}/v1/oauth/tokens")
+        if self.catalog_token:
+            props["token"] = self.catalog_token
+        if self.catalog_warehouse:
+            props["warehouse"] = self.catalog_warehouse
+        return RestCatalog(self.catalog_name, **props)
 
     def catalog_file(self) -> str:
         """The default catalog's SQLite file (in the warehouse)."""
@@ -269,6 +328,7 @@ class IcebergBackend(TableBackend):
                               field="table")
         if table is not None:
             self._refuse_unsupported(table)
+            self.refuse_rolled_back(table, sink_id)
         self.data_root()
         self.check_identity(sink_id, table)
 
@@ -461,6 +521,30 @@ class IcebergBackend(TableBackend):
         raise StateError(f"iceberg backend: table {self.table} kept changing while sink "
                          f"{sink_id!r} was being claimed; start again")
 
+    def refuse_rolled_back(self, table: Any, sink_id: str) -> None:
+        """Stop when the table's current snapshot was rolled back past epochs the sink
+        committed (``rollback_to_snapshot``, ``rollback_to_timestamp``,
+        ``set_current_snapshot``): their snapshots are off the branch, their rows gone
+        from what readers see, and a pipeline going on would leave that hole for good.
+        Told apart from snapshot expiry: the epoch's snapshot is still in the metadata."""
+        recorded = _recorded_epoch(table, sink_id)
+        if recorded < 0:
+            return
+        on_branch = _highest(table, sink_id)
+        if on_branch >= recorded or not _marked_anywhere(table, sink_id, recorded):
+            return
+        current = table.current_snapshot()
+        raise FatalCommitError(
+            f"iceberg backend: table {self.table} was rolled back past epochs of sink "
+            f"{sink_id!r}: it records epoch {recorded} (property {EPOCH_PROPERTY}{sink_id}) "
+            f"but its current snapshot "
+            f"{current.snapshot_id if current is not None else None} holds epochs up to "
+            f"{on_branch} only; the later epochs' snapshots are off the branch, their rows "
+            "gone from the table, so txsink cannot keep them exactly once. Set the current "
+            "snapshot back to the sink's newest (CALL system.set_current_snapshot) to go "
+            "on, or write with a new sink_id (and checkpoint) and replay what the rollback "
+            "took out")
+
     # -- markers --------------------------------------------------------------------------
 
     def table_epoch(self, sink_id: str, epoch: int, table: Any = None
@@ -585,6 +669,24 @@ class IcebergBackend(TableBackend):
                 raise ConflictError(str(exc)) from exc
             raise FatalCommitError(f"iceberg backend: table {self.table} refused the "
                                    f"epoch's files: {exc}") from exc
+        except Exception:
+            self._drop_catalog()
+            raise
+
+    def close(self) -> None:
+        self._drop_catalog()
+
+    def _drop_catalog(self) -> None:
+        """Forget the catalog's connections after a catalog write failed in an unknown
+        state. SQLite keeps a transaction whose COMMIT failed ("database is locked": a
+        reader on the file) open on its connection, and the pool hands it out again: a
+        retry reading through it saw its own uncommitted snapshot and took the epoch for
+        committed. Fresh connections read what the database holds."""
+        catalog, self._catalog_cache = self._catalog_cache, None
+        engine = getattr(catalog, "engine", None)
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.dispose()
 
     def _check_uuid(self, sink_id: str, table: Any) -> None:
         """The table is still the one the sink's claim bound (recreated meanwhile: its
@@ -612,6 +714,7 @@ class IcebergBackend(TableBackend):
         if table is None:
             table = self._create(sink_id, files, decided=False)
         self._check_uuid(sink_id, table)
+        self.refuse_rolled_back(table, sink_id)  # since the start, by another writer
         self._check_files(table, files)
 
     def check_files_schema(self, files: Sequence[DataFile]) -> None:

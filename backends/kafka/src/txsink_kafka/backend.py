@@ -46,6 +46,7 @@ from txsink_kafka.writer import (
 if TYPE_CHECKING:
     import pyarrow as pa
     from txsink.realtime import RealtimeTargetSpec
+    from txsink.realtime.source import SourceTopics
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -119,6 +120,18 @@ class KafkaBackend(Backend):
         self.recovery = KafkaRecovery(self.shared, self.committer)
         self.salvager = KafkaSalvage(self.shared, self.writer, self.committer)
         self.admin = KafkaAdmin(self.shared, self.recovery)
+
+    def feeds(self, source: SourceTopics) -> bool:
+        """The stream reads this target's topic (``subscribe``, a ``subscribePattern``
+        matching it, an ``assign`` naming it) on the same brokers, under any alias. A
+        target whose topic comes from each row's ``topic`` column cannot be judged."""
+        from txsink.realtime.places import endpoints, share_endpoint
+
+        topic = self.config.topic
+        if not topic or not source.reads(topic):
+            return False
+        return share_endpoint(endpoints(self.config.bootstrap, "9092"),
+                              endpoints(source.servers(), "9092"))
 
     def participant_timeout_s(self) -> float | None:
         """The broker aborts a prepared transaction after ``transaction.timeout.ms``."""

@@ -101,6 +101,9 @@ class KafkaSinkConfig:
     #: Add a ``txsink-epoch`` header (the epoch, in decimal) to every record, so
     #: readers can stop at a group's consistent cut (``epoch.header``; on for targets).
     epoch_header: bool = False
+    #: exactly_once with pooled ids: each writer process initialises the producer of its
+    #: next participant between tasks (``producer.init.ahead``), off the task's path.
+    warm_ahead: bool = True
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -201,6 +204,7 @@ def parse(options: Mapping[str, str]) -> KafkaSinkConfig:
         naming=naming,
         pool_size=opts.int("transactional.id.pool.size", 16, minimum=1),
         epoch_header=opts.bool("epoch.header", False),
+        warm_ahead=opts.bool("producer.init.ahead", True),
         secrets=secrets,
     )
     opts.ignore("sink_id", "checkpoint", "checkpointLocation", "path")

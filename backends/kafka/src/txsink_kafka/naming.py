@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: Slots asked about per DescribeTransactions request.
 PROBE_WINDOW = 4
+#: The state of an id initialised by a producer that began no transaction since.
+IDLE_STATE = "Empty"
 
 
 def participant_id(prefix: str, ctx: TransactionContext) -> str:
@@ -100,8 +102,14 @@ class PoolExhaustedError(TxsinkError):
 
 
 def acquire_pooled_id(client: TxnCoordinatorClient, prefix: str, ctx: TransactionContext,
-                      pool_size: int) -> str:
+                      pool_size: int, *, avoid_idle: bool = False) -> str:
     """The lowest slot of ``ctx.partition`` whose id has no open transaction.
+
+    ``avoid_idle`` (a producer opened ahead of need, ``producer.init.ahead``): prefer a
+    slot not in state ``Empty``, which a producer initialised without beginning a
+    transaction since: most likely another writer process's producer opened ahead,
+    which initialising the id again would fence (a fenced orphan's slot looks the same,
+    and is taken once no other is free).
 
     Two attempts of one partition that probe within one round trip of each other can
     pick the same free slot; the later ``init_transactions`` then fences the earlier
@@ -109,18 +117,24 @@ def acquire_pooled_id(client: TxnCoordinatorClient, prefix: str, ctx: Transactio
     marker write and a flush, far longer than the probe).
     """
     busy: dict[str, TransactionInfo] = {}
+    idle: str | None = None
     for start in range(0, pool_size, PROBE_WINDOW):
         ids = [pooled_id(prefix, ctx.sink_id, ctx.partition, slot)
                for slot in range(start, min(pool_size, start + PROBE_WINDOW))]
         described = client.describe_transactions(ids)
         for tid in ids:
             info = described.get(tid)
+            if avoid_idle and info is not None and info.state == IDLE_STATE:
+                idle = idle or tid
+                continue
             if info is None or not info.is_open:
                 if busy:
                     log.debug("%s: pooled ids %s are open; using %s", ctx.describe(),
                               ", ".join(busy), tid)
                 return tid
             busy[tid] = info
+    if idle is not None:
+        return idle
     raise PoolExhaustedError(
         f"{ctx.describe()}: all {pool_size} pooled transactional ids of partition "
         f"{ctx.partition} ({', '.join(busy)}) hold open transactions: prepared participants "

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,12 @@ from txsink_kafka.clients import (
 from txsink_kafka.markers import ABORTED, BEGIN, COMMITTED, END, Marker, marker_partition
 from txsink_kafka.naming import acquire_pooled_id, is_pooled, participant_id
 from txsink_kafka.retry import retry_transient
-from txsink_kafka.txn_protocol import ProducerIdentity, TxnProtocolError, UnsupportedByBrokerError
+from txsink_kafka.txn_protocol import (
+    ProducerIdentity,
+    TransactionInfo,
+    TxnProtocolError,
+    UnsupportedByBrokerError,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -70,6 +75,10 @@ class _PidCapture(logging.Handler):
         match = _PID_RE.search(record.getMessage())
         if match:
             self.identity = ProducerIdentity(int(match[1]), int(match[2]))
+
+
+class _SlotTaken(Exception):
+    """A pooled slot another writer took between the probe and ``init_transactions``."""
 
 
 class _WriterProducer:
@@ -122,6 +131,10 @@ class KafkaTransaction(Transaction):
         self.ranges: dict[tuple[str, int], list[int]] = {}
         #: The cluster's finalized transaction.version when the participant opened.
         self.broker_transaction_version = -1
+        #: Seconds spent handing rows to librdkafka (write) and flushing (pre_commit):
+        #: with open_wait_ms and began/prepared_at, where a participant's time goes.
+        self.write_s = 0.0
+        self.flush_s = 0.0
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
@@ -195,13 +208,22 @@ _PRODUCERS: OrderedDict[tuple[Any, ...], _WriterProducer] = OrderedDict()
 _PRODUCERS_LOCK = threading.Lock()
 #: How many producers a worker keeps: one per pooled id it wrote with lately.
 MAX_KEPT_PRODUCERS = 8
-#: ``init_transactions`` (a new producer) and ``reused`` (a kept one) per process, for
-#: tests and benchmarks.
+#: ``init_transactions`` (a new producer), ``reused`` (a kept one) and ``warmed`` (one
+#: initialised ahead of need, exactly_once) per process, for tests and benchmarks.
 PRODUCER_COUNTS: Counter[str] = Counter()
 
 
-def _take_producer(key: tuple[Any, ...]) -> _WriterProducer | None:
-    """This process's kept producer for ``key``, taken out so no other task uses it."""
+#: Producers being initialised ahead of need (exactly_once), by key: set when done.
+_WARMING: dict[tuple[Any, ...], threading.Event] = {}
+
+
+def _take_producer(key: tuple[Any, ...], wait_s: float = 0.0) -> _WriterProducer | None:
+    """This process's kept producer for ``key``, taken out so no other task uses it;
+    one still being initialised ahead of need is waited for, at most ``wait_s``."""
+    with _PRODUCERS_LOCK:
+        warming = _WARMING.get(key)
+    if warming is not None and wait_s > 0:
+        warming.wait(wait_s)
     with _PRODUCERS_LOCK:
         return _PRODUCERS.pop(key, None)
 
@@ -227,8 +249,14 @@ def _drop_producer(holder: _WriterProducer) -> None:
     holder.txn = None
 
 
-def close_kept_producers() -> None:
-    """Close the producers this process kept between tasks."""
+def close_kept_producers(wait_s: float = 10.0) -> None:
+    """Close the producers this process kept between tasks, and those being opened ahead
+    of need (waited for, at most ``wait_s``, so none is left behind connected)."""
+    with _PRODUCERS_LOCK:
+        warming = list(_WARMING.values())
+    deadline = time.monotonic() + wait_s
+    for event in warming:
+        event.wait(max(0.0, deadline - time.monotonic()))
     with _PRODUCERS_LOCK:
         holders = list(_PRODUCERS.values())
         _PRODUCERS.clear()
@@ -248,6 +276,7 @@ def _forget_inherited_producers() -> None:
     _PRODUCERS_LOCK = threading.Lock()
     PROCESS.inherited.extend(_PRODUCERS.values())
     _PRODUCERS.clear()
+    _WARMING.clear()  # the parent's warming threads are not in the child
 
 
 os.register_at_fork(after_in_child=_forget_inherited_producers)
@@ -260,11 +289,12 @@ class KafkaWriter:
         self.shared = shared
         self.config = shared.config
 
-    def _choose_id(self, ctx: TransactionContext) -> str:
+    def _choose_id(self, ctx: TransactionContext, *, ahead: bool = False) -> str:
         """A pooled id with no open transaction, or the participant's own id.
 
         Brokers without DescribeTransactions (Kafka before 3.0, Tansu) get the
-        ``participant`` naming, with a warning once per process.
+        ``participant`` naming, with a warning once per process. ``ahead``: for a
+        producer opened ahead of need (avoids other writers' idle producers).
         """
         if self.config.naming != "pooled":
             return participant_id(self.config.transactional_id_prefix, ctx)
@@ -274,7 +304,7 @@ class KafkaWriter:
                 return retry_transient(
                     lambda: acquire_pooled_id(self.shared.txn_client(),
                                               self.config.transactional_id_prefix, ctx,
-                                              self.config.pool_size),
+                                              self.config.pool_size, avoid_idle=ahead),
                     what=f"{ctx.describe()}: picking a transactional.id",
                     bound_s=self.config.retry_bound_s, redact=self.shared.redact)
             except UnsupportedByBrokerError:
@@ -462,7 +492,10 @@ class KafkaWriter:
             # The kept producer's slot is not probed: it has no open transaction unless
             # another writer took the id over since, which fenced the kept producer,
             # and its first write (the begin marker) fails; then the slot is probed.
-            holder = _take_producer(self._producer_key(ctx))
+            # One initialised ahead of need (warm_ahead) may still be on its way: wait for
+            # it rather than probe now and race it for a slot.
+            holder = _take_producer(self._producer_key(ctx), wait_s=(
+                self.config.request_timeout_s + self.config.retry_bound_s))
             if holder is not None and self._begin_reused(txn, holder):
                 return
         self._begin_new(txn, self._choose_id(ctx))
@@ -511,11 +544,108 @@ class KafkaWriter:
         return txn
 
     def _begin_new(self, txn: KafkaTransaction, tid: str) -> None:
+        txn.transactional_id = tid
+        holder = _WriterProducer(self._producer_key(txn.ctx), tid)
+        txn.capture = holder.capture
+        try:
+            self._initialise(holder, txn.ctx)
+            self._attach(txn, holder)
+            assert holder.producer is not None
+            txn.marker_partition = holder.marker_partition or 0
+            holder.producer.begin_transaction()
+        except:  # noqa: E722 - see _raised
+            txn.producer, txn.holder = holder.producer, holder
+            raise self._producer_error(txn, "starting the transaction", raised()) from None
+        self._write_begin_marker(txn)
+        log.debug("%s: transaction open as transactional.id=%s", txn.describe(),
+                  txn.transactional_id)
+
+    def warm_ahead(self, ctx: TransactionContext) -> None:
+        """exactly_once: initialise, in the background, the producer the next participant
+        of ``ctx``'s sink and partition in this process will begin on.
+
+        A prepared participant's producer cannot begin again (the driver ends its
+        transaction), so each participant needs a producer whose ``init_transactions``
+        is done: doing that now, between tasks, takes it off the next task's critical
+        path, which then only begins a transaction and writes its begin marker. The id
+        is picked as for any participant (a pooled slot with no open transaction, so no
+        prepared participant is ever fenced); a writer elsewhere that takes the slot
+        meanwhile fences this idle producer, and the next task notices at its marker and
+        opens a new one (:meth:`_begin_reused`)."""
+        if self.config.naming != "pooled" or not self.config.warm_ahead:
+            return
+        key = self._producer_key(ctx)
+        with _PRODUCERS_LOCK:
+            if key in _PRODUCERS or key in _WARMING:
+                return
+            done = _WARMING[key] = threading.Event()
+        thread = threading.Thread(target=self._warm, args=(ctx, key, done),
+                                  name=f"txsink-kafka-warm-{ctx.sink_id}-p{ctx.partition}",
+                                  daemon=True)
+        thread.start()
+
+    def _warm(self, ctx: TransactionContext, key: tuple[Any, ...],
+              done: threading.Event) -> None:
+        holder: _WriterProducer | None = None
+        try:
+            for _ in range(3):
+                # The next participant's context is unknown yet: probe as this partition's.
+                tid = self._choose_id(ctx, ahead=True)
+                seen = self._describe(tid)
+                holder = _WriterProducer(key, tid)
+
+                def unchanged(tid: str = tid, seen: TransactionInfo | None = seen) -> None:
+                    """Right before init_transactions: the slot is as the probe found it
+                    (no transaction open, no producer initialised on it since). What is
+                    left is one round trip in which another writer could begin on it."""
+                    now = self._describe(tid)
+                    if now is not None and (now.is_open or seen is None
+                                            or now.identity != seen.identity):
+                        raise _SlotTaken(tid)
+
+                try:
+                    self._initialise(holder, ctx, before_init=unchanged)
+                except _SlotTaken:
+                    _drop_producer(holder)
+                    holder = None
+                    continue
+                break
+            if holder is None:
+                return  # every slot it found was taken meanwhile: the next task opens one
+            deadline = time.monotonic() + self.config.request_timeout_s
+            while holder.capture.identity is None and time.monotonic() < deadline:
+                assert holder.producer is not None
+                holder.producer.poll(0.01)
+            if holder.capture.identity is None:
+                raise TxsinkError("librdkafka did not report the producer id")
+            PRODUCER_COUNTS["warmed"] += 1
+            _keep_producer(holder)
+            log.debug("%s: a producer for transactional.id=%s is ready for the next "
+                      "participant", ctx.describe(), holder.transactional_id)
+        except:  # noqa: E722 - see _raised; the next task opens its own producer
+            log.info("%s: initialising a producer ahead of need failed (%s); the next "
+                     "participant opens its own", ctx.describe(),
+                     self.shared.redact(str(raised())))
+            if holder is not None:
+                _drop_producer(holder)
+        finally:
+            with _PRODUCERS_LOCK:
+                if _WARMING.get(key) is done:
+                    del _WARMING[key]
+            done.set()
+
+    def _describe(self, tid: str) -> TransactionInfo | None:
+        return retry_transient(lambda: self.shared.txn_client().describe_transactions(
+            [tid]).get(tid), what=f"describing {tid}", bound_s=self.config.retry_bound_s,
+            redact=self.shared.redact)
+
+    def _initialise(self, holder: _WriterProducer, ctx: TransactionContext, *,
+                    before_init: Callable[[], None] | None = None) -> None:
+        """A new producer for ``holder``'s id with ``init_transactions`` done (no
+        transaction begun); ``before_init`` runs right before that, and may refuse."""
         from confluent_kafka import Producer
 
-        ctx = txn.ctx
-        txn.transactional_id = tid
-        holder = _WriterProducer(self._producer_key(ctx), tid)
+        tid = holder.transactional_id
         # A private logger (not in logging's registry, so none accumulates per participant)
         # that only captures the producer id.
         logger = logging.Logger(f"txsink_kafka.librdkafka.{tid}")  # noqa: LOG001
@@ -535,22 +665,15 @@ class KafkaWriter:
             "on_delivery": holder.on_delivery,
         }
         timeout = self.config.request_timeout_s
-        try:
-            holder.producer = Producer(conf)
-            producer = holder.producer
-            self._attach(txn, holder)
-            txn.marker_partition = self._marker_partition(producer, ctx.sink_id)
-            holder.marker_partition = txn.marker_partition
-            retry_transient(lambda: producer.init_transactions(timeout),
-                            what=f"{txn.describe()}: init_transactions",
-                            bound_s=self.config.retry_bound_s, redact=self.shared.redact)
-            PRODUCER_COUNTS["init_transactions"] += 1
-            producer.begin_transaction()
-        except:  # noqa: E722 - see _raised
-            raise self._producer_error(txn, "starting the transaction", raised()) from None
-        self._write_begin_marker(txn)
-        log.debug("%s: transaction open as transactional.id=%s", txn.describe(),
-                  txn.transactional_id)
+        holder.producer = Producer(conf)
+        producer = holder.producer
+        holder.marker_partition = self._marker_partition(producer, ctx.sink_id)
+        if before_init is not None:
+            before_init()
+        retry_transient(lambda: producer.init_transactions(timeout),
+                        what=f"{ctx.describe()}: init_transactions of {tid}",
+                        bound_s=self.config.retry_bound_s, redact=self.shared.redact)
+        PRODUCER_COUNTS["init_transactions"] += 1
 
     def _write_begin_marker(self, txn: KafkaTransaction) -> None:
         """The first record of the transaction: its commit marker and its trace for scans."""
@@ -601,6 +724,13 @@ class KafkaWriter:
     def write(self, txn: Transaction, batch: pa.RecordBatch) -> None:
         assert isinstance(txn, KafkaTransaction)
         self._opened(txn)
+        started = time.perf_counter()
+        try:
+            self._write(txn, batch)
+        finally:
+            txn.write_s += time.perf_counter() - started
+
+    def _write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         assert txn.producer is not None
         if txn.errors:
             raise self._delivery_error(txn)
@@ -732,7 +862,9 @@ class KafkaWriter:
         self._opened(txn)
         assert txn.producer is not None
         producer = txn.producer
+        flushing = time.perf_counter()
         self._flush(txn)
+        txn.flush_s = time.perf_counter() - flushing
         identity = txn.capture.identity
         if identity is None:
             raise TxsinkError(
@@ -756,6 +888,10 @@ class KafkaWriter:
             "prepared_at": round(time.time(), 3),
             "open_ms": round(txn.open_ms, 1),
             "open_wait_ms": round(txn.open_wait_ms, 1),
+            "write_ms": round(txn.write_s * 1000, 1),
+            "flush_ms": round(txn.flush_s * 1000, 1),
+            # Begun on a producer opened ahead of need (producer.init.ahead).
+            "reused_producer": txn.reused,
         }
         committable = Committable.for_context(NAME, txn.ctx, payload, rows=txn.rows,
                                               payload_version=PAYLOAD_VERSION)
@@ -770,6 +906,8 @@ class KafkaWriter:
         log.debug("%s: prepared transactional.id=%s producer_id=%d epoch=%d rows=%d",
                   txn.describe(), txn.transactional_id, identity.producer_id,
                   identity.producer_epoch, txn.rows)
+        if is_pooled(self.config.transactional_id_prefix, txn.transactional_id):
+            self.warm_ahead(txn.ctx)
         return committable
 
     def finish_in_task(self, txn: Transaction, guarantee: DeliveryGuarantee) -> Committable:

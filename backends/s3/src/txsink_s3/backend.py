@@ -24,11 +24,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -45,9 +46,11 @@ from txsink.model import Committable, DeliveryGuarantee, TransactionContext, val
 from txsink.options import Options, Secret
 from txsink.redact import redact
 
-from txsink_s3 import keys
+from txsink_s3 import keys, native
 from txsink_s3.conditional import error_code, probe_conditional_put, status
+from txsink_s3.fast_complete import FastCompleter
 from txsink_s3.formats import Encoder, PartBuffer, make_encoder
+from txsink_s3.session import shared_botocore_session
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -62,6 +65,8 @@ MAX_PART_SIZE = 5 * 1024 * MIB
 MAX_PARTS = 10_000
 DEFAULT_PART_SIZE = 16 * MIB
 FORMATS = ("parquet", "jsonl", "csv")
+#: Option ``writer``: txsink's Python writer, or Spark's own Parquet writer (native path).
+WRITERS = ("txsink", "spark")
 COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "none")
 #: CompleteMultipartUpload requests one commit_all keeps in flight (option
 #: ``commit_concurrency``): each waits on the server, not on this process.
@@ -77,6 +82,24 @@ MANIFEST_VERSION = 1
 #: Object metadata keys (boto3 returns user metadata keys in lower case).
 META_PARTICIPANT = "txsink-participant"
 META_TOKEN = "txsink-token"
+
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def commit_pool() -> ThreadPoolExecutor:
+    """The threads every S3 backend of this process completes uploads on (at most
+    :data:`MAX_COMMIT_CONCURRENCY`; each ``commit_all`` uses ``commit_concurrency`` of
+    them). A forked child makes its own: the parent's threads are not there."""
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max_workers=MAX_COMMIT_CONCURRENCY,
+                                       thread_name_prefix="txsink-s3-commit")
+            _pool_pid = os.getpid()
+        return _pool
+
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
@@ -198,6 +221,8 @@ class S3Backend(Backend):
     #: at_least_once / none complete the upload in the task (the default finish_in_task).
     guarantees: ClassVar[frozenset[DeliveryGuarantee]] = frozenset(DeliveryGuarantee)
     payload_version: ClassVar[int] = 1
+    #: ``writer: spark`` takes Spark's own Parquet writer (:meth:`native_parquet_for`).
+    native_parquet: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -223,8 +248,12 @@ class S3Backend(Backend):
         connect_retry_s: float = 30.0,
         commit_concurrency: int = DEFAULT_COMMIT_CONCURRENCY,
         manifest_retention_epochs: int = DEFAULT_MANIFEST_RETENTION,
+        writer: str = "txsink",
     ) -> None:
         self.bucket = bucket
+        #: Who writes the objects: txsink's Python writer, or Spark's own Parquet writer
+        #: (the native data path, :mod:`txsink_s3.native`).
+        self.writer = writer
         self.commit_concurrency = commit_concurrency
         self.manifest_retention_epochs = manifest_retention_epochs
         self.connect_retry_s = connect_retry_s
@@ -246,8 +275,13 @@ class S3Backend(Backend):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._s3: Any = None
+        self._session: Any = None
+        #: False: not looked at yet; None: commits go through boto3 only.
+        self._fast: FastCompleter | bool | None = False
         #: Cleared for a server that refuses If-None-Match on CompleteMultipartUpload.
         self._conditional_complete = True
+        #: Whether an orphan scan looked for what native writes leave besides uploads.
+        self._native_swept = False
 
     # -- configuration ------------------------------------------------------------------
 
@@ -332,6 +366,9 @@ class S3Backend(Backend):
                                       minimum=1, maximum=MAX_COMMIT_CONCURRENCY)
         manifest_retention = opts.int("manifest_retention_epochs", DEFAULT_MANIFEST_RETENTION,
                                       minimum=0)
+        writer = opts.choice("writer", WRITERS, "txsink")
+        if writer == "spark":
+            native.check_options(prefix, fmt)
         opts.check_unknown()
         return cls(bucket=bucket, prefix=prefix, fmt=fmt, part_size=part_size,
                    row_group_bytes=row_group, compression=compression, dictionary=dictionary,
@@ -340,12 +377,44 @@ class S3Backend(Backend):
                    secret_access_key=secret, session_token=token, max_attempts=max_attempts,
                    connect_timeout=connect_timeout, read_timeout=read_timeout,
                    connect_retry_s=connect_retry_s, commit_concurrency=commit_concurrency,
-                   manifest_retention_epochs=manifest_retention)
+                   manifest_retention_epochs=manifest_retention, writer=writer)
 
     def describe(self) -> str:
         where = f" endpoint={self.endpoint_url}" if self.endpoint_url else ""
+        writer = " writer=spark" if self.writer == "spark" else ""
         return (f"s3://{self.bucket}/{self.prefix} format={self.format} "
-                f"part_size={self.part_size}{where}")
+                f"part_size={self.part_size}{writer}{where}")
+
+    # -- the native data path: Spark's own Parquet writer (txsink_s3.native) ----------
+
+    @classmethod
+    def native_parquet_for(cls, options: Mapping[str, str]) -> bool:
+        """``writer: spark``: Spark's Parquet writer prepares the participants."""
+        return str(options.get("writer") or "txsink").strip() == "spark"
+
+    def native_staging(self, ctx: TransactionContext) -> tuple[str, str]:
+        return native.staging(self, ctx)
+
+    def native_write_options(self) -> dict[str, str]:
+        return native.write_options(self)
+
+    def native_session_conf(self, spark: Any) -> dict[str, str]:
+        return native.session_conf(self, spark)
+
+    def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:
+        """One participant per upload here: see :meth:`committables_for_directory`."""
+        raise NotImplementedError("s3 backend: Spark's writer prepares one participant per "
+                                  "task; ask committables_for_directory")
+
+    def committables_for_directory(self, ctx: TransactionContext,
+                                   dirname: str) -> list[Committable]:
+        return native.participants(self, ctx, dirname)
+
+    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:
+        """A native write that failed, or that the gate refused: abort what its job left
+        pending and delete its job document and magic directory, now rather than at the
+        next orphan scan."""
+        native.discard(self, ctx, dirname)
 
     def secret_values(self) -> list[str]:
         return [s.reveal() for s in (self.secret_access_key, self.session_token) if s]
@@ -364,12 +433,24 @@ class S3Backend(Backend):
                                          {"max_attempts": self.max_attempts})
         return self._s3
 
+    @property
+    def fast(self) -> FastCompleter | None:
+        """The lean path of commits (:mod:`txsink_s3.fast_complete`), where it applies."""
+        if self._fast is False:
+            client = self.client
+            self._fast = FastCompleter.for_backend(
+                self.endpoint_url, self.addressing_style, client, self._session,
+                pool_size=max(10, self.commit_concurrency),
+                connect_timeout=self.connect_timeout, read_timeout=self.read_timeout)
+        return self._fast if isinstance(self._fast, FastCompleter) else None
+
     def _make_client(self, connect_timeout: float, read_timeout: float,
                      retries: dict[str, int]) -> Any:
         import boto3  # type: ignore[import-untyped,unused-ignore]
         from botocore.config import Config  # type: ignore[import-untyped,unused-ignore]
 
-        session = boto3.session.Session(
+        session = self._session = boto3.session.Session(
+            botocore_session=shared_botocore_session(),
             profile_name=self.profile,
             aws_access_key_id=self.access_key_id,
             aws_secret_access_key=(self.secret_access_key.reveal()
@@ -390,7 +471,8 @@ class S3Backend(Backend):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_s3"] = None
+        state["_s3"] = state["_session"] = None
+        state["_fast"] = False
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -398,6 +480,10 @@ class S3Backend(Backend):
         state.setdefault("commit_concurrency", DEFAULT_COMMIT_CONCURRENCY)
         state.setdefault("_conditional_complete", True)
         state.setdefault("manifest_retention_epochs", DEFAULT_MANIFEST_RETENTION)
+        state.setdefault("writer", "txsink")
+        state.setdefault("_native_swept", False)
+        state.setdefault("_session", None)
+        state.setdefault("_fast", False)
         self.__dict__.update(state)
 
     def _retrying(self, what: str, action: Callable[[], _T]) -> _T:
@@ -426,6 +512,9 @@ class S3Backend(Backend):
 
     def close(self) -> None:
         client, self._s3 = self._s3, None
+        fast, self._fast = self._fast, False
+        if isinstance(fast, FastCompleter):
+            fast.close()
         if client is not None:
             client.close()
 
@@ -807,6 +896,11 @@ class S3Backend(Backend):
         etag = str(head.get("ETag", "")).strip('"')
         if p.get("etag") and etag == p["etag"]:
             return True
+        if p.get("token") is None:
+            # An upload Spark's writer made (no token in its metadata) whose ETag is no
+            # plain MD5 (SSE-KMS): the participant's own key, size and part count.
+            return bool(head.get("ContentLength") == p.get("size")
+                        and etag.endswith(f"-{len(p.get('parts') or [])}"))
         metadata = {k.lower(): v for k, v in head.get("Metadata", {}).items()}
         return bool(metadata.get(META_TOKEN) == p.get("token")
                     and head.get("ContentLength") == p.get("size"))
@@ -825,6 +919,10 @@ class S3Backend(Backend):
         c = committable
         p = c.payload
         if p.get("empty"):
+            return CommitOutcome.COMMITTED
+        fast = self.fast
+        if fast is not None and fast.complete(p, only_if_absent=self._conditional_complete):
+            log.debug("%s: committed s3://%s/%s", c.describe(), p["bucket"], p["key"])
             return CommitOutcome.COMMITTED
         try:
             self._complete(c, only_if_absent=self._conditional_complete)
@@ -902,10 +1000,18 @@ class S3Backend(Backend):
         if len(committables) <= 1 or self.commit_concurrency <= 1:
             return [self._commit_caught(c) for c in committables]
         self.client  # noqa: B018 - created here, not raced for by the pool's threads
-        workers = min(self.commit_concurrency, len(committables))
-        with ThreadPoolExecutor(max_workers=workers,
-                                thread_name_prefix="txsink-s3-commit") as pool:
-            return list(pool.map(self._commit_caught, committables))
+        lanes = min(self.commit_concurrency, len(committables))
+        results: list[CommitOutcome | Exception | None] = [None] * len(committables)
+
+        def lane(first: int) -> None:
+            for i in range(first, len(committables), lanes):
+                results[i] = self._commit_caught(committables[i])
+
+        # Lanes on the process's shared pool: starting a dozen threads per epoch cost
+        # tens of milliseconds on busy cores, more than the completions they wait for.
+        for future in [commit_pool().submit(lane, n) for n in range(lanes)]:
+            future.result()
+        return [r if r is not None else RuntimeError("not committed") for r in results]
 
     def _abort_upload(self, bucket: str, key: str, upload_id: str, who: str) -> None:
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
@@ -1000,6 +1106,26 @@ class S3Backend(Backend):
             lambda: self.client.list_objects_v2(
                 Bucket=self.bucket, Prefix=f"{base}/epoch={epoch}/", MaxKeys=1
             ).get("KeyCount", 0)))
+
+    def abort_orphans(self, sink_id: str, protected: Collection[str],
+                      up_to_epoch: int | None = None) -> list[Committable]:
+        """The uploads no decision holds (:meth:`list_prepared`); with ``writer: spark``
+        also what native writes of those epochs left behind besides their uploads. A
+        native write that stopped early always leaves uploads too (Spark writes at least
+        one file per job), so that is looked for at a backend's first scan (a start) and
+        after a scan that found orphans, not after every commit."""
+        aborted = super().abort_orphans(sink_id, protected, up_to_epoch)
+        if self.writer == "spark" and (aborted or not self._native_swept):
+            self._native_swept = True
+            from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
+
+            try:
+                native.leftovers(self, sink_id, up_to_epoch)
+            except (BotoCoreError, ClientError) as exc:
+                log.warning("sink=%s: deleting what native writes left behind failed (%s); "
+                            "the next orphan scan tries again", sink_id,
+                            self._redact(str(exc)))
+        return aborted
 
     def list_prepared(self, sink_id: str) -> Iterable[Committable]:
         """Every multipart upload under the sink's prefix whose key txsink made.

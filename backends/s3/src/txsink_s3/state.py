@@ -149,7 +149,10 @@ class S3StateStore(StateStore):
 
             config = Config(retries={"max_attempts": 5, "mode": "standard"},
                             connect_timeout=10, read_timeout=60)
-            self._client = boto3.session.Session().client("s3", config=config)
+            from txsink_s3.session import shared_botocore_session
+
+            self._client = boto3.session.Session(
+                botocore_session=shared_botocore_session()).client("s3", config=config)
         return self._client
 
     def _where(self) -> str:

@@ -235,3 +235,52 @@ class LocalSeaweedFS:
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+def spark_native_job(backend: Any, path: str, tasks: list[Any], *, first_attempt: int = 1,
+                     dead: dict[int, str] | None = None) -> list[int]:
+    """Leave in S3 what txsink-s3's commit protocol leaves after one job of Spark's
+    writer into ``path`` (the path ``native_staging`` named), without Spark: one pending
+    multipart upload per task (``tasks``: each task's rows as a pyarrow Table) at the key
+    txsink's own writer gives the task, and the job document listing them with their
+    rows. ``dead``: task -> ``"died"`` (an attempt that uploaded and died before task
+    commit), ``"started"`` (one that started its upload and died) or ``"twin"`` (a
+    speculative attempt that lost the commit): their uploads stay pending, listed
+    nowhere, as Spark leaves them. Returns the attempt id of each task's winner. For
+    tests and benchmarks of the native path (the protocol itself runs in
+    tests/e2e/test_s3_native_spark.py)."""
+    import io
+    import json
+
+    import pyarrow.parquet as pq
+
+    client, bucket = backend.client, backend.bucket
+    where = path.removeprefix(f"s3a://{bucket}/")
+    base, _, rest = where.rpartition("/_txsink/native/")
+    folder, _, job = rest.rpartition("/")
+    attempts = iter(range(first_attempt, first_attempt + 10 * len(tasks) + 10))
+
+    def upload(task: int, table: Any, finish: bool) -> dict[str, Any]:
+        attempt = next(attempts)
+        key = f"{base}/{folder}/part-{task:05d}-a{attempt}.parquet"
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        etags = [client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1,
+                                    Body=buf.getvalue())["ETag"]] if finish else []
+        return {"partition": task, "attempt": attempt, "rows": table.num_rows,
+                "bucket": bucket, "key": key, "upload_id": upload_id,
+                "size": len(buf.getvalue()), "etags": etags}
+
+    files = []
+    for task, table in enumerate(tasks):
+        fault = (dead or {}).get(task)
+        if fault in ("died", "started"):
+            upload(task, table, finish=fault == "died")
+        files.append(upload(task, table, finish=True))
+        if fault == "twin":
+            upload(task, table, finish=True)
+    doc = {"format": "txsink-s3-native-job", "version": 1, "job": job, "dir": folder,
+           "tasks": len(tasks), "files": files}
+    client.put_object(Bucket=bucket, Key=f"{where}/job.json", Body=json.dumps(doc).encode())
+    return [int(f["attempt"]) for f in files]

@@ -181,6 +181,8 @@ class Epochs:
         meta = sink.meta()
         if meta.stream_from is not None:
             return meta.stream_from
+        if not legacy:
+            self._refuse_behind_targets()
         start = 0 if legacy else max(self.used_in_state(), self.held_by_targets()) + 1
         while True:
             meta = sink.meta()
@@ -203,6 +205,30 @@ class Epochs:
                         "the query that released the sink id): the stream's micro-batch b "
                         "is epoch %d + b", sink.sink_id, start - 1, start)
         return start
+
+    def _refuse_behind_targets(self) -> None:
+        """A stream about to bind a state that has used epochs, while the targets hold
+        higher ones it does not know: the state (or the checkpoint holding it) was
+        restored from a copy taken before a stream bound it. That stream's batches are
+        in the targets under epochs this state never recorded; bound again above them,
+        Spark's replays of those batches would be written a second time. (A state that
+        used no epoch at all is a new query's: the claims judge it.)"""
+        known = self.used_in_state()
+        if known < 0:
+            return
+        held = self.held_by_targets()
+        if held <= known:
+            return
+        sink = self.sink
+        raise StateError(
+            f"sink={sink.sink_id}: the targets hold epochs up to {held}, but the txsink "
+            f"state at {sink.store.location} knows epochs up to {known} and no stream bound "
+            "to it: the state (or the checkpoint holding it) was restored from an older "
+            "copy, taken before a streaming query first wrote through it. That query's "
+            "batches are in the targets under epochs this state does not know, so its "
+            "micro-batches cannot be told from them and would be written twice. Nothing "
+            "was written. Put the newest state back; or write on under a new sink_id and "
+            "output", sink_id=sink.sink_id)
 
     def stream_from(self) -> int:
         """The epoch of the streaming sink's micro-batch 0 (0 when no stream bound it)."""

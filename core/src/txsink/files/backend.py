@@ -480,10 +480,16 @@ class FilesBackend(Backend):
                 raise ConfigError(f"files backend: directory {self.base} belongs to sink "
                                   f"{owner!r}, not {sink_id!r}; nothing deleted", field="path",
                                   sink_id=sink_id)
-        finals = sorted(p for p in self.base.glob(f"part-*.{self.ext}") if p.is_file())
-        for path in finals:
-            path.unlink()
-        removed = [f"{len(finals)} file(s) part-*.{self.ext} in {self.base}"]
+        removed = []
+        # The files of every format: ``format`` may change between runs (to Parquet, for
+        # Spark's own writer), and files left in the other one were read again after a
+        # reset, beside the same rows written anew.
+        for ext in [self.ext, *(e for e in _EXT.values() if e != self.ext)]:
+            finals = sorted(p for p in self.base.glob(f"part-*.{ext}") if p.is_file())
+            for path in finals:
+                path.unlink()
+            if finals or ext == self.ext:
+                removed.append(f"{len(finals)} file(s) part-*.{ext} in {self.base}")
         if self._meta.exists():
             shutil.rmtree(self._meta)
             removed.append(f"{self._meta} (pending files and the owner record)")
@@ -636,14 +642,15 @@ class FilesBackend(Backend):
                 "sink took over and cleaned up this run's unrecorded files; nothing of "
                 "them is committed. Two runs of one query must never write at once",
                 sink_id=ctx.sink_id, epoch=ctx.epoch, participant=ctx.participant) from None
-        if files:
-            self._check_linkable(ctx, staged / files[0]["name"])
+        for f in files:  # each: tasks on other hosts may have written as other users
+            self._check_linkable(ctx, staged / f["name"])
         return self._staged_committable(ctx, dirname, files)
 
     def _check_linkable(self, ctx: TransactionContext, staged: Path) -> None:
         """The commit publishes a staged file by linking it to its final name: find out
         now, before the epoch is decided, whether this process may (a decided epoch
-        whose files cannot be linked could never commit)."""
+        whose files cannot be linked could never commit). Asked of every file: one
+        that may be linked says nothing of the others."""
         probe = self.base / f".txsink-link-{uuid.uuid4().hex[:12]}"
         try:
             os.link(staged, probe)

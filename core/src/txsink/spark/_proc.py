@@ -10,7 +10,7 @@ time, which pid reuse cannot repeat): stable across the processes of one query r
 different for the next run. The driver's own Python process (where ``foreachBatch``
 functions and the native path's driver side run) is the JVM's parent, not its child:
 there the token names the JVM of its active SparkContext, so it holds the same lease as
-the workers of the same driver.
+the workers of the same driver, whatever JVM (a CI agent, a scheduler) started it.
 """
 
 from __future__ import annotations
@@ -37,11 +37,14 @@ def owner_token() -> str:
     explicit = os.environ.get(OWNER_ENV)
     if explicit:
         return explicit
+    # A driver process names its own SparkContext's JVM first: a JVM above it (a CI
+    # agent or scheduler that started the driver) is not Spark's, and a lease taken
+    # under its token outlived the run while that JVM lived.
+    token = _context_jvm_token()
+    if token is not None:
+        return token
     jvm = driver_jvm()
     if jvm is None:
-        token = _context_jvm_token()
-        if token is not None:
-            return token
         global _process_token
         if _process_token is None:
             _process_token = new_owner_token()

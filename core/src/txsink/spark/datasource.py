@@ -33,6 +33,7 @@ exactly once.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -308,19 +309,62 @@ def decode_messages(messages: Sequence[WriterCommitMessage | None]) -> list[Comm
     return out
 
 
-def _rows_to_batches(rows: Iterator[Any]) -> Iterator[pa.RecordBatch]:  # pragma: no cover
+def arrow_schema(schema: StructType | None) -> pa.Schema | None:
+    """The Arrow schema Spark's own Arrow transfer gives ``schema`` (timestamps in UTC),
+    None where PySpark cannot convert it (the rows' own types are then taken)."""
+    if schema is None:
+        return None
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")
+    except Exception:
+        return None
+
+
+def _as_arrow_value(value: Any, kind: pa.DataType) -> Any:
+    """A Row's value as Arrow takes it for ``kind``: Spark hands timestamps as naive
+    datetimes in this process's local time."""
+    if value is None:
+        return None
+    if pa.types.is_timestamp(kind) and kind.tz is not None and getattr(
+            value, "tzinfo", 1) is None:
+        return value.astimezone(datetime.timezone.utc)
+    if pa.types.is_struct(kind) and isinstance(value, dict):
+        return {f.name: _as_arrow_value(value.get(f.name), f.type) for f in kind}
+    if pa.types.is_list(kind) and isinstance(value, list):
+        return [_as_arrow_value(v, kind.value_type) for v in value]
+    if pa.types.is_map(kind) and isinstance(value, dict):
+        return [(k, _as_arrow_value(v, kind.item_type)) for k, v in value.items()]
+    return value
+
+
+def _rows_to_batches(rows: Iterator[Any], schema: pa.Schema | None = None
+                     ) -> Iterator[pa.RecordBatch]:
+    """Rows (PySpark 4.0 hands a streaming writer Rows, not Arrow) as Arrow batches of
+    the frame's own Spark types (``schema``): inferred from the Python values, an INT
+    column became BIGINT and a timestamp lost its time zone."""
     chunk: list[dict[str, Any]] = []
+
+    def batch() -> pa.RecordBatch:
+        if schema is None:
+            return pa.RecordBatch.from_pylist(chunk)
+        return pa.RecordBatch.from_pylist(
+            [{f.name: _as_arrow_value(row.get(f.name), f.type) for f in schema}
+             for row in chunk], schema=schema)
+
     for row in rows:
         chunk.append(row.asDict(recursive=True))
         if len(chunk) >= _ROWS_PER_BATCH:
-            yield pa.RecordBatch.from_pylist(chunk)
+            yield batch()
             chunk = []
     if chunk:
-        yield pa.RecordBatch.from_pylist(chunk)
+        yield batch()
 
 
 def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[Any],
-                *, arrow: bool, offset: int = 0) -> TxsinkCommitMessage:
+                *, arrow: bool, offset: int = 0,
+                schema: pa.Schema | None = None) -> TxsinkCommitMessage:
     """Executor side: one participant per task attempt. ``epoch`` None: a micro-batch
     of the streaming sink, epoch ``offset`` + its batch id."""
     from pyspark import TaskContext
@@ -346,7 +390,8 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
     ctx = TransactionContext(settings.sink_id, epoch, tc.partitionId(), tc.taskAttemptId())
     injector = fault_points.FaultInjector.from_env()
     first_attempt = tc.attemptNumber() == 0
-    batches: Iterator[pa.RecordBatch] = iterator if arrow else _rows_to_batches(iterator)
+    batches: Iterator[pa.RecordBatch] = (iterator if arrow
+                                         else _rows_to_batches(iterator, schema))
     duplicate = first_attempt and injector.armed(fault_points.TASK_AFTER_PRE_COMMIT, epoch,
                                                  "duplicate")
     kept: list[pa.RecordBatch] = []
@@ -487,10 +532,13 @@ def _discard(backend: Backend, epoch: int, committables: Sequence[Committable | 
 class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
     """Micro-batch writer: one epoch per Spark batch id."""
 
-    def __init__(self, settings: SinkSettings, owner: str) -> None:
+    def __init__(self, settings: SinkSettings, owner: str,
+                 schema: StructType | None = None) -> None:
         self.settings = settings
         self.owner = owner
         self._planned = False
+        #: The frame's types, for PySpark 4.0, which hands streaming writers Rows.
+        self.arrow_schema = None if _STREAM_ARROW else arrow_schema(schema)
         #: The epoch of micro-batch 0 (the state fixes it; the planner reads it for
         #: the tasks, which write micro-batch b as this + b).
         self.epoch_offset = 0
@@ -522,7 +570,8 @@ class TxsinkStreamWriter(_StreamWriterBase, _Finisher):
 
     def write(self, iterator: Iterator[Any]) -> TxsinkCommitMessage:
         return _write_task(self.settings, None, iterator, arrow=_STREAM_ARROW,
-                           offset=self.epoch_offset)
+                           offset=self.epoch_offset,
+                           schema=getattr(self, "arrow_schema", None))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._run("commit", batchId, messages, recover_below=True,
@@ -688,7 +737,7 @@ class TxsinkDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> TxsinkStreamWriter:
         _refuse_overwrite(overwrite, "outputMode('complete')")
         self._check_group(schema)
-        return TxsinkStreamWriter(self.settings, self.settings.owner or owner_token())
+        return TxsinkStreamWriter(self.settings, self.settings.owner or owner_token(), schema)
 
     def _check_group(self, schema: StructType) -> None:
         """A group's frame is refused before any task runs if it would be misrouted (not

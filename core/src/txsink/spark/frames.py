@@ -41,6 +41,16 @@ def pipeline_frame(spark: SparkSession, cfg: PipelineConfig,
     return build_frame(spark, cfg, shaped=not native)
 
 
+def sink_targets(cfg: PipelineConfig) -> TargetSet:
+    """The pipeline's sink as a :class:`TargetSet` (a group, or one sink)."""
+    if cfg.sink.targets:
+        return TargetSet(cfg.sink.sink_id, cfg.sink.targets,
+                         checkpoint_location=cfg.checkpoint)
+    spec = TargetSpec(cfg.sink.sink_id, cfg.sink.backend, dict(cfg.sink.options))
+    return TargetSet(cfg.sink.sink_id, [spec], checkpoint_location=cfg.checkpoint,
+                     single=True)
+
+
 def native_targets(cfg: PipelineConfig, extra_options: Mapping[str, str] | None, *,
                    stream: bool) -> TargetSet | None:
     """The sink as a :class:`TargetSet` when Spark's own Parquet writer writes it (a
@@ -51,15 +61,9 @@ def native_targets(cfg: PipelineConfig, extra_options: Mapping[str, str] | None,
     txsink's data source: those pipelines keep the data source path."""
     if extra_options:
         return None
-    if cfg.sink.targets:
-        group = TargetSet(cfg.sink.sink_id, cfg.sink.targets,
-                          checkpoint_location=cfg.checkpoint)
-    else:
-        if cfg.sink.guarantee is not DeliveryGuarantee.EXACTLY_ONCE:
-            return None
-        spec = TargetSpec(cfg.sink.sink_id, cfg.sink.backend, dict(cfg.sink.options))
-        group = TargetSet(cfg.sink.sink_id, [spec], checkpoint_location=cfg.checkpoint,
-                          single=True)
+    if not cfg.sink.targets and cfg.sink.guarantee is not DeliveryGuarantee.EXACTLY_ONCE:
+        return None
+    group = sink_targets(cfg)
     if not group.native():
         return None
     if stream and not group.native_stream():

@@ -41,6 +41,7 @@ from txsink.coordinator import Coordinator, record_prepared
 from txsink.errors import ConfigError
 from txsink.faults import NATIVE_BEFORE_RECORD, FaultInjector
 from txsink.gate import Gate
+from txsink.gate import refuse_feedback as gate_refuse_feedback
 from txsink.group import TargetGroup
 from txsink.lakehouse import TableBackend
 from txsink.model import (
@@ -51,7 +52,7 @@ from txsink.model import (
 )
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_alive, owner_token
-from txsink.spark.queries import driving_query
+from txsink.spark.queries import driving_query, in_connect_foreach_batch
 from txsink.state import EpochState, StateStore, WriteId
 from txsink.targets import (
     GROUP_BACKEND,
@@ -120,17 +121,15 @@ def checked_shape(df: DataFrame, specs: Sequence[TargetSpec], group_id: str, *,
 
 def takes_native(spec: TargetSpec, df: DataFrame | None = None) -> bool:
     """Whether Spark's own Parquet writer writes ``spec``'s files (the native data path:
-    a table format, or the files backend writing Parquet). Under Spark Connect (``df``
-    a Connect frame) only a table takes it: files targets keep txsink's data source,
-    as before the native path existed for them."""
+    a table format, or the files backend writing Parquet). Not under Spark Connect
+    (``df`` a Connect frame): there a ``foreachBatch`` function cannot read its stream's
+    query id (no SparkContext), which the data source's tasks report, and the Connect
+    client refuses the writer's ``errorifexists`` (every batch of a table target
+    failed)."""
     cls = get_plugins().backend_class(spec.backend)
     if not cls.native_parquet_for(spec.options):
         return False
-    if df is not None and type(df).__module__.startswith("pyspark.sql.connect"):
-        from txsink.lakehouse import TableBackend
-
-        return issubclass(cls, TableBackend)
-    return True
+    return df is None or not type(df).__module__.startswith("pyspark.sql.connect")
 
 
 class TargetSet:
@@ -244,6 +243,15 @@ class TargetSet:
         put where this Spark session has no filesystem (``s3a://`` without hadoop-aws):
         Spark would fail inside the first batch with a Java error instead."""
         plugins = get_plugins()
+        # Each native target's own check of the session (Backend.native_session_conf:
+        # a jar, a filesystem, the store it reaches), here, before any claim or epoch.
+        for spec in self.specs:
+            if takes_native(spec, df):
+                member = TargetGroup.from_specs(self.sink_id, [spec]).members[spec.name]
+                try:
+                    member.backend.native_session_conf(df.sparkSession)
+                finally:
+                    member.backend.close()
         for spec in self.specs:
             if not getattr(plugins.backend_class(spec.backend), "native_parquet", False):
                 continue
@@ -275,6 +283,8 @@ class TargetSet:
     def write_stream(self, df: DataFrame) -> DataStreamWriter:
         """``df.writeStream`` to every target, one decision per micro-batch."""
         self._micro_batch()
+        refuse_feedback(df, self.backend(), self.sink_id,
+                        field="sink" if self.single else "targets")
         if self.native(df) and not self.checkpoint_location:
             plugins = get_plugins()
             if any(issubclass(plugins.backend_class(s.backend), TableBackend)
@@ -363,10 +373,11 @@ class TargetSet:
                           "its coordinator state lives there", field="state_location")
 
     def epoch(self, spark: SparkSession, *, version: int | None = None,
-              app_id: str | None = None) -> GroupEpoch:
+              app_id: str | None = None, stream_checkpoint: str | None = None) -> GroupEpoch:
         """One epoch of grouped writes (see the module docstring)."""
         self._micro_batch()
-        return GroupEpoch(spark, self, version=version, app_id=app_id)
+        return GroupEpoch(spark, self, version=version, app_id=app_id,
+                          stream_checkpoint=stream_checkpoint)
 
 
 def targets(sink_id: str, items: Sequence[Mapping[str, Any]], *,
@@ -434,18 +445,23 @@ def recorded_targets_refusal(state_location: str, sink_id: str,
 
 def epoch(spark: SparkSession, group: TargetSet | str, *, version: int | None = None,
           targets: Sequence[Mapping[str, Any]] | None = None,
-          state_location: str | None = None, app_id: str | None = None) -> GroupEpoch:
+          state_location: str | None = None, app_id: str | None = None,
+          stream_checkpoint: str | None = None) -> GroupEpoch:
     """``with txsink.spark.epoch(spark, group=orders, version=batch_id) as tx: ...``.
 
     ``group`` is a :class:`TargetSet`, or the group's sink id with ``targets`` and
-    ``state_location``.
+    ``state_location``. ``stream_checkpoint``: the checkpointLocation of the stream whose
+    ``foreachBatch`` runs the block, where Spark cannot tell the function its query
+    (Spark Connect): a versioned write is bound to that stream's query id, read from the
+    checkpoint's metadata (local or ``file://`` paths).
     """
     if isinstance(group, str):
         if targets is None or state_location is None:
             raise ConfigError("txsink.spark.epoch: with a sink id for the group, give its "
                               "targets and state_location too", field="targets")
         group = _target_set(group, targets, state_location=state_location)
-    return GroupEpoch(spark, group, version=version, app_id=app_id)
+    return GroupEpoch(spark, group, version=version, app_id=app_id,
+                      stream_checkpoint=stream_checkpoint)
 
 
 class GroupEpoch:
@@ -459,7 +475,8 @@ class GroupEpoch:
     """
 
     def __init__(self, spark: SparkSession, group: TargetSet, *, version: int | None,
-                 app_id: str | None, stream_batch: int | None = None) -> None:
+                 app_id: str | None, stream_batch: int | None = None,
+                 stream_checkpoint: str | None = None) -> None:
         if version is not None and (not isinstance(version, int) or version < 0):
             raise ConfigError(f"txsink.spark.epoch: version must be a whole number >= 0 (e.g. "
                               f"the foreachBatch batch id), got {version!r}", field="version")
@@ -468,6 +485,7 @@ class GroupEpoch:
         self.write_id = (None if version is None
                          else WriteId(app_id or group.sink_id, version))
         self.stream_batch = stream_batch
+        self.stream_checkpoint = (stream_checkpoint or "").rstrip("/") or None
         self.epoch = -1
         self.skipped = False
         self.owner = owner_token()
@@ -490,8 +508,19 @@ class GroupEpoch:
 
     def __enter__(self) -> GroupEpoch:
         self.group.check_state()  # before preflight claims a new target's output
-        self._query, self._query_known = driving_query(self.spark,
-                                                       self.group.checkpoint_location)
+        self._query, self._query_known = driving_query(
+            self.spark, self.stream_checkpoint or (
+                self.group.checkpoint_location if self.stream_batch is not None else None))
+        if (self.write_id is not None and not self._query_known
+                and in_connect_foreach_batch()):
+            raise ConfigError(
+                f"txsink.spark.epoch: group {self.group.sink_id!r}: a versioned write in a "
+                "foreachBatch function under Spark Connect cannot learn which stream drives "
+                "it (Spark Connect gives the function no query id), so a replaced stream "
+                "checkpoint could not be told from a replay and its batches would be "
+                "skipped. Give the stream's checkpointLocation: txsink.spark.epoch(..., "
+                "stream_checkpoint=...) (a local or file:// path); nothing was written",
+                field="stream_checkpoint", sink_id=self.group.sink_id)
         backend = self.group.backend()
         try:
             backend.preflight(self.group.sink_id)
@@ -537,6 +566,8 @@ class GroupEpoch:
         opts.pop("checkpointLocation", None)
         if self.write_id is not None:
             opts.update(txnAppId=self.write_id.app_id, txnVersion=str(self.write_id.version))
+            if self.stream_checkpoint:
+                opts["txnStreamCheckpoint"] = self.stream_checkpoint
         if self.skipped and (self.write_id is None or self._query_known):
             return  # a replay: nothing of it is written, its identity was checked
         # Skipped as committed, under Spark Connect (no driving query known here): the
@@ -621,6 +652,20 @@ class GroupEpoch:
                      len(committable), sum(c.rows for c in committable))
         finally:
             part.close()
+
+
+def refuse_feedback(df: DataFrame, backend: Backend, sink_id: str, *,
+                    field: str = "sink") -> None:
+    """Before a stream starts: refused when a target writes a topic its Kafka source
+    reads (:meth:`Gate.refuse_feedback`); nothing to judge for other sources."""
+    from txsink.spark.realtime_source import kafka_source
+
+    try:
+        source = kafka_source(df)
+        if source is not None:
+            gate_refuse_feedback(backend, sink_id, source, field=field)
+    finally:
+        backend.close()
 
 
 def write_parquet(df: DataFrame, path: str, options: Mapping[str, str],

@@ -58,3 +58,18 @@ def driving_query(spark: SparkSession | None, checkpoint: str | None
         return (str(value) if value else None), True
     query = checkpoint_query_id(checkpoint) if checkpoint else None
     return query, query is not None
+
+
+#: The module Spark Connect runs ``foreachBatch`` functions in, on the server.
+CONNECT_FOREACH_BATCH = "pyspark.sql.connect.streaming.worker.foreach_batch_worker"
+
+
+def in_connect_foreach_batch() -> bool:
+    """Whether this process runs a ``foreachBatch`` function for Spark Connect (its worker
+    module is loaded, or is the process's main module)."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return CONNECT_FOREACH_BATCH in sys.modules or getattr(spec, "name", None) == \
+        CONNECT_FOREACH_BATCH

@@ -598,6 +598,7 @@ def _start_plan(df: DataFrame, plan: _Plan, *, trigger: str, interval: float,
     no target feeding a topic the query reads, the columns each target writes, the
     stored positions' identity (source topic, destination) and, against the checkpoint's
     record, what a run may start with (:mod:`txsink.realtime.group`)."""
+    from txsink.gate import position_refusal
     from txsink.realtime.group import (
         MEMBERS_FILE,
         StartPoint,
@@ -607,7 +608,6 @@ def _start_plan(df: DataFrame, plan: _Plan, *, trigger: str, interval: float,
         start_refusal,
         target_field,
     )
-    from txsink.realtime.identity import start_identity_refusal
     from txsink.spark.realtime_source import SparkKafkaSource
 
     sink_id, prefix = plan.sink_id, plan.prefix
@@ -634,8 +634,8 @@ def _start_plan(df: DataFrame, plan: _Plan, *, trigger: str, interval: float,
             except TxsinkError as exc:  # a server away: name the target it belongs to
                 raise TxsinkError(f"{target_field(prefix, name) or 'sink'}: {exc}",
                                   sink_id=sink_id) from None
-            refusal = start_identity_refusal(spec.sink_id, stored, spec.destination(),
-                                             topic_ids, source.end_offsets, field=here)
+            refusal = position_refusal(spec.sink_id, stored, spec.destination(),
+                                       topic_ids, source.end_offsets, field=here)
             if refusal is not None:
                 raise refusal
             positions[name] = {s: p.offset for s, p in stored.items()}
@@ -829,19 +829,17 @@ def _shape(df: DataFrame, specs: Sequence[TargetSpec], position_columns: Sequenc
 
 
 def _check_no_feedback(source: SourceTopics, plan: _Plan, sink_id: str) -> None:
-    """Refuse a target that writes a topic the query reads (``subscribe``, a
-    ``subscribePattern`` matching it, an ``assign`` naming it), on the cluster it reads:
-    every record it writes would come back as a new source record, without end. The
-    judgement is the target's (``RealtimeTargetSpec.feeds``: the Kafka backend's)."""
+    """Refuse a target that writes a topic the query reads, on the cluster it reads (the
+    gate's :func:`~txsink.gate.feedback_refusal`; the judgement is the target's:
+    ``RealtimeTargetSpec.feeds``, the Kafka backend's)."""
+    from txsink.gate import feedback_refusal
     from txsink.realtime.group import options_field
 
-    for name, spec in plan.built.items():
-        if spec.feeds(source):
-            where = f"{options_field(plan.prefix, name)}.topic"
-            raise ConfigError(f"{where}: the target writes {spec.place()}, the topic the "
-                              f"query reads ({source.describe()}): every record it writes would "
-                              "be read again and written again, without end; write another "
-                              "topic, or read without it", field=where, sink_id=sink_id)
+    feeding = [(f"{options_field(plan.prefix, name)}.topic", spec.place())
+               for name, spec in plan.built.items() if spec.feeds(source)]
+    refusal = feedback_refusal(source, feeding, sink_id=sink_id)
+    if refusal is not None:
+        raise refusal
 
 
 def _source_option(df: DataFrame, key: str) -> str | None:

@@ -49,6 +49,21 @@ def source_options(df: DataFrame) -> dict[str, str]:
     return {}
 
 
+def kafka_source(df: DataFrame) -> SparkKafkaSource | None:
+    """The stream's Kafka source (Spark's ``kafka`` format, or any source given Kafka's
+    ``kafka.bootstrap.servers`` with ``subscribe``, ``subscribePattern`` or ``assign``),
+    or None: another source, or a frame whose plan this process cannot read (Spark
+    Connect)."""
+    try:
+        options = source_options(df)
+    except Exception:  # no JVM plan here (Spark Connect)
+        return None
+    if not options.get("kafka.bootstrap.servers") or not any(
+            options.get(k) for k in ("subscribe", "subscribepattern", "assign")):
+        return None
+    return SparkKafkaSource(df, options)
+
+
 class SparkKafkaSource(SourceTopics):
     """The source's topics through the driver's JVM Kafka admin client.
 

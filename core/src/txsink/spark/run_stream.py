@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from txsink.config import PipelineConfig
 from txsink.errors import TxsinkError
 from txsink.spark.connect import is_remote
-from txsink.spark.frames import native_targets
+from txsink.spark.frames import native_targets, sink_targets
+from txsink.spark.group import refuse_feedback
 from txsink.spark.messages import first_lines
 from txsink.spark.report import Printer, RunResult, committed_since, epoch_line
 from txsink.spark.signals import Interrupted, quietly, stop_within
@@ -30,6 +31,9 @@ def run_stream(frame: DataFrame, cfg: PipelineConfig, store: StateStore, out: Pr
     if native is not None:
         writer = native.write_stream(frame)
     else:
+        sink = sink_targets(cfg)
+        refuse_feedback(frame, sink.backend(), sink.sink_id,
+                        field="sink" if sink.single else "targets")
         options = {**cfg.sink_write_options(), **(extra_options or {})}
         writer = frame.writeStream.format("txsink").options(**options)
     trig = cfg.trigger
