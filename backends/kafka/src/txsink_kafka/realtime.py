@@ -633,6 +633,20 @@ def progress_tail(spec: KafkaRealtimeSpec) -> ProgressTail:
         return tail
 
 
+def close_warm() -> None:
+    """Close this process's warm progress readers and producers made ahead (a test
+    session, before its broker stops: they would try to reconnect until the process
+    ends)."""
+    with _TAILS_LOCK:
+        tails = list(_TAILS.values())
+        _TAILS.clear()
+        # Never initialised, they hold no transactional id: dropped, they are destroyed.
+        _STANDBY.clear()
+    for tail in tails:
+        with tail.lock:
+            tail.close_consumer()
+
+
 class KafkaPositionTarget(PositionTarget):
     """One source partition's transactional producer.
 
