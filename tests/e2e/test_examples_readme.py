@@ -1,6 +1,7 @@
 """examples/README.md, executed: its commands start the servers, run the PostgreSQL,
-S3 and Kafka examples, the group of targets and the Kafka-in example (Kafka,
-PostgreSQL and a Delta table out), and read the output back through real clients.
+S3 and Kafka examples, the group of targets, the Kafka-in example (Kafka, PostgreSQL
+and a Delta table out) and Real-time Mode's group (Kafka and PostgreSQL out, after its
+one-command setup), and read the output back through real clients.
 
 The commands run as written, in a scratch copy of ``examples/`` (so ``out/`` lands
 there); only the launcher is swapped: ``uv run python`` / ``uv run txsink`` become
@@ -25,7 +26,7 @@ from tests.e2e.spark_harness import kill_group
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(os.environ.get("TXSINK_EXAMPLE_TESTS") != "1",
                                  reason="starts PostgreSQL, SeaweedFS and Apache Kafka and "
-                                 "runs four Spark pipelines (minutes): runs in `tox -e "
+                                 "runs five Spark pipelines (minutes): runs in `tox -e "
                                  "examples`, or with TXSINK_EXAMPLE_TESTS=1")]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +85,7 @@ def _free_s3_port() -> int:
 
 def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
     blocks = _blocks()
-    start, load, postgres, s3, kafka, multi, lake = blocks
+    start, load, postgres, s3, kafka, multi, lake, realtime = blocks
     assert start == "uv run python examples/dev_servers.py start"
     assert load == ". out/dev-servers.env"
     shutil.copytree(REPO / "examples", tmp_path / "examples",
@@ -161,6 +162,29 @@ def test_examples_readme_runs_start_to_finish(tmp_path: Path) -> None:
         # Every event of the source topic in each target once, one log entry per epoch.
         assert source_records == records == ids == count == distinct == rows == row_ids, out
         assert top == cut and entries == epochs == cut + 1, out
+
+        # Real-time Mode: its setup (the connector's jars, topics, table, 1000 orders),
+        # the group run until idle, its positions, and each target counted.
+        out = _bash(f"{load}\n{realtime}", tmp_path, env).stdout
+        assert re.search(r"^export TXSINK_SPARK_JARS=\S*spark-sql-kafka-0-10_2\.13-4\.2\.0\.jar",
+                         out, re.M), out
+        assert "done (idle: 3 real-time batches in a row without new input)" in out, out
+        line = re.compile(r"^real-time batch(es)? [\d-]+ completed: events ([\d,]+) row\(s\) in "
+                          r"\d+ commit\(s\) \(visible p50 [\d.]+ m?s, p99 [\d.]+ m?s after "
+                          r"reaching the writer\); totals ([\d,]+) row\(s\)", re.M)
+        progress = line.findall(out)
+        assert progress, out
+        assert sum(int(e.replace(",", "")) for _, e, _ in progress) == 1000, out
+        assert sum(int(t.replace(",", "")) for _, _, t in progress) == 1000, out
+        shown = re.findall(r"^## Real-time Mode.*?```text\n(.*?)\n```", README.read_text(),
+                           re.S | re.M)[0]
+        assert line.match(shown), shown  # the README's line has the shape of a run's
+        for partition in (0, 1):
+            assert out.count(f"orders-{partition}: offset 499") == 2, out  # both targets
+        records, ids = map(int, re.findall(
+            r"(\d+) committed record\(s\) in orders-events, (\d+) distinct id\(s\)", out)[-1])
+        count, distinct = map(int, re.findall(r"^(\d+)\|(\d+)$", out, re.M)[-1])
+        assert records == ids == count == distinct == 1000, out
 
         # Without a broker: the one line the README shows, before Spark starts.
         no_broker = subprocess.run(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -188,6 +189,80 @@ def test_the_example_pipeline_file_runs_in_real_time_mode_and_resumes_exactly_on
     with psycopg.connect(pg.dsn, password=pg.password, autocommit=True) as conn:
         ids = [r[0] for r in conn.execute(f"SELECT id FROM {table} ORDER BY id")]
     assert ids == list(range(150))
+
+
+@long_run
+@pytest.mark.promise("realtime-until-idle", "realtime")
+@pytest.mark.promise("realtime-timeout-bounded", "realtime")
+def test_a_real_time_run_prints_its_numbers_stops_when_idle_and_within_its_timeout(
+        bootstrap: str, pg: pgtesting.LocalPostgres, tmp_path: Path) -> None:
+    """``txsink run`` of a real-time pipeline prints, per line and in its summary, the
+    rows and commits of its target and their latency; ``--until-idle`` ends it once the
+    source has nothing new; ``--timeout`` bounds the whole run, Spark's start included
+    (a run with ``--timeout 240`` once took 339 s: the bound counted from the query's
+    start, and the stop after it was unbounded)."""
+    from txsink.spark.run_realtime import ALARM_GRACE_S, RELEASE_WAIT_S, TIMEOUT_STOP_S
+
+    src = f"rt-src-{uuid.uuid4().hex[:6]}"
+    kt.create_topic(bootstrap, src, partitions=2)
+    table = f"public.rt_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(pg.dsn, password=pg.password, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint, k text)")
+    env = {**os.environ, "TXSINK_KAFKA_BOOTSTRAP": bootstrap, "TXSINK_RT_TOPIC": src,
+           "TXSINK_PG_DSN": pg.dsn, "TXSINK_PG_PASSWORD": pg.password,
+           "TXSINK_RT_TABLE": table, "TXSINK_DEMO_DIR": str(tmp_path / "demo"),
+           "TXSINK_SPARK_JARS": ",".join(connector_jars()), "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+
+    def ids() -> list[int]:
+        with psycopg.connect(pg.dsn, password=pg.password, autocommit=True) as conn:
+            return [r[0] for r in conn.execute(f"SELECT id FROM {table} ORDER BY id")]
+
+    def run(*bound: str) -> tuple[int, str, float]:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "txsink.cli", "run",
+             str(REPO / "examples/pipelines/realtime-postgres.yaml"), *bound],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=600)
+        finally:
+            kill_group(proc.pid)
+        return proc.returncode, out, time.monotonic() - started
+
+    produce(bootstrap, src, range(0, 200))
+    code, out, _ = run("--until-idle")
+    assert code == 0, out
+    assert ids() == list(range(200))
+    assert "done (idle: 3 real-time batches in a row without new input)" in out, out
+    summary = out.strip().splitlines()[-1]
+    assert re.search(r"completed: 200 row\(s\) in \d+ commit\(s\) \(visible p50 [\d.]+ m?s, "
+                     r"p99 [\d.]+ m?s after reaching the writer\)", summary), summary
+    lines = [x for x in out.splitlines() if x.startswith("real-time batch")]
+    assert lines, out
+    assert sum(int(m) for x in lines for m in re.findall(r": (\d+) row\(s\)", x)) == 200, out
+
+    produce(bootstrap, src, range(200, 300))
+    # The bound counts from the run loop's start; before it, Python starts and imports
+    # PySpark: measured here, on this machine's load, not assumed.
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import txsink.cli, txsink.spark.run_realtime, "
+                    "pyspark.sql"], env=env, check=True)
+    startup = time.monotonic() - began
+    timeout = 25.0
+    code, out, took = run("--timeout", f"{timeout:g}")
+    assert code == 0, out
+    assert f"done (--timeout {timeout:g}s reached)" in out, out
+    # The whole run: Python's start, Spark's, the query, and a bounded stop after it
+    # (the query's stop, its heartbeat, Spark's stop), with the startup measured twice
+    # over as slack for the interpreter's exit.
+    bound = timeout + ALARM_GRACE_S + 2 * TIMEOUT_STOP_S + RELEASE_WAIT_S + 2 * startup + 2
+    assert took <= bound, (took, bound, out)
+    assert len(set(ids())) == len(ids()) <= 300  # what it wrote, once
+    code, out, _ = run("--until-idle")
+    assert code == 0, out
+    assert ids() == list(range(300))
 
 
 @pytest.mark.promise("realtime-replay-skipped", "realtime")

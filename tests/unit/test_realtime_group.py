@@ -513,7 +513,7 @@ def test_sessions_kept_between_batches_stay_with_their_own_target() -> None:
     assert made == ["a", "b"] and len(pool) == 2  # claimed once each, then kept
     assert [r["id"] for r in one.rows] == [0, 1, 2, 3, 4, 5]
     assert [r["id"] for r in two.rows] == [0, -1, -2, -3, -4, -5]
-    kept = {run: target.store for (run, _, _), (target, _, _) in pool._idle.items()}
+    kept = {run: k.target.store for (run, _, _), k in pool._idle.items()}
     assert kept == {"run-1/a": one, "run-1/b": two}
     assert w.stats["a"].written == w.stats["b"].written == 3
     pool.clear()

@@ -246,3 +246,47 @@ def test_a_kept_session_whose_positions_were_deleted_while_idle_stops_without_wr
     again.close(RuntimeError("task failed"))
     assert [r["id"] for r in store.rows] == [0, 1, 2]
     pool.clear()
+
+
+def test_batch_ids_tell_a_kept_session_that_another_worker_wrote_since() -> None:
+    """Spark's Real-time Mode runs a task of every source partition in every batch, on
+    whichever Python worker is free. A session kept by the batch just before is the
+    newest claim (taken as it is); one kept by an older batch was passed by another
+    worker's claim, and is claimed again when the task takes it: no rows are handed to
+    the fenced session, so no commit interval is lost to a refused commit."""
+
+    class Counting(MemoryTarget):
+        reusable = True
+        writes: list[str] = []
+
+        def write(self, rows: Sequence[Mapping[str, Any]]) -> None:
+            Counting.writes.append(self.name)
+            super().write(rows)
+
+    store, clock = Store(), Clock()
+    workers = {"A": SessionPool(clock=clock), "B": SessionPool(clock=clock)}
+    claims: list[str] = []
+
+    def task(worker: str, batch: int, offsets: range) -> PositionWriter:
+        def factory(source: SP) -> Counting:
+            claims.append(f"{worker}{batch}")
+            target = Counting(store, source)
+            target.name = f"{worker}{batch}"  # type: ignore[attr-defined]
+            return target
+        w = PositionWriter(factory, commit_interval_s=60, clock=clock, run="run-1",
+                           pool=workers[worker], batch=batch)
+        for off in offsets:
+            w.add(A, off, {"id": off})
+        w.close()
+        return w
+
+    task("A", 0, range(0, 3))
+    task("A", 1, range(3, 6))  # kept by batch 0, the batch just before: no claim
+    task("B", 2, range(6, 9))  # another worker: claims, fencing A's kept session
+    last = task("A", 3, range(9, 12))  # A's session is from batch 1: claimed again at once
+    assert claims == ["A0", "B2", "A3"]
+    assert Counting.writes == ["A0", "A0", "B2", "A3"]  # no write into the fenced session
+    assert last.stats.commits == 1
+    assert sorted(r["id"] for r in store.rows) == list(range(12))
+    for pool in workers.values():
+        pool.clear()

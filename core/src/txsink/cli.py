@@ -152,9 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--spark-log", metavar="PATH",
                      help="where Spark's own output goes (default: <checkpoint>-spark.log)")
     run.add_argument("--until-idle", action="store_true",
-                     help="stop once the source has no new data")
+                     help="stop once the source has no new data (real-time mode: "
+                     "3 batches in a row without input)")
     run.add_argument("--timeout", type=float, metavar="SECONDS",
-                     help="stop after SECONDS")
+                     help="stop after SECONDS (real-time mode: counted from the start, "
+                     "Spark's included; the run ends within a few seconds of it)")
     run.add_argument("--connect-retry", type=float, metavar="SECONDS", default=None,
                      help="how long to wait for a target server that is down before Spark "
                      "starts (default 10); the running query waits as long as the "

@@ -152,3 +152,68 @@ def test_a_full_producer_queue_in_a_transaction_does_not_send_rows_twice(
     w.close()
     assert values(kafka_broker, topic) == list(range(50))
     assert spec.stored_positions() == {SRC: 49}
+
+
+class Counted:
+    """A real target, counting the transactions it was asked to write."""
+
+    def __init__(self, spec: KafkaRealtimeSpec, writes: list[str], name: str) -> None:
+        self.spec, self.writes, self.name = spec, writes, name
+
+    def __call__(self, source: SourcePartition) -> object:
+        target = self.spec(source)
+        write = target.write
+
+        def counted(rows: object) -> None:
+            self.writes.append(self.name)
+            write(rows)  # type: ignore[arg-type]
+
+        target.write = counted  # type: ignore[method-assign]
+        return target
+
+
+def test_a_kept_producer_that_lost_its_partition_claims_again_before_it_writes(
+        kafka_broker: Broker, topic: str) -> None:
+    """Spark gives the next batch's task of a source partition to whichever Python worker
+    is free: a kept producer of the other worker has been fenced meanwhile. It must learn
+    it when the task takes it (its marker committed again, alone: the broker refuses a
+    fenced producer) and be claimed again then, before a row is handed to it (at its
+    first commit, it cost a commit interval and a failed commit); nothing is written
+    twice."""
+    if kt.tansu_selected():
+        pytest.skip(kt.TANSU_CANNOT)
+    from txsink.realtime import SessionPool
+
+    spec = make_spec(kafka_broker, topic)
+    mine, theirs = SessionPool(), SessionPool()
+    writes: list[str] = []
+    try:
+        w = PositionWriter(Counted(spec, writes, "first"), commit_interval_s=60, run="r",
+                           pool=mine)
+        for off in range(3):
+            w.add(SRC, off, {"value": str(off)})
+        w.close()
+        # Kept and still the newest claim: taken again without a claim.
+        held = PositionWriter(Counted(spec, writes, "unused"), commit_interval_s=60,
+                              run="r", pool=mine)
+        held.add(SRC, 3, {"value": "3"})
+        held.close()
+        other = PositionWriter(Counted(spec, writes, "other"), commit_interval_s=60,
+                               run="r", pool=theirs)
+        for off in range(4, 6):
+            other.add(SRC, off, {"value": str(off)})
+        other.close()
+        again = PositionWriter(Counted(spec, writes, "again"), commit_interval_s=60,
+                               run="r", pool=mine)
+        for off in range(4, 8):
+            again.add(SRC, off, {"value": str(off)})
+        again.close()
+        assert values(kafka_broker, topic) == list(range(8))
+        assert again.stats.skipped == 2 and spec.stored_positions() == {SRC: 7}
+        # One transaction per writer: the kept one (first's producer) wrote offset 3,
+        # and the stale one was claimed again before a row was handed to it.
+        assert writes == ["first", "first", "other", "again"], writes
+        assert again.stats.commits == 1
+    finally:
+        mine.clear()
+        theirs.clear()

@@ -92,3 +92,48 @@ def test_a_restart_between_commits_loses_and_duplicates_nothing() -> None:
             again.add(SRC, off, {"id": off})
         again.close()
         assert ids(pg, "public.ev") == list(range(80))
+
+
+def test_a_kept_session_is_reused_and_one_that_lost_its_partition_claims_again(
+        pg_server: PgServer, table_name: str) -> None:
+    """A session kept between the tasks of one query run is taken again without a claim
+    while its generation is the newest; one that another process claimed meanwhile
+    (another Python worker got the next task) is claimed again when the task takes it,
+    before a row is written; nothing is written twice."""
+    from txsink.realtime import SessionPool
+
+    sink = f"rt-{uuid.uuid4().hex[:8]}"
+    target = spec(pg_server, table_name, sink)
+    claims: list[str] = []
+
+    def counting(name: str) -> Any:
+        def factory(source: SourcePartition) -> Any:
+            claims.append(name)
+            return target(source)
+        return factory
+
+    mine, theirs = SessionPool(), SessionPool()
+    row = lambda off: {"id": off, "name": "a", "amount": 1.0}  # noqa: E731
+    try:
+        w = PositionWriter(counting("first"), commit_interval_s=60, run="r", pool=mine)
+        for off in range(3):
+            w.add(SRC, off, row(off))
+        w.close()
+        kept = PositionWriter(counting("kept"), commit_interval_s=60, run="r", pool=mine)
+        kept.add(SRC, 3, row(3))
+        kept.close()
+        other = PositionWriter(counting("other"), commit_interval_s=60, run="r",
+                               pool=theirs)
+        other.add(SRC, 4, row(4))
+        other.close()
+        again = PositionWriter(counting("again"), commit_interval_s=60, run="r", pool=mine)
+        for off in range(4, 7):
+            again.add(SRC, off, row(off))
+        again.close()
+        assert ids(pg_server, table_name) == list(range(7))
+        assert claims == ["first", "other", "again"]  # "kept" took the kept session
+        assert again.stats.skipped == 1 and again.stats.commits == 1
+        assert target.stored_positions() == {SRC: 6}
+    finally:
+        mine.clear()
+        theirs.clear()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -59,6 +60,15 @@ QUEUE_FULL_S = 60.0
 READ_TIMEOUT_S = 90.0
 #: The partition every marker is written to (a partition count change cannot move it).
 MARKER_PARTITION = 0
+#: A progress read consumes in steps this long: librdkafka's ``consume`` waits out its
+#: whole timeout unless its batch fills, so a long one was a floor under every claim.
+SCAN_WAIT_S = 0.005
+#: How long the broker may hold a warm reader's fetch when nothing new is decided: the
+#: end of a transaction (its commit markers) does not end the wait early (measured:
+#: a read right after a commit took Kafka's default 500 ms).
+TAIL_FETCH_WAIT_MS = 25
+#: A process's warm reader of a progress topic is closed after this long unused.
+TAIL_IDLE_S = 120.0
 _OWN = {"topic", "progress.topic", "transaction.timeout.ms"}
 _RESERVED = ("kafka.transactional.id", "kafka.enable.idempotence", "kafka.isolation.level",
              "kafka.acks")
@@ -343,20 +353,23 @@ class ProgressReader:
                               f"{getattr(topic, 'error', 'missing')}", sink_id=self.spec.sink_id)
         return sorted(topic.partitions)
 
-    def _consumer(self) -> Any:
+    def _consumer(self, tail: bool = False) -> Any:
         from confluent_kafka import Consumer
 
+        extra = {"enable.partition.eof": True, "fetch.wait.max.ms": TAIL_FETCH_WAIT_MS} \
+            if tail else {"enable.partition.eof": False}
         return Consumer({**self.spec.client, "group.id": f"txsink-rt-{self.spec.sink_id}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": False})
+                         **extra})
 
-    def _log_ends(self, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+    def _log_ends(self, partitions: Sequence[int],
+                  admin: Any = None) -> dict[int, tuple[int, int]]:
         """(log start, high watermark) of each partition, read uncommitted."""
         import confluent_kafka.admin as kadmin
         from confluent_kafka import IsolationLevel, TopicPartition
 
         spec: Any = kadmin.OffsetSpec  # type: ignore[attr-defined]
-        admin = kadmin.AdminClient(dict(self.spec.client))
+        admin = admin or kadmin.AdminClient(dict(self.spec.client))
         topic = self.spec.progress_topic
         ends = admin.list_offsets(
             {TopicPartition(topic, p): spec.latest() for p in partitions},
@@ -384,7 +397,8 @@ class ProgressReader:
         consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
         deadline = time.monotonic() + READ_TIMEOUT_S
         while True:
-            for msg in consumer.consume(10_000, 0.2):
+            # Short waits: a consume returns at its timeout, not at the first record.
+            for msg in consumer.consume(10_000, SCAN_WAIT_S):
                 if msg.error() is not None:
                     raise TxsinkError(f"reading progress topic {topic!r}: {msg.error()}",
                                       sink_id=self.spec.sink_id)
@@ -395,13 +409,17 @@ class ProgressReader:
             if position >= high:
                 return
             if time.monotonic() > deadline:
-                raise TxsinkError(
-                    f"sink {self.spec.sink_id}: the progress topic {topic!r} stayed "
-                    f"unreadable to its end (partition {partition}: committed records read "
-                    f"to offset {position} of {high}) for {READ_TIMEOUT_S:.0f}s: a "
-                    "transaction open on it hides the markers after it; find it with "
-                    "kafka-transactions.sh find-hanging (and abort it), or wait for its "
-                    "transaction timeout", sink_id=self.spec.sink_id)
+                self.hanging(partition, position, high)
+
+    def hanging(self, partition: int, position: int, high: int) -> None:
+        """Raise: the progress topic stayed unreadable to its end."""
+        raise TxsinkError(
+            f"sink {self.spec.sink_id}: the progress topic {self.spec.progress_topic!r} "
+            f"stayed unreadable to its end (partition {partition}: committed records read "
+            f"to offset {position} of {high}) for {READ_TIMEOUT_S:.0f}s: a transaction "
+            "open on it hides the markers after it; find it with kafka-transactions.sh "
+            "find-hanging (and abort it), or wait for its transaction timeout",
+            sink_id=self.spec.sink_id)
 
     def read(self, want: Sequence[bytes] | None) -> dict[bytes, StoredPosition | None]:
         """The positions of the keys in ``want`` (all keys: ``None``)."""
@@ -461,6 +479,174 @@ class ProgressReader:
             consumer.close()
 
 
+class ProgressTail:
+    """A warm reader of partition 0 of one progress topic, kept by the process (a
+    Python worker claims its source partitions again and again: whenever Spark hands a
+    batch's task to another worker than the last one).
+
+    It remembers the last committed marker of every key and where it stopped, and each
+    :meth:`read` consumes only what was appended since, up to the log's end (read
+    uncommitted, then waited for until every transaction below it ended, as
+    :class:`ProgressReader` does): a claim reads its position in milliseconds, not in
+    the hundreds a fresh consumer took. The markers' meaning is the reader's; this one
+    keeps nothing the log does not say."""
+
+    def __init__(self, spec: KafkaRealtimeSpec) -> None:
+        self.reader = ProgressReader(spec)
+        self.topic = spec.progress_topic
+        self.lock = threading.Lock()
+        self.consumer: Any = None
+        self.admin: Any = None
+        self.next = -1
+        #: key -> position of its last committed record in partition 0 (``None``: a
+        #: tombstone)
+        self.known: dict[bytes, StoredPosition | None] = {}
+        self.used = time.monotonic()
+
+    def read(self, key: bytes) -> tuple[bool, StoredPosition | None]:
+        """Whether partition 0 holds a record of ``key``, and its position (``None``: a
+        tombstone), as of the log's end now."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        with self.lock:
+            self.used = time.monotonic()
+            low, high = self._log_end()
+            if self.consumer is None or self.next < low:
+                self.close_consumer()
+                self.consumer = self.reader._consumer(tail=True)
+                self.known.clear()
+                self.next = low
+                self.consumer.assign([TopicPartition(self.topic, MARKER_PARTITION, low)])
+            deadline = time.monotonic() + READ_TIMEOUT_S
+            # The consumer keeps fetching between reads (a paused one took most of a
+            # second to fetch again after resuming, measured), so a read only takes what
+            # was appended since the last one.
+            while self.next < high:
+                for msg in self.consumer.consume(10_000, SCAN_WAIT_S):
+                    error = msg.error()
+                    if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                        # The end of what is decided (the last stable offset): past the
+                        # commit markers too, which no record stands for.
+                        self.next = max(self.next, msg.offset())
+                        continue
+                    if error is not None:
+                        self.close_consumer()
+                        raise TxsinkError(f"reading progress topic {self.topic!r}: "
+                                          f"{error}", sink_id=self.reader.spec.sink_id)
+                    self.next = max(self.next, msg.offset() + 1)
+                    if msg.key() is not None:
+                        self.known[msg.key()] = parse_marker(msg.value())
+                if self.next < high and time.monotonic() > deadline:
+                    reached = self.next
+                    self.close_consumer()
+                    self.reader.hanging(MARKER_PARTITION, reached, high)
+            if key not in self.known:
+                return False, None
+            return True, self.known[key]
+
+    def _log_end(self) -> tuple[int, int]:
+        """(log start, high watermark) of partition 0, asked of the partition's leader by
+        a read-uncommitted consumer of this tail's own (an admin client's ListOffsets
+        took one or three seconds now and then, measured, where this one did not)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        if self.admin is None:
+            self.admin = Consumer({**self.reader.spec.client,
+                                   "group.id": f"txsink-rt-{self.reader.spec.sink_id}",
+                                   "enable.auto.commit": False,
+                                   "isolation.level": "read_uncommitted"})
+        low, high = self.admin.get_watermark_offsets(
+            TopicPartition(self.topic, MARKER_PARTITION), timeout=30, cached=False)
+        return int(low), int(high)
+
+    def close_consumer(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        admin, self.admin = self.admin, None
+        self.next = -1
+        if admin is not None:
+            try:
+                admin.close()
+            except Exception as exc:
+                log.debug("closing a progress reader: %s", exc)
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception as exc:
+                log.debug("closing a progress reader: %s", exc)
+
+
+#: librdkafka settings of the real-time producers, unless the target's ``kafka.*`` sets
+#: them: records leave within 5 ms, and a request refused for a moment (the coordinator
+#: still writing the last commit's markers) is asked again after 10 ms, not 100.
+PRODUCER_DEFAULTS = {"linger.ms": "5", "retry.backoff.ms": "10", "retry.backoff.max.ms": "100"}
+
+#: Producers created ahead of a claim (connected, not initialised), by their settings.
+_STANDBY: dict[tuple[tuple[str, Any], ...], tuple[Any, float]] = {}
+
+
+def _standby_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, str(v)) for k, v in config.items()))
+
+
+def take_standby(config: Mapping[str, Any]) -> Any:
+    """A producer made for ``config`` ahead of time, if one waits (and is young enough
+    to trust its connections), else ``None``."""
+    with _TAILS_LOCK:
+        found = _STANDBY.pop(_standby_key(config), None)
+    if found is None or time.monotonic() - found[1] > TAIL_IDLE_S:
+        return None
+    return found[0]
+
+
+def make_standby(config: Mapping[str, Any]) -> None:
+    """Create the producer the next claim with ``config`` in this process takes: a
+    transactional producer connects and reads metadata at once, but touches its
+    transactional id only at ``init_transactions``, so it fences nothing while it waits."""
+    from confluent_kafka import Producer
+
+    key = _standby_key(config)
+    with _TAILS_LOCK:
+        now = time.monotonic()
+        for k in [k for k, (_, made) in _STANDBY.items() if now - made > TAIL_IDLE_S]:
+            del _STANDBY[k]
+        if key in _STANDBY:
+            return
+    producer = Producer(dict(config))
+    with _TAILS_LOCK:
+        _STANDBY.setdefault(key, (producer, time.monotonic()))
+
+
+#: This process's warm progress readers, by cluster settings and progress topic.
+_TAILS: dict[tuple[Any, ...], ProgressTail] = {}
+_TAILS_LOCK = threading.Lock()
+
+
+def progress_tail(spec: KafkaRealtimeSpec) -> ProgressTail:
+    key = (tuple(sorted(spec.client.items())), spec.progress_topic)
+    with _TAILS_LOCK:
+        now = time.monotonic()
+        for k in [k for k, t in _TAILS.items() if now - t.used > TAIL_IDLE_S]:
+            _TAILS.pop(k).close_consumer()
+        tail = _TAILS.get(key)
+        if tail is None:
+            tail = _TAILS[key] = ProgressTail(spec)
+        return tail
+
+
+def close_warm() -> None:
+    """Close this process's warm progress readers and producers made ahead (a test
+    session, before its broker stops: they would try to reconnect until the process
+    ends)."""
+    with _TAILS_LOCK:
+        tails = list(_TAILS.values())
+        _TAILS.clear()
+        # Never initialised, they hold no transactional id: dropped, they are destroyed.
+        _STANDBY.clear()
+    for tail in tails:
+        with tail.lock:
+            tail.close_consumer()
+
+
 class KafkaPositionTarget(PositionTarget):
     """One source partition's transactional producer.
 
@@ -484,6 +670,8 @@ class KafkaPositionTarget(PositionTarget):
         #: A marker an older release placed by key hash: its next commit moves it to
         #: partition 0 and leaves a tombstone where it was, in one transaction.
         self.legacy_partition: int | None = None
+        #: The offset this session's last commit (or its claim) left in the target.
+        self.committed = NOTHING
 
     def identity(self) -> tuple[str, Mapping[str, str]]:
         return self.spec.sink_id, self.spec.destination()
@@ -514,15 +702,24 @@ class KafkaPositionTarget(PositionTarget):
         from confluent_kafka import KafkaException, Producer
 
         tid = transactional_id(self.spec.sink_id, self.source)
-        self.producer = Producer({**self.spec.client, "transactional.id": tid,
-                                  "transaction.timeout.ms": self.spec.timeout_ms,
-                                  "linger.ms": self.spec.client.get("linger.ms", "5")})
+        config = self.producer_config(tid)
+        self.producer = take_standby(config) or Producer(config)
         try:
             self.producer.init_transactions(30)
         except KafkaException as exc:
             raise self._fail("init_transactions", exc) from None
-        partition, stored = ProgressReader(self.spec).read_placed([self.key]).get(
-            self.key, (MARKER_PARTITION, None))
+        finally:
+            # The next claim of this source partition in this process (after another
+            # worker took it) finds a producer connected already: its init_transactions
+            # is then one round trip to the coordinator.
+            make_standby(config)
+        # Every older producer of this id is fenced now and its transaction ended: the
+        # log up to its end holds every marker it will ever commit.
+        found, stored = progress_tail(self.spec).read(self.key)
+        partition = MARKER_PARTITION
+        if not found:  # never claimed, or claimed by a release that hashed markers
+            partition, stored = ProgressReader(self.spec).read_placed([self.key]).get(
+                self.key, (MARKER_PARTITION, None))
         if partition != MARKER_PARTITION:
             self.legacy_partition = partition
         if stored is not None and self.topic_id is None:
@@ -534,9 +731,27 @@ class KafkaPositionTarget(PositionTarget):
             # targets' commits by).
             self.commit(NOTHING)
             stored = StoredPosition(NOTHING, self.topic_id, self.spec.destination())
+        self.committed = stored.offset
         log.debug("sink %s: claimed %s (%s) at offset %s", self.spec.sink_id, self.source,
                   tid, stored.offset)
         return stored
+
+    def producer_config(self, tid: str) -> dict[str, Any]:
+        return {**self.spec.client, "transactional.id": tid,
+                "transaction.timeout.ms": self.spec.timeout_ms,
+                **{k: self.spec.client.get(k, v) for k, v in PRODUCER_DEFAULTS.items()}}
+
+    def still_holds(self) -> bool:
+        """Whether this kept producer still holds its transactional id: it commits its
+        marker again (the same offset) in a transaction of its own, which the broker
+        refuses if a newer producer claimed the id since (fenced: nothing visible)."""
+        if self.producer is None:
+            return False
+        try:
+            self.commit(self.committed)
+        except FencedError:
+            return False
+        return True
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -604,6 +819,7 @@ class KafkaPositionTarget(PositionTarget):
             self.producer.commit_transaction(30)
             self.in_txn = False
             self.legacy_partition = None
+            self.committed = offset
         except KafkaException as exc:
             raise self._fail("commit", exc) from None
         if self.errors:

@@ -247,8 +247,10 @@ def kafka_for_tests(
 
 def _close_clients() -> None:
     from txsink_kafka.backend import close_shared_clients
+    from txsink_kafka.realtime import close_warm
 
     close_shared_clients()
+    close_warm()
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 1,

@@ -253,7 +253,13 @@ def position_of(offset: int, topic_id: str | None, destination: str | None) -> S
 
 
 class PostgresPositionTarget(PositionTarget):
-    """One source partition's session: one connection, one transaction per commit."""
+    """One source partition's session: one connection, one transaction per commit.
+
+    Reusable between tasks: every transaction first checks the session's generation
+    (``SELECT ... FOR UPDATE``), so a kept session that another claimed meanwhile is
+    refused before it writes a row, and :meth:`still_holds` asks the same first."""
+
+    reusable = True
 
     def __init__(self, spec: PostgresRealtimeSpec, source: SourcePartition) -> None:
         self.spec = spec
@@ -288,6 +294,23 @@ class PostgresPositionTarget(PositionTarget):
         log.debug("sink %s: claimed %s as generation %s at offset %s", self.spec.sink_id,
                   self.source, self.generation, stored.offset)
         return stored
+
+    def still_holds(self) -> bool:
+        """Whether the progress row still carries this session's generation."""
+        import psycopg
+
+        sql = _sql()
+        if self.conn is None or self.conn.closed:
+            return False
+        try:
+            row = self.conn.execute(sql.SQL("SELECT generation FROM {} WHERE {}").format(
+                self.spec._ident(self.spec.progress), self._where()), self._key).fetchone()
+            self.conn.rollback()  # no transaction left open while the session idles
+        except psycopg.Error as exc:  # the server restarted meanwhile: claim again
+            log.info("sink %s: kept session of %s lost its connection (%s); claiming "
+                     "again", self.spec.sink_id, self.source, exc)
+            return False
+        return row is not None and int(row[0]) == self.generation
 
     def _begin(self) -> None:
         sql = _sql()
@@ -333,14 +356,25 @@ class PostgresPositionTarget(PositionTarget):
         self.in_txn = False
 
     def abort(self) -> None:
-        if self.conn is not None and not self.conn.closed:
-            self.conn.rollback()
+        import psycopg
+
         self.in_txn = False
+        if self.conn is not None and not self.conn.closed:
+            try:
+                self.conn.rollback()
+            except psycopg.Error as exc:  # a broken connection: nothing was committed
+                log.debug("sink %s: rollback for %s: %s", self.spec.sink_id, self.source,
+                          exc)
 
     def close(self) -> None:
+        import psycopg
+
         conn, self.conn = self.conn, None
         if conn is not None and not conn.closed:
             try:
                 conn.rollback()
+            except psycopg.Error as exc:
+                log.debug("sink %s: rollback for %s: %s", self.spec.sink_id, self.source,
+                          exc)
             finally:
                 conn.close()

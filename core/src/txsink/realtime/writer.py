@@ -45,6 +45,7 @@ from txsink.realtime.positions import (
     StoredPosition,
     stored_position,
 )
+from txsink.realtime.stats import RealtimeStats, TargetStats
 
 if TYPE_CHECKING:
     from txsink.realtime.source import SourceTopics
@@ -102,6 +103,13 @@ class PositionTarget(abc.ABC):
         position by (:func:`txsink.realtime.identity.claim_refusal`); ``None``: nothing
         to judge by (the position is taken as it is)."""
         return None
+
+    def still_holds(self) -> bool:
+        """Whether this kept session is still the newest claim of its source partition
+        (asked when a later task takes it from the pool). ``True`` when the target cannot
+        tell cheaply: a fenced session then fails its first commit, with nothing visible,
+        and is claimed again."""
+        return True
 
 
 #: Builds the session of one source partition (called on the first row from it).
@@ -190,27 +198,27 @@ class SessionPool:
         self.idle_s = idle_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._idle: dict[tuple[str, SourcePartition, str | None],
-                         tuple[PositionTarget, int, float]] = {}
+        self._idle: dict[tuple[str, SourcePartition, str | None], Kept] = {}
 
-    def take(self, run: str, source: SourcePartition) -> tuple[PositionTarget, int] | None:
+    def take(self, run: str, source: SourcePartition) -> Kept | None:
         with self._lock:
             stale = self._expire()
             kept = self._idle.pop((run, source, source.topic_id), None)
         _close_all(stale)
-        return None if kept is None else (kept[0], kept[1])
+        return kept
 
     def give(self, run: str, source: SourcePartition, target: PositionTarget,
-             stored: int) -> None:
+             stored: int, batch: int | None = None) -> None:
         with self._lock:
             stale = self._expire()
             old = self._idle.pop((run, source, source.topic_id), None)
-            self._idle[(run, source, source.topic_id)] = (target, stored, self._clock())
-        _close_all(stale + ([old[0]] if old is not None else []))
+            self._idle[(run, source, source.topic_id)] = Kept(target, stored, self._clock(),
+                                                              batch)
+        _close_all(stale + ([old.target] if old is not None else []))
 
     def clear(self) -> None:
         with self._lock:
-            targets = [t for t, _, _ in self._idle.values()]
+            targets = [k.target for k in self._idle.values()]
             self._idle.clear()
         _close_all(targets)
 
@@ -219,8 +227,19 @@ class SessionPool:
 
     def _expire(self) -> list[PositionTarget]:
         now = self._clock()
-        old = [k for k, (_, _, since) in self._idle.items() if now - since > self.idle_s]
-        return [self._idle.pop(k)[0] for k in old]
+        old = [k for k, kept in self._idle.items() if now - kept.since > self.idle_s]
+        return [self._idle.pop(k).target for k in old]
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A session in the pool: what it committed last, since when it idles, and the
+    engine's batch whose task gave it back (``None``: the engine has no batch ids)."""
+
+    target: PositionTarget
+    stored: int
+    since: float
+    batch: int | None = None
 
 
 def _close_all(targets: Sequence[PositionTarget]) -> None:
@@ -245,6 +264,8 @@ class _Session:
     #: it moves the stored position without a row.
     pending: list[Mapping[str, Any] | None] = field(default_factory=list)
     pending_offsets: list[int] = field(default_factory=list)
+    #: When each pending row reached the writer (wall clock): its commit's latency.
+    pending_arrivals: list[float] = field(default_factory=list)
     #: Taken from the pool and not yet committed through: a newer writer may have
     #: fenced it while it was idle.
     kept: bool = False
@@ -272,7 +293,9 @@ class PositionWriter:
                  commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  rows_per_record: str = "one",
                  clock: Callable[[], float] = time.monotonic,
-                 run: str | None = None, pool: SessionPool = SESSIONS) -> None:
+                 run: str | None = None, pool: SessionPool = SESSIONS,
+                 trace: Callable[[dict[str, Any]], None] | None = None,
+                 batch: int | None = None) -> None:
         if commit_interval_s < 0:
             raise ValueError("commit_interval_s must be >= 0")
         if rows_per_record not in ("one", "many"):
@@ -286,21 +309,47 @@ class PositionWriter:
         self._lock = threading.Lock()
         self._run = run
         self._pool = pool
+        self._trace = trace
+        #: The engine's batch this writer's task belongs to (kept sessions: _still_holds).
+        self._batch = batch
         self.stats = WriterStats()
+        #: Rows, commits and each row's time from reaching the writer to visible.
+        self.progress = TargetStats()
 
     def _session(self, source: SourcePartition) -> _Session:
         session = self._sessions.get(source)
         if session is None:
+            began = time.time()
             kept = self._pool.take(self._run, source) if self._run is not None else None
             if kept is not None:
-                session = _Session(kept[0], kept[1], kept[1], kept=True)
+                session = _Session(kept.target, kept.stored, kept.stored, kept=True)
+                if not self._still_holds(kept):
+                    # Another process claimed it while it was idle (Spark gave a task of
+                    # this source partition to another Python worker): claim it again now,
+                    # not at the first commit.
+                    self._reclaim(source, session)
             else:
                 target, stored = self._claim(source)
                 session = _Session(target, stored, stored)
             self._sessions[source] = session
+            if self._trace is not None:
+                self._trace({"claim": str(source), "kept": session.kept, "began": began,
+                             "ended": time.time()})
             log.debug("source partition %s: target holds up to offset %s%s", source,
                       session.stored, " (kept from an earlier task)" if session.kept else "")
         return session
+
+    def _still_holds(self, kept: Kept) -> bool:
+        """Whether a kept session is likely still the newest claim of its source partition.
+        An engine that runs every source partition's task in every batch (Spark's
+        Real-time Mode) tells by batch ids: kept by the batch just before this one, the
+        session wrote this source partition last (a newer claim from elsewhere, rare, is
+        then caught by its first commit: fenced, nothing visible, claimed again); kept by
+        an older one, another process wrote it since, and the session is claimed again
+        at once. Without batch ids the target is asked."""
+        if self._batch is not None and kept.batch is not None:
+            return kept.batch == self._batch - 1
+        return kept.target.still_holds()
 
     def claim(self, source: SourcePartition) -> int:
         """Claim ``source`` now (if not yet): the stored offset. A group claims a source
@@ -334,6 +383,7 @@ class PositionWriter:
         session = self._session(source)
         if offset <= session.stored:
             self.stats.skipped += 1  # the target holds this record already (a replay)
+            self.progress.skipped += 1
             return
         if offset < session.last or (offset == session.last and not self._many):
             raise PositionOrderError(
@@ -344,6 +394,7 @@ class PositionWriter:
         session.last = offset
         session.pending.append(row)
         session.pending_offsets.append(offset)
+        session.pending_arrivals.append(time.time())
         if self._clock() - self._last_commit >= self._interval:
             self._flush(final=False)
 
@@ -368,8 +419,12 @@ class PositionWriter:
         finally:
             session.target.close()
         known = session.stored
+        began = time.time()
         session.target, session.stored = self._claim(source)
         session.kept = False
+        if self._trace is not None:
+            self._trace({"claim": str(source), "kept": False, "reclaim": True,
+                         "began": began, "ended": time.time()})
         if session.stored < known:
             # Positions only move forward, unless deleted (txsink reset, by hand) while
             # this session was idle: the run that kept it is the one being reset. Going
@@ -382,15 +437,21 @@ class PositionWriter:
                 "writing")
         keep = [i for i, o in enumerate(session.pending_offsets) if o > session.stored]
         self.stats.skipped += len(session.pending) - len(keep)
+        self.progress.skipped += len(session.pending) - len(keep)
         session.pending = [session.pending[i] for i in keep]
         session.pending_offsets = [session.pending_offsets[i] for i in keep]
+        session.pending_arrivals = [session.pending_arrivals[i] for i in keep]
 
     def _flush(self, *, final: bool) -> None:
+        committed = False
         for source in list(self._sessions):
-            self._flush_one(source, final=final)
-        self._last_commit = self._clock()
+            committed = self._flush_one(source, final=final) or committed
+        if committed:
+            # The interval spaces commits out; after one without rows (an idle spell)
+            # the next row commits at once.
+            self._last_commit = self._clock()
 
-    def _flush_one(self, source: SourcePartition, *, final: bool) -> None:
+    def _flush_one(self, source: SourcePartition, *, final: bool) -> bool:
         session = self._sessions[source]
         while True:
             rows, offsets = session.pending, session.pending_offsets
@@ -400,8 +461,9 @@ class PositionWriter:
                 while cut and offsets[cut - 1] == newest:
                     cut -= 1
             if cut == 0:
-                return
+                return False
             real = [r for r in rows[:cut] if r is not None]
+            began = time.time()
             try:
                 if real:
                     session.target.write(real)
@@ -415,12 +477,22 @@ class PositionWriter:
                 # above what the target now holds.
                 self._reclaim(source, session)
                 continue
+            ended = time.time()
+            arrivals = [a for r, a in zip(rows[:cut], session.pending_arrivals[:cut],
+                                          strict=True) if r is not None]
             session.kept = False
             session.stored = offsets[cut - 1]
             self.stats.written += len(real)
             self.stats.commits += 1
+            self.progress.committed(arrivals, ended)
+            if self._trace is not None:
+                self._trace({"source": str(source), "partition": source.partition,
+                             "offsets": [o for r, o in zip(rows[:cut], offsets[:cut],
+                                                           strict=True) if r is not None],
+                             "arrivals": arrivals, "began": began, "ended": ended})
             session.pending, session.pending_offsets = rows[cut:], offsets[cut:]
-            return
+            session.pending_arrivals = session.pending_arrivals[cut:]
+            return True
 
     def close(self, error: BaseException | None = None) -> None:
         """End of the task: commit the rest on success, abort on error; always release."""
@@ -439,7 +511,8 @@ class PositionWriter:
                 try:
                     if (clean and not session.pending and session.target.reusable
                             and self._run is not None):
-                        self._pool.give(self._run, source, session.target, session.stored)
+                        self._pool.give(self._run, source, session.target, session.stored,
+                                        self._batch)
                         continue
                     if error is not None or session.pending:
                         session.target.abort()
@@ -467,13 +540,16 @@ class GroupWriter:
                  commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  rows_per_record: str = "one",
                  clock: Callable[[], float] = time.monotonic,
-                 run: str | None = None, pool: SessionPool = SESSIONS) -> None:
+                 run: str | None = None, pool: SessionPool = SESSIONS,
+                 trace: Callable[[dict[str, Any]], None] | None = None,
+                 batch: int | None = None) -> None:
         # Kept sessions are keyed by run and source partition: each target gets a run of
         # its own, so a session kept by one target is never handed to another.
         self.writers = {name: PositionWriter(
             factory, commit_interval_s=commit_interval_s, rows_per_record=rows_per_record,
             clock=clock, run=None if run is None else f"{run}/{name}" if name else run,
-            pool=pool) for name, factory in factories.items()}
+            pool=pool, trace=None if trace is None else _traced(trace, name), batch=batch)
+            for name, factory in factories.items()}
         self._claimed: set[SourcePartition] = set()
 
     def add(self, source: SourcePartition, offset: int,
@@ -506,3 +582,13 @@ class GroupWriter:
     @property
     def stats(self) -> dict[str, WriterStats]:
         return {name: writer.stats for name, writer in self.writers.items()}
+
+    @property
+    def progress(self) -> RealtimeStats:
+        """Every target's rows, commits and latencies (``txsink run``'s lines)."""
+        return RealtimeStats({name: writer.progress for name, writer in self.writers.items()})
+
+
+def _traced(trace: Callable[[dict[str, Any]], None],
+            name: str) -> Callable[[dict[str, Any]], None]:
+    return lambda record: trace({"target": name, **record})

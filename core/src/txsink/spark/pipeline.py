@@ -98,7 +98,7 @@ def run_pipeline(
     """
     if cfg.trigger.kind == "real_time":  # no epochs or state: docs/realtime.md
         return run_realtime(cfg, timeout_s=timeout_s, out=out, poll_s=poll_s,
-                            log_path=log_path, remote=remote)
+                            log_path=log_path, remote=remote, until_idle=until_idle)
     plugins = get_plugins()
     target = preflight(cfg, plugins, connect_retry_s)
     store = plugins.state_store(f"{cfg.checkpoint.rstrip('/')}/txsink")

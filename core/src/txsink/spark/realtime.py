@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from txsink.realtime.stats import RealtimeStats
+
 log = logging.getLogger(__name__)
 
 class TargetSetLike(Protocol):
@@ -184,6 +186,10 @@ def target_spec(sink_id: str, backend: str, options: Mapping[str, str]) -> Realt
 WriterTarget = tuple[str, RealtimeTargetSpec, str | None]
 
 
+#: The commit timer of a task looks this often whether a commit is due.
+TICK_S = 0.025
+
+
 class RealtimeForeachWriter:
     """Spark's ``foreach`` writer object: per task and batch one :class:`GroupWriter`
     over the targets (one for a single sink), plus a timer that commits rows which
@@ -193,7 +199,8 @@ class RealtimeForeachWriter:
 
     def __init__(self, targets: Sequence[WriterTarget], position_columns: Sequence[str],
                  commit_interval_s: float, rows_per_record: str, sink_id: str,
-                 run: str | None = None, topic_ids: Mapping[str, str] | None = None) -> None:
+                 run: str | None = None, topic_ids: Mapping[str, str] | None = None,
+                 stats: Any = None) -> None:
         self.targets: list[WriterTarget] = [(str(n), spec, route) for n, spec, route in targets]
         self.run = run or f"{sink_id}/{uuid.uuid4().hex}"
         self.position_columns = tuple(position_columns)
@@ -204,13 +211,17 @@ class RealtimeForeachWriter:
         #: every position is recorded with its topic's id, and a claim finding another
         #: id refuses (txsink.realtime.identity).
         self.topic_ids = dict(topic_ids or {})
+        #: A Spark accumulator (:class:`StatsParam`) the writer adds its task's rows,
+        #: commits and latencies to when the task ends (``None``: not counted).
+        self.stats = stats
         self._writer: GroupWriter | None = None
+        self._trace: Any = None
         self._stop: threading.Event | None = None
         self._timer: threading.Thread | None = None
         self._timer_error: BaseException | None = None
 
     _STATE = ("targets", "position_columns", "commit_interval_s", "rows_per_record", "sink_id",
-              "run", "topic_ids")
+              "run", "topic_ids", "stats")
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k in self._STATE}
@@ -219,9 +230,12 @@ class RealtimeForeachWriter:
         self.__init__(**state)  # type: ignore[misc]
 
     def open(self, partition_id: int, epoch_id: int) -> bool:
+        self._trace = _Trace.open(partition_id, epoch_id)
         self._writer = GroupWriter({name: spec for name, spec, _ in self.targets},
                                    commit_interval_s=self.commit_interval_s,
-                                   rows_per_record=self.rows_per_record, run=self.run)
+                                   rows_per_record=self.rows_per_record, run=self.run,
+                                   trace=None if self._trace is None else self._trace.write,
+                                   batch=epoch_id)
         self._stop = threading.Event()
         self._timer_error = None
         self._timer = threading.Thread(target=self._tick, name="txsink-rt-commit",
@@ -231,7 +245,9 @@ class RealtimeForeachWriter:
 
     def _tick(self) -> None:
         assert self._stop is not None and self._writer is not None
-        while not self._stop.wait(self.commit_interval_s / 2):
+        # Often enough that a row waits little past its commit's due time.
+        every = max(0.005, min(TICK_S, self.commit_interval_s / 4))
+        while not self._stop.wait(every):
             try:
                 self._writer.flush_due()
             except BaseException as exc:
@@ -267,20 +283,94 @@ class RealtimeForeachWriter:
         if writer is None:
             return
         failure = error or self._timer_error
-        writer.close(failure)
+        try:
+            writer.close(failure)
+        finally:
+            if self._trace is not None:
+                self._trace.close()
+                self._trace = None
         if failure is not None and error is None:
             raise failure
+        if self.stats is not None:
+            self.stats.add(writer.progress.to_plain())
         for name, stats in writer.stats.items():
             log.info("sink %s%s: batch done: %s written, %s skipped (replayed), %s commits",
                      self.sink_id, f" target {name}" if name else "", stats.written,
                      stats.skipped, stats.commits)
 
 
+class StatsParam:
+    """The accumulator of a real-time query's writers: :meth:`RealtimeStats.to_plain`
+    dicts, added (Spark's ``AccumulatorParam`` protocol)."""
+
+    def zero(self, value: Any) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def addInPlace(self, a: dict[str, dict[str, Any]],
+                   b: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from txsink.realtime.stats import merge_plain
+
+        return merge_plain(a, b)
+
+
+#: The accumulator of each query this driver started (by query run id).
+_STATS: dict[str, Any] = {}
+
+
+def query_stats(query: StreamingQuery) -> RealtimeStats:
+    """What the writers of ``query`` (started by :func:`start_realtime` in this driver)
+    did in the real-time batches that completed so far: rows, commits and latencies per
+    target (``""`` for a single sink). Tasks report when they end, so a batch's numbers
+    arrive with its end."""
+    from txsink.realtime.stats import RealtimeStats
+
+    acc = _STATS.get(str(query.runId))
+    return RealtimeStats.from_plain(acc.value if acc is not None else None)
+
+
+#: Where each writer traces its commits when set (a directory): one JSON line per
+#: commit, with the source offsets, when each row reached the writer and when the
+#: commit began and ended; no row data. For latency breakdowns
+#: (``benchmarks/realtime_bench.py``), not for production.
+TRACE_ENV = "TXSINK_REALTIME_TRACE"
+
+
+class _Trace:
+    def __init__(self, path: str, fields: dict[str, Any]) -> None:
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+        self._fields = fields
+
+    @classmethod
+    def open(cls, partition_id: int, epoch_id: int) -> _Trace | None:
+        import os
+        import time
+
+        folder = os.environ.get(TRACE_ENV)
+        if not folder:
+            return None
+        return cls(os.path.join(folder, f"writer-{os.getpid()}.jsonl"),
+                   {"task": partition_id, "batch": epoch_id, "opened": time.time()})
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps({**self._fields, **record}) + "\n"
+        with self._lock:
+            self._file.write(line)
+
+    def close(self) -> None:
+        import time
+
+        self.write({"closed": time.time()})
+        with self._lock:
+            self._file.close()
+
+
 #: Batches in a row a source partition may end where it started while records wait.
 UNREAD_BATCHES = 3
 
 
-def _offsets(value: Any) -> dict[tuple[str, int], int]:
+def source_offsets(value: Any) -> dict[tuple[str, int], int]:
+    """A Kafka source's offsets in Spark's progress (JSON text or a mapping)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -320,13 +410,13 @@ def unread_partitions(progresses: Sequence[Mapping[str, Any]], slots: int | None
     if len(recent) < batches:
         return []
     if slots is None or sum(
-            len(_offsets(s.get("startOffset"))) for s in recent[-1]["sources"]) <= slots:
+            len(source_offsets(s.get("startOffset"))) for s in recent[-1]["sources"]) <= slots:
         return []
     unread: set[tuple[str, int]] | None = None
     for progress in recent:
         now = set()
         for source in progress["sources"]:
-            start, end, latest = (_offsets(source.get(k))
+            start, end, latest = (source_offsets(source.get(k))
                                   for k in ("startOffset", "endOffset", "latestOffset"))
             now |= {tp for tp, offset in start.items()
                     if end.get(tp) == offset and latest.get(tp, offset) > offset}
@@ -572,10 +662,12 @@ def _start_plan(df: DataFrame, plan: _Plan, *, trigger: str, interval: float,
     else:
         log.info("sink %s: real-time mode into %s, commit every %.0f ms", sink_id,
                  plan.built[""].describe(), interval * 1000)
+    stats: Any = spark.sparkContext.accumulator({}, StatsParam())  # type: ignore[arg-type]
     writer = RealtimeForeachWriter([(n, plan.built[n], routes[n]) for n in plan.built],
                                    position_columns, interval, rows, sink_id,
-                                   topic_ids=topic_ids)
+                                   topic_ids=topic_ids, stats=stats)
     query = _start(shaped, writer, plan.checkpoint, trigger, query_name)
+    _STATS[str(query.runId)] = stats
     hold(query, spark, plan.checkpoint, sink_id)
     return query
 

@@ -49,6 +49,34 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+class DeadlineReached(KeyboardInterrupt):
+    """``--timeout`` passed while a step of the run was still busy (Spark starting, a
+    query starting): the run stops as it does at a signal, and says why."""
+
+
+@contextlib.contextmanager
+def deadline_alarm(at: float | None) -> Iterator[None]:
+    """Raise :class:`DeadlineReached` in the main thread at monotonic time ``at`` (none:
+    ``None``), wherever it is: a bound that holds while a step that cannot be asked to
+    stop (a JVM starting, a py4j call) still runs."""
+    import time
+
+    if at is None:
+        yield
+        return
+
+    def fire(signum: int, frame: object) -> None:
+        raise DeadlineReached("--timeout")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(0.001, at - time.monotonic()))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def take_back_sigint() -> None:
     """PySpark's SparkContext installs its own SIGINT handler (cancel jobs over py4j,
     which fails when it interrupts another py4j call); use ours again."""
