@@ -315,6 +315,37 @@ def test_a_table_dropped_with_its_files_is_not_made_again_silently(tmp_path: Pat
     assert rows(b) == [(3, "3")]
 
 
+@pytest.mark.promise("iceberg-table-uuid-checked", "backend")
+@pytest.mark.parametrize("how", ["namespace-dropped", "catalog-lost"])
+def test_a_table_purged_and_made_again_without_the_catalog_s_record_is_refused(
+        tmp_path: Path, how: str) -> None:
+    """Dropped with its files, and another table made at its location (as Spark's
+    catalog makes it), after the record of the sink's table went too: with its
+    namespace (dropped and made again), or with the catalog file. Only txsink's folder
+    is left to say that a table of this name held the sink's epochs."""
+    b = backend(tmp_path)
+    run(b, tmp_path / "state", 0, [1, 2])
+    schema, location = b.load_table().schema(), b.load_table().location()
+    b._catalog().purge_table("db.t")
+    if how == "namespace-dropped":
+        b._catalog().drop_namespace("db")
+    else:
+        os.unlink(tmp_path / "wh" / "txsink-catalog.db")
+    other = backend(tmp_path)._catalog()
+    other.create_namespace("db")
+    other.create_table("db.t", schema, location=location)
+    with pytest.raises(ConfigError, match="holds nothing of sink") as refused:
+        coordinator(backend(tmp_path), tmp_path / "state", SINK)
+    message = str(refused.value)
+    assert "epochs 0 to 0" in message
+    assert rows(backend(tmp_path)) == []  # nothing written into the new table
+    # The way out, literally, when the new table is to take the output from now on.
+    folder = message.split("), but ", 1)[1].split(" holds ", 1)[0]
+    Path(folder).rename(tmp_path / "old-sink-folder")
+    run(backend(tmp_path), tmp_path / "state", 1, [3])
+    assert rows(backend(tmp_path)) == [(3, "3")]
+
+
 @pytest.mark.promise("iceberg-lost-table-refused", "backend")
 def test_a_table_whose_catalog_entry_and_metadata_are_gone_is_not_made_again_empty(
         tmp_path: Path) -> None:

@@ -389,6 +389,24 @@ class IcebergBackend(TableBackend):
                 "does not show. Drop this table and register that one again "
                 f"(catalog.register_table({self.table!r}, <its newest metadata file>)), or "
                 "move the other table's files away", field="table")
+        if bound is None and not _knows_sink(table, sink_id):
+            # The catalog's record is gone with its namespace (dropped when the table
+            # was, then made again), and the table has nothing of the sink: a new table,
+            # where txsink's folder says a table of this name held epochs of it.
+            held = self.committed_epochs_on_disk(sink_id)
+            if held:
+                raise ConfigError(
+                    f"iceberg backend: table {self.table} (uuid {uuid}) in "
+                    f"{self.catalog_description()} holds nothing of sink {sink_id!r} (no "
+                    f"snapshot, no property {EPOCH_PROPERTY}{sink_id}), but "
+                    f"{self.uri(self._sink_folder(sink_id))} holds {len(held)} epoch(s) of "
+                    f"it that a table there held (epochs {held[0]} to {held[-1]}): the "
+                    "table was dropped with its files and another made under its name, "
+                    "and the catalog's record of the sink's table (namespace property "
+                    f"{TABLE_PROPERTY}...) went too: the namespace dropped, or the catalog "
+                    "lost. Those rows are not in it. Restore the sink's table; or, if "
+                    "this table is to take the sink's output from now on without them, "
+                    "move that folder away", field="table")
 
     def _metadata_files(self, location: str) -> list[str]:
         """The ``*.metadata.json`` files under ``location``/metadata, oldest first."""
@@ -867,6 +885,14 @@ def _is_marker(snapshot: Any, sink_id: str, epoch: int | None = None) -> bool:
     summary = snapshot.summary
     return summary is not None and summary.get(SINK_KEY) == sink_id and (
         epoch is None or summary.get(EPOCH_KEY) == str(epoch))
+
+
+def _knows_sink(table: Any, sink_id: str) -> bool:
+    """Whether ``table`` holds any record of ``sink_id``: its claim, its highest epoch,
+    or a snapshot of it (kept by expiry, rollbacks and REPLACE TABLE alike)."""
+    props = table.properties
+    return (OWNER_PROPERTY + sink_id in props or EPOCH_PROPERTY + sink_id in props
+            or any(_is_marker(s, sink_id) for s in table.metadata.snapshots))
 
 
 def _marked_anywhere(table: Any, sink_id: str, epoch: int) -> bool:
