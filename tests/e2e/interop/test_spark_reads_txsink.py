@@ -100,7 +100,10 @@ def test_iceberg_spark_reads_batch_time_travel_and_stream(lake: Lake, tmp_path: 
     snapshots = iceberg_txsink_snapshots(options, sink)
     assert sorted(snapshots.values()) == [0, 1, 2], snapshots
     for snapshot_id, epoch in snapshots.items():
-        old = as_rows(lake.spark.read.option("snapshot-id", snapshot_id).table(name).collect())
+        # Spark's own time-travel option: Iceberg 1.12 (Spark 4.1) refuses its
+        # "snapshot-id" ("no longer supported, use Spark built-in versionAsOf").
+        old = as_rows(lake.spark.read.option("versionAsOf", snapshot_id).table(name)
+                      .collect())
         assert old == pyiceberg_rows(options, snapshot_id) == sorted(
             want[:(epoch + 1) * 50]), f"snapshot {snapshot_id} (epoch {epoch})"
         sql = as_rows(lake.sql(f"SELECT * FROM {name} VERSION AS OF {snapshot_id}"))
