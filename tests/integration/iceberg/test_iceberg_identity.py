@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 from txsink.backend import CommitOutcome
 from txsink.coordinator import Coordinator
-from txsink.errors import ConfigError, SinkOwnedError
+from txsink.errors import ConfigError, SinkOwnedError, TxsinkError
 from txsink.lakehouse import OWNER_FILE
 from txsink.model import Committable, TransactionContext
 from txsink.plugins import build_plugins
@@ -344,6 +344,35 @@ def test_a_table_purged_and_made_again_without_the_catalog_s_record_is_refused(
     Path(folder).rename(tmp_path / "old-sink-folder")
     run(backend(tmp_path), tmp_path / "state", 1, [3])
     assert rows(backend(tmp_path)) == [(3, "3")]
+
+
+@pytest.mark.promise("iceberg-older-catalog-entry-refused", "backend")
+def test_a_catalog_restored_from_an_older_copy_is_refused(tmp_path: Path) -> None:
+    """The catalog file is restored from a copy made after epoch 0: its entry points
+    at an older metadata file of the same table (same uuid), which lacks epochs 1 and 2.
+    Before the fix the next epoch was written on top of it, and epochs 1 and 2 were
+    gone from every reader for good."""
+    import shutil
+
+    run(backend(tmp_path), tmp_path / "state", 0, [1, 2])
+    shutil.copy(tmp_path / "wh" / "txsink-catalog.db", tmp_path / "catalog-copy.db")
+    run(backend(tmp_path), tmp_path / "state", 1, [3])
+    run(backend(tmp_path), tmp_path / "state", 2, [4])
+    shutil.copy(tmp_path / "catalog-copy.db", tmp_path / "wh" / "txsink-catalog.db")
+    assert rows(backend(tmp_path)) == [(1, "1"), (2, "2")]
+    with pytest.raises(TxsinkError, match="older than the table") as refused:
+        run(backend(tmp_path), tmp_path / "state", 3, [5])
+    message = str(refused.value)
+    assert "epochs 1 to 2" in message
+    assert rows(backend(tmp_path)) == [(1, "1"), (2, "2")]  # nothing written
+    # The way back, literally: the entry dropped (no purge), the newest file registered.
+    newest, folder = message.split("newest metadata file (", 1)[1].split(")", 1)[0].split(
+        " in ")
+    catalog = backend(tmp_path)._catalog()
+    catalog.drop_table("db.t")
+    catalog.register_table("db.t", f"{folder}/{newest}")
+    run(backend(tmp_path), tmp_path / "state", 3, [5])
+    assert rows(backend(tmp_path)) == [(1, "1"), (2, "2"), (3, "3"), (4, "4"), (5, "5")]
 
 
 @pytest.mark.promise("iceberg-lost-table-refused", "backend")

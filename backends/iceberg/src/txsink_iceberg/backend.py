@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 from txsink.backend import Transaction
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
+    COMMITTED_MARKER,
     EPOCH_KEY,
     SINK_KEY,
     ConflictError,
@@ -407,6 +408,7 @@ class IcebergBackend(TableBackend):
                     "lost. Those rows are not in it. Restore the sink's table; or, if "
                     "this table is to take the sink's output from now on without them, "
                     "move that folder away", field="table")
+        self.refuse_behind(table, sink_id)
 
     def _metadata_files(self, location: str) -> list[str]:
         """The ``*.metadata.json`` files under ``location``/metadata, oldest first."""
@@ -521,6 +523,55 @@ class IcebergBackend(TableBackend):
             f"{on_branch} only; the later epochs' snapshots are off the branch, their rows "
             "gone from the table", "Set the current snapshot back to the sink's newest "
             "(CALL system.set_current_snapshot)", "rollback")
+
+    def refuse_behind(self, table: Any, sink_id: str) -> None:
+        """Stop when the catalog's table lacks epochs it held: ``_committed.json`` (written
+        only after a snapshot named the epoch) is there for epochs above the table's
+        record of the sink, and no snapshot of the table marks them. The catalog's entry
+        points at an older metadata file of the same table (the catalog restored from an
+        older copy, or the table registered again from an old file): the newer epochs'
+        rows are gone from what readers see, and going on would leave that hole for
+        good. (A rollback keeps the record and the snapshots: :meth:`refuse_rolled_back`.)"""
+        recorded = _recorded_epoch(table, sink_id)
+        lost = [e for e in self._committed_above(sink_id, recorded)
+                if not _marked_anywhere(table, sink_id, e)]
+        if not lost:
+            return
+        newest = self._metadata_files(table.location())
+        raise self.taken_back(
+            f"{self.catalog_description()} points table {self.table} at "
+            f"{table.metadata_location}, which holds epochs of sink {sink_id!r} up to "
+            f"{recorded} only, but epochs {lost[0]} to {lost[-1]} were committed to it "
+            f"({self.uri(self._sink_folder(sink_id))} records them): the catalog's entry "
+            "is older than the table (the catalog restored from an older copy, or the "
+            "table registered again from an older metadata file), and their rows are gone "
+            "from what readers see",
+            "Point the catalog at the table's newest metadata file ("
+            + (f"{newest[-1]} in {table.location()}/metadata" if newest else
+               "under the table's metadata folder")
+            + "): drop the entry without purging, then catalog.register_table("
+            f"{self.table!r}, <that file>) (pyiceberg) or CALL system.register_table "
+            "(Spark)", "an older catalog entry")
+
+    def _committed_above(self, sink_id: str, above: int) -> list[int]:
+        """Epochs above ``above`` whose ``_committed.json`` names directories (one listing
+        of the sink's folder; only the markers above are read)."""
+        fs, _ = self._fs()
+        top = fs.get_file_info(pafs.FileSelector(self.absolute(self._sink_folder(sink_id)),
+                                                 allow_not_found=True))
+        out = []
+        for info in top:
+            name = info.base_name
+            if (info.type != pafs.FileType.Directory or not name.startswith("e")
+                    or not name[1:].isdigit() or int(name[1:]) <= above):
+                continue
+            try:
+                with fs.open_input_stream(f"{info.path}/{COMMITTED_MARKER}") as f:
+                    if json.loads(f.read()):
+                        out.append(int(name[1:]))
+            except (FileNotFoundError, ValueError):
+                continue
+        return sorted(out)
 
     # -- markers --------------------------------------------------------------------------
 
