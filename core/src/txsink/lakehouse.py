@@ -808,6 +808,27 @@ class TableBackend(Backend):
         that does not hold the sink at all, they tell that the table was replaced."""
         return [epoch for epoch, _, marker in self._epochs(sink_id) if marker]
 
+    def committed_above(self, sink_id: str, above: int) -> list[int]:
+        """Epochs above ``above`` whose ``_committed.json`` names directories: a table held
+        them once. One listing of the sink's folder; only the markers above are read (a
+        table whose record of the sink is below them lost epochs it held)."""
+        fs, _ = self._fs()
+        top = fs.get_file_info(pafs.FileSelector(self.absolute(self._sink_folder(sink_id)),
+                                                 allow_not_found=True))
+        out = []
+        for info in top:
+            name = info.base_name
+            if (info.type != pafs.FileType.Directory or not name.startswith("e")
+                    or not name[1:].isdigit() or int(name[1:]) <= above):
+                continue
+            try:
+                with fs.open_input_stream(f"{info.path}/{COMMITTED_MARKER}") as f:
+                    if json.loads(f.read()):
+                        out.append(int(name[1:]))
+            except (FileNotFoundError, ValueError):
+                continue
+        return sorted(out)
+
     def empty_epochs(self, sink_id: str, only: int | None = None) -> list[int]:
         """Epochs of ``sink_id`` committed without rows before the table existed (an
         empty ``_committed.json``: :meth:`epoch_committed`); ``only``: look at that one.

@@ -62,3 +62,40 @@ def test_a_restore_that_keeps_every_epoch_goes_through(tmp_path: Path) -> None:
     assert coord.commit_epoch(3, [prepare(backend, 3)]) is EpochOutcome.COMMITTED
     ids = sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist())
     assert ids == list(range(40))
+
+
+@pytest.mark.promise("delta-older-log-stops", "backend")
+def test_a_log_put_back_to_an_older_copy_stops_the_start_naming_it(tmp_path: Path) -> None:
+    """The table's _delta_log is put back to a copy made after epoch 0 (a backup
+    restored): the log lacks epochs 1 and 2, and its txn says 0. Before the fix the next
+    epoch was written on top of it, and epochs 1 and 2 were gone for good."""
+    import shutil
+
+    path = tmp_path / "t"
+    backend = get_plugins().create_backend("delta", {"path": str(path)})
+    backend.preflight("s")
+    coord = coordinator(backend, tmp_path / "state")
+    coord.commit_epoch(0, [prepare(backend, 0)])
+    shutil.copytree(path / "_delta_log", tmp_path / "log-copy")
+    for epoch in (1, 2):
+        coord.commit_epoch(epoch, [prepare(backend, epoch)])
+    newer = {p.name: p.read_bytes() for p in (path / "_delta_log").glob("*.json")
+             if not (tmp_path / "log-copy" / p.name).exists()}
+    shutil.rmtree(path / "_delta_log")
+    shutil.copytree(tmp_path / "log-copy", path / "_delta_log")
+    again = get_plugins().create_backend("delta", {"path": str(path)})
+    with pytest.raises(TxsinkError, match="older copy") as refused:
+        again.preflight("s")
+    assert "epochs 1 to 2" in str(refused.value)
+    with pytest.raises(TxsinkError, match="older copy"):
+        coordinator(again, tmp_path / "state")
+    ids = sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist())
+    assert ids == list(range(10))  # nothing written
+    # The way out, literally: the log's newer entries put back.
+    for name, data in newer.items():
+        (path / "_delta_log" / name).write_bytes(data)
+    back = get_plugins().create_backend("delta", {"path": str(path)})
+    back.preflight("s")
+    coordinator(back, tmp_path / "state").commit_epoch(3, [prepare(back, 3)])
+    ids = sorted(DeltaTable(str(path)).to_pyarrow_table().column("id").to_pylist())
+    assert ids == list(range(40))

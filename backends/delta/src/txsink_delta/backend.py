@@ -181,6 +181,7 @@ class DeltaBackend(TableBackend):
         new, empty table over it) or the table replaced by another. Its rows are not in
         what readers see, and going on would hide that."""
         if table is not None and table.transaction_version(sink_id) is not None:
+            self._refuse_behind(sink_id, table)
             return
         held = self.committed_epochs_on_disk(sink_id)
         if not held:
@@ -194,6 +195,32 @@ class DeltaBackend(TableBackend):
             f"{held[-1]}), but {what}. Their rows are not in the table. Restore the table's "
             "log; or, to start the sink over in this table without them, move that folder "
             "away", field="path", sink_id=sink_id)
+
+    def _refuse_behind(self, sink_id: str, table: Any) -> None:
+        """Stop when the log lacks epochs it held: ``_committed.json`` (written only after a
+        log entry named the epoch) is there for epochs above the sink's ``txn`` version,
+        and no entry of the log marks them. The log was put back to an older copy (a
+        backup restored, its newest entries deleted): those epochs' rows are gone from
+        what readers see, and going on would leave that hole for good. (RESTORE keeps the
+        ``txn`` version: :meth:`refuse_restored`.)"""
+        version = int(table.transaction_version(sink_id))
+        lost = set(self.committed_above(sink_id, version))
+        if not lost:
+            return
+        for entry in _history(table):  # an earlier release may have lowered the txn
+            if entry.get(SINK_KEY) == sink_id and str(entry.get(EPOCH_KEY)) in {
+                    str(e) for e in lost}:
+                lost.discard(int(entry[EPOCH_KEY]))
+        if not lost:
+            return
+        first, last = min(lost), max(lost)
+        raise self.taken_back(
+            f"the log of table {self.path} (now at version {table.version()}) records epochs "
+            f"of sink {sink_id!r} up to {version} only, but epochs {first} to {last} were "
+            f"committed to it ({self.uri(self._sink_folder(sink_id))} records them): the "
+            "log was put back to an older copy (a backup restored, its newest entries "
+            "deleted), and their rows are gone from what readers see",
+            "Put the log's newer entries back (_delta_log/<version>.json)", "older log")
 
     def check_claim(self, sink_id: str, state_id: str, state_location: str) -> None:
         # The owner file first: a store that is down is named there at once.

@@ -50,7 +50,6 @@ import pyarrow.parquet as pq
 from txsink.backend import Transaction
 from txsink.errors import ConfigError, FatalCommitError, StateError
 from txsink.lakehouse import (
-    COMMITTED_MARKER,
     EPOCH_KEY,
     SINK_KEY,
     ConflictError,
@@ -533,7 +532,7 @@ class IcebergBackend(TableBackend):
         rows are gone from what readers see, and going on would leave that hole for
         good. (A rollback keeps the record and the snapshots: :meth:`refuse_rolled_back`.)"""
         recorded = _recorded_epoch(table, sink_id)
-        lost = [e for e in self._committed_above(sink_id, recorded)
+        lost = [e for e in self.committed_above(sink_id, recorded)
                 if not _marked_anywhere(table, sink_id, e)]
         if not lost:
             return
@@ -552,26 +551,6 @@ class IcebergBackend(TableBackend):
             + "): drop the entry without purging, then catalog.register_table("
             f"{self.table!r}, <that file>) (pyiceberg) or CALL system.register_table "
             "(Spark)", "an older catalog entry")
-
-    def _committed_above(self, sink_id: str, above: int) -> list[int]:
-        """Epochs above ``above`` whose ``_committed.json`` names directories (one listing
-        of the sink's folder; only the markers above are read)."""
-        fs, _ = self._fs()
-        top = fs.get_file_info(pafs.FileSelector(self.absolute(self._sink_folder(sink_id)),
-                                                 allow_not_found=True))
-        out = []
-        for info in top:
-            name = info.base_name
-            if (info.type != pafs.FileType.Directory or not name.startswith("e")
-                    or not name[1:].isdigit() or int(name[1:]) <= above):
-                continue
-            try:
-                with fs.open_input_stream(f"{info.path}/{COMMITTED_MARKER}") as f:
-                    if json.loads(f.read()):
-                        out.append(int(name[1:]))
-            except (FileNotFoundError, ValueError):
-                continue
-        return sorted(out)
 
     # -- markers --------------------------------------------------------------------------
 
