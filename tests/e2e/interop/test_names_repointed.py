@@ -121,3 +121,32 @@ def test_iceberg_table_replaced_by_spark_is_refused(lake: Lake, tmp_path: Path,
     assert lake.sql(f"SELECT * FROM {name}") == []
     lake.outcomes.append(f"iceberg | CREATE OR REPLACE TABLE by Spark | {path_kind} | "
                          "refused")
+
+
+@pytest.mark.promise("iceberg-older-catalog-entry-refused", "backend")
+@pytest.mark.parametrize("path_kind", PATHS)
+def test_iceberg_table_registered_again_from_an_older_metadata_file(
+        lake: Lake, tmp_path: Path, path_kind: str) -> None:
+    """Spark drops the table (its files stay) and registers it again from an older
+    metadata file (CALL system.register_table): the same table by uuid, without the
+    later epochs. The next round stops, naming the epochs and the newest file; before
+    the fix it wrote its epoch on top, and the later epochs were gone for good."""
+    options, name = lake.iceberg(tmp_path / "wh", "db.t")
+    catalog, ident = name.split(".", 1)
+    write_input(tmp_path / "in", 0, 1)
+    run(lake, path_kind, "iceberg", options, tmp_path)
+    old = lake.sql(f"SELECT file FROM {name}.metadata_log_entries ORDER BY timestamp DESC "
+                   "LIMIT 1")[0]["file"]
+    write_input(tmp_path / "in", 1, 2)
+    run(lake, path_kind, "iceberg", options, tmp_path)
+    assert len(pyiceberg_rows(options)) == 150
+    lake.sql(f"DROP TABLE {name}")
+    lake.sql(f"CALL {catalog}.system.register_table(table => '{ident}', "
+             f"metadata_file => '{old}')")
+    assert len(lake.sql(f"SELECT * FROM {name}")) == 50
+    write_input(tmp_path / "in", 3, 1)
+    with pytest.raises(Exception, match="older than the table"):
+        run(lake, path_kind, "iceberg", options, tmp_path)
+    assert len(lake.sql(f"SELECT * FROM {name}")) == 50
+    lake.outcomes.append(f"iceberg | table registered again by Spark from an older metadata "
+                         f"file | {path_kind} | refused")
