@@ -42,6 +42,7 @@ from txsink.lakehouse import (
     EpochSearch,
     TableBackend,
     after_decision,
+    marked_highest,
     marker,
     nullable_schema,
 )
@@ -187,12 +188,29 @@ class DeltaBackend(TableBackend):
             self.refuse_restored(table, sink_id)
         self._refuse_replaced(sink_id, table)
 
+    def _txn_version(self, table: Any, sink_id: str) -> int | None:
+        """The sink's highest epoch in the table: its ``txn`` action's version, else (the
+        action dropped by a checkpoint: ``delta.setTransactionRetentionDuration`` shorter
+        than the pipeline was stopped) the newest entry of the log that marks the sink.
+        Without either, None. The log is read only when txsink's folder says the table
+        held epochs of the sink (a sink new to the table has none)."""
+        version = table.transaction_version(sink_id)
+        if version is not None:
+            return int(version)
+        if not self.committed_above(sink_id, -1):
+            return None
+        for entry in _history(table):
+            highest = marked_highest(entry, sink_id)
+            if highest is not None:
+                return highest
+        return None
+
     def _refuse_replaced(self, sink_id: str, table: Any) -> None:
         """Refuse a table that does not hold the sink at all while txsink's folder says a
         table here held epochs of it: the table's log was deleted (txsink would create a
         new, empty table over it) or the table replaced by another. Its rows are not in
         what readers see, and going on would hide that."""
-        if table is not None and table.transaction_version(sink_id) is not None:
+        if table is not None and self._txn_version(table, sink_id) is not None:
             self._refuse_behind(sink_id, table)
             return
         held = self.committed_epochs_on_disk(sink_id)
@@ -215,7 +233,8 @@ class DeltaBackend(TableBackend):
         backup restored, its newest entries deleted): those epochs' rows are gone from
         what readers see, and going on would leave that hole for good. (RESTORE keeps the
         ``txn`` version: :meth:`refuse_restored`.)"""
-        version = int(table.transaction_version(sink_id))
+        found = self._txn_version(table, sink_id)
+        version = -1 if found is None else found
         lost = set(self.committed_above(sink_id, version))
         if not lost:
             return
@@ -421,7 +440,7 @@ class DeltaBackend(TableBackend):
         table = table if table is not None else self.load_table()
         if table is None:
             return None
-        version = table.transaction_version(sink_id)
+        version = self._txn_version(table, sink_id)
         if version is None or version < epoch:
             return None  # Delta's own record: nothing of this epoch yet
         search = EpochSearch(sink_id, epoch)
@@ -442,7 +461,7 @@ class DeltaBackend(TableBackend):
             "pipeline may be down")
 
     def highest_in(self, table: Any, sink_id: str) -> int:
-        version = table.transaction_version(sink_id)
+        version = self._txn_version(table, sink_id)
         return -1 if version is None else int(version)
 
     def append_to(self, table: Any, sink_id: str, epoch: int,
@@ -462,7 +481,7 @@ class DeltaBackend(TableBackend):
         # The txn version stays the sink's highest epoch when a lower one commits after
         # it: Delta keeps the latest txn action, and a lowered one would hide the higher
         # epoch from table_epoch (whose retry then added its rows again).
-        recorded = table.transaction_version(sink_id)
+        recorded = self._txn_version(table, sink_id)
         highest = epoch if recorded is None else max(epoch, int(recorded))
         actions = []
         for f in files:
