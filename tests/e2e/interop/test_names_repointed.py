@@ -150,3 +150,35 @@ def test_iceberg_table_registered_again_from_an_older_metadata_file(
     assert len(lake.sql(f"SELECT * FROM {name}")) == 50
     lake.outcomes.append(f"iceberg | table registered again by Spark from an older metadata "
                          f"file | {path_kind} | refused")
+
+
+@pytest.mark.parametrize("path_kind", ["datasource", "native"])
+def test_iceberg_rest_maintenance_by_spark_between_rounds(
+        lake: Lake, tmp_path: Path, request: pytest.FixtureRequest, path_kind: str) -> None:
+    """Behind the REST catalog: Spark compacts and expires every snapshot but the
+    newest between rounds (the markers of earlier epochs go with them), then rolls the
+    table back past an epoch. Every row once after the maintenance; the rollback stops
+    the next round, naming it."""
+    options, name = _iceberg(lake, "rest", tmp_path, request)
+    catalog, ident = name.split(".", 1)
+    want = write_input(tmp_path / "in", 0, 3)
+    run(lake, path_kind, "iceberg", options, tmp_path)
+    lake.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{ident}', "
+             "options => map('min-input-files', '2'))")
+    lake.sql(f"CALL {catalog}.system.expire_snapshots(table => '{ident}', "
+             "older_than => current_timestamp(), retain_last => 1)")
+    want += write_input(tmp_path / "in", 3, 2)
+    run(lake, path_kind, "iceberg", options, tmp_path)
+    assert pyiceberg_rows(options) == sorted(want)
+    before = lake.sql(f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at DESC "
+                      "LIMIT 1")[0]["snapshot_id"]
+    write_input(tmp_path / "in", 5, 1)
+    run(lake, path_kind, "iceberg", options, tmp_path)
+    lake.sql(f"CALL {catalog}.system.rollback_to_snapshot('{ident}', {before})")
+    write_input(tmp_path / "in", 6, 1)
+    with pytest.raises(Exception, match="rolled back past epochs"):
+        run(lake, path_kind, "iceberg", options, tmp_path)
+    assert pyiceberg_rows(options) == sorted(want)
+    lake.outcomes.append(f"iceberg (REST catalog) | rewrite_data_files, expire_snapshots "
+                         f"between rounds; rollback_to_snapshot | {path_kind} | exact; "
+                         "rollback refused")
