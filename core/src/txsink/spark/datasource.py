@@ -317,7 +317,13 @@ def arrow_schema(schema: StructType | None) -> pa.Schema | None:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     try:
-        return to_arrow_schema(schema, timezone="UTC")
+        try:
+            return to_arrow_schema(schema, timezone="UTC")  # PySpark 4.3
+        except TypeError:
+            # PySpark 4.0-4.2 take no ``timezone`` (UTC is their ``timestamp_utc``
+            # default): asked with one, every frame fell back to the rows' inferred
+            # types, and a table Spark made refused the INT written as BIGINT.
+            return to_arrow_schema(schema)
     except Exception:
         return None
 
