@@ -188,6 +188,32 @@ class DeltaBackend(TableBackend):
             self.refuse_restored(table, sink_id)
         self._refuse_replaced(sink_id, table)
 
+    def _refuse_foreign_txn(self, sink_id: str, table: Any) -> None:
+        """Refuse a table whose ``txn`` action of app id ``sink_id`` no txsink commit wrote:
+        another writer's idempotent writes use that app id (Spark's ``txnAppId``). Delta
+        keeps one version per app id, so txsink would take the other writer's versions
+        for epochs of its own, and Delta would skip that writer's later writes whose
+        version is at or below txsink's epoch, silently. Read only when txsink's folder
+        holds no committed epoch of the sink (its first start on this table), and only a
+        log read back to version 0 decides."""
+        if self.committed_above(sink_id, -1):
+            return
+        versions = []
+        for entry in _history(table):
+            if entry.get(SINK_KEY) == sink_id:
+                return
+            versions.append(int(entry.get("version", 0)))
+        if min(versions, default=0) != 0:
+            return  # the log was cleaned up: txsink's entries may have been there
+        raise ConfigError(
+            f"delta backend: table {self.path} holds a txn action of app id {sink_id!r} "
+            f"(version {table.transaction_version(sink_id)}) that no txsink commit wrote: "
+            "another writer's idempotent writes use it (Spark's txnAppId). Delta keeps one "
+            "version per app id, so txsink's epochs and that writer's versions would hide "
+            "each other, and Delta would skip that writer's writes silently. Give this "
+            "sink another sink_id, or that writer another txnAppId", field="sink_id",
+            sink_id=sink_id)
+
     def _txn_version(self, table: Any, sink_id: str) -> int | None:
         """The sink's highest epoch in the table: its ``txn`` action's version, else (the
         action dropped by a checkpoint: ``delta.setTransactionRetentionDuration`` shorter
@@ -211,6 +237,7 @@ class DeltaBackend(TableBackend):
         new, empty table over it) or the table replaced by another. Its rows are not in
         what readers see, and going on would hide that."""
         if table is not None and self._txn_version(table, sink_id) is not None:
+            self._refuse_foreign_txn(sink_id, table)
             self._refuse_behind(sink_id, table)
             return
         held = self.committed_epochs_on_disk(sink_id)
