@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
 from txsink.backend import CommitOutcome
 from txsink.coordinator import Coordinator
 from txsink.errors import ConfigError, ParticipantLostError, StateError
+from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
 from txsink.model import TransactionContext
 from txsink.plugins import get_plugins
 from txsink.state import DirectoryStateStore
@@ -156,6 +158,42 @@ def test_leftovers_of_writes_that_stopped_go_once_their_epoch_is_done(
     assert s3_server.uploads(f"{prefix}/") == []
     assert [k for k in s3_server.keys(f"{prefix}/") if "/_txsink/native/" in k
             or "/__magic" in k] == []
+
+
+def test_a_state_restored_while_a_native_epoch_was_half_committed_stops(
+        s3_server: S3Server, prefix: str, tmp_path: Path) -> None:
+    """The state's copy was taken before epoch 1's decision, whose commit completed one
+    of Spark's uploads and stopped before the manifest: the restored state's start stops
+    (``has no decision for it``), the other uploads stay prepared, and the newest state
+    put back finishes the epoch (each row once, nothing pending)."""
+    backend = make(s3_server, prefix)
+    state, backup, newest = tmp_path / "state", tmp_path / "backup", tmp_path / "newest"
+    crash = FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 1, "raise")])
+    coordinator = Coordinator(backend, DirectoryStateStore(state), SINK, faults=crash)
+    coordinator.start()
+    for epoch in (0, 1):
+        ctx, dirname = spark_write(backend, s3_server, prefix, epoch, version=epoch)
+        found = backend.committables_for_directory(ctx, dirname)
+        if epoch == 0:
+            coordinator.commit_epoch(0, found)
+            shutil.copytree(state, backup)
+            continue
+        with pytest.raises(InjectedFault):
+            coordinator.commit_epoch(1, found)
+    pending = s3_server.uploads(f"{prefix}/")
+    assert len(pending) == TASKS - 2  # one of epoch 1's completed, the others prepared
+    shutil.copytree(state, newest)
+    shutil.rmtree(state)
+    shutil.copytree(backup, state)
+    with pytest.raises(StateError, match="has no decision for it"):
+        Coordinator(backend, DirectoryStateStore(state), SINK).start()
+    assert s3_server.uploads(f"{prefix}/") == pending
+    shutil.rmtree(state)
+    shutil.copytree(newest, state)
+    Coordinator(backend, DirectoryStateStore(state), SINK).start()
+    want = [i for v in (0, 1) for t in tasks_of(v) for i in t.column("id").to_pylist()]
+    assert sorted(s3_server.read_ids(f"{prefix}/")) == sorted(want)
+    assert s3_server.uploads(f"{prefix}/") == []
 
 
 def test_an_upload_a_lifecycle_rule_aborted_fails_the_commit_by_name(
