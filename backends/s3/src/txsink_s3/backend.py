@@ -410,11 +410,12 @@ class S3Backend(Backend):
                                    dirname: str) -> list[Committable]:
         return native.participants(self, ctx, dirname)
 
-    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:
+    def discard_staging(self, ctx: TransactionContext, dirname: str, *,
+                        still_ours: Callable[[], bool] | None = None) -> None:
         """A native write that failed, or that the gate refused: abort what its job left
         pending and delete its job document and magic directory, now rather than at the
-        next orphan scan."""
-        native.discard(self, ctx, dirname)
+        next orphan scan (the uploads only while ``still_ours``)."""
+        native.discard(self, ctx, dirname, still_ours=still_ours)
 
     def secret_values(self) -> list[str]:
         return [s.reveal() for s in (self.secret_access_key, self.session_token) if s]
