@@ -644,28 +644,16 @@ def test_backends_lists_a_plugin_that_failed_to_load_with_the_reason(
     assert any(line.startswith("files ") for line in out.splitlines())
 
 
-# -- found by writing these tests (issue 39): strict xfails until the lead's fix -------------
-
-_GROUPED_REPLAY_WEDGED = (
-    "a grouped write whose decision failed (a state-store write error: full disk, "
-    "read-only) keeps its reservation; the same driver's replay of the batch (the query "
-    "restarted in the same Spark driver) is refused at every try with 'batch write "
-    "<app>@<v> is already being written or was written (epoch N, reserved)', and its "
-    "participants stay prepared, until the driver JVM restarts or `txsink resolve "
-    "--epoch N --abort` (GroupEpoch.__exit__ does not abort the epoch when decide raises)")
-
+# -- found by writing these tests (issue 39) ---------------------------------------------
 
 @pytest.mark.promise("state-write-full-disk", "datasource", "grouped", "native")
-@pytest.mark.parametrize("path", [
-    "datasource",
-    pytest.param("grouped", marks=pytest.mark.xfail(strict=True,
-                                                    reason=_GROUPED_REPLAY_WEDGED)),
-    "native"])
+@pytest.mark.parametrize("path", PATHS)
 def test_a_decision_the_full_state_disk_refused_is_decided_again_when_spark_replays(
         path: str, tmp_path: Path) -> None:
     """The decision's state write fails (ENOSPC): nothing is committed; Spark replays
     the batch (the query started again, here in the same driver) and it is written
-    once."""
+    once. (Grouped writes kept the epoch reserved and its participants prepared, so
+    the replay was refused at every try until the driver restarted.)"""
     import errno
     from unittest import mock
 

@@ -120,11 +120,7 @@ def test_a_store_letting_two_writers_of_one_log_version_win_is_refused(
 
 @pytest.mark.promise("delta-protocol-versions-refused", "backend")
 @pytest.mark.parametrize(("reader", "writer"), [
-    pytest.param(4, 7, marks=pytest.mark.xfail(strict=True, reason=(
-        "a table of reader version 4 fails the preflight with delta-rs's own DeltaError "
-        "('Kernel error: Unsupported: Unsupported minimum reader version 4'), not the "
-        "ConfigError on option 'path' the Delta page promises for every table it refuses "
-        "(DeltaBackend.load_table() opens the table before the protocol check)"))),
+    (4, 7),
     (1, 8)])
 def test_a_protocol_version_above_what_txsink_writes_is_refused_naming_it(
         tmp_path: Path, reader: int, writer: int) -> None:

@@ -55,6 +55,7 @@ from txsink.objectstore import (
     table_location,
 )
 from txsink.options import Options
+from txsink.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +155,23 @@ class DeltaBackend(TableBackend):
     def load_table(self) -> Any:
         """The table at its latest version, or None when there is none yet."""
         from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
+        from deltalake.exceptions import DeltaError, TableNotFoundError
 
         try:
             return DeltaTable(self.table_uri(), storage_options=self.storage_options())
         except TableNotFoundError:
             return None
+        except DeltaError as exc:
+            # A protocol above what delta-rs reads (minReaderVersion 4, say) fails the
+            # open itself, before the protocol check could name it.
+            text = redact(str(exc), self.secret_values())
+            if "Unsupported" not in text:
+                raise
+            raise ConfigError(
+                f"delta backend: table {self.path} uses a protocol delta-rs cannot read "
+                f"({text}). Nothing of the epoch is written. Write this table with a writer "
+                "that implements it (Spark with Delta), or give a table without it",
+                field="path") from None
 
     def preflight(self, sink_id: str) -> None:
         if self.s3 is not None:

@@ -594,10 +594,33 @@ class GroupEpoch:
                 return
             record = gate.reserved(self.epoch)
             query = record.write.query_id if record.write is not None else None
-            gate.decide(self.epoch, gate.with_empty_participants(self.epoch, prepared),
-                        write_query=query)
+            try:
+                gate.decide(self.epoch, gate.with_empty_participants(self.epoch, prepared),
+                            write_query=query)
+            except BaseException:
+                self._abort_undecided(gate, prepared)
+                raise
         finally:
             backend.close()
+
+    def _abort_undecided(self, gate: Gate, prepared: list[Committable]) -> None:
+        """After a failed decide: roll the epoch back if no decision was recorded (its
+        state write failed: a full or read-only disk), so the replay of the batch can
+        reserve and write it again instead of finding it reserved at every try. A
+        recorded decision is never undone: its commit is finished by the next start."""
+        try:
+            current = gate.coordinator.store.get(self.epoch)
+            if current is not None and current.state is not EpochState.RESERVED:
+                return
+            gate.coordinator.abort_epoch(self.epoch, prepared)
+        except Exception as exc:  # the original error says what failed first
+            log.error("sink=%s epoch=%d: no decision was recorded and rolling the epoch "
+                      "back failed too (%s); `txsink resolve --epoch %d --abort` ends it",
+                      self.group.sink_id, self.epoch, exc, self.epoch)
+            return
+        log.warning("sink=%s epoch=%d: no decision was recorded; every target's "
+                    "participants were rolled back and the epoch's reservation dropped, so "
+                    "a replay writes it again", self.group.sink_id, self.epoch)
 
     def _still_reserved(self) -> bool:
         """Whether this block's epoch is still reserved by this run: another driver of
