@@ -161,3 +161,18 @@ def test_a_refused_first_batch_of_a_replaced_checkpoint_leaves_the_state_as_it_w
     native.choose("files", "native", inside)
     native.other_path("grouped", grow=0)
     native.replace_checkpoint(earliest=False)
+
+
+@pytest.mark.promise("checkpoint-replaced-refused", "datasource")
+def test_a_grouped_batch_write_then_a_replaced_checkpoint_writes_nothing_twice(
+        native: NativeModel) -> None:
+    """Found by the model (files target, the state kept beside the checkpoint): batch 0
+    of the stream written with grouped writes (``version=batch_id``), then the
+    checkpoint replaced and the new query streamed through the data source from the
+    earliest records. The state had no query id of its own (only the versions' query),
+    so the new query bound it as a first stream above epoch 0 and wrote record 0 a
+    second time; it is refused now (``CheckpointChangedError``), and the model follows
+    the way out (the checkpoint put back)."""
+    native.choose("files", "datasource", False)
+    native.other_path("grouped", 1)
+    native.replace_checkpoint(True)

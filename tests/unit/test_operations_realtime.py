@@ -60,17 +60,14 @@ def test_a_zombie_task_during_a_start_over_is_fenced(rt: RealtimeModel) -> None:
     rt.start_over(zombie_meanwhile=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "docs/realtime.md and txsink.realtime.group (KNOWN 'positions-deleted-rows-kept'): the "
-    "way out named for a target whose positions were deleted writes its rows again when "
-    "its rows were kept"))
 def test_a_targets_positions_deleted_with_its_rows_kept_are_not_written_twice(
         rt: RealtimeModel) -> None:
     """Found by the model: a group ran; target a's positions are deleted (its rows kept).
     The start is refused (a holds no position where b does) and names the way out:
     a new checkpoint from the earliest offsets. Followed literally, a receives every
     record again: each twice. The oracle: every record once in every target, or a way
-    out that keeps it so (empty the target as well, or a refusal that says so)."""
+    out that keeps it so (empty the target as well, or a refusal that says so). The
+    refusal now says to delete the rows it kept first."""
     rt.choose("group", 1)
     rt.batch_runs(grow=2, per_record=True, kill=None)
     rt.positions_deleted("a", emptied=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import enum
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from txsink.errors import ConfigError
@@ -147,10 +147,14 @@ class Backend(abc.ABC):
         write the target (a jar or a filesystem missing). Default: none."""
         return {}
 
-    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:  # noqa: B027
+    def discard_staging(self, ctx: TransactionContext, dirname: str, *,  # noqa: B027
+                        still_ours: Callable[[], bool] | None = None) -> None:
         """Delete what Spark's writer staged for participant ``ctx`` in ``dirname`` before
         it became a participant (the write failed, or the gate refused what it found):
-        no committable names it yet. Default: nothing to delete."""
+        no committable names it yet. ``still_ours``: whether the write's epoch is still
+        reserved by its run; a backend that cannot tell its write's staging from another
+        run's of the same epoch asks it after finding what to delete, and deletes only
+        its own if not. Default: nothing to delete."""
 
     @classmethod
     def check_guarantee(cls, guarantee: DeliveryGuarantee) -> None:

@@ -33,7 +33,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -628,7 +628,9 @@ class TableBackend(Backend):
         dirname = new_participant_dir(ctx.participant)
         return self.spark_path(f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}"), dirname
 
-    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:
+    def discard_staging(self, ctx: TransactionContext, dirname: str, *,
+                        still_ours: Callable[[], bool] | None = None) -> None:
+        # Only this write's own directory (its job's name): nothing another run staged.
         self._delete_dir(f"{self.epoch_folder(ctx.sink_id, ctx.epoch)}/{dirname}")
 
     def committable_for_directory(self, ctx: TransactionContext, dirname: str) -> Committable:

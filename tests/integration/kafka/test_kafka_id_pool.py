@@ -304,3 +304,50 @@ def test_an_epoch_whose_first_commit_landed_and_whose_id_was_opened_again_recove
     keys = sorted(int(m.key()) for m in kt.read_topic(backend.config.bootstrap, topic))
     assert keys == [0, 10]
     del ahead
+
+
+@pytest.mark.parametrize("end_marker", ["written", "lost"])
+def test_a_reopened_slots_commit_is_confirmed_beside_another_sinks_open_transaction(
+        backend: KafkaBackend, kafka_broker: Broker, sink_id: str, topic: str,
+        marker_topic: str, tmp_path: Path, end_marker: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, with the transaction that hides the begin marker another sink's: sinks
+    share the marker topic (``txsink-markers``, one partition, by default), and a sink
+    whose driver is gone leaves its prepared participant open until the transaction
+    timeout. Every restart of this sink stopped (the epoch DECIDED, its commit 'not
+    readable yet') until then; the commit that landed is confirmed by its end marker,
+    or, where the driver died before writing it, by its records' control records."""
+    from confluent_kafka import Producer
+    from txsink.faults import AFTER_FIRST_COMMIT
+
+    neighbour = get_plugins().create_backend("kafka", {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap, "topic": topic,
+        "marker.topic": marker_topic, "producer.init.ahead": "false"})
+    assert isinstance(neighbour, KafkaBackend)
+    other = f"{sink_id}-other"
+    neighbour.preflight(other)
+    try:
+        waiting = prepare(neighbour, other, 0, 0)  # its driver is gone: stays open
+        state = DirectoryStateStore(tmp_path / "state")
+        crash = FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 0, "raise")])
+        coord = Coordinator(backend, state, sink_id, plugins=build_plugins(), faults=crash)
+        coord.start()
+        msgs = [prepare(backend, sink_id, 0, 0)]
+        with pytest.raises(InjectedFault):
+            coord.commit_epoch(0, msgs)
+        ahead = Producer({"bootstrap.servers": kafka_broker.bootstrap,
+                          "transactional.id": str(msgs[0].payload["transactional_id"])})
+        ahead.init_transactions(30)  # the slot opened again, as a producer opened ahead does
+        if end_marker == "lost":  # the driver died between EndTxn and the end marker
+            from txsink_kafka.committer import KafkaCommitter
+
+            monkeypatch.setattr(KafkaCommitter, "ended_as_committed",
+                                lambda *args, **kwargs: False)
+        restarted = Coordinator(backend, state, sink_id, plugins=build_plugins())
+        assert restarted.start(up_to_epoch=0).recommitted_epochs == [0]
+        assert backend.broker_transactions(sink_id) == {}
+        del ahead
+        neighbour.abort(waiting)
+        assert [int(m.key()) for m in kt.read_topic(backend.config.bootstrap, topic)] == [0]
+    finally:
+        neighbour.close()

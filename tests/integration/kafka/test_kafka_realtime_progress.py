@@ -392,3 +392,29 @@ def test_a_target_feeds_a_source_of_its_cluster_under_other_broker_names(
     assert not spec.feeds(Reads("broker-b.example:9092", subscribe=[topic],
                                 cluster="another-cluster"))
     assert not spec.feeds(Reads("broker-b.example:9092", subscribe=[topic]))  # unknown
+
+
+def test_a_progress_topic_deleted_and_recreated_is_no_position_for_a_warm_reader(
+        kafka_broker: Broker, topic: str) -> None:
+    """The progress topic deleted and created again (a start over by hand) while a
+    worker process's warm reader of it lives (Python workers outlive a query stopped
+    and started again in one Spark application): the new topic holds no position, so
+    a claim must find none, as ``txsink status`` and the checks before a start do,
+    not the position the reader remembered from the old topic (its records were then
+    skipped)."""
+    name = progress()
+    spec = make_spec(kafka_broker, topic, name)
+    write(spec, range(5))
+    assert write(spec, range(5)).stats.skipped == 5  # a replay: its claim read offset 4
+    assert spec.stored()[SRC].offset == 4
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in admin.delete_topics([name]).values():
+        future.result(30)
+    deadline = time.monotonic() + 60
+    while name in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    again = make_spec(kafka_broker, topic, name, sink=spec.sink_id)  # creates it anew
+    assert again.stored() == {}
+    w = write(again, range(5))
+    assert (w.stats.written, w.stats.skipped) == (5, 0)
+    assert again.stored()[SRC].offset == 4

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from txsink.coordinator import Coordinator, EpochOutcome
+from txsink.errors import StateError
+from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
 from txsink.model import Committable, TransactionContext
 from txsink.plugins import build_plugins, get_plugins
 from txsink.state import DirectoryStateStore
@@ -76,6 +78,50 @@ def test_restored_state_does_not_commit_an_epoch_s3_already_holds(
             EpochOutcome.COMMITTED
         ids = s3_server.read_ids(base)
         assert len(ids) == len(set(ids)) > len(want) and set(want) <= set(ids)
+        assert s3_server.uploads(base) == []
+    finally:
+        backend.close()
+
+
+def test_a_state_restored_while_an_epoch_was_half_committed_stops(
+        s3_server: S3Server, prefix: str, tmp_path: Path) -> None:
+    """The state's copy was taken before epoch 1's decision, whose commit then completed
+    one upload of two and stopped (no manifest yet). The restored state has no decision
+    for epoch 1 and the target holds part of it: the start stops (``has no decision for
+    it``) instead of aborting the other upload, after which the replay wrote epoch 1
+    again beside the object already completed (its rows twice under ``epoch=1/``). The
+    remedy of docs/operations.md (the newest state put back) finishes the epoch."""
+    backend = get_plugins().create_backend("s3", s3_server.options(prefix))
+    assert isinstance(backend, S3Backend)
+    state, backup, newest = tmp_path / "state", tmp_path / "backup", tmp_path / "newest"
+    base = backend.base(SINK) + "/"
+    try:
+        backend.preflight(SINK)
+        crash = FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 1, "raise")])
+        coord = Coordinator(backend, DirectoryStateStore(state), SINK,
+                            plugins=build_plugins(), faults=crash)
+        coord.start()
+        coord.commit_epoch(0, [prepare(backend, 0, p) for p in range(2)])
+        shutil.copytree(state, backup)
+        with pytest.raises(InjectedFault):
+            coord.commit_epoch(1, [prepare(backend, 1, p) for p in range(2)])
+        assert len(s3_server.uploads(base)) == 1  # one completed, one still prepared
+        shutil.copytree(state, newest)
+        shutil.rmtree(state)
+        shutil.copytree(backup, state)
+
+        restored = Coordinator(backend, DirectoryStateStore(state), SINK,
+                               plugins=build_plugins())
+        with pytest.raises(StateError, match="has no decision for it"):
+            restored.start()
+        assert len(s3_server.uploads(base)) == 1, "the rest of the epoch was aborted"
+
+        shutil.rmtree(state)
+        shutil.copytree(newest, state)
+        Coordinator(backend, DirectoryStateStore(state), SINK,
+                    plugins=build_plugins()).start()
+        assert sorted(s3_server.read_ids(base)) == list(range(2 * 2 * ROWS))
+        assert backend.holds_epoch(SINK, 1)
         assert s3_server.uploads(base) == []
     finally:
         backend.close()

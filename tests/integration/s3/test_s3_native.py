@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from txsink.backend import CommitOutcome
 from txsink.coordinator import Coordinator
-from txsink.errors import ConfigError, ParticipantLostError, StateError
+from txsink.errors import ConfigError, FencedError, ParticipantLostError, StateError
+from txsink.faults import AFTER_FIRST_COMMIT, FaultInjector, FaultRule, InjectedFault
 from txsink.model import TransactionContext
 from txsink.plugins import get_plugins
 from txsink.state import DirectoryStateStore
@@ -158,6 +161,42 @@ def test_leftovers_of_writes_that_stopped_go_once_their_epoch_is_done(
             or "/__magic" in k] == []
 
 
+def test_a_state_restored_while_a_native_epoch_was_half_committed_stops(
+        s3_server: S3Server, prefix: str, tmp_path: Path) -> None:
+    """The state's copy was taken before epoch 1's decision, whose commit completed one
+    of Spark's uploads and stopped before the manifest: the restored state's start stops
+    (``has no decision for it``), the other uploads stay prepared, and the newest state
+    put back finishes the epoch (each row once, nothing pending)."""
+    backend = make(s3_server, prefix)
+    state, backup, newest = tmp_path / "state", tmp_path / "backup", tmp_path / "newest"
+    crash = FaultInjector([FaultRule(AFTER_FIRST_COMMIT, 1, "raise")])
+    coordinator = Coordinator(backend, DirectoryStateStore(state), SINK, faults=crash)
+    coordinator.start()
+    for epoch in (0, 1):
+        ctx, dirname = spark_write(backend, s3_server, prefix, epoch, version=epoch)
+        found = backend.committables_for_directory(ctx, dirname)
+        if epoch == 0:
+            coordinator.commit_epoch(0, found)
+            shutil.copytree(state, backup)
+            continue
+        with pytest.raises(InjectedFault):
+            coordinator.commit_epoch(1, found)
+    pending = s3_server.uploads(f"{prefix}/")
+    assert len(pending) == TASKS - 2  # one of epoch 1's completed, the others prepared
+    shutil.copytree(state, newest)
+    shutil.rmtree(state)
+    shutil.copytree(backup, state)
+    with pytest.raises(StateError, match="has no decision for it"):
+        Coordinator(backend, DirectoryStateStore(state), SINK).start()
+    assert s3_server.uploads(f"{prefix}/") == pending
+    shutil.rmtree(state)
+    shutil.copytree(newest, state)
+    Coordinator(backend, DirectoryStateStore(state), SINK).start()
+    want = [i for v in (0, 1) for t in tasks_of(v) for i in t.column("id").to_pylist()]
+    assert sorted(s3_server.read_ids(f"{prefix}/")) == sorted(want)
+    assert s3_server.uploads(f"{prefix}/") == []
+
+
 def test_an_upload_a_lifecycle_rule_aborted_fails_the_commit_by_name(
         s3_server: S3Server, prefix: str, tmp_path: Path) -> None:
     """Decided, then the bucket's rule for incomplete uploads aborts one: the commit
@@ -288,4 +327,55 @@ def test_a_second_query_on_the_same_sink_is_refused_before_spark_writes(
         query(str(tmp_path / "b")).write_epoch(FakeFrame(tasks_of(1), Watched(opts)), 0)
     assert spark_wrote == []
     assert data_keys(s3_server, prefix) == before
+    assert s3_server.uploads(f"{prefix}/") == []
+
+
+@pytest.mark.promise("fenced-run-changes-nothing", "native")
+def test_a_fenced_runs_failed_native_write_aborts_nothing_of_the_newer_run(
+        s3_server: S3Server, prefix: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Two drivers on one stream (docs/operations.md: the run that started last takes
+    the lease, a fenced run changes nothing). The older run's Spark job for micro-batch 0
+    is still running when the newer run writes, records and is about to decide the same
+    batch; then the older run's job fails. Undoing its write must leave the newer run's
+    prepared uploads alone: they are its decision's participants."""
+    from txsink.spark._proc import OWNER_ENV
+    from txsink.spark.group import GroupEpoch, TargetSet
+    from txsink.targets import TargetSpec
+
+    from tests.integration.s3_native_driver import FakeFrame, without_jvm_checks
+
+    without_jvm_checks()
+    opts = s3_server.options(prefix, writer="spark")
+    group = TargetSet(SINK, [TargetSpec(SINK, "s3", opts)],
+                      state_location=str(tmp_path / "state"), single=True)
+    newer: list[GroupEpoch] = []
+
+    class OlderJob(SparkWriterStandIn):
+        def write(self, tasks: list[Any], path: str) -> None:
+            super().write(tasks, path)  # the older run's tasks uploaded...
+            # ...while the newer driver started and wrote the same micro-batch
+            monkeypatch.setenv(OWNER_ENV, "driver-b")
+            run = GroupEpoch(group_frame.sparkSession, group, version=None, app_id=None,
+                             stream_batch=0)
+            run.__enter__()
+            run.write(FakeFrame(tasks_of(0), SparkWriterStandIn(opts, run=2)),  # type: ignore[arg-type]
+                      SINK)
+            newer.append(run)
+            raise RuntimeError("the older run's Spark job failed")
+
+    monkeypatch.setenv(OWNER_ENV, "driver-a")
+    group_frame = FakeFrame(tasks_of(0), OlderJob(opts, run=1))
+    older = GroupEpoch(group_frame.sparkSession, group, version=None, app_id=None,
+                       stream_batch=0)
+    older.__enter__()
+    with pytest.raises(RuntimeError, match="older run's Spark job failed") as failed:
+        older.write(group_frame, SINK)  # type: ignore[arg-type]
+    assert "may be that run's participants" in caplog.text
+    with pytest.raises(FencedError, match="taken over by a newer run"):
+        older.__exit__(type(failed.value), failed.value, None)
+    [run] = newer
+    run.__exit__(None, None, None)  # decides and commits what it prepared
+    assert sorted(s3_server.read_ids(f"{prefix}/")) == sorted(
+        i for t in tasks_of(0) for i in t.column("id").to_pylist())
     assert s3_server.uploads(f"{prefix}/") == []

@@ -30,7 +30,7 @@ from txsink_kafka.clients import (
     close_driver_clients,
     decode_payload,
 )
-from txsink_kafka.committer import KafkaCommitter, MarkerStatus
+from txsink_kafka.committer import KafkaCommitter, MarkerHiddenError, MarkerStatus
 from txsink_kafka.markers import Marker
 from txsink_kafka.naming import SinkIds, participant_id
 from txsink_kafka.recovery import KafkaRecovery
@@ -206,6 +206,16 @@ class KafkaBackend(Backend):
     def commit(self, committable: Committable) -> CommitOutcome:
         try:
             return self.committer.commit(committable)
+        except MarkerHiddenError:
+            # Its begin marker waits for another transaction to end (another sink's on
+            # a shared marker topic, open until its timeout if that sink's driver is
+            # gone): the records' control records are read uncommitted.
+            if not self.salvager.committed_in_log(committable):
+                raise
+            log.info("%s: its marker is behind a transaction still open on the marker "
+                     "partition; its records show its transaction committed",
+                     committable.describe())
+            return CommitOutcome.ALREADY_COMMITTED
         except ParticipantLostError:
             # Its markers may be gone (compaction keeps one per pooled id): the
             # records' own control records say whether it was committed.

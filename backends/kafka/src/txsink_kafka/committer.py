@@ -41,6 +41,12 @@ from txsink_kafka.txn_protocol import (
 log = logging.getLogger(__name__)
 
 
+class MarkerHiddenError(RetriableCommitError):
+    """A participant's id was opened again since its transaction ended (EndTxn refused
+    as fenced) and its begin marker is behind a transaction still open on the marker
+    partition: its own records may still say it committed (the backend asks them)."""
+
+
 class MarkerStatus:
     VISIBLE = "visible"  # committed (Tansu: or aborted, see docs)
     HIDDEN = "hidden"  # at or above the last stable offset: open, or behind an open one
@@ -202,7 +208,13 @@ class KafkaCommitter:
             # The begin marker was compacted away; the end marker says committed.
             return CommitOutcome.ALREADY_COMMITTED
         if status == MarkerStatus.HIDDEN:
-            raise RetriableCommitError(
+            # Behind a transaction still open on the marker partition: one of this epoch
+            # (committed after the rest), or of another sink sharing the marker topic,
+            # whose driver may be gone (open until its timeout). The end marker, read
+            # uncommitted, says so if this commit got that far.
+            if self.ended_as_committed(mtopic, mpart, moffset, tid, identity):
+                return CommitOutcome.ALREADY_COMMITTED
+            raise MarkerHiddenError(
                 f"{c.describe()}: EndTxn(commit) for transactional.id {tid!r} was refused "
                 f"({rejected}) and its marker is not readable yet (an open transaction "
                 "holds the marker partition's last stable offset); retry later",

@@ -511,7 +511,10 @@ class ProgressTail:
         with self.lock:
             self.used = time.monotonic()
             low, high = self._log_end()
-            if self.consumer is None or self.next < low:
+            # Its log ending below where this reader got: the topic was deleted and
+            # created again (positions gone, a start over by hand): what it remembers is
+            # of the old topic, and a claim must find no position, as status does.
+            if self.consumer is None or self.next < low or high < self.next:
                 self.close_consumer()
                 self.consumer = self.reader._consumer(tail=True)
                 self.known.clear()

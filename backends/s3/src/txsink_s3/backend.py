@@ -410,11 +410,12 @@ class S3Backend(Backend):
                                    dirname: str) -> list[Committable]:
         return native.participants(self, ctx, dirname)
 
-    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:
+    def discard_staging(self, ctx: TransactionContext, dirname: str, *,
+                        still_ours: Callable[[], bool] | None = None) -> None:
         """A native write that failed, or that the gate refused: abort what its job left
         pending and delete its job document and magic directory, now rather than at the
-        next orphan scan."""
-        native.discard(self, ctx, dirname)
+        next orphan scan (the uploads only while ``still_ours``)."""
+        native.discard(self, ctx, dirname, still_ours=still_ours)
 
     def secret_values(self) -> list[str]:
         return [s.reveal() for s in (self.secret_access_key, self.session_token) if s]
@@ -1033,9 +1034,12 @@ class S3Backend(Backend):
                            str(p["upload_id"]), committable.describe())
 
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
-        """The epoch's manifest exists (every participant of it was committed); or, for an
-        epoch older than ``manifest_retention_epochs`` (manifest pruned), a data object of
-        it exists (multipart uploads are invisible until completed)."""
+        """The epoch's manifest exists (every participant of it was committed), or a data
+        object of it does (multipart uploads are invisible until completed): its manifest
+        was pruned, or its commit stopped part way. A state restored from a copy taken
+        before such an epoch's decision must see that the target holds part of it; asked
+        by the manifest alone it aborted the epoch's other uploads as orphans, and the
+        replay wrote the epoch again beside the objects already completed."""
         from botocore.exceptions import ClientError  # type: ignore[import-untyped,unused-ignore]
 
         base = self.base(sink_id)
@@ -1045,7 +1049,11 @@ class S3Backend(Backend):
                            lambda: self.client.head_object(Bucket=self.bucket, Key=key))
         except ClientError as exc:
             if _status(exc) == 404 or _error_code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return self._pruned_epoch_held(base, sink_id, epoch)
+                return bool(self._retrying(
+                    f"sink={sink_id} epoch={epoch}: looking for data of the epoch",
+                    lambda: self.client.list_objects_v2(
+                        Bucket=self.bucket, Prefix=f"{base}/epoch={epoch}/", MaxKeys=1
+                    ).get("KeyCount", 0)))
             raise
         return True
 
@@ -1083,29 +1091,6 @@ class S3Backend(Backend):
             else:
                 low = found
         return low
-
-    def _pruned_epoch_held(self, base: str, sink_id: str, epoch: int) -> bool:
-        """A data object of an epoch whose manifest may have been pruned: one below the
-        recorded prune horizon, or (sinks pruned before the horizon was recorded) one
-        ``manifest_retention_epochs`` older than some manifest."""
-        horizon = self.manifests_pruned_below(sink_id)
-        if horizon is not None and epoch < horizon:
-            pruned = True
-        elif not self.manifest_retention_epochs:
-            return False
-        else:
-            newer = keys.manifest_key(base, epoch + self.manifest_retention_epochs)
-            # A manifest that far ahead exists only once this epoch's may have been pruned.
-            pruned = bool(self._retrying(
-                f"sink={sink_id} epoch={epoch}: looking for newer manifests",
-                lambda: self.client.list_objects_v2(
-                    Bucket=self.bucket, Prefix=keys.manifests_prefix(base), StartAfter=newer,
-                    MaxKeys=1).get("KeyCount", 0)))
-        return pruned and bool(self._retrying(
-            f"sink={sink_id} epoch={epoch}: looking for data of an older epoch",
-            lambda: self.client.list_objects_v2(
-                Bucket=self.bucket, Prefix=f"{base}/epoch={epoch}/", MaxKeys=1
-            ).get("KeyCount", 0)))
 
     def abort_orphans(self, sink_id: str, protected: Collection[str],
                       up_to_epoch: int | None = None) -> list[Committable]:

@@ -25,7 +25,7 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from txsink.errors import ConfigError, StateError
@@ -347,11 +347,20 @@ def _epoch_of(relative: str) -> int | None:
     return ctx.epoch if ctx is not None else None
 
 
-def discard(backend: S3Backend, ctx: TransactionContext, dirname: str) -> None:
+def discard(backend: S3Backend, ctx: TransactionContext, dirname: str, *,
+            still_ours: Callable[[], bool] | None = None) -> None:
     """Undo a native write of ``ctx``'s epoch that never became participants: its job
     document (if Spark's job got that far) and its magic directory deleted, and every
-    upload pending in the epoch's folder aborted (a target is written once per epoch, so
-    they are this write's: its tasks' winners and the attempts that lost)."""
+    upload pending in the epoch's folder aborted (a target is written once per epoch by
+    the run that reserved it, so they are this write's: its tasks' winners and the
+    attempts that lost).
+
+    Another run may have reserved the epoch since (a second driver of the query took it
+    over while this write's Spark job ran) and prepared its own uploads there, which
+    nothing tells from this write's. ``still_ours`` is asked after the listing: an
+    upload listed was started before it, so a run that started it had reserved the
+    epoch before too, and the answer is no. Then no upload is aborted here (the owner's
+    orphan scan aborts this write's), only this job's own document and directory go."""
     from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped,unused-ignore]
 
     if not _DIRNAME.match(dirname):
@@ -359,16 +368,22 @@ def discard(backend: S3Backend, ctx: TransactionContext, dirname: str) -> None:
     base = backend.base(ctx.sink_id)
     client, bucket = backend.client, backend.bucket
     try:
-        aborted = 0
+        pending: list[tuple[str, str]] = []
         pages = client.get_paginator("list_multipart_uploads").paginate(
             Bucket=bucket, Prefix=f"{base}/epoch={ctx.epoch}/")
         for page in pages:
             for upload in page.get("Uploads", []) or []:
                 found = keys.parse_data_key(base, ctx.sink_id, str(upload["Key"]))
                 if found is not None and found.epoch == ctx.epoch:
-                    backend._abort_upload(bucket, str(upload["Key"]), str(upload["UploadId"]),
-                                          ctx.describe())
-                    aborted += 1
+                    pending.append((str(upload["Key"]), str(upload["UploadId"])))
+        if pending and still_ours is not None and not still_ours():
+            log.warning("%s: the epoch was reserved by another run while this native write "
+                        "ran; its %d pending upload(s) may be that run's participants, so "
+                        "none is aborted here (the owner's orphan scan aborts this write's)",
+                        ctx.describe(), len(pending))
+            pending = []
+        for key, upload_id in pending:
+            backend._abort_upload(bucket, key, upload_id, ctx.describe())
         doomed = [str(o["Key"]) for prefix in (f"{job_dir(base, ctx.epoch, dirname)}/",
                                                f"{base}/__magic_job-{dirname}/")
                   for page in client.get_paginator("list_objects_v2").paginate(
@@ -382,4 +397,4 @@ def discard(backend: S3Backend, ctx: TransactionContext, dirname: str) -> None:
                     "aborts what it left", ctx.describe(), backend._redact(str(exc)))
         return
     log.info("%s: the native write was undone: %d upload(s) aborted, %d object(s) "
-             "deleted", ctx.describe(), aborted, len(doomed))
+             "deleted", ctx.describe(), len(pending), len(doomed))

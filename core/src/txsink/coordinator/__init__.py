@@ -144,6 +144,23 @@ class Coordinator(Sink):
                 "the checkpoint that belongs to this state, or start a new sink: a new "
                 "sink_id with a new, empty state_location (and, for the files backend, a "
                 "new path)", sink_id=self.sink_id)
+        drivers = {q for q in (meta.write_queries.values() if meta is not None else ()) if q}
+        if (stream and query_id and meta is not None and meta.query_id is None
+                and meta.stream_from is None and drivers and query_id not in drivers):
+            # The state's epochs are micro-batches of a stream written with grouped
+            # writes (txsink.spark.epoch(..., version=batch_id)); this stream, through the
+            # data source or Spark's own writer, is another query: its batches from the
+            # earliest records would be written a second time above them.
+            raise CheckpointChangedError(
+                f"sink {self.sink_id!r}: the txsink state at {self.store.location} holds "
+                f"the batches of the streaming query {', '.join(sorted(drivers))} "
+                "(grouped writes with version=batch_id), but this stream belongs to the "
+                f"Spark query {query_id}: the checkpoint was deleted or replaced while the "
+                "state was kept, and the new query's batches would write records the old "
+                "one wrote a second time, so nothing is written. Either restore the "
+                "checkpoint that belongs to this state, or start a new sink: a new sink_id "
+                "with a new, empty state_location (and, for the files backend, a new path)",
+                sink_id=self.sink_id)
         # A stream's query id is written with its stream_from, in one write (bind_stream):
         # written alone, by a start that failed before the bind, it made the state look
         # like an older release's stream (epochs = batch ids) to the next start.

@@ -45,7 +45,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -613,7 +613,9 @@ class FilesBackend(Backend):
         # (HDFS, say) for Spark, where this backend's directory is local or mounted.
         return f"file://{self._staging / dirname}", dirname
 
-    def discard_staging(self, ctx: TransactionContext, dirname: str) -> None:
+    def discard_staging(self, ctx: TransactionContext, dirname: str, *,
+                        still_ours: Callable[[], bool] | None = None) -> None:
+        # Only this write's own directory (its job's name): nothing another run staged.
         self._safe(dirname, ctx.participant)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self._staging / dirname)

@@ -156,7 +156,10 @@ def start_refusal(group_id: str, backends: Mapping[str, str],
                     f"{source}, which {holder!r} holds up to offset {top}: it was not part "
                     "of the group when that was written (added, or its positions were "
                     "deleted), and Spark resumes from the checkpoint, so it would never "
-                    f"receive those records. Remove it, or {_WAY_OUT}",
+                    f"receive those records. Remove it, or {_WAY_OUT}. If it still holds "
+                    "rows of those records (its positions were deleted, its rows kept), "
+                    "delete those rows first: from the earliest offsets every retained "
+                    "record is written into it again",
                     field=here, sink_id=group_id), warnings
             if start.fresh and (offset is None or offset < top):
                 return ConfigError(

@@ -622,6 +622,15 @@ class GroupEpoch:
                     "participants were rolled back and the epoch's reservation dropped, so "
                     "a replay writes it again", self.group.sink_id, self.epoch)
 
+    def _still_reserved(self) -> bool:
+        """Whether this block's epoch is still reserved by this run: another driver of
+        the query may have taken it over (and prepared its own participants of it) while
+        this run's Spark job ran."""
+        assert self._store is not None
+        record = self._store.get(self.epoch)
+        return (record is not None and record.state is EpochState.RESERVED
+                and record.owner == self.owner)
+
     def _write_native(self, df: DataFrame, spec: TargetSpec) -> None:
         """Spark's own Parquet writer puts the target's files of this epoch into a
         directory no reader lists (the table's directory; the files backend's staging
@@ -658,7 +667,7 @@ class GroupEpoch:
             except BaseException:
                 for c in prepared:
                     backend.abort(c)
-                backend.discard_staging(ctx, dirname)
+                backend.discard_staging(ctx, dirname, still_ours=self._still_reserved)
                 raise
             committable = (prepared if self.group.single
                            else group._tag(spec.name, prepared))
