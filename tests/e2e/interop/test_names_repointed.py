@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from tests.e2e.interop.conftest import Lake
-from tests.e2e.interop.harness import pyiceberg_rows, source, stream, write_input
+from tests.e2e.interop.harness import (
+    pyiceberg_rows,
+    pyiceberg_table,
+    source,
+    stream,
+    write_input,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -170,8 +176,10 @@ def test_iceberg_rest_maintenance_by_spark_between_rounds(
     want += write_input(tmp_path / "in", 3, 2)
     run(lake, path_kind, "iceberg", options, tmp_path)
     assert pyiceberg_rows(options) == sorted(want)
-    before = lake.sql(f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at DESC "
-                      "LIMIT 1")[0]["snapshot_id"]
+    # (Not Spark's metadata table {name}.snapshots: Iceberg 1.10's client asks the REST
+    # server for it with an escaped namespace separator, which the server's Jetty
+    # refuses: "Suspicious Path Character".)
+    before = pyiceberg_table(options).current_snapshot().snapshot_id
     write_input(tmp_path / "in", 5, 1)
     run(lake, path_kind, "iceberg", options, tmp_path)
     lake.sql(f"CALL {catalog}.system.rollback_to_snapshot('{ident}', {before})")
