@@ -420,16 +420,16 @@ def issue41_goals(results: dict[str, list[Writer]], commit: list[dict[str, Any]]
                             "to visible ≤ 0.5 s", "not measured" if p99 is None
                             else f"{p99:.2f} s", None if p99 is None else p99 <= 0.5,
                             rt_note if r is None else ("" if p99 is not None and p99 <= 0.5
-                                                       else "see the Real-time Mode section "
-                                                       "(where the p99 goes)")))
+                                                       else p99_cause(r) or "see the "
+                                                       "Real-time Mode section")))
             ratio_rt = ratios.get(f"{writer}@{rate}")
             out.append(Goal("3. Real-time Mode", f"{target} at {rate:,} records/s: p99 ≤ 3x "
                             "Spark's at-least-once real-time Kafka sink",
                             "not measured" if ratio_rt is None else f"{ratio_rt:.2f}x",
                             None if ratio_rt is None else ratio_rt <= 3.0,
                             rt_note if ratio_rt is None else (
-                                "" if ratio_rt <= 3.0 else "see the Real-time Mode section "
-                                "(where the p99 goes)")))
+                                "" if ratio_rt <= 3.0 else p99_cause(r) or "see the "
+                                "Real-time Mode section")))
     kafka, k_note = libs.get("kafka_bench", (None, notes.get("kafka_bench", "not run")))
     k_ratio = (kafka or {}).get("ratios", {}).get("txsink_vs_plain_transactional")
     why = k_note if k_ratio is None else ""
@@ -707,7 +707,33 @@ def realtime_lines(realtime: tuple[dict[str, Any] | None, str]) -> list[str]:
         ratio = ratios.get(f"{r['writer']}@{r['rate']}")
         lines.append(f"| {r['writer']} | {r['guarantee']} | {r['rate']:,} | "
                      f"{r['p50_s']} | {r['p99_s']} | {'-' if ratio is None else ratio} |")
+    split = [r for r in result["results"] if (r.get("breakdown") or {}).get("rows")]
+    if split:
+        lines += ["", "Where the p99 goes: each row's way from append to visible, split by "
+                  "the writers' trace (`--breakdown`) into stages; p50 and p99 of each stage "
+                  "over every row, and its mean over the slowest 1 % of rows (those that "
+                  "make the p99).", "",
+                  "| writer | records/s | stage | p50 s | p99 s | slowest 1 % (mean s) |",
+                  "|---|---:|---|---:|---:|---:|"]
+        for r in split:
+            for stage, v in r["breakdown"]["stages"].items():
+                lines.append(f"| {r['writer']} | {r['rate']:,} | {stage} | {v['p50_s']} | "
+                             f"{v['p99_s']} | {v['slowest_1pct_mean_s']} |")
     return lines
+
+
+def p99_cause(row: dict[str, Any] | None) -> str:
+    """The stage that takes most of the slowest 1 % of rows' time, from a realtime_bench
+    row's ``breakdown``; empty when the run did not break it down."""
+    split = (row or {}).get("breakdown") or {}
+    stages = split.get("stages") or {}
+    if not stages:
+        return ""
+    name, worst = max(stages.items(), key=lambda kv: kv[1]["slowest_1pct_mean_s"])
+    total = split.get("slowest_1pct_total_mean_s")
+    share = f" of {total:.2f} s" if isinstance(total, (int, float)) else ""
+    return (f"the slowest 1 % of rows spent {worst['slowest_1pct_mean_s']:.2f} s{share} in "
+            f"'{name}' (the breakdown in the Real-time Mode section)")
 
 
 # -- the soak ---------------------------------------------------------------------------

@@ -391,10 +391,11 @@ MULTI_BENCH = (["--rows", "100000", "--epochs", "4", "--rounds", "3"], ["--quick
 LAKE_BENCH = ([], ["--quick"])
 #: Its Spark part (the native path vs Spark's s3a writer) is the yardstick table's S3 rows.
 S3_BENCH = (["--no-spark"], ["--no-spark", "--quick"])
+#: ``--breakdown``: where each row's time goes (the page shows it beside the p99).
 REALTIME_BENCH = (["--rates", "1000,10000", "--seconds", "20", "--batch", "1 second",
-                   "--buffer-size", "512"],
+                   "--buffer-size", "512", "--breakdown"],
                   ["--rates", "1000", "--seconds", "10", "--batch", "1 second",
-                   "--buffer-size", "512"])
+                   "--buffer-size", "512", "--breakdown"])
 
 
 # -- servers and session ----------------------------------------------------------------

@@ -218,7 +218,14 @@ def test_the_lake_and_real_time_benchmarks_have_their_sections_and_targets(
         "p99_ratio_to_spark_at_least_once": {"txsink-rt-postgres@1000": 1.5},
         "results": [
             {"writer": "txsink-rt-postgres", "guarantee": "exactly-once", "rate": 1000,
-             "p50_s": 0.2, "p99_s": 0.6},
+             "p50_s": 0.2, "p99_s": 0.6, "breakdown": {
+                 "rows": 20000, "slowest_1pct_total_mean_s": 0.62, "stages": {
+                     "batch boundary": {"p50_s": 0.0, "p99_s": 0.1,
+                                        "slowest_1pct_mean_s": 0.05},
+                     "Spark to the Python writer": {"p50_s": 0.1, "p99_s": 0.4,
+                                                    "slowest_1pct_mean_s": 0.41},
+                     "waiting for the commit": {"p50_s": 0.1, "p99_s": 0.25,
+                                                "slowest_1pct_mean_s": 0.16}}}},
             {"writer": "spark-rt-kafka", "guarantee": "at-least-once", "rate": 1000,
              "p50_s": 0.05, "p99_s": 0.4}]}))
     (results / "notes.json").write_text(json.dumps({"lake_bench": "from the test",
@@ -227,6 +234,10 @@ def test_the_lake_and_real_time_benchmarks_have_their_sections_and_targets(
     page = (tmp_path / "docs" / "performance.md").read_text()
     assert "| delta/spark | 0.93 |" in page and "| delta 8 partitions | 61 | 70 | 5 |" in page
     assert "| txsink-rt-postgres | exactly-once | 1,000 | 0.2 | 0.6 | 1.5 |" in page
+    # The breakdown of the p99 is on the page, and a missed goal names its largest stage.
+    assert "| txsink-rt-postgres | 1,000 | Spark to the Python writer | 0.1 | 0.4 | 0.41 |" in page
+    assert "0.41 s of 0.62 s in 'Spark to the Python writer'" in report.p99_cause(
+        json.loads((results / "realtime.json").read_text())["results"][0])
     met = {g.measure: g.met() for g in goals if g.source in ("lake_bench", "realtime_bench")}
     assert met == {"delta/spark (throughput)": True, "iceberg/spark (throughput)": False,
                    "txsink-rt-postgres p99 append to visible at 1,000 records/s": True}
