@@ -45,7 +45,8 @@ from txsink.spark.group import TargetSet, _NativeBatch
 from txsink.state import DirectoryStateStore
 from txsink.targets import TargetSpec
 
-from tests.integration.files_native_driver import FakeFrame, _Context, _Writer
+from tests.integration.files_native_driver import FakeFrame, _Writer
+from tests.spark_standins import StandInSession
 
 PATHS = ("datasource", "grouped", "native")
 SINK = "paths"
@@ -128,14 +129,6 @@ def _props(query: str | None, batch: int | None) -> dict[str, str]:
     return props
 
 
-class _Session:
-    def __init__(self, props: dict[str, str]) -> None:
-        from tests.integration.files_native_driver import _Conf
-
-        self.conf = _Conf()
-        self.sparkContext = _Context(props)
-
-
 class _Write:
     """``df.write``: ``.format("txsink")...save()`` runs a data-source batch write as
     Spark does (plan, tasks, ``commit``; ``abort`` if the commit fails);
@@ -183,7 +176,7 @@ class Frame(FakeFrame):
                  batch: int | None = None) -> None:
         super().__init__(table, query_id=query)
         self.props = _props(query, batch)
-        self.sparkSession = _Session(self.props)  # type: ignore[assignment]
+        self.sparkSession = StandInSession(self.props)  # type: ignore[assignment]
 
     @property
     def write(self) -> _Write:  # type: ignore[override]

@@ -94,6 +94,7 @@ from txsink.state import DirectoryStateStore, EpochState
 from txsink.targets import ROUTE_PREFIX, TargetSpec
 
 from tests.operations_model import FIRED
+from tests.spark_standins import StandInSession
 
 SINK = "opsn"
 #: Spark tasks per batch: the writer leaves one file per task.
@@ -156,36 +157,6 @@ def _keep(where: str | None, i: int) -> bool:
 # -- Spark's part ------------------------------------------------------------------------------
 
 
-class _Conf:
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: str) -> None:
-        self.values[key] = value
-
-    def unset(self, key: str) -> None:
-        self.values.pop(key, None)
-
-
-class _Context:
-    """The local properties Spark sets on a stream's thread (the query id)."""
-
-    def __init__(self, query: str | None) -> None:
-        self.query = query
-
-    def getLocalProperty(self, key: str) -> str | None:
-        return self.query if key == QUERY_ID_PROPERTY else None
-
-
-class _Session:
-    def __init__(self, query: str | None) -> None:
-        self.conf = _Conf()
-        self.sparkContext = _Context(query)
-
-
 SCHEMA = StructType([StructField("id", LongType())])
 
 
@@ -208,7 +179,8 @@ class Frame:
                  metadata: dict[str, Any] | None = None) -> None:
         self.ids = ids
         self.query = query
-        self.sparkSession = _Session(query)
+        self.sparkSession = StandInSession(
+            {QUERY_ID_PROPERTY: query} if query is not None else None)
         self.schema = SCHEMA
         #: The ``id`` column's metadata (``parquet.field.id``: Spark writes it as the
         #: Parquet field id).

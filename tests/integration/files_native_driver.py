@@ -24,6 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.spark_standins import StandInSession
+
 ROWS = 300
 #: Spark tasks per epoch: the stand-in writes one file per task (the last one empty).
 TASKS = 4
@@ -33,36 +35,6 @@ def rows_of(version: int) -> pa.Table:
     ids = list(range(version * ROWS, (version + 1) * ROWS))
     return pa.table({"id": pa.array(ids, pa.int64()),
                      "value": pa.array([i * 7 for i in ids], pa.int64())})
-
-
-class _Conf:
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: str) -> None:
-        self.values[key] = value
-
-    def unset(self, key: str) -> None:
-        self.values.pop(key, None)
-
-
-class _Context:
-    """The local properties Spark sets on a stream's thread (query id, batch id)."""
-
-    def __init__(self, properties: dict[str, str] | None = None) -> None:
-        self.properties = dict(properties or {})
-
-    def getLocalProperty(self, key: str) -> str | None:
-        return self.properties.get(key)
-
-
-class _Session:
-    def __init__(self, properties: dict[str, str] | None = None) -> None:
-        self.conf = _Conf()
-        self.sparkContext = _Context(properties)
 
 
 class _Writer:
@@ -101,7 +73,7 @@ class FakeFrame:
         from pyspark.sql.types import LongType, StructField, StructType
 
         self.table = table
-        self.sparkSession = _Session(
+        self.sparkSession = StandInSession(
             {"sql.streaming.queryId": query_id} if query_id is not None else None)
         self.schema = StructType([StructField(n, LongType()) for n in table.column_names])
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from tests.spark_standins import StandInSession
+
 #: Spark tasks per epoch: the stand-in writes one file per task, the last one without
 #: rows (Spark writes a file with only the schema for an empty first task; here the last).
 TASKS = 4
@@ -93,33 +95,6 @@ class SparkWriterStandIn:
             self.note(kind, task)
 
 
-class _Conf:
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: str) -> None:
-        self.values[key] = value
-
-    def unset(self, key: str) -> None:
-        self.values.pop(key, None)
-
-
-class _Context:
-    applicationId = "stand-in"
-
-    def getLocalProperty(self, key: str) -> None:
-        return None
-
-
-class _Session:
-    def __init__(self) -> None:
-        self.conf = _Conf()
-        self.sparkContext = _Context()
-
-
 class _Writer:
     def __init__(self, frame: FakeFrame) -> None:
         self.frame = frame
@@ -148,7 +123,7 @@ class FakeFrame:
 
         self.tasks = tasks
         self.writer = writer
-        self.sparkSession = _Session()
+        self.sparkSession = StandInSession()
         self.schema = StructType([StructField("id", LongType()), StructField("key", StringType()),
                                   StructField("value", LongType())])
 

@@ -38,7 +38,8 @@ from txsink.spark.group import TargetSet, _NativeBatch
 from txsink.state import DirectoryStateStore, EpochState
 from txsink.targets import TargetSpec, target_sink_id
 
-from tests.integration.files_native_driver import ROWS, FakeFrame, _Conf, rows_of
+from tests.integration.files_native_driver import ROWS, FakeFrame, rows_of
+from tests.spark_standins import StandInConf
 
 SINK = "gate"
 
@@ -217,7 +218,7 @@ class _ConnectSession:
     so no local property names the stream."""
 
     def __init__(self) -> None:
-        self.conf = _Conf()
+        self.conf = StandInConf()
 
     @property
     def sparkContext(self) -> Any:

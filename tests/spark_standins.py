@@ -1,0 +1,41 @@
+"""The few pieces of a SparkSession the native path reads without a JVM, for the drivers
+and models that run the real grouped-epoch code over a stand-in for Spark's writer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class StandInConf:
+    """``spark.conf``: what ``write_parquet`` sets and puts back around a write."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def unset(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+class StandInContext:
+    """``spark.sparkContext``: the local properties Spark sets on a stream's thread
+    (query id, batch id)."""
+
+    applicationId = "stand-in"
+
+    def __init__(self, properties: Mapping[str, str] | None = None) -> None:
+        self.properties = dict(properties or {})
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return self.properties.get(key)
+
+
+class StandInSession:
+    def __init__(self, properties: Mapping[str, str] | None = None) -> None:
+        self.conf = StandInConf()
+        self.sparkContext = StandInContext(properties)
