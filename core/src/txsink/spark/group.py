@@ -607,10 +607,10 @@ class GroupEpoch:
         """After a failed decide: roll the epoch back if no decision was recorded (its
         state write failed: a full or read-only disk), so the replay of the batch can
         reserve and write it again instead of finding it reserved at every try. A
-        recorded decision is never undone: its commit is finished by the next start."""
+        recorded decision is never undone: its commit is finished by the next start, and
+        an epoch another run of the query took over is that run's to finish."""
         try:
-            current = gate.coordinator.store.get(self.epoch)
-            if current is not None and current.state is not EpochState.RESERVED:
+            if not self._still_reserved():
                 return
             gate.coordinator.abort_epoch(self.epoch, prepared)
         except Exception as exc:  # the original error says what failed first
