@@ -4,6 +4,7 @@ and models that run the real grouped-epoch code over a stand-in for Spark's writ
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Self
 
 
 class StandInConf:
@@ -33,6 +34,25 @@ class StandInContext:
 
     def getLocalProperty(self, key: str) -> str | None:
         return self.properties.get(key)
+
+
+class StandInWriter:
+    """``df.write`` as the native path calls it: ``mode("errorifexists")``, options,
+    then ``parquet(path)``, which each driver writes as its Spark would."""
+
+    def __init__(self) -> None:
+        self.opts: dict[str, str] = {}
+
+    def mode(self, mode: str) -> Self:
+        assert mode == "errorifexists"
+        return self
+
+    def options(self, **opts: str) -> Self:
+        self.opts.update(opts)
+        return self
+
+    def parquet(self, path: str) -> None:
+        raise NotImplementedError
 
 
 class StandInSession:

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.spark_standins import StandInSession
+from tests.spark_standins import StandInSession, StandInWriter
 
 ROWS = 300
 #: Spark tasks per epoch: the stand-in writes one file per task (the last one empty).
@@ -37,18 +37,10 @@ def rows_of(version: int) -> pa.Table:
                      "value": pa.array([i * 7 for i in ids], pa.int64())})
 
 
-class _Writer:
+class _Writer(StandInWriter):
     def __init__(self, table: pa.Table) -> None:
+        super().__init__()
         self.table = table
-        self.opts: dict[str, str] = {}
-
-    def mode(self, mode: str) -> _Writer:
-        assert mode == "errorifexists"
-        return self
-
-    def options(self, **opts: str) -> _Writer:
-        self.opts.update(opts)
-        return self
 
     def parquet(self, path: str) -> None:
         out = Path(path.removeprefix("file://"))

@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tests.spark_standins import StandInSession
+from tests.spark_standins import StandInSession, StandInWriter
 
 #: Spark tasks per epoch: the stand-in writes one file per task, the last one without
 #: rows (Spark writes a file with only the schema for an empty first task; here the last).
@@ -95,18 +95,10 @@ class SparkWriterStandIn:
             self.note(kind, task)
 
 
-class _Writer:
+class _Writer(StandInWriter):
     def __init__(self, frame: FakeFrame) -> None:
+        super().__init__()
         self.frame = frame
-        self.opts: dict[str, str] = {}
-
-    def mode(self, mode: str) -> _Writer:
-        assert mode == "errorifexists"
-        return self
-
-    def options(self, **opts: str) -> _Writer:
-        self.opts.update(opts)
-        return self
 
     def parquet(self, path: str) -> None:
         conf = self.frame.sparkSession.conf.values
