@@ -4,7 +4,6 @@ and models that run the real grouped-epoch code over a stand-in for Spark's writ
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Self
 
 
 class StandInConf:
@@ -43,11 +42,11 @@ class StandInWriter:
     def __init__(self) -> None:
         self.opts: dict[str, str] = {}
 
-    def mode(self, mode: str) -> Self:
+    def mode(self, mode: str) -> StandInWriter:
         assert mode == "errorifexists"
         return self
 
-    def options(self, **opts: str) -> Self:
+    def options(self, **opts: str) -> StandInWriter:
         self.opts.update(opts)
         return self
 
