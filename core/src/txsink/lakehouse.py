@@ -34,6 +34,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -64,6 +65,8 @@ OWNER_FILE = "_owner.json"
 #: a smaller group keeps a task's memory near it and the group costs low).
 ROW_GROUP_BYTES = 16 << 20
 ROW_GROUP_ROWS = 1 << 20
+#: At most this many fsyncs of one participant at once (:meth:`TableBackend._make_durable`).
+MAX_SYNCS = 16
 #: How often a commit that lost a race with another writer is tried again.
 CONFLICT_RETRIES = 20
 
@@ -661,8 +664,6 @@ class TableBackend(Backend):
         returns: nothing to do."""
         if not self._local():
             return
-        for f in files:
-            fsync_path(self.absolute(f.path))
         deeper = {os.path.dirname(self.absolute(f.path)) for f in files}
         top = self.durable_top()
         chain, here = [], self.absolute(rel_dir).rstrip("/")
@@ -670,9 +671,20 @@ class TableBackend(Backend):
             chain.append(here)
             here = os.path.dirname(here)
         chain.append(top)
-        for d in sorted(deeper - set(chain), key=len, reverse=True) + chain:
-            if os.path.isdir(d):
-                fsync_path(d, directory=True)
+        syncs = [(self.absolute(f.path), False) for f in files] + [
+            (d, True) for d in sorted(deeper - set(chain), key=len, reverse=True) + chain
+            if os.path.isdir(d)]
+        # All at once, not one after another: each fsync waits for a journal commit, and
+        # concurrent ones share it (a participant's ~10 syncs took ~2.5x longer in a
+        # row). Every one has finished (or raised) before this returns, so the
+        # participant is recorded only once all of it is on disk.
+        if len(syncs) == 1:
+            fsync_path(syncs[0][0], directory=syncs[0][1])
+            return
+        with ThreadPoolExecutor(min(len(syncs), MAX_SYNCS)) as pool:
+            for future in [pool.submit(fsync_path, path, directory=is_dir)
+                           for path, is_dir in syncs]:
+                future.result()
 
     def _delete_dir(self, rel: str) -> None:
         fs, _ = self._fs()
