@@ -38,6 +38,7 @@ def test_a_recreated_source_topics_records_land_once_or_the_start_is_refused(
     rt.topic_recreated()
 
 
+@pytest.mark.promise("realtime-reset-fences-old-run", "realtime")
 def test_a_zombie_task_during_a_start_over_is_fenced(rt: RealtimeModel) -> None:
     """Found by the model (a group, one source partition): a batch's driver is killed
     while one task has not read its first record yet (it starts at offset 2; the targets
