@@ -60,6 +60,7 @@ from txsink.spark.queries import (
     BATCH_ID_PROPERTY,
     QUERY_ID_PROPERTY,
     _local_path,
+    batch_source,
     checkpoint_query_id,
 )
 from txsink.state import StateStore, WriteId
@@ -490,12 +491,15 @@ class _Finisher:
                 except CheckpointChangedError:
                     _discard(backend, epoch, committables)
                     raise
+                batch = epoch
+                source = batch_source(self.settings.checkpoint, batch) if stream else None
                 if stream:
                     epoch = coordinator.stream_epoch(epoch)
                 if recover_below:
                     coordinator.recover(up_to_epoch=epoch - 1)
                 guarantee = self.settings.guarantee
-                outcome = (gate.decide(epoch, committables, write_query=write_query)
+                outcome = (gate.decide(epoch, committables, write_query=write_query,
+                                       source=source, batch_id=batch)
                            if guarantee.transactional
                            else coordinator.record_epoch(epoch, committables, guarantee,
                                                          write_query=write_query))
