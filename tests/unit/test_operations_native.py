@@ -75,6 +75,25 @@ def test_a_batch_spark_plans_anew_on_the_data_source_is_not_skipped(
     native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
 
 
+@pytest.mark.promise("cleaned-history-restored-state-stops", "native")
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_checkpoint_restored_after_the_table_history_was_cleaned_names_the_newest_copy(
+        native: NativeModel, kind: str) -> None:
+    """Found by the model (400 sequences of every kind): batch 0 commits, a copy of the
+    checkpoint is taken (the state inside), batch 1 commits, the table's history is
+    cleaned (Delta log cleanup, Iceberg snapshot expiry), the copy is restored. The
+    restored state does not know epoch 1 and asks the table, whose history no longer
+    tells: refused, but the refusal's only way out was the retention to raise for next
+    time. It names the checkpoint's newest copy too, which knows the epoch: the model
+    puts it back, and every record is there once."""
+    native.choose(kind, "native", True)
+    native.restart()
+    native.copy_checkpoint()
+    native.restart()
+    native.maintain("expire", then=False)
+    native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("kind", ["iceberg", "iceberg group"])
 def test_a_lost_iceberg_catalog_stops_the_stream_until_the_table_is_registered_again(
         native: NativeModel, kind: str) -> None:

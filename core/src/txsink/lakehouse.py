@@ -411,8 +411,11 @@ class TableBackend(Backend):
         second time either; ``remedy``: what keeps the history long enough."""
         again = ", and does not add it a second time" if not_again else ""
         return StateError(f"sink={sink_id} epoch={epoch}: {why}: txsink cannot tell whether "
-                          f"that epoch is in the table{again}. {remedy}",
-                          sink_id=sink_id, epoch=epoch)
+                          f"that epoch is in the table{again}. The table is asked only for "
+                          "epochs the txsink state does not know: if the state, or the "
+                          "checkpoint holding it, was restored from an older copy, restore "
+                          "the checkpoint's newest copy (or the newest state), which knows "
+                          f"it. {remedy}", sink_id=sink_id, epoch=epoch)
 
     # -- the location -------------------------------------------------------------------
 
