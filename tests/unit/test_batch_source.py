@@ -31,6 +31,7 @@ def test_a_replay_reads_the_same_entry_and_a_new_plan_another(tmp_path: Path) ->
     first = batch_source(str(tmp_path), 4)
     assert first is not None and len(first) == SOURCE_DIGEST_LENGTH
     assert batch_source(f"file://{tmp_path}/", 4) == first  # the same entry, read again
+    assert batch_source(f"file:{tmp_path}", 4) == first  # as Spark resolves the path
     entry(tmp_path, 4, '{"orders":{"0":121,"1":98}}')
     assert batch_source(str(tmp_path), 4) != first  # other offsets
 

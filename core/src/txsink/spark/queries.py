@@ -28,6 +28,8 @@ def _local_path(location: str) -> str | None:
     """A local or ``file://`` location as a path; None for other schemes."""
     if location.startswith("file://"):
         return location[len("file://"):]
+    if location.startswith("file:/"):  # as Hadoop prints a local path
+        return location[len("file:"):]
     return None if "://" in location else location
 
 
@@ -96,12 +98,18 @@ def running_checkpoint(spark: SparkSession | None, query_id: str | None) -> str 
     if spark is None or not query_id:
         return None
     try:
-        query: Any = spark._jsparkSession.streams().get(query_id)
-        if query is None:
-            return None
-        return str(query.streamingQuery().resolvedCheckpointRoot()) or None
+        jvm: Any = spark._jvm
+        # foreachBatch hands the function a clone of the query's session, whose
+        # manager does not list the query: ask the session that started it too.
+        sessions = [spark._jsparkSession,
+                    jvm.org.apache.spark.sql.SparkSession.getDefaultSession().get()]
+        for session in sessions:
+            query: Any = session.streams().get(query_id)
+            if query is not None:
+                return str(query.streamingQuery().resolvedCheckpointRoot()) or None
     except Exception:  # Spark Connect, a stand-in, or an internal Spark changed
         return None
+    return None
 
 
 def batch_source(checkpoint: str | None, batch_id: int | None,
