@@ -306,19 +306,35 @@ class Gate:
             f"stopped {STREAM_QUIET_S / 60:.0f} minutes after its last batch), or under "
             "its own sink_id and state_location", sink_id=self.sink_id)
 
-    def committed_before(self, write: WriteId | None, query_id: str | None) -> bool:
+    def committed_before(self, write: WriteId | None, query_id: str | None, *,
+                         source: str | None = None) -> bool:
         """Whether ``write`` was committed before and is skipped.
 
         Only by the same driver: versions of one app id written by another streaming
         query (a deleted or replaced checkpoint numbers batches from 0 again), or by batch
-        jobs when a stream drives this one, are refused, never taken for replays."""
+        jobs when a stream drives this one, are refused, never taken for replays; so is
+        a version committed from other offsets than ``source``'s, the driving micro-batch's
+        (:meth:`refuse_replanned`)."""
         if write is None:
             return False
         c = self.coordinator
         if c.committed_write(write) is None:
             return False
         c.check_write_query(dataclasses.replace(write, query_id=query_id))
+        self._refuse_replanned_write(write, source)
         return True
+
+    def _refuse_replanned_write(self, write: WriteId, source: str | None) -> None:
+        """Refuse a committed ``write`` Spark drives again from another offset log entry
+        than the one its version was written from."""
+        if source is None:
+            return
+        done = next((r for r in self.coordinator.store.records().values()
+                     if r.write is not None and r.write.app_id == write.app_id
+                     and r.write.version == write.version
+                     and r.state is not EpochState.RESERVED), None)
+        if done is not None:
+            self.refuse_replanned(done.epoch, write.version, source, done)
 
     def open_write(self, write: WriteId | None, query_id: str | None, *,
                    query_known: bool = True,
@@ -344,13 +360,7 @@ class Gate:
         if write is not None and c.committed_write(write) is not None:
             if query_known:
                 c.check_write_query(dataclasses.replace(write, query_id=query_id))
-            if source is not None:
-                done = next((r for r in c.store.records().values()
-                             if r.write is not None and r.write.app_id == write.app_id
-                             and r.write.version == write.version
-                             and r.state is not EpochState.RESERVED), None)
-                if done is not None:
-                    self.refuse_replanned(done.epoch, write.version, source, done)
+            self._refuse_replanned_write(write, source)
             log.warning("sink=%s: write %s is already committed; skipping it, nothing is "
                         "written", self.sink_id, write)
             return Opened(-1, "committed already")

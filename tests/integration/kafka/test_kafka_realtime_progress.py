@@ -474,3 +474,50 @@ def test_a_progress_topic_deleted_and_recreated_is_no_position_for_a_warm_reader
     w = write(again, range(5))
     assert (w.stats.written, w.stats.skipped) == (5, 0)
     assert again.stored()[SRC].offset == 4
+
+
+@pytest.mark.promise("realtime-reset-fences-old-run", "realtime")
+def test_a_task_of_a_run_before_the_progress_topic_was_recreated_is_refused_after_a_reset(
+        kafka_broker: Broker, topic: str) -> None:
+    """The start-over by hand and by the runbook together: the progress topic deleted
+    (every position gone), then ``txsink reset``, while a task of the dead driver that
+    had not claimed yet still runs. The reset must fence it as docs/realtime.md says."""
+    name = progress()
+    old = make_spec(kafka_broker, topic, name)
+    first = PositionWriter(old, commit_interval_s=0.0)
+    for off in range(20):  # the old run's markers: its progress log grows
+        first.add(SRC, off, {"value": str(100 + off)})
+    first.close(RuntimeError("driver killed"))
+    # A later run of the old pipeline, prepared at the log's end, its task not claimed.
+    old = make_spec(kafka_broker, topic, name, old.sink_id)
+    zombie = PositionWriter(pickle.loads(pickle.dumps(old)), commit_interval_s=0.0)
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for t in (name, topic):  # positions and output gone: the topics deleted
+        admin.delete_topics([t])[t].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            kt.create_topic(kafka_broker.bootstrap, topic)
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    while True:  # the progress topic made again by the next driver's prepare
+        try:
+            new = make_spec(kafka_broker, topic, name, old.sink_id)
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    new.delete_positions()  # txsink reset, as the runbook says
+    new = make_spec(kafka_broker, topic, name, old.sink_id)
+    fresh = PositionWriter(new, commit_interval_s=0.0)
+    fresh.add(SRC, 0, {"value": "0"})
+    with pytest.raises(FencedError, match="before it was deleted and created again"):
+        zombie.add(SRC, 20, {"value": "120"})
+    zombie.close(RuntimeError("task failed"))
+    for off in range(1, 4):
+        fresh.add(SRC, off, {"value": str(off)})
+    fresh.close()
+    assert values(kafka_broker, topic) == list(range(4))
+    assert new.stored_positions() == {SRC: 3}

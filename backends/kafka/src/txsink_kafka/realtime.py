@@ -26,7 +26,8 @@ a reset could fence: it would claim after the reset (fencing the new run) and co
 old batch's position. So a run's generation is the progress partition's end offset when
 its driver prepares the target (offsets only grow), it travels with the spec to the
 tasks, and ``txsink reset`` first writes a **reset record** (key ``[sink id, "", -1]``,
-never a position) holding the end offset it read: a claim whose run is not past it is
+never a position) holding the end offset it read and the topic's id: a claim whose run
+is not past it, or was prepared against another incarnation of the topic, is
 refused, before its ``init_transactions`` (so it fences nobody) and again after it, and
 after the first marker it commits (a reset under way then has its record below it).
 
@@ -101,10 +102,25 @@ def reset_key(sink_id: str) -> bytes:
     return json.dumps([sink_id, "", -1], separators=(",", ":")).encode()
 
 
-def reset_value(generation: int) -> bytes:
+def reset_value(generation: int, progress_id: str | None = None) -> bytes:
     """A reset record: the progress partition's end offset when the reset began; a run
-    prepared before read an end offset at most this one."""
-    return json.dumps({"reset": generation}).encode()
+    prepared before read an end offset at most this one. ``progress_id``: the progress
+    topic's id then (its offsets restart at 0 when it is deleted and created again, so
+    a run prepared against another incarnation is older whatever its offset)."""
+    data: dict[str, Any] = {"reset": generation}
+    if progress_id is not None:
+        data["progress_id"] = progress_id
+    return json.dumps(data).encode()
+
+
+def parse_reset_topic(value: bytes | None) -> str | None:
+    """The progress topic id a reset record names (``None``: none, or no reset record)."""
+    try:
+        data = json.loads(value) if value is not None else None
+    except ValueError:
+        return None
+    topic = data.get("progress_id") if isinstance(data, dict) else None
+    return topic if isinstance(topic, str) else None
 
 
 def parse_reset(value: bytes | None) -> int | None:
@@ -174,6 +190,9 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
         self.sink_id = sink_id
         self.topic = opts["topic"]
         self.progress_topic = opts.get("progress.topic") or DEFAULT_PROGRESS_TOPIC
+        #: The progress topic's id when :meth:`prepare` drew :attr:`run` (its offsets
+        #: count only within one incarnation of the topic).
+        self.run_progress_id: str | None = None
         try:
             self.timeout_ms = int(opts.get("transaction.timeout.ms")
                                   or DEFAULT_TRANSACTION_TIMEOUT_MS)
@@ -272,6 +291,21 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
                 "or name another progress.topic", field="progress.topic",
                 sink_id=self.sink_id)
         self.run = self.progress_end()
+        self.run_progress_id = self.progress_id(admin)
+
+    def progress_id(self, admin: Any = None) -> str | None:
+        """The progress topic's id (``None`` when the broker does not say)."""
+        from confluent_kafka import TopicCollection
+
+        try:
+            admin = admin or self._admin()
+            described = admin.describe_topics(TopicCollection([self.progress_topic]))
+            topic_id = described[self.progress_topic].result(30).topic_id
+        except Exception as exc:
+            log.debug("sink %s: cannot read the id of progress topic %r: %s", self.sink_id,
+                      self.progress_topic, exc)
+            return None
+        return None if topic_id is None else str(topic_id)
 
     def progress_end(self) -> int:
         """The end offset of the progress partition (read uncommitted): a run's
@@ -382,7 +416,7 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
         generation = self.progress_end()
         errors: list[str] = []
         producer = Producer({**self.client, "enable.idempotence": True})
-        producer.produce(self.progress_topic, reset_value(generation),
+        producer.produce(self.progress_topic, reset_value(generation, self.progress_id()),
                          reset_key(self.sink_id), partition=MARKER_PARTITION,
                          on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
         if producer.flush(30) or errors:
@@ -561,8 +595,8 @@ class ProgressTail:
         #: key -> position of its last committed record in partition 0 (``None``: a
         #: tombstone)
         self.known: dict[bytes, StoredPosition | None] = {}
-        #: key -> generation of its last reset record
-        self.resets: dict[bytes, int] = {}
+        #: key -> generation of its last reset record, and the progress topic id it names
+        self.resets: dict[bytes, tuple[int, str | None]] = {}
         self.used = time.monotonic()
 
     def read(self, key: bytes) -> tuple[bool, StoredPosition | None]:
@@ -604,7 +638,7 @@ class ProgressTail:
                         self.known[msg.key()] = parse_marker(msg.value())
                         reset = parse_reset(msg.value())
                         if reset is not None:
-                            self.resets[msg.key()] = reset
+                            self.resets[msg.key()] = (reset, parse_reset_topic(msg.value()))
                 if self.next < high and time.monotonic() > deadline:
                     reached = self.next
                     self.close_consumer()
@@ -613,8 +647,9 @@ class ProgressTail:
                 return False, None
             return True, self.known[key]
 
-    def reset(self, sink_id: str) -> int | None:
-        """The generation of ``sink_id``'s last reset record, as of the last :meth:`read`."""
+    def reset(self, sink_id: str) -> tuple[int, str | None] | None:
+        """The generation of ``sink_id``'s last reset record and the progress topic id it
+        names, as of the last :meth:`read`."""
         with self.lock:
             return self.resets.get(reset_key(sink_id))
 
@@ -821,8 +856,19 @@ class KafkaPositionTarget(PositionTarget):
         return stored
 
     def _refuse_older_run(self, tail: ProgressTail) -> None:
+        reset = tail.reset(self.spec.sink_id)
         refusal = older_run_refusal(self.spec.sink_id, self.source, self.spec.run,
-                                    tail.reset(self.spec.sink_id))
+                                    None if reset is None else reset[0])
+        mine = self.spec.run_progress_id
+        if refusal is None and reset is not None and None not in (mine, reset[1]) \
+                and mine != reset[1]:
+            refusal = FencedError(
+                f"sink {self.spec.sink_id}: source partition {self.source}: this task "
+                f"belongs to a run prepared against progress topic "
+                f"{self.spec.progress_topic!r} before it was deleted and created again "
+                f"(id {mine}, now {reset[1]}), and the sink's positions were deleted since "
+                "(txsink reset); it stops without writing. A run started after the reset "
+                "writes this source partition", sink_id=self.spec.sink_id)
         if refusal is not None:
             self.close()
             raise refusal
