@@ -90,3 +90,26 @@ def test_the_files_target_prunes_its_notes_with_its_epoch_markers(tmp_path: Path
     target._mark_epochs({0, 1, 2, 3})
     target._prune_markers(2)
     assert [target.epoch_source("s1", e) for e in range(4)] == [None, None] + ["c" * 32] * 2
+
+
+def test_a_versioned_data_source_write_in_a_stream_without_its_checkpoint_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The data source's driver side cannot ask Spark where the driving stream's
+    checkpoint is: without ``txnStreamCheckpoint`` a version Spark planned anew is
+    skipped by its number. Said once per sink, loudly, with the option to give."""
+    from txsink.spark.datasource import SinkSettings, TxsinkBatchWriter, TxsinkCommitMessage
+
+    opts = {"backend": "files", "path": str(tmp_path / "out"), "sink_id": "warned",
+            "txnAppId": "app", "txnVersion": "3",
+            "state_location": str(tmp_path / "state")}
+    writer = TxsinkBatchWriter.__new__(TxsinkBatchWriter)
+    writer.settings = SinkSettings.parse(opts)
+    in_stream = [TxsinkCommitMessage(b"", "q", batch_id=3)]
+    with caplog.at_level("WARNING"):
+        assert writer._source(in_stream) is None
+        assert writer._source(in_stream) is None
+    said = [r.getMessage() for r in caplog.records if "txnStreamCheckpoint" in r.getMessage()]
+    assert len(said) == 1 and "sink=warned" in said[0]
+    entry(tmp_path / "chk", 3, KAFKA)
+    writer.settings = SinkSettings.parse({**opts, "txnStreamCheckpoint": str(tmp_path / "chk")})
+    assert writer._source(in_stream) == batch_source(str(tmp_path / "chk"), 3)

@@ -258,6 +258,11 @@ def _write_id(opts: Mapping[str, str], sink_id: str) -> WriteId | None:
     return WriteId(app_id, number)
 
 
+#: Sinks already warned that their versioned writes in a stream's foreachBatch name no
+#: stream checkpoint (once per process).
+_UNCHECKED_WARNED: set[str] = set()
+
+
 class TxsinkCommitMessage(WriterCommitMessage):
     """Carries one serialized :class:`~txsink.model.Committable` from a task to the driver,
     with the id of the streaming query the task ran for and its micro-batch (None
@@ -721,9 +726,21 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
         ran for): a version committed before from another entry is a batch Spark planned
         anew, refused (:meth:`Gate.refuse_replanned`). None without the option: this
         process cannot ask Spark where the stream's checkpoint is."""
-        if self.settings.write is None or not self.settings.stream_checkpoint:
+        if self.settings.write is None:
             return None
-        return batch_source(self.settings.stream_checkpoint, driving_batch(messages))
+        batch = driving_batch(messages)
+        if not self.settings.stream_checkpoint:
+            if batch is not None and self.settings.sink_id not in _UNCHECKED_WARNED:
+                _UNCHECKED_WARNED.add(self.settings.sink_id)
+                log.warning("sink=%s: txnAppId/txnVersion writes in the foreachBatch of a "
+                            "stream, without option txnStreamCheckpoint: after the stream's "
+                            "checkpoint is restored from an older copy, a version Spark "
+                            "planned anew cannot be told from a replay and is skipped by its "
+                            "number (its newer records lost). Give txnStreamCheckpoint (the "
+                            "stream's checkpointLocation) to have it refused instead",
+                            self.settings.sink_id)
+            return None
+        return batch_source(self.settings.stream_checkpoint, batch)
 
     def _write_query(self, messages: Sequence[WriterCommitMessage | None]) -> str | None:
         """The stream driving this write: as its tasks report it (classic Spark runs a
