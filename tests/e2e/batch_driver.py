@@ -4,8 +4,10 @@ Modes (``spec["mode"]``):
 
 * ``save``: one ``df.write.format("txsink")`` of the JSON input, with ``options``.
 * ``threads``: two saves of two inputs from two threads of one SparkSession at once.
-* ``foreach``: a stream over the JSON input (one file per micro-batch) whose
-  ``foreachBatch`` batch-writes each micro-batch with ``txnAppId``/``txnVersion``.
+* ``foreach``: a stream over the JSON input (one file per micro-batch, or
+  ``max_files_per_trigger``) whose ``foreachBatch`` batch-writes each micro-batch with
+  ``txnAppId``/``txnVersion`` (and ``txnStreamCheckpoint`` when
+  ``name_stream_checkpoint``).
 
 Like :mod:`tests.e2e.spark_harness`, the driver runs in its own session so a fault
 kill (or a test failure) takes its JVM and Python workers with it.
@@ -93,9 +95,12 @@ def _drive(spec: Mapping[str, Any]) -> None:
                 .option("sink_id", spec["sink_id"]) \
                 .option("checkpointLocation", spec["state"]) \
                 .option("txnAppId", spec["app_id"]).option("txnVersion", batch_id) \
+                .options(**({"txnStreamCheckpoint": spec["checkpoint"]}
+                            if spec.get("name_stream_checkpoint") else {})) \
                 .options(**spec.get("options", {})).save()
 
-        query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+        query = (spark.readStream.schema(SCHEMA)
+                 .option("maxFilesPerTrigger", spec.get("max_files_per_trigger", 1))
                  .json(spec["input_dir"]).repartition(2).writeStream
                  .option("checkpointLocation", spec["checkpoint"])
                  .foreachBatch(write_batch).trigger(availableNow=True).start())

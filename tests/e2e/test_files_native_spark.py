@@ -153,3 +153,34 @@ def test_pipeline_file_with_a_files_sink_runs_on_spark_writer(tmp_path: Path) ->
     assert staged(tmp_path / "out") == [] and leftover_files(tmp_path / "out") == []
     cut = json.loads(txsink("cut", "--json", str(pipeline)))
     assert cut["cut"] == 2, cut
+
+
+@pytest.mark.promise("replanned-batch-refused", "native")
+@long_run
+def test_a_checkpoint_restored_from_an_older_copy_stops_instead_of_losing_rows(
+        spark: Any, tmp_path: Path) -> None:
+    """Spark's own offset log: a copy of the checkpoint (the state inside) taken after
+    two batches, two more batches, the copy put back. Spark plans batch 2 anew (a file
+    source's offset is an index into its own log, which went back with the copy: only
+    the entry's plan differs); taken for a replay by its number it would be skipped, and
+    the files that arrived since lost. Refused, nothing written; the newest copy put
+    back, the stream finishes exactly once."""
+    chk, out = tmp_path / "chk", tmp_path / "out"
+    make_input(tmp_path / "in", files=2, rows_per_file=100)
+    stream(spark, one_sink(tmp_path), tmp_path)
+    shutil.copytree(chk, tmp_path / "copy")
+    four = make_input(tmp_path / "in", files=4, rows_per_file=100)
+    stream(spark, one_sink(tmp_path), tmp_path)
+    shutil.copytree(chk, tmp_path / "newest")
+    shutil.rmtree(chk)
+    shutil.copytree(tmp_path / "copy", chk)
+    want = make_input(tmp_path / "in", files=5, rows_per_file=100)
+    with pytest.raises(Exception, match="planned micro-batch 2 anew"):
+        stream(spark, one_sink(tmp_path), tmp_path)
+    assert summarize(read_files_output(out)) == four
+    assert staged(out) == []
+    shutil.rmtree(chk)
+    shutil.copytree(tmp_path / "newest", chk)
+    stream(spark, one_sink(tmp_path), tmp_path)
+    assert summarize(read_files_output(out)) == want
+    assert leftover_files(out) == []

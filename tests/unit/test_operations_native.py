@@ -36,16 +36,8 @@ def native() -> Iterator[NativeModel]:
     model.teardown()
 
 
-_REPLANNED = ("gate and every target's epoch markers: a replay is recognised by its batch "
-              "number alone; a batch Spark planned anew after a checkpoint restored from an "
-              "older copy (other records under a number the targets, or a state kept beside, "
-              "hold) is skipped as a replay and its new records are lost (KNOWN 'replanned')")
-
-
 @pytest.mark.parametrize(("path", "inside"), [
-    pytest.param("native", True, marks=pytest.mark.xfail(strict=True, reason=_REPLANNED)),
-    pytest.param("native", False, marks=pytest.mark.xfail(strict=True, reason=_REPLANNED)),
-    pytest.param("grouped", False, marks=pytest.mark.xfail(strict=True, reason=_REPLANNED)),
+    ("native", True), ("native", False), ("grouped", False),
     # Grouped writes with version=batch_id on a state that went back with the checkpoint:
     # refused (the targets hold more epochs than the state knows), the newest checkpoint
     # is put back, and the stream goes on.
@@ -54,12 +46,15 @@ def test_a_batch_spark_plans_anew_after_a_restored_checkpoint_is_not_skipped(
         native: NativeModel, path: str, inside: bool) -> None:
     """Found by the model: batch 0 commits (record 0); a copy of the checkpoint is taken;
     batch 1 commits (record 1); the copy is restored. Spark's restored offset log ends at
-    batch 0, committed, so it plans batch 1 anew, over records 1-2; txsink takes it for
-    a replay of the batch 1 the state (kept beside) or the targets (the state inside went
-    back with the copy) hold, skips it, and record 2 is lost without an error. Spark's
-    planning: MicroBatchExecution.populateStartOffsets re-runs only the last batch of
-    the offset log the commit log lacks; later ones are constructed from the source's
-    latest offsets."""
+    batch 0, committed, so it plans batch 1 anew, over records 1-2; txsink took it for a
+    replay of the batch 1 the state (kept beside) or the targets (the state inside went
+    back with the copy) hold, skipped it, and record 2 was lost without an error.
+    Spark's planning: MicroBatchExecution.populateStartOffsets re-runs only the last
+    batch of the offset log the commit log lacks; later ones are constructed from the
+    source's latest offsets. Now the batch's offsets (Spark's offset log entry) are kept
+    with the epoch in the state and noted in the targets: other offsets under the same
+    number are refused naming the restored checkpoint, the model puts the newest copy
+    back, and every record is there once."""
     native.choose("files group", path, inside)
     native.stream(n=1, grow=1, kill=None, misplace=False)
     native.copy_checkpoint()
@@ -67,15 +62,35 @@ def test_a_batch_spark_plans_anew_after_a_restored_checkpoint_is_not_skipped(
     native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason=_REPLANNED)
+@pytest.mark.promise("replanned-batch-refused", "datasource")
 def test_a_batch_spark_plans_anew_on_the_data_source_is_not_skipped(
         native: NativeModel) -> None:
-    """The same on txsink's data source (files targets streamed through it)."""
+    """The same on txsink's data source (files targets streamed through it): refused at
+    the commit, its participants rolled back."""
     native.choose("files", "native", False)
     native.path = "datasource"
     native.stream(n=1, grow=1, kill=None, misplace=False)
     native.copy_checkpoint()
     native.stream(n=1, grow=1, kill=None, misplace=False)
+    native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
+
+
+@pytest.mark.promise("cleaned-history-restored-state-stops", "native")
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_checkpoint_restored_after_the_table_history_was_cleaned_names_the_newest_copy(
+        native: NativeModel, kind: str) -> None:
+    """Found by the model (400 sequences of every kind): batch 0 commits, a copy of the
+    checkpoint is taken (the state inside), batch 1 commits, the table's history is
+    cleaned (Delta log cleanup, Iceberg snapshot expiry), the copy is restored. The
+    restored state does not know epoch 1 and asks the table, whose history no longer
+    tells: refused, but the refusal's only way out was the retention to raise for next
+    time. It names the checkpoint's newest copy too, which knows the epoch: the model
+    puts it back, and every record is there once."""
+    native.choose(kind, "native", True)
+    native.restart()
+    native.copy_checkpoint()
+    native.restart()
+    native.maintain("expire", then=False)
     native.restore_checkpoint(_Draw(native.copies[0]))  # type: ignore[arg-type]
 
 

@@ -38,11 +38,7 @@ def test_a_recreated_source_topics_records_land_once_or_the_start_is_refused(
     rt.topic_recreated()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "txsink.realtime (issue 39 item 19): txsink reset fences the sessions that hold a "
-    "position, not a task of the dead driver that has not claimed yet; it claims after the "
-    "reset and stores its old batch's position over the new run's "
-    "(KNOWN 'zombie-after-start-over')"))
+@pytest.mark.promise("realtime-reset-fences-old-run", "realtime")
 def test_a_zombie_task_during_a_start_over_is_fenced(rt: RealtimeModel) -> None:
     """Found by the model (a group, one source partition): a batch's driver is killed
     while one task has not read its first record yet (it starts at offset 2; the targets
@@ -52,7 +48,10 @@ def test_a_zombie_task_during_a_start_over_is_fenced(rt: RealtimeModel) -> None:
     by the reset"). While the new run is under way (it committed offset 0), the dead
     driver's task goes on: nothing fenced it (it held no session), so it claims the source
     partition (fencing the new run), writes its record at offset 2 and stores position 2.
-    The new run fails, runs again, finds position 2 and skips offset 1: lost."""
+    The new run fails, runs again, finds position 2 and skips offset 1: lost. Now the
+    run's generation, drawn when the driver prepared the targets, is older than the one
+    the reset recorded: the task's claim is refused (FencedError) before it fences or
+    writes anything, and the new run lands every record once."""
     rt.choose("group", 1)
     rt.start_over(zombie_meanwhile=False)
     rt.start_over(zombie_meanwhile=False)

@@ -379,6 +379,23 @@ class Backend(abc.ABC):
         """
         return False
 
+    def note_epoch_source(self, sink_id: str, epoch: int,  # noqa: B027 - optional hook
+                          source: str) -> None:
+        """Keep ``source`` beside ``epoch``'s data, for :meth:`epoch_source`.
+
+        ``source`` is a digest of the source offsets of the micro-batch ``epoch`` holds.
+        Called on the driver before the epoch is decided, and again if it is decided
+        again; the last call wins. A state kept inside Spark's checkpoint goes back with
+        it when the checkpoint is restored from an older copy, and then only the target
+        can tell whether a batch Spark runs under a number it holds is a replay of it or
+        other records planned anew. Default: nothing (the target cannot tell).
+        """
+
+    def epoch_source(self, sink_id: str, epoch: int) -> str | None:
+        """What :meth:`note_epoch_source` kept for ``epoch``; None when nothing (or the
+        system keeps nothing). Default: None."""
+        return None
+
     def highest_epoch(self, sink_id: str) -> int | None:
         """The highest epoch of ``sink_id`` the target's own markers show committed.
 

@@ -12,8 +12,10 @@ four questions:
 * A micro-batch of a stream is (Spark's query id, batch id); its epoch is the state's
   ``stream_from`` + batch id, whichever path writes it (:meth:`Gate.start_stream`,
   :meth:`Gate.open_stream_batch`). A replaced checkpoint (a new query id) is refused
-  (:class:`~txsink.errors.CheckpointChangedError`); a restored one replays batches the
-  targets hold, which are skipped.
+  (:class:`~txsink.errors.CheckpointChangedError`); a restored one replays the batch
+  it logged last, which is skipped when the targets hold it, and plans the later ones
+  anew: a batch whose offset log entry is not the one its epoch was written from is
+  refused (:meth:`Gate.refuse_replanned`).
 * A batch write reserves a fresh epoch; one with an identity (``txnAppId`` /
   ``version``) committed before is skipped, but only when the same driver wrote it: the
   same streaming query, or no stream for both (:meth:`Gate.committed_before`).
@@ -54,7 +56,7 @@ from dataclasses import dataclass
 from txsink.backend import Backend
 from txsink.coordinator import Coordinator, EpochOutcome, record_prepared
 from txsink.coordinator.identity import STREAM, kept
-from txsink.errors import ConfigError, StateError
+from txsink.errors import CheckpointChangedError, ConfigError, StateError
 from txsink.group import TargetGroup, write_group
 from txsink.model import Committable
 from txsink.realtime.positions import SourcePartition, StoredPosition
@@ -100,7 +102,8 @@ class Gate:
         self.coordinator.start(recover=recover, query_id=query_id, stream=True)
 
     def open_stream_batch(self, batch_id: int, query_id: str | None, owner: str, *,
-                          legacy_app_id: str | None = None) -> Opened:
+                          legacy_app_id: str | None = None,
+                          source: str | None = None) -> Opened:
         """Open micro-batch ``batch_id`` of a stream whose targets are written by
         separate jobs (the native path): its epoch is reserved for it, or the batch is a
         replay and nothing of it is written.
@@ -109,6 +112,11 @@ class Gate:
         batches as versioned batch writes (reserved epochs, version = batch id); a batch
         whose version it committed is a replay of it. Versions no stream drove (batch
         jobs' ``version=N``, a backfill) are no stream's batches: the stream goes on.
+
+        ``source``: the digest of the batch's offsets in Spark's offset log
+        (:func:`txsink.spark.queries.batch_source`), when known: a batch whose number
+        the state or the targets hold with other offsets is refused, never skipped
+        (:meth:`refuse_replanned`).
         """
         c = self.coordinator
         replayed = None
@@ -138,6 +146,7 @@ class Gate:
                 "the batch is not taken for a replay of it. Nothing of it was written. "
                 "Write batch jobs and the stream under separate sink_ids and checkpoints",
                 sink_id=self.sink_id, epoch=epoch)
+        self.refuse_replanned(epoch, batch_id, source, record)
         if record is not None and record.state is EpochState.COMMITTED:
             return Opened(epoch, "committed before (Spark replays a batch it did not log)")
         if record is not None and record.state is EpochState.DECIDED:
@@ -157,7 +166,7 @@ class Gate:
                                  "not know it (the checkpoint was restored from an older "
                                  "copy)")
         reservation = EpochRecord(epoch, EpochState.RESERVED, (), time.time(), owner=owner,
-                                  origin=STREAM, query_id=query_id)
+                                  origin=STREAM, query_id=query_id, source=source)
         if not c.store.put_new(c.lease, reservation):
             raise StateError(f"sink={self.sink_id} epoch={epoch}: micro-batch {batch_id} is "
                              "being written by another run at the same time; two runs of "
@@ -185,6 +194,49 @@ class Gate:
             "(restored from a backup?) and lost this epoch's decision while it was being "
             "committed. Nothing was written. Restore the newest state: its next start "
             "finishes the epoch in every target", sink_id=self.sink_id, epoch=epoch)
+
+    def refuse_replanned(self, epoch: int, batch_id: int, source: str | None,
+                         record: EpochRecord | None) -> None:
+        """Refuse micro-batch ``batch_id`` (epoch ``epoch``) when the epoch was written
+        from another offset log entry than ``source``'s: Spark planned it anew after its
+        checkpoint was restored from an older copy, over the records that arrived since,
+        not those the targets hold under that number. Skipped as a replay, the records
+        beyond the old batch would be lost; written, those of the old batch would be there
+        twice.
+
+        What the epoch was written from: its state record's, else (a state that went
+        back with the checkpoint, or pruned the record) the targets' note, asked only
+        of targets that hold the epoch. Unknown on either side (a checkpoint txsink
+        cannot read, an epoch an older release wrote, a target that keeps no note): not
+        refused, the batch number decides as before."""
+        if source is None:
+            return
+        c = self.coordinator
+        known: str | None = None
+        where = f"the txsink state at {c.store.location}"
+        if record is not None and record.state in (EpochState.COMMITTED,
+                                                   EpochState.DECIDED):
+            known = record.source
+        elif record is None or record.state is EpochState.RESERVED:
+            # The note first: most targets keep none, and holds_epoch may cost a query.
+            note = c.backend.epoch_source(c.sink_id, epoch)
+            if note is not None and note != source and c.backend.holds_epoch(c.sink_id,
+                                                                             epoch):
+                known, where = note, "the targets"
+        if known is None or known == source:
+            return
+        raise CheckpointChangedError(
+            f"sink={self.sink_id} epoch={epoch}: Spark planned micro-batch {batch_id} anew: "
+            f"its offset log entry is not the one of the batch {batch_id} that {where} "
+            f"hold(s) as epoch {epoch}. The checkpoint was restored from an older copy, and "
+            "Spark plans the batches after that copy over the records that arrived since. "
+            "Skipped as a replay, records beyond the old batch would be lost; written, the "
+            "old batch's records would be there twice. Nothing of it was written. Restore "
+            "the checkpoint's newest copy (the one the targets were written with), and the "
+            "stream goes on from there exactly once; if it is lost, start the query on a "
+            "new checkpoint and sink_id whose starting offsets follow the last records the "
+            "targets hold",
+            sink_id=self.sink_id, epoch=epoch)
 
     # -- identity: batch writes -------------------------------------------------------------
 
@@ -254,29 +306,48 @@ class Gate:
             f"stopped {STREAM_QUIET_S / 60:.0f} minutes after its last batch), or under "
             "its own sink_id and state_location", sink_id=self.sink_id)
 
-    def committed_before(self, write: WriteId | None, query_id: str | None) -> bool:
+    def committed_before(self, write: WriteId | None, query_id: str | None, *,
+                         source: str | None = None) -> bool:
         """Whether ``write`` was committed before and is skipped.
 
         Only by the same driver: versions of one app id written by another streaming
         query (a deleted or replaced checkpoint numbers batches from 0 again), or by batch
-        jobs when a stream drives this one, are refused, never taken for replays."""
+        jobs when a stream drives this one, are refused, never taken for replays; so is
+        a version committed from other offsets than ``source``'s, the driving micro-batch's
+        (:meth:`refuse_replanned`)."""
         if write is None:
             return False
         c = self.coordinator
         if c.committed_write(write) is None:
             return False
         c.check_write_query(dataclasses.replace(write, query_id=query_id))
+        self._refuse_replanned_write(write, source)
         return True
+
+    def _refuse_replanned_write(self, write: WriteId, source: str | None) -> None:
+        """Refuse a committed ``write`` Spark drives again from another offset log entry
+        than the one its version was written from."""
+        if source is None:
+            return
+        done = next((r for r in self.coordinator.store.records().values()
+                     if r.write is not None and r.write.app_id == write.app_id
+                     and r.write.version == write.version
+                     and r.state is not EpochState.RESERVED), None)
+        if done is not None:
+            self.refuse_replanned(done.epoch, write.version, source, done)
 
     def open_write(self, write: WriteId | None, query_id: str | None, *,
                    query_known: bool = True,
-                   holder_alive: Callable[[str], bool | None] | None = None) -> Opened:
+                   holder_alive: Callable[[str], bool | None] | None = None,
+                   source: str | None = None) -> Opened:
         """Open a batch write: skipped when its identity was committed before by the same
         driver, else a fresh epoch reserved for it.
 
         ``query_known``: whether ``query_id`` says which stream drives the write (the data
         source learns it only from its tasks: its skip is confirmed at commit,
-        :meth:`committed_before`)."""
+        :meth:`committed_before`). ``source``: the digest of the driving micro-batch's
+        offsets, when known: a version committed from other offsets is refused, not
+        skipped (:meth:`refuse_replanned`)."""
         c = self.coordinator
         if write is not None and query_known:
             # Another writer's versions of this app id: refused before the lease is
@@ -289,6 +360,7 @@ class Gate:
         if write is not None and c.committed_write(write) is not None:
             if query_known:
                 c.check_write_query(dataclasses.replace(write, query_id=query_id))
+            self._refuse_replanned_write(write, source)
             log.warning("sink=%s: write %s is already committed; skipping it, nothing is "
                         "written", self.sink_id, write)
             return Opened(-1, "committed already")
@@ -376,10 +448,32 @@ class Gate:
     # -- the decision -------------------------------------------------------------------------
 
     def decide(self, epoch: int, committables: Sequence[Committable | None], *,
-               write_query: str | None = None) -> EpochOutcome:
+               write_query: str | None = None, source: str | None = None,
+               batch_id: int | None = None) -> EpochOutcome:
         """Decide and commit ``epoch`` (the coordinator's decision: validates every
-        participant, recognises replays, then the durable decision record)."""
-        return self.coordinator.commit_epoch(epoch, committables, write_query=write_query)
+        participant, recognises replays, then the durable decision record).
+
+        ``source``: the digest of the micro-batch's offsets (``batch_id``), kept in the
+        decision and noted in the targets. A write that reserved no epoch (the data
+        source's micro-batch, whose replay finds the epoch decided or committed) is
+        checked here against what the epoch was written from
+        (:meth:`refuse_replanned`); refused, its participants are rolled back. A
+        reserved one was checked when it opened."""
+        c = self.coordinator
+        if source is not None:
+            record = c.store.get(epoch)
+            if record is None or record.state is not EpochState.RESERVED:
+                try:
+                    self.refuse_replanned(epoch, epoch if batch_id is None else batch_id,
+                                          source, record)
+                except CheckpointChangedError:
+                    for p in committables:
+                        if p is not None:
+                            c.backend.abort(p)
+                    raise
+            if record is None or record.state is EpochState.RESERVED:
+                c.backend.note_epoch_source(c.sink_id, epoch, source)
+        return c.commit_epoch(epoch, committables, write_query=write_query, source=source)
 
     def reserved(self, epoch: int) -> EpochRecord:
         """The reservation of ``epoch`` with what was recorded in it, or a refusal."""

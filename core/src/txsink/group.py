@@ -295,6 +295,18 @@ class TargetGroup(Backend):
 
         self._each(list(self.members), one)
 
+    def note_epoch_source(self, sink_id: str, epoch: int, source: str) -> None:
+        self._each(list(self.members),
+                   lambda m: m.backend.note_epoch_source(m.sink_id, epoch, source))
+
+    def epoch_source(self, sink_id: str, epoch: int) -> str | None:
+        """The first target's note that differs from the others, else the common one:
+        one target that tells is enough (notes are written together)."""
+        notes = [n for n in self._each(list(self.members),
+                                       lambda m: m.backend.epoch_source(m.sink_id, epoch))
+                 if n is not None]
+        return next((n for n in notes if n != notes[0]), notes[0] if notes else None)
+
     def holds_epoch(self, sink_id: str, epoch: int) -> bool:
         """Any target shows ``epoch``: a target shows nothing without a decision."""
         return any(self.held_by(epoch).values())

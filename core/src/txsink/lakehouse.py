@@ -51,7 +51,12 @@ from txsink.errors import (
     SinkOwnedError,
     StateError,
 )
-from txsink.model import Committable, TransactionContext, parse_participant
+from txsink.model import (
+    SOURCE_DIGEST_LENGTH,
+    Committable,
+    TransactionContext,
+    parse_participant,
+)
 from txsink.objectstore import S3Access, is_s3, split_uri, unreachable
 
 log = logging.getLogger(__name__)
@@ -59,6 +64,8 @@ log = logging.getLogger(__name__)
 #: The folder under a table's data root that holds every file txsink writes there.
 DATA_FOLDER = "txsink"
 COMMITTED_MARKER = "_committed.json"
+#: In an epoch's folder: the digest of the source offsets of the micro-batch it holds.
+SOURCE_NOTE = "_source"
 #: Which txsink state owns a sink id in this table (``txsink/<sink id>/_owner.json``).
 OWNER_FILE = "_owner.json"
 #: Row groups are buffered up to this many bytes (Spark's own writer buffers 128 MiB;
@@ -407,8 +414,11 @@ class TableBackend(Backend):
         second time either; ``remedy``: what keeps the history long enough."""
         again = ", and does not add it a second time" if not_again else ""
         return StateError(f"sink={sink_id} epoch={epoch}: {why}: txsink cannot tell whether "
-                          f"that epoch is in the table{again}. {remedy}",
-                          sink_id=sink_id, epoch=epoch)
+                          f"that epoch is in the table{again}. The table is asked only for "
+                          "epochs the txsink state does not know: if the state, or the "
+                          "checkpoint holding it, was restored from an older copy, restore "
+                          "the checkpoint's newest copy (or the newest state), which knows "
+                          f"it. {remedy}", sink_id=sink_id, epoch=epoch)
 
     # -- the location -------------------------------------------------------------------
 
@@ -807,6 +817,26 @@ class TableBackend(Backend):
             fs.create_dir(folder, recursive=True)
         with fs.open_output_stream(f"{folder}/{COMMITTED_MARKER}") as out:
             out.write(json.dumps(held, sort_keys=True).encode())
+
+    def note_epoch_source(self, sink_id: str, epoch: int, source: str) -> None:
+        fs, _ = self._fs()
+        folder = self.absolute(self.epoch_folder(sink_id, epoch))
+        if self._local():
+            fs.create_dir(folder, recursive=True)
+        with fs.open_output_stream(f"{folder}/{SOURCE_NOTE}") as out:
+            out.write(source.encode())
+
+    def epoch_source(self, sink_id: str, epoch: int) -> str | None:
+        """The note, or None: absent (an orphan-file removal may delete it), or torn
+        by a crash while it was written (a digest has one length)."""
+        fs, _ = self._fs()
+        try:
+            with fs.open_input_stream(
+                    f"{self.absolute(self.epoch_folder(sink_id, epoch))}/{SOURCE_NOTE}") as f:
+                note = f.read().decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return None
+        return note if len(note) == SOURCE_DIGEST_LENGTH else None
 
     def is_committed(self, committable: Committable) -> bool | None:
         held = self.table_epoch(committable.sink_id, committable.epoch) or {}

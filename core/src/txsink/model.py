@@ -9,6 +9,7 @@ one decided before it crashed.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import re
 import time
@@ -272,3 +273,13 @@ class RecoveryReport:
 
     def __bool__(self) -> bool:
         return bool(self.recommitted_epochs or self.aborted_orphans)
+
+
+#: Length of a micro-batch's source digest (:func:`source_digest`).
+SOURCE_DIGEST_LENGTH = 32
+
+
+def source_digest(offsets: str) -> str:
+    """The digest of a micro-batch's offset log entry (without its version line): what
+    tells a replay of a batch from a batch planned anew under the same number."""
+    return hashlib.sha256(offsets.encode()).hexdigest()[:SOURCE_DIGEST_LENGTH]

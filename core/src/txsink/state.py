@@ -113,6 +113,10 @@ class EpochRecord:
     #: The streaming query whose micro-batch this epoch is (``origin`` ``stream``), when
     #: known.
     query_id: str | None = None
+    #: A digest of the source offsets Spark logged for the micro-batch this epoch holds
+    #: (:func:`txsink.spark.queries.batch_source`), when known: a batch Spark runs again
+    #: under the same number is a replay only when its offsets are these.
+    source: str | None = None
 
     @property
     def participants(self) -> frozenset[str]:
@@ -125,7 +129,8 @@ class EpochRecord:
     def committed(self, at: float | None = None) -> EpochRecord:
         return EpochRecord(self.epoch, EpochState.COMMITTED, self.committables,
                            self.decided_at, time.time() if at is None else at, self.write,
-                           salvaged=self.salvaged, origin=self.origin, query_id=self.query_id)
+                           salvaged=self.salvaged, origin=self.origin, query_id=self.query_id,
+                           source=self.source)
 
     def with_replacements(self, replacements: Mapping[str, Committable]) -> EpochRecord:
         """This decision with each participant named in ``replacements`` (original name
@@ -155,6 +160,8 @@ class EpochRecord:
             data["origin"] = self.origin
         if self.query_id is not None:
             data["query_id"] = self.query_id
+        if self.source is not None:
+            data["source"] = self.source
         return data
 
     @classmethod
@@ -174,6 +181,7 @@ class EpochRecord:
                 salvaged=tuple((str(r), str(o)) for r, o in data.get("salvaged", ())),
                 origin=None if data.get("origin") is None else str(data["origin"]),
                 query_id=None if data.get("query_id") is None else str(data["query_id"]),
+                source=None if data.get("source") is None else str(data["source"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state record: {exc}") from exc

@@ -6,12 +6,14 @@ txsink stream into the same table. The oracle: every row of each writer once."""
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from txsink.targets import target_sink_id
+from txsink_delta.backend import txn_app_id
 
 from tests.e2e.interop.conftest import Lake
 from tests.e2e.interop.harness import (
@@ -24,14 +26,6 @@ from tests.e2e.interop.harness import (
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-TXN_APP_ID_SHARED = (
-    "Delta's txn action is keyed by appId alone, and txsink's appId is the bare sink id: "
-    "a Spark job that starts writing the table with txnAppId equal to the sink id after "
-    "txsink committed has every write whose txnVersion is at or below txsink's epoch "
-    "skipped by Delta, silently (txsink never sees those writes to refuse them). Needs an "
-    "appId of txsink's own, reading the bare one of tables written before")
-
 
 def _spark_job(lake: Lake, table: Path, app_id: str, versions: range) -> list[Any]:
     """Spark's own idempotent writes: ten rows per version, negative ids."""
@@ -46,36 +40,64 @@ def _spark_job(lake: Lake, table: Path, app_id: str, versions: range) -> list[An
     return rows
 
 
-@pytest.mark.xfail(strict=True, reason=TXN_APP_ID_SHARED)
+def _sink_id(path_kind: str) -> str:
+    """The sink id txsink's Delta target goes by on ``path_kind`` for sink "s"."""
+    return target_sink_id("s", "t") if path_kind == "native" else "s"
+
+
 @pytest.mark.parametrize("path_kind", ["datasource", "native"])
 def test_delta_spark_job_after_txsink_with_the_sink_id_as_txn_app_id(
         lake: Lake, tmp_path: Path, path_kind: str) -> None:
+    """A job whose txnAppId is the sink id starts writing after txsink committed
+    (before the fix Delta skipped its versions 0 to 3: txsink's txn had that app id, at
+    its epoch 3), and txsink goes on after it: every row of both once."""
     table = tmp_path / "t"
-    app_id = target_sink_id("s", "t") if path_kind == "native" else "s"
     want = write_input(tmp_path / "in", 0, 3)
     stream(lake.spark, path_kind, "delta", {"path": str(table)}, tmp_path / "in",
            tmp_path / "chk", "s")
-    want += _spark_job(lake, table, app_id, range(4))
+    want += _spark_job(lake, table, _sink_id(path_kind), range(4))
+    want += write_input(tmp_path / "in", 3, 2)
+    stream(lake.spark, path_kind, "delta", {"path": str(table)}, tmp_path / "in",
+           tmp_path / "chk", "s")
+    assert delta_rs_rows(table) == as_rows(lake.spark.read.format("delta").load(
+        str(table)).collect()) == sorted(want)
+    lake.outcomes.append(f"delta | a Spark job's txnAppId equal to the sink id, after "
+                         f"txsink | {path_kind} | exact")
+
+
+@pytest.mark.parametrize("path_kind", ["datasource", "native"])
+def test_delta_txsink_after_a_spark_job_whose_txn_app_id_is_the_sink_id(
+        lake: Lake, tmp_path: Path, path_kind: str) -> None:
+    """The job wrote first (before the fix txsink refused the table), then both go on:
+    the job's next versions are not skipped, txsink's epochs are not the job's."""
+    table = tmp_path / "t"
+    want = _spark_job(lake, table, _sink_id(path_kind), range(6))
+    want += write_input(tmp_path / "in", 0, 3)
+    stream(lake.spark, path_kind, "delta", {"path": str(table)}, tmp_path / "in",
+           tmp_path / "chk", "s")
+    want += _spark_job(lake, table, _sink_id(path_kind), range(6, 8))
     assert delta_rs_rows(table) == sorted(want)
+    lake.outcomes.append(f"delta | a Spark job's txnAppId equal to the sink id, before "
+                         f"txsink | {path_kind} | exact")
 
 
 @pytest.mark.promise("delta-foreign-txn-refused", "backend")
 @pytest.mark.parametrize("path_kind", ["datasource", "native"])
-def test_delta_txsink_after_a_spark_job_whose_txn_app_id_is_the_sink_id(
+def test_delta_txsink_after_a_spark_job_whose_txn_app_id_is_txsinks(
         lake: Lake, tmp_path: Path, path_kind: str) -> None:
-    """Refused before anything is written, naming the app id (before the fix txsink took
-    the job's versions 0-5 for epochs of its own, numbered its stream's epochs after
-    them, and the job's next versions were skipped by Delta)."""
+    """A job that took txsink's own app id (``txsink:<sink id>``) wrote first: refused
+    before anything is written, naming the app id."""
     table = tmp_path / "t"
-    app_id = target_sink_id("s", "t") if path_kind == "native" else "s"
+    app_id = txn_app_id(_sink_id(path_kind))
     theirs = _spark_job(lake, table, app_id, range(6))
     write_input(tmp_path / "in", 0, 3)
-    with pytest.raises(Exception, match="txnAppId"):
+    with pytest.raises(Exception, match=re.escape(repr(app_id))):
         stream(lake.spark, path_kind, "delta", {"path": str(table)}, tmp_path / "in",
                tmp_path / "chk", "s")
     assert delta_rs_rows(table) == sorted(theirs)
-    lake.outcomes.append(f"delta | a Spark job's txnAppId equal to the sink id, before "
-                         f"txsink | {path_kind} | refused, naming it")
+    lake.outcomes.append(f"delta | a Spark job's txnAppId equal to txsink's "
+                         f"(txsink:<sink id>), before txsink | {path_kind} | refused, "
+                         "naming it")
 
 
 def _concurrently(here: Any, there: Any) -> None:

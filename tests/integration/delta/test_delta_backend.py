@@ -62,7 +62,7 @@ def test_an_epoch_of_many_participants_is_one_log_entry_with_the_txn(
     entries = [e for e in delta_log(table) if e.get("txsink.sink") == "orders"]
     assert [e["txsink.epoch"] for e in entries] == ["0", "1", "2"]
     assert [t["version"] for t in txn_actions(table)] == [0, 1, 2]
-    assert {t["appId"] for t in txn_actions(table)} == {"orders"}
+    assert {t["appId"] for t in txn_actions(table)} == {"txsink:orders"}
     assert table_ids(DeltaBackend(str(table))) == sorted(
         e * 1000 + i for e in range(3) for i in range(800))
     assert backend.highest_epoch("orders") == 2

@@ -13,6 +13,7 @@ id, was used to skip records.
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 import time
 import uuid
@@ -264,13 +265,67 @@ def test_a_zombie_writer_is_fenced_by_the_claim_after_its_positions_were_deleted
     assert spec.delete_positions() == [
         f"{SRC}: offset 4 (tombstone in {spec.progress_topic})"]
     assert spec.stored_positions() == {}
-    fresh = write(spec, range(100, 103))
+    # The next run: a new driver prepares the target again (its own generation).
+    fresh = write(make_spec(kafka_broker, topic, spec.progress_topic, spec.sink_id),
+                  range(100, 103))
     assert fresh.stats.written == 3
     with pytest.raises(FencedError):
         zombie.add(SRC, 5, {"value": "5"})
     zombie.close(RuntimeError("task killed"))
     assert values(kafka_broker, topic) == [*range(5), 100, 101, 102]
     assert spec.stored_positions() == {SRC: 102}
+
+
+@pytest.mark.promise("realtime-reset-fences-old-run", "realtime")
+def test_a_task_of_the_old_run_claiming_after_a_reset_is_refused_and_writes_nothing(
+        kafka_broker: Broker, topic: str) -> None:
+    """docs/realtime.md's start-over while a task of the dead driver that had not claimed
+    its source partition yet still runs (it holds no producer a reset could fence): once
+    it claimed after the reset, fencing the new run, and committed its old batch's
+    position over the new run's, which then skipped its records below it. Now its run
+    (the progress partition's end when its driver prepared the target) is not past the
+    reset record: the claim is refused before its init_transactions, fences nothing and
+    writes nothing."""
+    name = progress()
+    old = make_spec(kafka_broker, topic, name)
+    first = PositionWriter(old, commit_interval_s=0.0)
+    for off in range(2):
+        first.add(SRC, off, {"value": str(100 + off)})
+    # The old run's task of the next batch, shipped to its executor, not claimed yet.
+    zombie = PositionWriter(pickle.loads(pickle.dumps(old)), commit_interval_s=0.0)
+    assert old.delete_positions() == [f"{SRC}: offset 1 (tombstone in {name})"]
+    first.close(RuntimeError("driver killed"))
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:  # the target emptied: the output topic deleted and created again
+        try:
+            kt.create_topic(kafka_broker.bootstrap, topic)
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    new = make_spec(kafka_broker, topic, name, old.sink_id)
+    assert old.run is not None and new.run is not None and new.run > old.run
+    fresh = PositionWriter(new, commit_interval_s=0.0)
+    fresh.add(SRC, 0, {"value": "0"})
+    with pytest.raises(FencedError, match=r"started before the sink's positions were "
+                                          r"deleted \(txsink reset"):
+        zombie.add(SRC, 2, {"value": "102"})
+    zombie.close(RuntimeError("task failed"))
+    for off in range(1, 4):  # the new run's producer was not fenced by the refused claim
+        fresh.add(SRC, off, {"value": str(off)})
+    fresh.close()
+    assert values(kafka_broker, topic) == list(range(4))
+    # The reset record is no position: status and the checks before a start skip it.
+    assert new.stored_positions() == {SRC: 3}
+    # Every source partition: a task of the old run on another one is refused too.
+    late = PositionWriter(pickle.loads(pickle.dumps(old)), commit_interval_s=0.0)
+    with pytest.raises(FencedError, match="this task belongs to a run"):
+        late.add(SourcePartition("orders", 1), 0, {"value": "200"})
+    late.close(RuntimeError("task failed"))
+    assert values(kafka_broker, topic) == list(range(4))
+    assert new.stored_positions() == {SRC: 3}
 
 
 @pytest.mark.promise("realtime-deleted-position-is-no-position", "realtime")
@@ -372,7 +427,8 @@ def test_the_start_over_runbook_with_txsink_reset_lands_every_record_once(
             time.sleep(0.5)
     assert main(["status", str(file)]) == 0
     assert "no position stored yet" in capsys.readouterr().out
-    again = write(spec, range(10))  # the next run, from the earliest offsets
+    # the next run (a driver that prepares the target again), from the earliest offsets
+    again = write(make_spec(kafka_broker, topic, name, spec.sink_id), range(10))
     assert again.stats.written == 10 and again.stats.skipped == 0
     assert values(kafka_broker, topic) == list(range(10))
     assert main(["status", str(file)]) == 0
@@ -418,3 +474,50 @@ def test_a_progress_topic_deleted_and_recreated_is_no_position_for_a_warm_reader
     w = write(again, range(5))
     assert (w.stats.written, w.stats.skipped) == (5, 0)
     assert again.stored()[SRC].offset == 4
+
+
+@pytest.mark.promise("realtime-reset-fences-old-run", "realtime")
+def test_a_task_of_a_run_before_the_progress_topic_was_recreated_is_refused_after_a_reset(
+        kafka_broker: Broker, topic: str) -> None:
+    """The start-over by hand and by the runbook together: the progress topic deleted
+    (every position gone), then ``txsink reset``, while a task of the dead driver that
+    had not claimed yet still runs. The reset must fence it as docs/realtime.md says."""
+    name = progress()
+    old = make_spec(kafka_broker, topic, name)
+    first = PositionWriter(old, commit_interval_s=0.0)
+    for off in range(20):  # the old run's markers: its progress log grows
+        first.add(SRC, off, {"value": str(100 + off)})
+    first.close(RuntimeError("driver killed"))
+    # A later run of the old pipeline, prepared at the log's end, its task not claimed.
+    old = make_spec(kafka_broker, topic, name, old.sink_id)
+    zombie = PositionWriter(pickle.loads(pickle.dumps(old)), commit_interval_s=0.0)
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for t in (name, topic):  # positions and output gone: the topics deleted
+        admin.delete_topics([t])[t].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            kt.create_topic(kafka_broker.bootstrap, topic)
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    while True:  # the progress topic made again by the next driver's prepare
+        try:
+            new = make_spec(kafka_broker, topic, name, old.sink_id)
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    new.delete_positions()  # txsink reset, as the runbook says
+    new = make_spec(kafka_broker, topic, name, old.sink_id)
+    fresh = PositionWriter(new, commit_interval_s=0.0)
+    fresh.add(SRC, 0, {"value": "0"})
+    with pytest.raises(FencedError, match="before it was deleted and created again"):
+        zombie.add(SRC, 20, {"value": "120"})
+    zombie.close(RuntimeError("task failed"))
+    for off in range(1, 4):
+        fresh.add(SRC, off, {"value": str(off)})
+    fresh.close()
+    assert values(kafka_broker, topic) == list(range(4))
+    assert new.stored_positions() == {SRC: 3}

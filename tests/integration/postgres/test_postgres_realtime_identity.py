@@ -11,6 +11,7 @@ skip the new topic's records.
 from __future__ import annotations
 
 import json
+import pickle
 import uuid
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,8 @@ def test_a_zombie_writer_stays_fenced_after_its_positions_are_deleted_to_start_o
     if delete == "delete_positions":
         assert target.delete_positions() == [
             f"{SRC}: offset 104 (row deleted from public.txsink_progress)"]
-    fresh = PositionWriter(target, commit_interval_s=0.0)
+    # The next run: a new driver prepares the target again (its own generation).
+    fresh = PositionWriter(spec(pg_server, table_name, sink), commit_interval_s=0.0)
     for off in range(0, 3):
         fresh.add(SRC, off, row(off, "new"))
     with pytest.raises(FencedError, match="claimed by a newer writer"):
@@ -74,6 +76,52 @@ def test_a_zombie_writer_stays_fenced_after_its_positions_are_deleted_to_start_o
     fresh.close()
     assert ids(pg_server, table_name) == list(range(6))
     assert target.stored_positions() == {SRC: 5}
+
+
+@pytest.mark.promise("realtime-reset-fences-old-run", "realtime")
+def test_a_task_of_the_old_run_claiming_after_a_reset_is_refused_and_writes_nothing(
+        pg_server: PgServer, table_name: str) -> None:
+    """docs/realtime.md's start-over while a task of the dead driver that had not claimed
+    its source partition yet still runs (it holds no row a reset could delete): once it
+    claimed after the reset, fencing the new run, and stored its old batch's position
+    over the new run's, which then skipped its records below it. Now its run's
+    generation (drawn when its driver prepared the target) is older than the reset's:
+    the claim is refused, takes no generation and writes nothing."""
+    sink = f"rt-{uuid.uuid4().hex[:8]}"
+    old = spec(pg_server, table_name, sink)
+    first = PositionWriter(old, commit_interval_s=0.0)
+    for off in range(2):
+        first.add(SRC, off, row(off, "old"))
+    # The old run's task of the next batch, shipped to its executor, not claimed yet.
+    zombie = PositionWriter(pickle.loads(pickle.dumps(old)), commit_interval_s=0.0)
+    assert old.delete_positions() == [
+        f"{SRC}: offset 1 (row deleted from public.txsink_progress)"]
+    first.close(RuntimeError("driver killed"))
+    with pg_server.connect() as conn:
+        conn.execute(f"TRUNCATE {table_name}")
+    new = spec(pg_server, table_name, sink)
+    assert old.run is not None and new.run is not None and new.run > old.run
+    fresh = PositionWriter(new, commit_interval_s=0.0)
+    fresh.add(SRC, 0, row(0, "new"))
+    with pytest.raises(FencedError, match=r"started before the sink's positions were "
+                                          r"deleted \(txsink reset"):
+        zombie.add(SRC, 2, row(2, "zombie"))
+    zombie.close(RuntimeError("task failed"))
+    for off in range(1, 4):  # the new run was not fenced by the refused claim
+        fresh.add(SRC, off, row(off, "new"))
+    fresh.close()
+    assert ids(pg_server, table_name) == list(range(4))
+    with pg_server.connect() as conn:
+        assert {r[0] for r in conn.execute(f"SELECT name FROM {table_name}")} == {"new"}
+    # The reset row is no position: status and the checks before a start skip it.
+    assert new.stored_positions() == {SRC: 3}
+    # Another reset (only another topic's positions) fences the run before it too.
+    new.delete_positions(["audit"])
+    late = PositionWriter(pickle.loads(pickle.dumps(new)), commit_interval_s=0.0)
+    with pytest.raises(FencedError, match="this task belongs to a run"):
+        late.add(SourcePartition("audit", 0), 0, row(9, "late"))
+    late.close(RuntimeError("task failed"))
+    assert ids(pg_server, table_name) == list(range(4))
 
 
 def test_generations_of_an_older_progress_table_are_carried_into_the_sequence(
@@ -147,7 +195,7 @@ def test_a_position_of_a_recreated_source_topic_is_refused_at_the_claim(
     assert ids(pg_server, table_name) == list(range(10))
     # The way out: delete that topic's positions; the new topic's records then land.
     assert len(target.delete_positions(["orders"])) == 1
-    fresh = PositionWriter(target, commit_interval_s=0.0)
+    fresh = PositionWriter(spec(pg_server, table_name, sink), commit_interval_s=0.0)
     for off in range(3):
         fresh.add(SourcePartition("orders", 3, "id-after"), off, row(100 + off))
     fresh.close()
@@ -203,7 +251,7 @@ def test_the_start_over_runbook_with_txsink_reset_lands_every_row_once(
     with pg_server.connect() as conn:  # then empty the target (here: that topic's rows)
         conn.execute(f"DELETE FROM {table_name} WHERE id < 99")
     assert target.stored_positions() == {SourcePartition("audit", 0): 3}
-    again = PositionWriter(target, commit_interval_s=0.0)
+    again = PositionWriter(spec(pg_server, table_name, sink), commit_interval_s=0.0)
     for off in range(10):
         again.add(SRC, off, row(off))
     again.add(SourcePartition("audit", 0), 3, row(99))  # held: skipped

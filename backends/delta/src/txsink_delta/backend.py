@@ -3,11 +3,12 @@
 Writers put Parquet files into the table's directory (invisible: no log entry names
 them); the driver commits an epoch as ONE log entry (delta-rs
 ``create_write_transaction``) holding every participant's add actions, the ``txn``
-action ``appId = sink id, version = epoch`` (what Spark's ``txnAppId``/``txnVersion``
-write) and, in its commit info, which participant directories it names. Before each
-commit the log is read: an epoch it already names is not added again, so a commit
-whose outcome was unknown is finished, never doubled. delta-rs 1.6 accepts a second
-commit with the same ``txn`` version, so this check is txsink's own.
+action ``appId = txsink:<sink id>, version = epoch`` (what Spark's
+``txnAppId``/``txnVersion`` write; :func:`txn_app_id`) and, in its commit info, which
+participant directories it names. Before each commit the log is read: an epoch it
+already names is not added again, so a commit whose outcome was unknown is finished,
+never doubled. delta-rs 1.6 accepts a second commit with the same ``txn`` version, so
+this check is txsink's own.
 
 txsink appends whole files and reads no row: a table whose protocol asks more of a
 writer (row tracking, identity columns, column mapping, ...), a partitioned table, one
@@ -103,6 +104,20 @@ FEATURE_NEEDS = {
     "allowColumnDefaults": "column defaults applied to each row",
 }
 
+#: What txsink's ``txn`` app id starts with (:func:`txn_app_id`).
+TXN_APP_PREFIX = "txsink:"
+
+
+def txn_app_id(sink_id: str) -> str:
+    """The app id of txsink's ``txn`` action for ``sink_id``: ``txsink:<sink id>``.
+
+    Delta keys a ``txn`` by app id alone, and a Spark job's ``txnAppId`` is a name its
+    team picks, often the pipeline's, so the sink id itself is a likely one: under it
+    the job's versions and txsink's epochs would hide each other (Delta skipping the
+    job's writes, silently). Releases before this one used the bare sink id; tables
+    they wrote are read on by :meth:`DeltaBackend._txn_version`."""
+    return TXN_APP_PREFIX + sink_id
+
 
 class DeltaBackend(TableBackend):
     """A Delta table on local disk or on S3 (``path``)."""
@@ -189,14 +204,16 @@ class DeltaBackend(TableBackend):
         self._refuse_replaced(sink_id, table)
 
     def _refuse_foreign_txn(self, sink_id: str, table: Any) -> None:
-        """Refuse a table whose ``txn`` action of app id ``sink_id`` no txsink commit wrote:
-        another writer's idempotent writes use that app id (Spark's ``txnAppId``). Delta
-        keeps one version per app id, so txsink would take the other writer's versions
-        for epochs of its own, and Delta would skip that writer's later writes whose
-        version is at or below txsink's epoch, silently. Read only when txsink's folder
-        holds no committed epoch of the sink (its first start on this table), and only a
-        log read back to version 0 decides."""
-        if self.committed_above(sink_id, -1):
+        """Refuse a table whose ``txn`` action of txsink's app id for ``sink_id`` no
+        txsink commit wrote: another writer's idempotent writes use that app id (Spark's
+        ``txnAppId``). Delta keeps one version per app id, so txsink would take the other
+        writer's versions for epochs of its own, and Delta would skip that writer's later
+        writes whose version is at or below txsink's epoch, silently. Read only when
+        txsink's folder holds no committed epoch of the sink (its first start on this
+        table), and only a log read back to version 0 decides."""
+        app_id = txn_app_id(sink_id)
+        version = table.transaction_version(app_id)
+        if version is None or self.committed_above(sink_id, -1):
             return
         versions = []
         for entry in _history(table):
@@ -206,29 +223,41 @@ class DeltaBackend(TableBackend):
         if min(versions, default=0) != 0:
             return  # the log was cleaned up: txsink's entries may have been there
         raise ConfigError(
-            f"delta backend: table {self.path} holds a txn action of app id {sink_id!r} "
-            f"(version {table.transaction_version(sink_id)}) that no txsink commit wrote: "
-            "another writer's idempotent writes use it (Spark's txnAppId). Delta keeps one "
-            "version per app id, so txsink's epochs and that writer's versions would hide "
-            "each other, and Delta would skip that writer's writes silently. Give this "
-            "sink another sink_id, or that writer another txnAppId", field="sink_id",
-            sink_id=sink_id)
+            f"delta backend: table {self.path} holds a txn action of app id {app_id!r} "
+            f"(version {version}) that no txsink commit wrote: another writer's idempotent "
+            "writes use it (Spark's txnAppId), and it is txsink's own app id for sink "
+            f"{sink_id!r}. Delta keeps one version per app id, so txsink's epochs and that "
+            "writer's versions would hide each other, and Delta would skip that writer's "
+            "writes silently. Nothing is written. Give that writer another txnAppId (one "
+            f"not starting with {TXN_APP_PREFIX!r}), or this sink another sink_id",
+            field="sink_id", sink_id=sink_id)
 
     def _txn_version(self, table: Any, sink_id: str) -> int | None:
-        """The sink's highest epoch in the table: its ``txn`` action's version, else (the
-        action dropped by a checkpoint: ``delta.setTransactionRetentionDuration`` shorter
-        than the pipeline was stopped) the newest entry of the log that marks the sink.
-        Without either, None. The log is read only when txsink's folder says the table
-        held epochs of the sink (a sink new to the table has none)."""
-        version = table.transaction_version(sink_id)
+        """The sink's highest epoch in the table: its ``txn`` action's version under
+        :func:`txn_app_id`; else the newest entry of the log that marks the sink (the
+        action dropped by a checkpoint: ``delta.setTransactionRetentionDuration``
+        shorter than the pipeline was stopped; or a table an earlier release wrote,
+        whose ``txn`` has the bare sink id as app id); else that bare ``txn`` when
+        txsink's folder says the table held epochs of the sink (an earlier release's
+        table whose log was cleaned up). A bare ``txn`` that neither the log nor the
+        folder backs is another writer's (a Spark job whose ``txnAppId`` is the sink
+        id) and says nothing of the sink. Without any of these, None. The log is read
+        only when a bare ``txn`` is there or the folder says the table held epochs of
+        the sink (a sink new to the table has neither): after the first commit of this
+        release the ``txn`` under txsink's app id answers alone."""
+        version = table.transaction_version(txn_app_id(sink_id))
         if version is not None:
             return int(version)
-        if not self.committed_above(sink_id, -1):
+        bare = table.transaction_version(sink_id)
+        held = bool(self.committed_above(sink_id, -1))
+        if bare is None and not held:
             return None
         for entry in _history(table):
             highest = marked_highest(entry, sink_id)
             if highest is not None:
                 return highest
+        if bare is not None and held:
+            return int(bare)
         return None
 
     def _refuse_replaced(self, sink_id: str, table: Any) -> None:
@@ -517,7 +546,7 @@ class DeltaBackend(TableBackend):
                                      f.stats or f'{{"numRecords":{f.rows}}}'))
         props = CommitProperties(
             custom_metadata=marker(sink_id, epoch, participants, highest),
-            app_transactions=[Transaction(sink_id, highest)],
+            app_transactions=[Transaction(txn_app_id(sink_id), highest)],
             # delta-rs would retry a lost race itself, on the new log version, without
             # looking at the winner's txn: two committers of one epoch then both add it
             # (seen: both answered committed). Lost races come back here instead, and

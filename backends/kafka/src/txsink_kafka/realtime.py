@@ -21,6 +21,16 @@ A claim reads its markers to the end of the log, not to the last stable offset:
 another sink's transaction open on the shared progress topic would otherwise hide every
 marker committed after it, and a restart would take an old position for the latest.
 
+A task of a dead driver that had not claimed its source partition yet holds no producer
+a reset could fence: it would claim after the reset (fencing the new run) and commit its
+old batch's position. So a run's generation is the progress partition's end offset when
+its driver prepares the target (offsets only grow), it travels with the spec to the
+tasks, and ``txsink reset`` first writes a **reset record** (key ``[sink id, "", -1]``,
+never a position) holding the end offset it read and the topic's id: a claim whose run
+is not past it, or was prepared against another incarnation of the topic, is
+refused, before its ``init_transactions`` (so it fences nobody) and again after it, and
+after the first marker it commits (a reset under way then has its record below it).
+
 Readers of the output must use ``isolation.level=read_committed``.
 """
 
@@ -41,6 +51,7 @@ from txsink.realtime import (
     RealtimeTargetSpec,
     SourcePartition,
     StoredPosition,
+    older_run_refusal,
 )
 from txsink.realtime.places import endpoints, share_endpoint
 
@@ -84,6 +95,44 @@ def transactional_id(sink_id: str, source: SourcePartition) -> str:
 def progress_key(sink_id: str, source: SourcePartition) -> bytes:
     return json.dumps([sink_id, source.topic, source.partition],
                       separators=(",", ":")).encode()
+
+
+def reset_key(sink_id: str) -> bytes:
+    """The key of a sink id's reset record (no source topic has an empty name)."""
+    return json.dumps([sink_id, "", -1], separators=(",", ":")).encode()
+
+
+def reset_value(generation: int, progress_id: str | None = None) -> bytes:
+    """A reset record: the progress partition's end offset when the reset began; a run
+    prepared before read an end offset at most this one. ``progress_id``: the progress
+    topic's id then (its offsets restart at 0 when it is deleted and created again, so
+    a run prepared against another incarnation is older whatever its offset)."""
+    data: dict[str, Any] = {"reset": generation}
+    if progress_id is not None:
+        data["progress_id"] = progress_id
+    return json.dumps(data).encode()
+
+
+def parse_reset_topic(value: bytes | None) -> str | None:
+    """The progress topic id a reset record names (``None``: none, or no reset record)."""
+    try:
+        data = json.loads(value) if value is not None else None
+    except ValueError:
+        return None
+    topic = data.get("progress_id") if isinstance(data, dict) else None
+    return topic if isinstance(topic, str) else None
+
+
+def parse_reset(value: bytes | None) -> int | None:
+    """A reset record's generation (``None``: not a reset record)."""
+    if value is None:
+        return None
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return None
+    reset = data.get("reset") if isinstance(data, dict) else None
+    return reset if isinstance(reset, int) else None
 
 
 def legacy_partition(key: bytes, count: int) -> int:
@@ -141,6 +190,9 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
         self.sink_id = sink_id
         self.topic = opts["topic"]
         self.progress_topic = opts.get("progress.topic") or DEFAULT_PROGRESS_TOPIC
+        #: The progress topic's id when :meth:`prepare` drew :attr:`run` (its offsets
+        #: count only within one incarnation of the topic).
+        self.run_progress_id: str | None = None
         try:
             self.timeout_ms = int(opts.get("transaction.timeout.ms")
                                   or DEFAULT_TRANSACTION_TIMEOUT_MS)
@@ -238,6 +290,28 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
                 f"({compaction_fix(self.progress_topic, self.client['bootstrap.servers'])}), "
                 "or name another progress.topic", field="progress.topic",
                 sink_id=self.sink_id)
+        self.run = self.progress_end()
+        self.run_progress_id = self.progress_id(admin)
+
+    def progress_id(self, admin: Any = None) -> str | None:
+        """The progress topic's id (``None`` when the broker does not say)."""
+        from confluent_kafka import TopicCollection
+
+        try:
+            admin = admin or self._admin()
+            described = admin.describe_topics(TopicCollection([self.progress_topic]))
+            topic_id = described[self.progress_topic].result(30).topic_id
+        except Exception as exc:
+            log.debug("sink %s: cannot read the id of progress topic %r: %s", self.sink_id,
+                      self.progress_topic, exc)
+            return None
+        return None if topic_id is None else str(topic_id)
+
+    def progress_end(self) -> int:
+        """The end offset of the progress partition (read uncommitted): a run's
+        generation, and a reset's."""
+        reader = ProgressReader(self)
+        return reader._log_ends([MARKER_PARTITION])[MARKER_PARTITION][1]
 
     def _wait_for_leaders(self, admin: Any, timeout_s: float = 60.0) -> None:
         """A new topic is answered UNKNOWN_TOPIC_OR_PART until every partition has a
@@ -306,6 +380,9 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
         it can commit no marker after the tombstone."""
         from confluent_kafka import Producer
 
+        # The reset record first: a claim that reads the log after it is refused, and
+        # one whose marker lands before it is read below and fenced.
+        self._write_reset()
         held = self.stored()
         gone = [s for s in sorted(held) if topics is None or s.topic in topics]
         if not gone:
@@ -330,6 +407,23 @@ class KafkaRealtimeSpec(RealtimeTargetSpec):
                               "again", sink_id=self.sink_id)
         return [f"{source}: offset {held[source].offset} (tombstone in {self.progress_topic})"
                 for source in gone]
+
+
+    def _write_reset(self) -> None:
+        """Record, in partition 0, that every run prepared until now is over."""
+        from confluent_kafka import Producer
+
+        generation = self.progress_end()
+        errors: list[str] = []
+        producer = Producer({**self.client, "enable.idempotence": True})
+        producer.produce(self.progress_topic, reset_value(generation, self.progress_id()),
+                         reset_key(self.sink_id), partition=MARKER_PARTITION,
+                         on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
+        if producer.flush(30) or errors:
+            raise TxsinkError(f"sink {self.sink_id}: the reset record did not reach progress "
+                              f"topic {self.progress_topic!r} within 30s"
+                              f"{': ' + errors[0] if errors else ''}; nothing deleted, run "
+                              "it again", sink_id=self.sink_id)
 
 
 class ProgressReader:
@@ -501,6 +595,8 @@ class ProgressTail:
         #: key -> position of its last committed record in partition 0 (``None``: a
         #: tombstone)
         self.known: dict[bytes, StoredPosition | None] = {}
+        #: key -> generation of its last reset record, and the progress topic id it names
+        self.resets: dict[bytes, tuple[int, str | None]] = {}
         self.used = time.monotonic()
 
     def read(self, key: bytes) -> tuple[bool, StoredPosition | None]:
@@ -518,6 +614,7 @@ class ProgressTail:
                 self.close_consumer()
                 self.consumer = self.reader._consumer(tail=True)
                 self.known.clear()
+                self.resets.clear()
                 self.next = low
                 self.consumer.assign([TopicPartition(self.topic, MARKER_PARTITION, low)])
             deadline = time.monotonic() + READ_TIMEOUT_S
@@ -539,6 +636,9 @@ class ProgressTail:
                     self.next = max(self.next, msg.offset() + 1)
                     if msg.key() is not None:
                         self.known[msg.key()] = parse_marker(msg.value())
+                        reset = parse_reset(msg.value())
+                        if reset is not None:
+                            self.resets[msg.key()] = (reset, parse_reset_topic(msg.value()))
                 if self.next < high and time.monotonic() > deadline:
                     reached = self.next
                     self.close_consumer()
@@ -546,6 +646,12 @@ class ProgressTail:
             if key not in self.known:
                 return False, None
             return True, self.known[key]
+
+    def reset(self, sink_id: str) -> tuple[int, str | None] | None:
+        """The generation of ``sink_id``'s last reset record and the progress topic id it
+        names, as of the last :meth:`read`."""
+        with self.lock:
+            return self.resets.get(reset_key(sink_id))
 
     def _log_end(self) -> tuple[int, int]:
         """(log start, high watermark) of partition 0, asked of the partition's leader by
@@ -706,6 +812,11 @@ class KafkaPositionTarget(PositionTarget):
 
         tid = transactional_id(self.spec.sink_id, self.source)
         config = self.producer_config(tid)
+        tail = progress_tail(self.spec)
+        # A task of a run older than the last reset is refused before its
+        # init_transactions fences the run after the reset.
+        tail.read(self.key)
+        self._refuse_older_run(tail)
         self.producer = take_standby(config) or Producer(config)
         try:
             self.producer.init_transactions(30)
@@ -718,7 +829,8 @@ class KafkaPositionTarget(PositionTarget):
             make_standby(config)
         # Every older producer of this id is fenced now and its transaction ended: the
         # log up to its end holds every marker it will ever commit.
-        found, stored = progress_tail(self.spec).read(self.key)
+        found, stored = tail.read(self.key)
+        self._refuse_older_run(tail)  # a reset between the first read and the init
         partition = MARKER_PARTITION
         if not found:  # never claimed, or claimed by a release that hashed markers
             partition, stored = ProgressReader(self.spec).read_placed([self.key]).get(
@@ -733,11 +845,33 @@ class KafkaPositionTarget(PositionTarget):
             # commits a row of it (what txsink.realtime.group tells a crash between two
             # targets' commits by).
             self.commit(NOTHING)
+            # A reset that read the markers before this one landed did not fence this
+            # producer; its reset record lies below this marker.
+            tail.read(self.key)
+            self._refuse_older_run(tail)
             stored = StoredPosition(NOTHING, self.topic_id, self.spec.destination())
         self.committed = stored.offset
         log.debug("sink %s: claimed %s (%s) at offset %s", self.spec.sink_id, self.source,
                   tid, stored.offset)
         return stored
+
+    def _refuse_older_run(self, tail: ProgressTail) -> None:
+        reset = tail.reset(self.spec.sink_id)
+        refusal = older_run_refusal(self.spec.sink_id, self.source, self.spec.run,
+                                    None if reset is None else reset[0])
+        mine = self.spec.run_progress_id
+        if refusal is None and reset is not None and None not in (mine, reset[1]) \
+                and mine != reset[1]:
+            refusal = FencedError(
+                f"sink {self.spec.sink_id}: source partition {self.source}: this task "
+                f"belongs to a run prepared against progress topic "
+                f"{self.spec.progress_topic!r} before it was deleted and created again "
+                f"(id {mine}, now {reset[1]}), and the sink's positions were deleted since "
+                "(txsink reset); it stops without writing. A run started after the reset "
+                "writes this source partition", sink_id=self.spec.sink_id)
+        if refusal is not None:
+            self.close()
+            raise refusal
 
     def producer_config(self, tid: str) -> dict[str, Any]:
         return {**self.spec.client, "transactional.id": tid,

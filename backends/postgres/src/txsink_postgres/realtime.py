@@ -14,6 +14,14 @@ older session ever held, so a zombie task that claimed before the deletion stays
 (with generations counted per row it would have held generation 1 again, and written
 into the new run's positions).
 
+A zombie task that had not claimed yet holds no row to delete: the run's own generation,
+drawn from the same sequence when the driver prepares the target, travels with the spec
+to the tasks, and ``delete_positions`` records one in the sink's **reset row** (source
+topic ``''``, source partition -1: no Kafka topic has an empty name). A claim of a run
+prepared before the reset is refused before it takes a generation. Claims and resets of
+one sink id exclude each other by an advisory lock (shared / exclusive), so a claim either
+sees the reset row or is seen, and deleted, by the reset.
+
 No prepared transactions are needed (a plain ``COMMIT`` is the commit point), so
 ``max_prepared_transactions`` may stay 0 for this mode.
 """
@@ -33,6 +41,7 @@ from txsink.realtime import (
     RealtimeTargetSpec,
     SourcePartition,
     StoredPosition,
+    older_run_refusal,
 )
 from txsink.realtime.places import endpoints, share_endpoint
 from txsink.redact import redact
@@ -42,6 +51,8 @@ from txsink_postgres.names import TableName
 log = logging.getLogger(__name__)
 
 DEFAULT_PROGRESS_TABLE = "public.txsink_progress"
+#: The key of a sink's reset row in the progress table (never a source partition's).
+RESET_TOPIC, RESET_PARTITION = "", -1
 
 
 def _sql() -> Any:
@@ -165,6 +176,24 @@ class PostgresRealtimeSpec(RealtimeTargetSpec):
                 conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} text").format(
                     progress, sql.Identifier(column)))
             self._prepare_generations(conn)
+            self.run = int(conn.execute(sql.SQL("SELECT nextval({})").format(
+                sql.Literal(str(self.generations)))).fetchone()[0])
+
+    def _lock(self, conn: Any, *, exclusive: bool) -> None:
+        """The advisory lock of this sink id's claims (shared) and resets (exclusive),
+        for the rest of the transaction."""
+        fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        conn.execute(f"SELECT {fn}(hashtextextended(%s, 0))",
+                     [f"txsink-rt-reset/{self.progress}/{self.sink_id}"])
+
+    def _reset_generation(self, conn: Any) -> int | None:
+        """The generation of this sink id's last reset (``None``: never reset)."""
+        sql = _sql()
+        row = conn.execute(sql.SQL(
+            "SELECT generation FROM {} WHERE sink_id = %s AND source_topic = %s AND "
+            "source_partition = %s").format(self._ident(self.progress)),
+            [self.sink_id, RESET_TOPIC, RESET_PARTITION]).fetchone()
+        return None if row is None else int(row[0])
 
     def _prepare_generations(self, conn: Any) -> None:
         """The generation sequence, started past every generation a row holds (rows of
@@ -201,8 +230,8 @@ class PostgresRealtimeSpec(RealtimeTargetSpec):
             columns = self._identity_columns(conn)
             rows = conn.execute(sql.SQL(
                 "SELECT source_topic, source_partition, source_offset, {} FROM {} "
-                "WHERE sink_id = %s").format(columns, self._ident(self.progress)),
-                [self.sink_id]).fetchall()
+                "WHERE sink_id = %s AND source_partition >= 0").format(
+                    columns, self._ident(self.progress)), [self.sink_id]).fetchall()
         return {SourcePartition(t, p): position_of(o, i, d) for t, p, o, i, d in rows}
 
     def _progress_exists(self, conn: Any) -> bool:
@@ -223,19 +252,31 @@ class PostgresRealtimeSpec(RealtimeTargetSpec):
     def delete_positions(self, topics: Sequence[str] | None = None) -> list[str]:
         """Delete this sink id's progress rows (of ``topics`` only, if given): a session
         that held one is fenced at its next transaction (its row is gone, and the next
-        claim gets a generation it never held)."""
+        claim gets a generation it never held); a claim of a run prepared before this is
+        refused (the reset row records a generation past that run's)."""
         sql = _sql()
         with self.connect(autocommit=True) as conn:
             if not self._progress_exists(conn):
-                return []
-            where = sql.SQL("sink_id = %s")
+                return []  # no run prepared it: no task to fence
+            progress = self._ident(self.progress)
+            where = sql.SQL("sink_id = %s AND source_partition >= 0")
             params: list[Any] = [self.sink_id]
             if topics is not None:
-                where = sql.SQL("sink_id = %s AND source_topic = ANY(%s)")
+                where = sql.SQL("sink_id = %s AND source_partition >= 0 AND "
+                                "source_topic = ANY(%s)")
                 params.append(list(topics))
-            rows = conn.execute(sql.SQL(
-                "DELETE FROM {} WHERE {} RETURNING source_topic, source_partition, "
-                "source_offset").format(self._ident(self.progress), where), params).fetchall()
+            with conn.transaction():
+                self._lock(conn, exclusive=True)
+                conn.execute(sql.SQL(
+                    "INSERT INTO {p} (sink_id, source_topic, source_partition, "
+                    "source_offset, generation) VALUES (%s, %s, %s, %s, nextval({seq})) "
+                    "ON CONFLICT (sink_id, source_topic, source_partition) DO UPDATE SET "
+                    "generation = EXCLUDED.generation").format(
+                        p=progress, seq=sql.Literal(str(self.generations))),
+                    [self.sink_id, RESET_TOPIC, RESET_PARTITION, NOTHING])
+                rows = conn.execute(sql.SQL(
+                    "DELETE FROM {} WHERE {} RETURNING source_topic, source_partition, "
+                    "source_offset").format(progress, where), params).fetchall()
         return [f"{SourcePartition(t, p)}: offset {o} (row deleted from {self.progress})"
                 for t, p, o in sorted(rows)]
 
@@ -280,6 +321,14 @@ class PostgresPositionTarget(PositionTarget):
         sql = _sql()
         self.conn = self.spec.connect()
         progress = self.spec._ident(self.spec.progress)
+        # Under the sink's shared advisory lock: a reset either committed before (its
+        # row is read here) or waits for this claim (and deletes the row it takes).
+        self.spec._lock(self.conn, exclusive=False)
+        refusal = older_run_refusal(self.spec.sink_id, self.source, self.spec.run,
+                                    self.spec._reset_generation(self.conn))
+        if refusal is not None:
+            self.close()
+            raise refusal
         row = self.conn.execute(sql.SQL(
             "INSERT INTO {p} AS p (sink_id, source_topic, source_partition, source_offset, "
             "generation, topic_id, destination) VALUES (%s, %s, %s, %s, nextval({seq}), %s, "

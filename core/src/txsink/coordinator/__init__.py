@@ -243,11 +243,12 @@ class Coordinator(Sink):
 
     def commit_epoch(
         self, epoch: int, messages: Sequence[Committable | None], *,
-        write_query: str | None = None,
+        write_query: str | None = None, source: str | None = None,
     ) -> EpochOutcome:
         """Decide and commit ``epoch`` given every writer's committable
         (:meth:`Decision.commit_epoch`)."""
-        return self.decision.commit_epoch(epoch, messages, write_query=write_query)
+        return self.decision.commit_epoch(epoch, messages, write_query=write_query,
+                                          source=source)
 
     def record_epoch(self, epoch: int, messages: Sequence[Committable | None],
                      guarantee: DeliveryGuarantee, *,

@@ -78,13 +78,15 @@ class Decision:
 
     def commit_epoch(
         self, epoch: int, messages: Sequence[Committable | None], *,
-        write_query: str | None = None,
+        write_query: str | None = None, source: str | None = None,
     ) -> EpochOutcome:
         """Decide and commit ``epoch`` given every writer's committable.
 
         :param write_query: the streaming query driving a batch write (``foreachBatch``):
             bound to the write's identity, and checked against the query that wrote
             its earlier versions (:meth:`check_write_query`).
+        :param source: the digest of the micro-batch's source offsets, kept in the
+            decision (what tells its replay from a batch planned anew).
         """
         sink = self.sink
         lease = sink.lease
@@ -169,7 +171,7 @@ class Decision:
         sink.plugins.epoch_prepared(sink.sink_id, epoch, committables)
         sink.faults.hit(BEFORE_DECIDE, epoch)
         record = EpochRecord(epoch, EpochState.DECIDED, tuple(committables), time.time(),
-                             write=write, origin=origin, query_id=query)
+                             write=write, origin=origin, query_id=query, source=source)
         sink.store.put(lease, record)  # the commit point of the epoch
         log.info("sink=%s epoch=%d decided: %d participant(s), %d row(s)",
                  sink.sink_id, epoch, len(committables), record.rows)

@@ -61,7 +61,13 @@ from txsink.errors import (
     StateError,
 )
 from txsink.faults import NATIVE_MID_PUBLISH, FaultInjector
-from txsink.model import Committable, DeliveryGuarantee, TransactionContext, parse_participant
+from txsink.model import (
+    SOURCE_DIGEST_LENGTH,
+    Committable,
+    DeliveryGuarantee,
+    TransactionContext,
+    parse_participant,
+)
 from txsink.options import Options
 from txsink.state import write_file_atomically
 
@@ -254,6 +260,8 @@ class FilesBackend(Backend):
         self._pending = self._meta / "pending"
         #: One empty file per committed epoch, for :meth:`holds_epoch`.
         self._epochs = self._meta / "epochs"
+        #: The source offsets' digest of each stream epoch, for :meth:`epoch_source`.
+        self._sources = self._meta / "sources"
         #: The native data path's directories (one per participant).
         self._staging = self._meta / "staging"
 
@@ -442,10 +450,29 @@ class FilesBackend(Backend):
             return
         write_file_atomically(self._epochs / "pruned.json",
                               json.dumps({"below": below}).encode(), what="files backend")
-        for name in os.listdir(self._epochs):
-            if name.isdigit() and int(name) < below:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self._epochs, name))
+        for folder in (self._epochs, self._sources):
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(folder):
+                    if name.isdigit() and int(name) < below:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(os.path.join(folder, name))
+
+    def note_epoch_source(self, sink_id: str, epoch: int, source: str) -> None:
+        """One small file per epoch, pruned with the epoch markers. Not synced: a note
+        lost to a power cut leaves the epoch as an older release wrote it (a replay is
+        then recognised by its number alone, with a warning)."""
+        self._sources.mkdir(parents=True, exist_ok=True)
+        path = self._sources / f"{epoch:010d}"
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        tmp.write_text(source, encoding="utf-8")
+        os.replace(tmp, path)
+
+    def epoch_source(self, sink_id: str, epoch: int) -> str | None:
+        try:
+            note = (self._sources / f"{epoch:010d}").read_text(encoding="utf-8").strip()
+        except (OSError, ValueError):
+            return None
+        return note if len(note) == SOURCE_DIGEST_LENGTH else None
 
     def epoch_committed(self, sink_id: str, epoch: int,
                         committables: Sequence[Committable]) -> None:

@@ -19,9 +19,10 @@ from txsink.realtime.writer import (
     SessionPool,
     TargetFactory,
     WriterStats,
+    older_run_refusal,
 )
 
 __all__ = ["DEFAULT_COMMIT_INTERVAL_S", "NOTHING", "SESSIONS", "GroupWriter",
            "PositionOrderError", "PositionTarget", "PositionWriter", "RealtimeTargetSpec",
            "SessionPool", "SourcePartition", "SourceTopics", "StoredPosition", "TargetFactory",
-           "WriterStats"]
+           "WriterStats", "older_run_refusal"]

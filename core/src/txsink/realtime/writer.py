@@ -112,6 +112,22 @@ class PositionTarget(abc.ABC):
         return True
 
 
+def older_run_refusal(sink_id: str, source: SourcePartition, run: int | None,
+                      reset: int | None) -> FencedError | None:
+    """The refusal of a claim by a session of run ``run`` when the target's positions
+    were last deleted at generation ``reset`` (``None``: never), or ``None`` when the
+    run started after that. The session belongs to a run the reset meant to end (a
+    task of a dead driver that had not claimed yet): it stops before it writes."""
+    if reset is None or (run is not None and run > reset):
+        return None
+    return FencedError(
+        f"sink {sink_id}: source partition {source}: this task belongs to a run "
+        f"(generation {'unprepared' if run is None else run}) started before the sink's "
+        f"positions were deleted (txsink reset, generation {reset}); it stops without "
+        "writing. A run started after the reset writes this source partition",
+        sink_id=sink_id)
+
+
 #: Builds the session of one source partition (called on the first row from it).
 TargetFactory = Callable[[SourcePartition], PositionTarget]
 
@@ -123,10 +139,21 @@ class RealtimeTargetSpec(abc.ABC):
 
     sink_id: str
 
+    #: This query run's generation, drawn by :meth:`prepare` on the driver from the
+    #: target's own sequence (PostgreSQL: the generation sequence; Kafka: the progress
+    #: topic's end offset) and pickled to the tasks with the spec. :meth:`delete_positions`
+    #: (``txsink reset``) records a generation past every run started before it, and a
+    #: claim of an older run is refused (:func:`older_run_refusal`): a task of a dead
+    #: driver that had not claimed its source partition yet would otherwise claim after
+    #: the reset, fence the new run and store its old batch's position over the new
+    #: run's. ``None``: not prepared, the oldest run there is.
+    run: int | None = None
+
     @abc.abstractmethod
     def prepare(self) -> None:
-        """Driver side, before any data moves: check the target and create the
-        progress store; raise ``ConfigError`` naming the option and the way out."""
+        """Driver side, before any data moves: check the target, create the progress
+        store and draw this run's generation (:attr:`run`); raise ``ConfigError`` naming
+        the option and the way out."""
 
     @abc.abstractmethod
     def __call__(self, source: SourcePartition) -> PositionTarget:
@@ -149,8 +176,9 @@ class RealtimeTargetSpec(abc.ABC):
 
     def delete_positions(self, topics: Sequence[str] | None = None) -> list[str]:
         """Delete this sink id's stored positions (of the source ``topics`` only, if
-        given), fencing every session that holds one: ``txsink reset``. One secret-free
-        line per source partition deleted. The rows the target holds stay."""
+        given), fencing every session that holds one, and every claim of a run prepared
+        before (:attr:`run`): ``txsink reset``. One secret-free line per source partition
+        deleted. The rows the target holds stay."""
         raise NotImplementedError(f"{type(self).__name__} cannot delete its positions")
 
     def destination(self) -> dict[str, str]:

@@ -60,6 +60,7 @@ from txsink.spark.queries import (
     BATCH_ID_PROPERTY,
     QUERY_ID_PROPERTY,
     _local_path,
+    batch_source,
     checkpoint_query_id,
 )
 from txsink.state import StateStore, WriteId
@@ -257,17 +258,23 @@ def _write_id(opts: Mapping[str, str], sink_id: str) -> WriteId | None:
     return WriteId(app_id, number)
 
 
+#: Sinks already warned that their versioned writes in a stream's foreachBatch name no
+#: stream checkpoint (once per process).
+_UNCHECKED_WARNED: set[str] = set()
+
+
 class TxsinkCommitMessage(WriterCommitMessage):
     """Carries one serialized :class:`~txsink.model.Committable` from a task to the driver,
-    with the id of the streaming query the task ran for (None outside a stream). A task
-    of a group carries one committable per target: the first, and the others in
-    ``more``."""
+    with the id of the streaming query the task ran for and its micro-batch (None
+    outside a stream). A task of a group carries one committable per target: the first,
+    and the others in ``more``."""
 
     def __init__(self, committable: bytes, query_id: str | None = None,
-                 more: tuple[bytes, ...] = ()) -> None:
+                 more: tuple[bytes, ...] = (), batch_id: int | None = None) -> None:
         self.committable = committable
         self.query_id = query_id
         self.more = more
+        self.batch_id = batch_id
 
     def __repr__(self) -> str:
         return f"TxsinkCommitMessage({len(self.committable)} bytes)"
@@ -294,6 +301,25 @@ def _task_query_id() -> str | None:
     tc = TaskContext.get()
     value = tc.getLocalProperty(QUERY_ID_PROPERTY) if tc is not None else None
     return str(value) if value else None
+
+
+def _task_batch_id() -> int | None:
+    """The micro-batch whose ``foreachBatch`` runs this task's write (None outside)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    value = tc.getLocalProperty(BATCH_ID_PROPERTY) if tc is not None else None
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def driving_batch(messages: Sequence[WriterCommitMessage | None]) -> int | None:
+    """The micro-batch the tasks of one write ran for, when they all report the same."""
+    ids = {getattr(m, "batch_id", None) for m in messages if m is not None}
+    ids.discard(None)
+    return next(iter(ids)) if len(ids) == 1 else None
 
 
 def decode_messages(messages: Sequence[WriterCommitMessage | None]) -> list[Committable | None]:
@@ -429,7 +455,8 @@ def _write_task(settings: SinkSettings, epoch: int | None, iterator: Iterator[An
             injector.hit(fault_points.TASK_AFTER_PRE_COMMIT, epoch)
     finally:
         backend.close()
-    return TxsinkCommitMessage(committable.to_bytes(), _task_query_id())
+    return TxsinkCommitMessage(committable.to_bytes(), _task_query_id(),
+                               batch_id=_task_batch_id())
 
 
 def _write_group_task(settings: SinkSettings, group: TargetGroup, ctx: TransactionContext,
@@ -458,7 +485,8 @@ def _write_group_task(settings: SinkSettings, group: TargetGroup, ctx: Transacti
     if first_attempt:
         injector.hit(fault_points.TASK_AFTER_PRE_COMMIT, ctx.epoch)
     return TxsinkCommitMessage(committables[0].to_bytes(), _task_query_id(),
-                               tuple(c.to_bytes() for c in committables[1:]))
+                               tuple(c.to_bytes() for c in committables[1:]),
+                               batch_id=_task_batch_id())
 
 
 class _Finisher:
@@ -469,9 +497,11 @@ class _Finisher:
 
     def _run(self, action: str, epoch: int, messages: Sequence[WriterCommitMessage | None],
              *, recover_below: bool = False, query_id: str | None = None,
-             write_query: str | None = None, stream: bool = False) -> EpochOutcome | None:
+             write_query: str | None = None, stream: bool = False,
+             source: str | None = None) -> EpochOutcome | None:
         """Commit or abort ``epoch`` (for a stream: its micro-batch id, mapped to the
-        epoch by the state, :meth:`Coordinator.stream_epoch`)."""
+        epoch by the state, :meth:`Coordinator.stream_epoch`). ``source``: a batch
+        write's driving micro-batch's offsets digest (a stream's own is read here)."""
         committables = decode_messages(messages)
         backend = self.settings.create_backend()
         try:
@@ -490,12 +520,16 @@ class _Finisher:
                 except CheckpointChangedError:
                     _discard(backend, epoch, committables)
                     raise
+                batch = epoch
+                if stream:
+                    source = batch_source(self.settings.checkpoint, batch)
                 if stream:
                     epoch = coordinator.stream_epoch(epoch)
                 if recover_below:
                     coordinator.recover(up_to_epoch=epoch - 1)
                 guarantee = self.settings.guarantee
-                outcome = (gate.decide(epoch, committables, write_query=write_query)
+                outcome = (gate.decide(epoch, committables, write_query=write_query,
+                                       source=source, batch_id=batch)
                            if guarantee.transactional
                            else coordinator.record_epoch(epoch, committables, guarantee,
                                                          write_query=write_query))
@@ -622,7 +656,7 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
 
     def write(self, iterator: Iterator[Any]) -> TxsinkCommitMessage:
         if self.skip:
-            return TxsinkCommitMessage(b"", _task_query_id())
+            return TxsinkCommitMessage(b"", _task_query_id(), batch_id=_task_batch_id())
         return _write_task(self.settings, self.epoch, iterator, arrow=True)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -637,11 +671,12 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
                 backend = self.settings.create_backend()
                 try:
                     Gate(self.settings.coordinator(backend, self.owner)).committed_before(
-                        self.settings.write, query)
+                        self.settings.write, query, source=self._source(messages))
                 finally:
                     backend.close()
             return
-        outcome = self._run("commit", self.epoch, messages, write_query=query)
+        outcome = self._run("commit", self.epoch, messages, write_query=query,
+                            source=self._source(messages))
         if outcome is not EpochOutcome.COMMITTED:
             raise StateError(
                 f"sink={self.settings.sink_id} epoch={self.epoch}: the batch write's epoch "
@@ -684,6 +719,28 @@ class TxsinkBatchWriter(DataSourceArrowWriter, _Finisher):
             finally:
                 backend.close()
             raise
+
+    def _source(self, messages: Sequence[WriterCommitMessage | None]) -> str | None:
+        """The offsets digest of the micro-batch whose ``foreachBatch`` makes this
+        versioned write, from ``txnStreamCheckpoint``'s offset log (the batch its tasks
+        ran for): a version committed before from another entry is a batch Spark planned
+        anew, refused (:meth:`Gate.refuse_replanned`). None without the option: this
+        process cannot ask Spark where the stream's checkpoint is."""
+        if self.settings.write is None:
+            return None
+        batch = driving_batch(messages)
+        if not self.settings.stream_checkpoint:
+            if batch is not None and self.settings.sink_id not in _UNCHECKED_WARNED:
+                _UNCHECKED_WARNED.add(self.settings.sink_id)
+                log.warning("sink=%s: txnAppId/txnVersion writes in the foreachBatch of a "
+                            "stream, without option txnStreamCheckpoint: after the stream's "
+                            "checkpoint is restored from an older copy, a version Spark "
+                            "planned anew cannot be told from a replay and is skipped by its "
+                            "number (its newer records lost). Give txnStreamCheckpoint (the "
+                            "stream's checkpointLocation) to have it refused instead",
+                            self.settings.sink_id)
+            return None
+        return batch_source(self.settings.stream_checkpoint, batch)
 
     def _write_query(self, messages: Sequence[WriterCommitMessage | None]) -> str | None:
         """The stream driving this write: as its tasks report it (classic Spark runs a

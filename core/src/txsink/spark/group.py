@@ -52,7 +52,13 @@ from txsink.model import (
 )
 from txsink.plugins import get_plugins
 from txsink.spark._proc import owner_alive, owner_token
-from txsink.spark.queries import driving_query, in_connect_foreach_batch
+from txsink.spark.queries import (
+    batch_source,
+    driving_batch,
+    driving_query,
+    in_connect_foreach_batch,
+    running_checkpoint,
+)
 from txsink.state import EpochState, StateStore, WriteId
 from txsink.targets import (
     GROUP_BACKEND,
@@ -494,6 +500,9 @@ class GroupEpoch:
         #: The streaming query that drives this block, and whether that is known.
         self._query: str | None = None
         self._query_known = False
+        #: The digest of the driving micro-batch's offsets in Spark's offset log, when
+        #: it can be read (see :func:`txsink.spark.queries.batch_source`).
+        self._source: str | None = None
 
     # -- the block ------------------------------------------------------------------------
 
@@ -521,17 +530,19 @@ class GroupEpoch:
                 "skipped. Give the stream's checkpointLocation: txsink.spark.epoch(..., "
                 "stream_checkpoint=...) (a local or file:// path); nothing was written",
                 field="stream_checkpoint", sink_id=self.group.sink_id)
+        self._source = self._batch_source()
         backend = self.group.backend()
         try:
             backend.preflight(self.group.sink_id)
             gate = self._gate(backend)
             if self.stream_batch is not None:
                 opened = gate.open_stream_batch(self.stream_batch, self._query, self.owner,
-                                                legacy_app_id=self.group.sink_id)
+                                                legacy_app_id=self.group.sink_id,
+                                                source=self._source)
             else:
                 opened = gate.open_write(self.write_id, self._query,
                                          query_known=self._query_known,
-                                         holder_alive=owner_alive)
+                                         holder_alive=owner_alive, source=self._source)
         finally:
             backend.close()
         self.epoch, self.skipped = opened.epoch, opened.skip is not None
@@ -542,6 +553,22 @@ class GroupEpoch:
             log.warning("sink=%s: %s is %s; its writes are skipped, nothing is written",
                         self.group.sink_id, what, opened.skip)
         return self
+
+    def _batch_source(self) -> str | None:
+        """The driving micro-batch's offsets digest: a stream's own batch (its
+        checkpoint is the group's), or a versioned write in a stream's
+        ``foreachBatch`` (the batch Spark names, else the version, in the stream's
+        checkpoint: ``stream_checkpoint``, else as the running query says, else the
+        group's)."""
+        if self.stream_batch is not None:
+            return batch_source(self.group.checkpoint_location, self.stream_batch, self.spark)
+        if self.write_id is None or self._query is None:
+            return None
+        checkpoint = (self.stream_checkpoint or running_checkpoint(self.spark, self._query)
+                      or self.group.checkpoint_location)
+        batch = driving_batch(self.spark)
+        return batch_source(checkpoint, self.write_id.version if batch is None else batch,
+                            self.spark)
 
     def write(self, df: DataFrame, target: str | None = None, *,
               backend: str | None = None) -> None:
@@ -596,7 +623,7 @@ class GroupEpoch:
             query = record.write.query_id if record.write is not None else None
             try:
                 gate.decide(self.epoch, gate.with_empty_participants(self.epoch, prepared),
-                            write_query=query)
+                            write_query=query, source=self._source)
             except BaseException:
                 self._abort_undecided(gate, prepared)
                 raise

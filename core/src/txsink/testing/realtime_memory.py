@@ -10,8 +10,10 @@ deleted row made again never hands out a generation a zombie session holds), and
 the position; every transaction first checks that the row is there with its own
 generation (PostgreSQL: ``SELECT ... FOR UPDATE``), else it is fenced and nothing of it
 becomes visible; a commit moves the offset only forward, records the topic id and the
-destination, and makes the rows visible together with it. ``delete_positions`` is the
-operator's ``DELETE FROM txsink_progress`` (``txsink reset``).
+destination, and makes the rows visible together with it. ``prepare`` draws the run's
+generation from the same sequence; ``delete_positions`` (``txsink reset``) deletes the
+progress rows and records a generation from it too (PostgreSQL: the sink's reset row), and
+a claim of a run prepared before that is refused.
 
 What it does not stand for: the server's own failure modes (connections lost, a
 commit whose outcome is unknown), the COPY of real column types, and the Kafka target
@@ -33,6 +35,7 @@ from txsink.realtime import (
     RealtimeTargetSpec,
     SourcePartition,
     StoredPosition,
+    older_run_refusal,
 )
 
 
@@ -57,6 +60,9 @@ class RealtimeSystem:
     progress: dict[tuple[str, str, int], ProgressRow] = field(default_factory=dict)
     #: The generation sequence (PostgreSQL: ``<progress table>_generation``).
     generations: int = 0
+    #: sink id -> the generation of its last ``delete_positions`` (PostgreSQL: the reset
+    #: row, source partition -1).
+    resets: dict[str, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def next_generation(self) -> int:
@@ -95,6 +101,7 @@ class MemoryRealtimeSpec(RealtimeTargetSpec):
 
     def prepare(self) -> None:
         self.system.tables.setdefault(self.table, [])
+        self.run = self.system.next_generation()
 
     def __call__(self, source: SourcePartition) -> PositionTarget:
         return MemoryPositionTarget(self, source)
@@ -109,9 +116,11 @@ class MemoryRealtimeSpec(RealtimeTargetSpec):
 
     def delete_positions(self, topics: Sequence[str] | None = None) -> list[str]:
         """Delete this sink id's progress rows (of ``topics`` only, if given): a session
-        that held one is fenced at its next transaction."""
+        that held one is fenced at its next transaction, and a claim of a run prepared
+        before this is refused."""
         system = self.system
         with system.lock:
+            system.resets[self.sink_id] = system.next_generation()
             gone = sorted(k for k in system.progress
                           if k[0] == self.sink_id and (topics is None or k[1] in topics))
             lines = [f"{SourcePartition(t, p)}: offset {system.progress[(s, t, p)].offset}"
@@ -139,6 +148,10 @@ class MemoryPositionTarget(PositionTarget):
     def claim(self) -> StoredPosition:
         system = self.spec.system
         with system.lock:
+            refusal = older_run_refusal(self.spec.sink_id, self.source, self.spec.run,
+                                        system.resets.get(self.spec.sink_id))
+            if refusal is not None:
+                raise refusal
             generation = system.next_generation()
             row = system.progress.get(self.key)
             if row is None:
