@@ -206,3 +206,61 @@ def test_another_writer_using_txsinks_app_id_is_refused(table: Path) -> None:
         assert err.value.field == "sink_id"
     assert sorted(os.listdir(table / "_delta_log")) == before
     assert table_ids(reopened(table)) == [-1]
+
+
+def replace_table(table: Path) -> None:
+    """Another writer made a new table in the directory: the old log and data files
+    gone, txsink's folder (``txsink/``) left where it was."""
+    import shutil
+
+    shutil.rmtree(table / "_delta_log")
+    for name in glob.glob(str(table / "*.parquet")):
+        os.unlink(name)
+
+
+@pytest.mark.promise("delta-lost-log-refused", "backend")
+@pytest.mark.parametrize("release", ["earlier", "this"])
+def test_a_replaced_table_whose_new_job_uses_the_sink_id_as_txn_app_id_is_refused(
+        table: Path, monkeypatch: pytest.MonkeyPatch, release: str) -> None:
+    """The table is made again by a job whose ``txnAppId`` is the sink id (the docs give
+    it the bare id). Its ``txn`` is not txsink's: the whole log is there and no entry of
+    it marks the sink, so the folder's epochs 0 and 1 are not in the table and the start
+    is refused, naming the folder. (Before the fix the job's version 7 was taken for the
+    sink's highest epoch: the replaced table went on silently without epochs 0 and 1,
+    and the sink's cut passed epochs up to 7.)"""
+    with monkeypatch.context() as m:
+        if release == "earlier":
+            m.setattr(delta_backend, "txn_app_id", lambda sink_id: sink_id)
+        old = reopened(table)
+        commit(old, 0)
+        commit(old, 1)
+    replace_table(table)
+    other_writer(table, SINK, 7, [-1])
+    before = sorted(os.listdir(table / "_delta_log"))
+    for check in (lambda b: b.preflight(SINK),
+                  lambda b: b.check_claim(SINK, "state", "somewhere")):
+        with pytest.raises(ConfigError, match="does not know the sink") as refused:
+            check(reopened(table))
+        assert "epochs 0 to 1" in str(refused.value)
+        assert str(table / "txsink" / SINK) in str(refused.value)
+    assert sorted(os.listdir(table / "_delta_log")) == before
+    assert table_ids(reopened(table)) == [-1]
+
+
+@pytest.mark.promise("delta-lost-log-refused", "backend")
+def test_a_folder_copied_from_another_table_does_not_make_a_jobs_txn_the_sinks(
+        tmp_path: Path) -> None:
+    """txsink's folder of the sink copied from another table into one a job writes
+    with ``txnAppId`` = the sink id: refused, naming the folder, as for a replaced
+    table (before the fix the job's version 3 counted as the sink's epochs 0 to 3)."""
+    import shutil
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    source = reopened(first)
+    commit(source, 0)
+    commit(source, 1)
+    other_writer(second, SINK, 3, [-1])
+    shutil.copytree(first / "txsink", second / "txsink")
+    with pytest.raises(ConfigError, match="does not know the sink"):
+        reopened(second).preflight(SINK)
+    assert table_ids(reopened(second)) == [-1]

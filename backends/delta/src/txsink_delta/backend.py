@@ -238,10 +238,13 @@ class DeltaBackend(TableBackend):
         action dropped by a checkpoint: ``delta.setTransactionRetentionDuration``
         shorter than the pipeline was stopped; or a table an earlier release wrote,
         whose ``txn`` has the bare sink id as app id); else that bare ``txn`` when
-        txsink's folder says the table held epochs of the sink (an earlier release's
-        table whose log was cleaned up). A bare ``txn`` that neither the log nor the
-        folder backs is another writer's (a Spark job whose ``txnAppId`` is the sink
-        id) and says nothing of the sink. Without any of these, None. The log is read
+        txsink's folder says the table held epochs of the sink and the log no longer
+        reaches version 0 (an earlier release's table whose log was cleaned up). A bare
+        ``txn`` that neither backs is another writer's (a Spark job whose ``txnAppId``
+        is the sink id) and says nothing of the sink: so is one beside a whole log that
+        marks no epoch of the sink, where the folder's epochs were held by a table
+        since replaced (or the folder came from another table). Without any of these,
+        None. The log is read
         only when a bare ``txn`` is there or the folder says the table held epochs of
         the sink (a sink new to the table has neither): after the first commit of this
         release the ``txn`` under txsink's app id answers alone."""
@@ -252,11 +255,13 @@ class DeltaBackend(TableBackend):
         held = bool(self.committed_above(sink_id, -1))
         if bare is None and not held:
             return None
+        earliest: int | None = None  # the oldest entry the log still has
         for entry in _history(table):
             highest = marked_highest(entry, sink_id)
             if highest is not None:
                 return highest
-        if bare is not None and held:
+            earliest = int(entry.get("version", 0))
+        if bare is not None and held and earliest != 0:
             return int(bare)
         return None
 
