@@ -598,19 +598,30 @@ class ProgressTail:
         #: key -> generation of its last reset record, and the progress topic id it names
         self.resets: dict[bytes, tuple[int, str | None]] = {}
         self.used = time.monotonic()
+        #: The id of the progress topic this reader reads (None: not asked yet).
+        self.topic_id: str | None = None
+        self.ids: Any = None
 
-    def read(self, key: bytes) -> tuple[bool, StoredPosition | None]:
+    def read(self, key: bytes, *, verify: bool = False) -> tuple[bool, StoredPosition | None]:
         """Whether partition 0 holds a record of ``key``, and its position (``None``: a
-        tombstone), as of the log's end now."""
+        tombstone), as of the log's end now. ``verify``: ask the topic's id first (a
+        claim's first read): a topic deleted and created again is read anew even when
+        its log reaches as far as the old one did, and nothing the old one's consumer
+        still held is taken for the new one's."""
         from confluent_kafka import KafkaError, TopicPartition
 
         with self.lock:
             self.used = time.monotonic()
+            recreated = False
+            if verify:
+                current = self._topic_id()
+                recreated = None not in (current, self.topic_id) and current != self.topic_id
+                self.topic_id = current or self.topic_id
             low, high = self._log_end()
             # Its log ending below where this reader got: the topic was deleted and
             # created again (positions gone, a start over by hand): what it remembers is
             # of the old topic, and a claim must find no position, as status does.
-            if self.consumer is None or self.next < low or high < self.next:
+            if recreated or self.consumer is None or self.next < low or high < self.next:
                 self.close_consumer()
                 self.consumer = self.reader._consumer(tail=True)
                 self.known.clear()
@@ -646,6 +657,21 @@ class ProgressTail:
             if key not in self.known:
                 return False, None
             return True, self.known[key]
+
+    def _topic_id(self) -> str | None:
+        """The progress topic's id now, through an admin client this reader keeps (None
+        when the broker does not say)."""
+        from confluent_kafka import TopicCollection
+
+        try:
+            if self.ids is None:
+                self.ids = self.reader.spec._admin()
+            described = self.ids.describe_topics(TopicCollection([self.topic]))
+            topic_id = described[self.topic].result(30).topic_id
+        except Exception as exc:
+            log.debug("progress topic %r: cannot read its id: %s", self.topic, exc)
+            return None
+        return None if topic_id is None else str(topic_id)
 
     def reset(self, sink_id: str) -> tuple[int, str | None] | None:
         """The generation of ``sink_id``'s last reset record and the progress topic id it
@@ -815,7 +841,7 @@ class KafkaPositionTarget(PositionTarget):
         tail = progress_tail(self.spec)
         # A task of a run older than the last reset is refused before its
         # init_transactions fences the run after the reset.
-        tail.read(self.key)
+        tail.read(self.key, verify=True)
         self._refuse_older_run(tail)
         self.producer = take_standby(config) or Producer(config)
         try:
