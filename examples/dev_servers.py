@@ -417,10 +417,14 @@ def cmd_s3_ls(args: argparse.Namespace) -> int:
 
 def cmd_delta_read(args: argparse.Namespace) -> int:
     """What a reader of a Delta table sees (delta-rs), and the log entries txsink made."""
-    from deltalake import DeltaTable
+    from deltalake import DeltaTable, QueryBuilder
 
     table = DeltaTable(args.path)
-    ids = table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+    # delta-rs's own query engine: reading through pyarrow's dataset (to_pyarrow_table)
+    # ended the process with "terminate called" at exit one time in two (deltalake
+    # 1.6.6, pyarrow 26), after printing the right counts.
+    rows = QueryBuilder().register("t", table).execute("SELECT id FROM t").read_all()
+    ids = rows.column("id").to_pylist()
     entries = [e for e in table.history() if e.get("txsink.sink")]
     epochs = sorted(int(e["txsink.epoch"]) for e in entries)
     print(f"{len(ids)} row(s) in the Delta table {args.path}, {len(set(ids))} distinct "
