@@ -113,26 +113,17 @@ def reset_value(generation: int, progress_id: str | None = None) -> bytes:
     return json.dumps(data).encode()
 
 
-def parse_reset_topic(value: bytes | None) -> str | None:
-    """The progress topic id a reset record names (``None``: none, or no reset record)."""
+def parse_reset(value: bytes | None) -> tuple[int, str | None] | None:
+    """A reset record's generation and the progress topic id it names (``None``: not a
+    reset record)."""
     try:
         data = json.loads(value) if value is not None else None
     except ValueError:
         return None
-    topic = data.get("progress_id") if isinstance(data, dict) else None
-    return topic if isinstance(topic, str) else None
-
-
-def parse_reset(value: bytes | None) -> int | None:
-    """A reset record's generation (``None``: not a reset record)."""
-    if value is None:
+    if not isinstance(data, dict) or not isinstance(data.get("reset"), int):
         return None
-    try:
-        data = json.loads(value)
-    except ValueError:
-        return None
-    reset = data.get("reset") if isinstance(data, dict) else None
-    return reset if isinstance(reset, int) else None
+    topic = data.get("progress_id")
+    return data["reset"], topic if isinstance(topic, str) else None
 
 
 def legacy_partition(key: bytes, count: int) -> int:
@@ -649,7 +640,7 @@ class ProgressTail:
                         self.known[msg.key()] = parse_marker(msg.value())
                         reset = parse_reset(msg.value())
                         if reset is not None:
-                            self.resets[msg.key()] = (reset, parse_reset_topic(msg.value()))
+                            self.resets[msg.key()] = reset
                 if self.next < high and time.monotonic() > deadline:
                     reached = self.next
                     self.close_consumer()
