@@ -97,6 +97,33 @@ def _fallback_python() -> str:
     return str(python)
 
 
+def session(found: Any, wh: Path, app: str, partitions: int) -> Any:
+    """A local Spark session with both connectors, txsink registered, and one Iceberg
+    catalog (``bench``: a SQL catalog on a SQLite file, txsink's default) for both
+    writers, its namespace ``db`` made."""
+    from pyspark.sql import SparkSession
+    from txsink.spark import register
+    from txsink.testing import lake_connectors as lc
+    from txsink_iceberg.backend import IcebergBackend
+    from txsink_iceberg.testing import spark_jdbc_catalog
+
+    conf = lc.session_conf(found, lc.jars(found), iceberg_catalogs={
+        "bench": spark_jdbc_catalog(IcebergBackend("db.t", str(wh), catalog_name="bench"))})
+    builder = (SparkSession.builder.master("local[2]").appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.log.level", "ERROR")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.shuffle.partitions", str(partitions)))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS bench.db")
+    return spark
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
@@ -120,29 +147,11 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-    from txsink.spark import register, target, targets
-    from txsink.testing import lake_connectors as lc
-    from txsink_iceberg.backend import IcebergBackend
-    from txsink_iceberg.testing import spark_jdbc_catalog
+    from txsink.spark import target, targets
 
     work = Path(tempfile.mkdtemp(prefix="txsink-lake-bench-"))
     wh = work / "wh"
-    # One catalog (a SQL catalog on a SQLite file, txsink's default) for both writers.
-    conf = lc.session_conf(found, lc.jars(found), iceberg_catalogs={
-        "bench": spark_jdbc_catalog(IcebergBackend("db.t", str(wh), catalog_name="bench"))})
-    builder = (SparkSession.builder.master("local[2]").appName("txsink-lake-bench")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.log.level", "ERROR")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.shuffle.partitions", str(args.partitions)))
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    register(spark)
-    spark.sql("CREATE NAMESPACE IF NOT EXISTS bench.db")
+    spark = session(found, wh, "txsink-lake-bench", args.partitions)
     try:
         df = (spark.range(0, args.rows, 1, args.partitions)
               .selectExpr("id", "CAST(id % 1000 AS INT) AS key", "id * 0.5 AS amount",

@@ -180,29 +180,12 @@ def main(argv: list[str] | None = None) -> int:
                                                     else sys.argv[1:])]).returncode
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-    from txsink.spark import register, target, targets
-    from txsink.testing import lake_connectors as lc
-    from txsink_iceberg.backend import IcebergBackend
-    from txsink_iceberg.testing import spark_jdbc_catalog
+    from txsink.spark import target, targets
 
     instrument()
     work = Path(tempfile.mkdtemp(prefix="txsink-lake-phases-"))
     wh = work / "wh"
-    conf = lc.session_conf(found, lc.jars(found), iceberg_catalogs={
-        "bench": spark_jdbc_catalog(IcebergBackend("db.t", str(wh), catalog_name="bench"))})
-    builder = (SparkSession.builder.master("local[2]").appName("txsink-lake-phases")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.log.level", "ERROR")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.shuffle.partitions", str(args.partitions)))
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    register(spark)
-    spark.sql("CREATE NAMESPACE IF NOT EXISTS bench.db")
+    spark = lake_bench.session(found, wh, "txsink-lake-phases", args.partitions)
     jobs: dict[str, list[float]] = defaultdict(list)
     progress: dict[str, list[dict[str, float]]] = defaultdict(list)
     try:
