@@ -124,6 +124,15 @@ def session(found: Any, wh: Path, app: str, partitions: int) -> Any:
     return spark
 
 
+def rows_frame(spark: Any, rows: int, partitions: int) -> Any:
+    """The benchmark's rows (five columns of the usual kinds), cached."""
+    return (spark.range(0, rows, 1, partitions)
+            .selectExpr("id", "CAST(id % 1000 AS INT) AS key", "id * 0.5 AS amount",
+                        "concat('customer-', CAST(id % 50000 AS STRING)) AS name",
+                        "timestamp_seconds(id) AS at")
+            .cache())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
@@ -153,11 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     wh = work / "wh"
     spark = session(found, wh, "txsink-lake-bench", args.partitions)
     try:
-        df = (spark.range(0, args.rows, 1, args.partitions)
-              .selectExpr("id", "CAST(id % 1000 AS INT) AS key", "id * 0.5 AS amount",
-                          "concat('customer-', CAST(id % 50000 AS STRING)) AS name",
-                          "timestamp_seconds(id) AS at")
-              .cache())
+        df = rows_frame(spark, args.rows, args.partitions)
         df.count()
         source = work / "source"
         df.repartition(STREAM_BATCHES).write.parquet(str(source))

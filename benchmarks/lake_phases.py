@@ -189,11 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs: dict[str, list[float]] = defaultdict(list)
     progress: dict[str, list[dict[str, float]]] = defaultdict(list)
     try:
-        df = (spark.range(0, args.rows, 1, args.partitions)
-              .selectExpr("id", "CAST(id % 1000 AS INT) AS key", "id * 0.5 AS amount",
-                          "concat('customer-', CAST(id % 50000 AS STRING)) AS name",
-                          "timestamp_seconds(id) AS at")
-              .cache())
+        df = lake_bench.rows_frame(spark, args.rows, args.partitions)
         df.count()
         source = work / "source"
         df.repartition(args.batches).write.parquet(str(source))

@@ -17,7 +17,9 @@ import pickle
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from confluent_kafka import Producer
@@ -38,6 +40,7 @@ from txsink_kafka.backend import KafkaBackend
 pytestmark = [pytest.mark.integration]
 
 SRC = SourcePartition("orders", 0)
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +73,18 @@ def values(broker: Broker, topic: str) -> list[int]:
 
 def progress(tag: str = "p") -> str:
     return f"{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def once_it_works(call: Callable[[], T], seconds: float = 60.0) -> T:
+    """``call()``, tried again until it stops raising: a topic just deleted cannot be
+    created again at once (the broker is still removing it)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return call()
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
 
 
 @pytest.mark.promise("realtime-deleted-position-is-no-position", "realtime")
@@ -297,14 +312,8 @@ def test_a_task_of_the_old_run_claiming_after_a_reset_is_refused_and_writes_noth
     first.close(RuntimeError("driver killed"))
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
     admin.delete_topics([topic])[topic].result(30)
-    deadline = time.monotonic() + 60
-    while True:  # the target emptied: the output topic deleted and created again
-        try:
-            kt.create_topic(kafka_broker.bootstrap, topic)
-            break
-        except Exception:
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
+    # The target emptied: the output topic deleted and created again.
+    once_it_works(lambda: kt.create_topic(kafka_broker.bootstrap, topic))
     new = make_spec(kafka_broker, topic, name, old.sink_id)
     assert old.run is not None and new.run is not None and new.run > old.run
     fresh = PositionWriter(new, commit_interval_s=0.0)
@@ -494,21 +503,9 @@ def test_a_task_of_a_run_before_the_progress_topic_was_recreated_is_refused_afte
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
     for t in (name, topic):  # positions and output gone: the topics deleted
         admin.delete_topics([t])[t].result(30)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            kt.create_topic(kafka_broker.bootstrap, topic)
-            break
-        except Exception:
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
-    while True:  # the progress topic made again by the next driver's prepare
-        try:
-            new = make_spec(kafka_broker, topic, name, old.sink_id)
-            break
-        except Exception:
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
+    once_it_works(lambda: kt.create_topic(kafka_broker.bootstrap, topic))
+    # The progress topic made again by the next driver's prepare.
+    new = once_it_works(lambda: make_spec(kafka_broker, topic, name, old.sink_id))
     new.delete_positions()  # txsink reset, as the runbook says
     new = make_spec(kafka_broker, topic, name, old.sink_id)
     fresh = PositionWriter(new, commit_interval_s=0.0)
