@@ -128,6 +128,9 @@ class Gate:
                 # as it was, or the refusal's way out (that query's checkpoint put back)
                 # would be refused in turn.
                 c.check_write_query(write)
+                # A version committed from other offsets is Spark's plan anew after a
+                # restored checkpoint, not a replay: refused like any other batch.
+                self._refuse_replanned_write(write, source)
                 replayed = write
         self.start_stream(query_id)
         epoch = c.stream_epoch(batch_id)
