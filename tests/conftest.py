@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+#: The default run's property and model-based tests draw the same sequences each run
+#: (seeded from each test), so the run that gates a change fails only on what the change
+#: broke, and a failure there reproduces on any clone. New sequences are explored by
+#: ``tox -e operations-long`` and by any run with ``TXSINK_HYPOTHESIS=explore`` or an
+#: examples count set (``TXSINK_OPERATIONS_EXAMPLES``, ``..._NATIVE_EXAMPLES``); each
+#: failure found there becomes a regression test.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+_EXPLORE = os.environ.get("TXSINK_HYPOTHESIS") == "explore" or any(
+    os.environ.get(name) for name in ("TXSINK_OPERATIONS_EXAMPLES",
+                                      "TXSINK_OPERATIONS_NATIVE_EXAMPLES"))
+settings.load_profile("explore" if _EXPLORE else "repeatable")
 
 #: Signals stop the run within seconds and nothing it started outlives it; fast tiers
 #: run first, with a line per tier saying roughly how long is left.
