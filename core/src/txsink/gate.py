@@ -122,15 +122,12 @@ class Gate:
         replayed = None
         if legacy_app_id is not None and c.write_query(legacy_app_id) is not None:
             write = WriteId(legacy_app_id, batch_id, query_id)
-            if c.committed_write(write) is not None:
-                # Asked before the start binds the state to this query: versions another
-                # query wrote refuse it, and a refused batch must leave the state bound
-                # as it was, or the refusal's way out (that query's checkpoint put back)
-                # would be refused in turn.
-                c.check_write_query(write)
-                # A version committed from other offsets is Spark's plan anew after a
-                # restored checkpoint, not a replay: refused like any other batch.
-                self._refuse_replanned_write(write, source)
+            # Asked before the start binds the state to this query: versions another
+            # query wrote, or wrote from other offsets (Spark's plan anew after a
+            # restored checkpoint), refuse it, and a refused batch must leave the state
+            # bound as it was, or the refusal's way out (that query's checkpoint put
+            # back) would be refused in turn.
+            if self.committed_before(write, query_id, source=source):
                 replayed = write
         self.start_stream(query_id)
         epoch = c.stream_epoch(batch_id)
