@@ -141,9 +141,7 @@ def test_an_earlier_release_table_whose_log_was_cleaned_up_goes_on(table: Path,
         old = reopened(table)
         for epoch in range(3):
             commit(old, epoch)
-    for i in range(3):
-        other_writer(table, "compaction", i, [-1 - i])
-    clean_log(table, 4)  # delta.logRetentionDuration cleaned txsink's entries
+    compact_and_clean(table, 4)  # delta.logRetentionDuration cleaned txsink's entries
     new = reopened(table)
     new.preflight(SINK)
     assert new.highest_epoch(SINK) == 2
@@ -264,6 +262,14 @@ def test_a_folder_copied_from_another_table_does_not_make_a_jobs_txn_the_sinks(
     assert table_ids(reopened(second)) == [-1]
 
 
+def compact_and_clean(table: Path, entries: int) -> None:
+    """Three commits of another writer (rows -1 to -3), then :func:`clean_log`: the
+    oldest ``entries`` log entries, txsink's among them, are gone."""
+    for i in range(3):
+        other_writer(table, "compaction", i, [-1 - i])
+    clean_log(table, entries)
+
+
 def clean_log(table: Path, entries: int) -> None:
     """A checkpoint, then ``delta.logRetentionDuration`` takes the oldest ``entries``."""
     from deltalake import DeltaTable
@@ -291,9 +297,7 @@ def test_a_job_bumping_the_bare_txn_of_an_earlier_release_table_whose_log_was_cl
         old = reopened(table)
         for epoch in range(3):
             commit(old, epoch)
-    for i in range(3):
-        other_writer(table, "compaction", i, [-1 - i])
-    clean_log(table, 4)
+    compact_and_clean(table, 4)
     other_writer(table, SINK, 50, [-100])
     new = reopened(table)
     new.preflight(SINK)
@@ -317,9 +321,7 @@ def test_an_earlier_release_epoch_in_doubt_in_a_cleaned_log_is_not_taken_for_a_j
         for epoch in range(3):
             commit(old, epoch)
         in_doubt = commit(old, 3, recorded=False)
-    for i in range(3):
-        other_writer(table, "compaction", i, [-1 - i])
-    clean_log(table, 5)
+    compact_and_clean(table, 5)
     new = reopened(table)
     new.preflight(SINK)
     assert new.highest_epoch(SINK) == 3
